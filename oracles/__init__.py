@@ -1,0 +1,48 @@
+"""Oracle runners: drive a reference implementation unmodified and record traces.
+
+Runners import nothing from ``engine`` except ``engine.zoo`` (to build cases);
+``engine`` imports nothing from here. A runner whose package is missing
+reports itself unavailable with an install hint and never fakes a result.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+class OracleUnavailable(RuntimeError):
+    """The reference package of a runner is not installed."""
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    name: str
+    module: str
+    package: str
+    install_hint: str
+
+
+RUNNERS: dict[str, RunnerInfo] = {
+    "mlx_lm": RunnerInfo(
+        name="mlx_lm",
+        module="oracles.mlx_lm",
+        package="mlx-lm",
+        install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33)",
+    ),
+}
+
+
+def availability(name: str) -> tuple[bool, str]:
+    """(available, reason) for the runner ``name``."""
+    info = RUNNERS[name]
+    try:
+        mod = importlib.import_module(info.module)
+        mod.require()
+    except OracleUnavailable as exc:
+        return False, str(exc)
+    return True, "ok"
+
+
+def available_runners() -> list[str]:
+    return [name for name in RUNNERS if availability(name)[0]]

@@ -1,0 +1,56 @@
+"""The cache rollback contract and cache digests.
+
+Reference: ``../shared/reference/speculative-decoding.md`` §2 "Cache rollback
+contract"; mlx-lm 0.32.2 ``mlx_lm/models/cache.py`` (``is_trimmable``,
+``trim``, ``trim_prompt_cache``). mlx-lm's ``trim_prompt_cache`` silently trims
+nothing when a cache is not trimmable; here every rollback is checked, so a
+cache that cannot roll back is an error, never a silent no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traces.digest import cache_digest as _digest
+
+
+class CacheRollbackError(RuntimeError):
+    """A cache cannot be rolled back the way the verify round needs."""
+
+
+def describe(caches: list[Any]) -> str:
+    return ", ".join(sorted({type(c).__name__ for c in caches}))
+
+
+def can_trim(caches: list[Any]) -> bool:
+    return all(c.is_trimmable() for c in caches)
+
+
+def require_trimmable(caches: list[Any], who: str) -> None:
+    bad = sorted({type(c).__name__ for c in caches if not c.is_trimmable()})
+    if bad:
+        raise CacheRollbackError(
+            f"{who}: speculative decoding needs caches that can roll back; "
+            f"these cannot be trimmed: {', '.join(bad)}"
+        )
+
+
+def trim(caches: list[Any], n: int, who: str = "cache") -> None:
+    """Trim ``n`` positions from every cache, or raise ``CacheRollbackError``."""
+    if n <= 0:
+        return
+    for i, c in enumerate(caches):
+        if not c.is_trimmable():
+            raise CacheRollbackError(
+                f"{who}: layer {i} ({type(c).__name__}) cannot trim {n} positions"
+            )
+        got = c.trim(n)
+        if got != n:
+            raise CacheRollbackError(
+                f"{who}: layer {i} ({type(c).__name__}) trimmed {got} of {n} positions"
+            )
+
+
+def cache_digest(caches: list[Any]) -> dict[str, Any]:
+    """sha256 per layer over the live region plus a combined digest (``traces.digest``)."""
+    return _digest(caches)

@@ -1,0 +1,415 @@
+"""The verify/accept executor and plain decode (§2 of the contract).
+
+Faithful to mlx-lm 0.32.2 ``mlx_lm/generate.py``:
+
+- ``speculative_generate_step`` — per round: draft ``d <= n = min(gamma,
+  tokens left)``; ONE target forward over ``[pending, *drafts]``; the accept
+  walk over the target's samples (exact token match); trim the target by
+  ``d - k`` (the source trims itself, e.g. two-model by ``max(d - k - 1, 0)``);
+  re-feed ``[correction]`` or ``[last draft, bonus]`` after an all-accept round.
+  Tail-split prefill: both models drained to ``len - 1``, the last prompt token
+  heads the first verify window.
+- ``generate_step`` — plain decode, one token per forward.
+- ``stream_generate`` — accounting: a stopping EOS is counted once in
+  ``generation_tokens`` and never emitted; ``finish_reason`` is ``stop`` for
+  EOS, ``length`` for the token budget.
+
+Every step goes through one ``StepSampler``. The executor records one trace
+record per prefill, round and plain step (``traces/INTERPRETING.md``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from engine import caches as cache_ops
+from engine.sampler import SamplerParams, StepSampler, top2_margins
+from engine.seam import PREFILL_MODES, DraftProvider, DraftSource, PrefillMode, TapContext, TargetView
+from engine.taps import capture_layers
+from engine.telemetry import SpecCounters, Usage
+
+# mlx-lm 0.32.2 defaults: speculative_generate_step 512, generate_step 2048.
+SPEC_PREFILL_STEP = 512
+PLAIN_PREFILL_STEP = 2048
+
+OnToken = Callable[[int], bool | None]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Per-request settings shared by plain and speculative decode."""
+
+    max_tokens: int = 32
+    gamma: int = 3
+    sampler: SamplerParams = field(default_factory=SamplerParams)
+    seed: int | None = 0
+    prefill: PrefillMode | None = None
+    prefill_step_size: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    cache_digests: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {self.gamma}")
+        if self.prefill is not None and self.prefill not in PREFILL_MODES:
+            raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
+        if self.prefill_step_size is not None and self.prefill_step_size < 1:
+            raise ValueError("prefill_step_size must be >= 1")
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int]
+    usage: Usage
+    speculation: SpecCounters | None
+    records: list[dict[str, Any]]
+    wall_s: float
+
+    def footer(self) -> dict[str, Any]:
+        return {
+            "type": "footer",
+            "usage": self.usage.to_dict(),
+            "speculation": self.speculation.to_dict() if self.speculation else None,
+            "output_ids": list(self.output_ids),
+            "wall_s": self.wall_s,
+        }
+
+
+class _Stream:
+    """Emission + accounting: one token at a time, EOS never emitted."""
+
+    def __init__(self, params: GenerationParams, prompt_len: int, on_token: OnToken | None):
+        self.params = params
+        self.eos = set(params.eos_ids)
+        self.on_token = on_token
+        self.output: list[int] = []
+        self.usage = Usage(prompt_tokens=prompt_len)
+        self.done = False
+
+    def offer(self, token: int) -> str | None:
+        """Emit ``token``; return the stop kind (``eos``/``budget``/``stop``) or None."""
+        if token in self.eos:
+            self.usage.generation_tokens += 1
+            self.usage.finish_reason = "stop"
+            self.done = True
+            return "eos"
+        self.output.append(token)
+        self.usage.generation_tokens += 1
+        if self.on_token is not None and self.on_token(token) is False:
+            self.usage.finish_reason = "stop"
+            self.done = True
+            return "stop"
+        if len(self.output) == self.params.max_tokens:
+            self.usage.finish_reason = "length"
+            self.done = True
+            return "budget"
+        return None
+
+    @property
+    def left(self) -> int:
+        return self.params.max_tokens - len(self.output)
+
+
+def _digest(params: GenerationParams, caches: list[Any]) -> dict[str, Any] | None:
+    return cache_ops.cache_digest(caches) if params.cache_digests else None
+
+
+def _prefill_chunks(model: Any, caches: list[Any], tokens: list[int], step: int) -> mx.array | None:
+    """Run ``tokens`` through ``model`` in chunks (mlx-lm ``_prefill``); return the last logits."""
+    logits = None
+    pos = 0
+    while pos < len(tokens):
+        chunk = tokens[pos : pos + step]
+        logits = model(mx.array(chunk, mx.uint32)[None], cache=caches)
+        mx.eval([c.state for c in caches])
+        pos += len(chunk)
+    return logits
+
+
+def _forward(
+    model: Any, caches: list[Any], tokens: list[int], taps: tuple[int, ...]
+) -> tuple[mx.array, TapContext | None]:
+    if not taps:
+        return model(mx.array(tokens, mx.uint32)[None], cache=caches), None
+    with capture_layers(model, taps) as captured:
+        logits = model(mx.array(tokens, mx.uint32)[None], cache=caches)
+        mx.eval(logits, *captured.values())
+    return logits, TapContext(tokens=list(tokens), hidden={i: h[0] for i, h in captured.items()})
+
+
+def _tap_set(source: DraftSource, num_layers: int) -> tuple[int, ...]:
+    taps = tuple(source.tap_layers)
+    if source.wants_anchor_hidden and (num_layers - 1) not in taps and -1 not in taps:
+        taps = (*taps, num_layers - 1)
+    return taps
+
+
+def _anchor(ctx: TapContext | None, num_layers: int, row: int) -> mx.array | None:
+    if ctx is None:
+        return None
+    h = ctx.hidden.get(num_layers - 1)
+    return None if h is None else h[row : row + 1]
+
+
+def spec_generate(
+    target_model: Any,
+    provider: DraftProvider,
+    prompt_ids: list[int],
+    params: GenerationParams,
+    *,
+    on_token: OnToken | None = None,
+    target_caches: list[Any] | None = None,
+) -> GenerationResult:
+    """Speculative decode of ``prompt_ids`` with ``provider`` filling the drafts."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if not prompt_ids:
+        raise ValueError("prompt_ids must not be empty")
+    t0 = time.perf_counter()
+    sampler = StepSampler.from_params(params.sampler)
+    caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
+    cache_ops.require_trimmable(caches, "target")
+    view = TargetView(model=target_model, caches=caches)
+    source = provider.open(sampler, view)
+    n_layers = len(target_model.layers)
+    taps = _tap_set(source, n_layers)
+    mode: PrefillMode = params.prefill or source.prefill_mode
+    step = params.prefill_step_size or SPEC_PREFILL_STEP
+    if params.seed is not None:
+        mx.random.seed(params.seed)
+
+    stream = _Stream(params, len(prompt_ids), on_token)
+    counters = SpecCounters()
+    records: list[dict[str, Any]] = []
+    history = mx.array(prompt_ids, mx.uint32) if sampler.has_processors else None
+
+    # Prefill: the drafter first, then the target (mlx-lm order); a tapped
+    # prefill runs the target first because the drafter consumes its hidden.
+    drained = prompt_ids[:-1] if mode == "tail-split" else list(prompt_ids)
+    pre_ctx: TapContext | None = None
+    last_logits: mx.array | None = None
+    if taps and drained:
+        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained, step, taps)
+        drafter_tokens = source.prefill(drained, pre_ctx)
+    else:
+        drafter_tokens = source.prefill(drained, None)
+        last_logits = _prefill_chunks(target_model, caches, drained, step)
+    records.append(
+        {
+            "type": "prefill",
+            "target_tokens": list(drained),
+            "drafter_tokens": list(drafter_tokens),
+            "target_cache_digest": _digest(params, caches),
+            "drafter_cache_digest": source.cache_digest() if params.cache_digests else None,
+        }
+    )
+
+    anchor: mx.array | None = None
+    if mode == "tail-split":
+        pending = [prompt_ids[-1]]
+    else:
+        # Full prefill: the first token is the prefill forward's own sample.
+        assert last_logits is not None
+        row = last_logits[:, -1, :]
+        first = int(sampler.sample_plain(row, history).item())
+        stop = stream.offer(first)
+        records.append(
+            _plain_record(0, [prompt_ids[-1]], first, top2_margins(row)[0], stop, "initial", caches, params)
+        )
+        counters.record_plain()
+        anchor = _anchor(pre_ctx, n_layers, len(drained) - 1)
+        pending = [first]
+        if history is not None:
+            history = mx.concatenate([history, mx.array([first], mx.uint32)])
+    feed = list(pending)
+
+    round_index = 0
+    while not stream.done:
+        tr0 = time.perf_counter()
+        n = min(params.gamma, stream.left)
+        drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
+        if len(drafts) > n:
+            raise RuntimeError(f"draft source returned {len(drafts)} tokens, more than n={n}")
+        d = len(drafts)
+        window = pending + drafts
+        logits, ctx = _forward(target_model, caches, window, taps)
+        block = logits[0, -(d + 1) :, :]
+        samples_arr = sampler.sample_window(block, history, window)
+        mx.eval(samples_arr)
+        samples_all = [int(t) for t in samples_arr.tolist()]
+        margins = top2_margins(block)
+
+        walked: list[int] = []
+        emitted: list[int] = []
+        k = 0
+        end = "bonus"
+        for i in range(d + 1):
+            t = samples_all[i]
+            walked.append(t)
+            matched = i < d and t == drafts[i]
+            if matched:
+                k += 1
+            stop = stream.offer(t)
+            if stop != "eos":
+                emitted.append(t)
+            if stop is not None:
+                end = stop
+                break
+            if not matched:
+                end = "correction" if i < d else "bonus"
+                break
+
+        cache_ops.trim(caches, d - k, "target")
+        verified = _anchor(ctx, n_layers, k)
+        source.commit(d, k, ctx, verified, drafts[:k])
+        counters.record_round(d, k)
+        if history is not None and emitted:
+            history = mx.concatenate([history, mx.array(emitted, mx.uint32)])
+        records.append(
+            {
+                "type": "round",
+                "index": round_index,
+                "feed": list(feed),
+                "drafts": drafts,
+                "window": window,
+                "samples": walked,
+                "k_accept": k,
+                "emitted": emitted,
+                "end": end,
+                "margins": margins,
+                "confidence": None,
+                "target_cache_digest": _digest(params, caches),
+                "drafter_cache_digest": source.cache_digest() if params.cache_digests else None,
+                "time_s": time.perf_counter() - tr0,
+            }
+        )
+        round_index += 1
+        bonus = samples_all[k]
+        pending = [bonus]
+        feed = [drafts[-1], bonus] if (k == d and d > 0) else [bonus]
+        anchor = verified
+
+    return GenerationResult(
+        output_ids=stream.output,
+        usage=stream.usage,
+        speculation=counters,
+        records=records,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+def _forward_chunked_tapped(
+    model: Any, caches: list[Any], tokens: list[int], step: int, taps: tuple[int, ...]
+) -> tuple[mx.array, TapContext]:
+    """Chunked prefill that also captures the tap layers over every position."""
+    hidden: dict[int, list[mx.array]] = {i: [] for i in taps}
+    logits = None
+    for pos in range(0, len(tokens), step):
+        logits, ctx = _forward(model, caches, tokens[pos : pos + step], taps)
+        assert ctx is not None
+        for i, h in ctx.hidden.items():
+            hidden.setdefault(i, []).append(h)
+        mx.eval([c.state for c in caches])
+    assert logits is not None
+    joined = {i: mx.concatenate(parts, axis=0) for i, parts in hidden.items() if parts}
+    return logits, TapContext(tokens=list(tokens), hidden=joined)
+
+
+def _plain_record(
+    index: int,
+    inp: list[int],
+    sample: int,
+    margin: float,
+    stop: str | None,
+    reason: str,
+    caches: list[Any],
+    params: GenerationParams,
+    t0: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "type": "plain",
+        "index": index,
+        "input": list(inp),
+        "sample": sample,
+        "margin": margin,
+        "emitted": [] if stop == "eos" else [sample],
+        "end": stop,
+        "reason": reason,
+        "target_cache_digest": _digest(params, caches),
+        "time_s": None if t0 is None else time.perf_counter() - t0,
+    }
+
+
+def plain_generate(
+    target_model: Any,
+    prompt_ids: list[int],
+    params: GenerationParams,
+    *,
+    on_token: OnToken | None = None,
+) -> GenerationResult:
+    """Plain (non-speculative) decode through the same sampler (mlx-lm ``generate_step``)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if not prompt_ids:
+        raise ValueError("prompt_ids must not be empty")
+    t0 = time.perf_counter()
+    sampler = StepSampler.from_params(params.sampler)
+    caches = make_prompt_cache(target_model)
+    mode: PrefillMode = params.prefill or "tail-split"
+    step = params.prefill_step_size or PLAIN_PREFILL_STEP
+    if params.seed is not None:
+        mx.random.seed(params.seed)
+    stream = _Stream(params, len(prompt_ids), on_token)
+    counters = SpecCounters()
+    records: list[dict[str, Any]] = []
+    history = mx.array(prompt_ids, mx.uint32) if sampler.has_processors else None
+
+    drained = prompt_ids[:-1] if mode == "tail-split" else list(prompt_ids)
+    last_logits = _prefill_chunks(target_model, caches, drained, step)
+    records.append(
+        {
+            "type": "prefill",
+            "target_tokens": list(drained),
+            "drafter_tokens": None,
+            "target_cache_digest": _digest(params, caches),
+            "drafter_cache_digest": None,
+        }
+    )
+    index = 0
+    if mode == "full":
+        assert last_logits is not None
+        row = last_logits[:, -1, :]
+        inp = [prompt_ids[-1]]
+    else:
+        inp = [prompt_ids[-1]]
+        row = target_model(mx.array(inp, mx.uint32)[None], cache=caches)[:, -1, :]
+    ts = time.perf_counter()
+    while True:
+        y = int(sampler.sample_plain(row, history).item())
+        counters.record_plain()
+        stop = stream.offer(y)
+        records.append(
+            _plain_record(index, inp, y, top2_margins(row)[0], stop, "baseline", caches, params, ts)
+        )
+        index += 1
+        if stop is not None:
+            break
+        if history is not None:
+            history = mx.concatenate([history, mx.array([y], mx.uint32)])
+        ts = time.perf_counter()
+        inp = [y]
+        row = target_model(mx.array(inp, mx.uint32)[None], cache=caches)[:, -1, :]
+    return GenerationResult(
+        output_ids=stream.output,
+        usage=stream.usage,
+        speculation=None,
+        records=records,
+        wall_s=time.perf_counter() - t0,
+    )

@@ -1,0 +1,59 @@
+"""Loading target/drafter models from local mlx-lm directories.
+
+Uses mlx-lm 0.32.2 ``mlx_lm.utils.load`` unchanged (``model*.safetensors`` +
+``config.json`` + tokenizer files). Nothing is ever downloaded: a path that is
+not an existing local directory is refused before mlx-lm sees it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ModelLoadError(ValueError):
+    """A model directory is missing or is not in mlx-lm format."""
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    model: Any
+    tokenizer: Any
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(int(t) for t in self.tokenizer.eos_token_ids))
+
+
+def check_model_dir(path: str | os.PathLike[str]) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise ModelLoadError(f"model path {str(p)!r} is not a local directory (nothing is downloaded)")
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"{p}: no config.json; expected an mlx-lm model directory")
+    if not list(p.glob("model*.safetensors")):
+        raise ModelLoadError(f"{p}: no model*.safetensors; mlx-lm needs safetensors weights")
+    return p
+
+
+def load(path: str | os.PathLike[str]) -> LoadedModel:
+    """Load a local mlx-lm model directory (offline)."""
+    p = check_model_dir(path)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mlx_lm.utils import load as mlx_load
+
+    model, tokenizer = mlx_load(str(p))
+    return LoadedModel(path=p, model=model, tokenizer=tokenizer)
+
+
+def file_digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()

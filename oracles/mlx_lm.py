@@ -1,0 +1,261 @@
+"""Oracle runner for mlx-lm: ``stream_generate`` with and without a draft model.
+
+Reference: mlx-lm 0.32.2 ``mlx_lm/generate.py`` — ``stream_generate`` (final
+accounting ``generation_tokens = n + 1`` and ``finish_reason``), driving
+``speculative_generate_step`` (two-model) or ``generate_step`` (plain). The
+reference runs UNMODIFIED. The runner wraps both models in call-recording
+proxies and passes its own cache list as ``prompt_cache`` (so it can digest the
+caches mlx-lm drives), then rebuilds records from the log of forwards/yields:
+
+- the first ``len(prompt) - 1`` tokens each model receives are its prefill;
+- spec: each later target forward is one verify window ``[pending, *drafts]``;
+  the draft forwards before it are the round's drafting (the first one's input
+  is the feed); the responses yielded after it are that round's tokens
+  (``from_draft`` marks accepted drafts). The caches are digested right before
+  each round's first draft forward, which is after the previous round's
+  rewind, and once more after the stream ends (its ``finally`` rewinds);
+- plain: ``generate_step`` computes one step ahead, so the i-th decode forward
+  produced the i-th token.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata
+from typing import Any
+
+from oracles import OracleUnavailable
+from traces.digest import cache_digest
+
+NAME = "mlx_lm"
+
+
+def require() -> None:
+    try:
+        import mlx_lm  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised where mlx-lm is absent
+        raise OracleUnavailable(
+            "mlx-lm is not installed; install it with: pip install 'specparity[oracles]'"
+        ) from exc
+
+
+def version() -> str:
+    return metadata.version("mlx-lm")
+
+
+class _Recorder:
+    """Transparent proxy over an mlx-lm model that logs each forward."""
+
+    def __init__(self, model: Any, role: str, log: list[tuple], before: Any = None) -> None:
+        self._model = model
+        self._role = role
+        self._log = log
+        self._before = before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        import mlx.core as mx
+
+        tokens = [int(t) for t in inputs[0].tolist()]
+        if self._before is not None:
+            self._before(self._role, tokens)
+        out = self._model(inputs, *args, **kwargs)
+        block = out[0].astype(mx.float32)
+        top = mx.topk(block, 2, axis=-1)
+        margins = [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
+        self._log.append(("call", self._role, tokens, margins))
+        return out
+
+
+def run(
+    target: Any,
+    tokenizer: Any,
+    prompt_ids: list[int],
+    *,
+    draft: Any = None,
+    gamma: int = 3,
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int | None = 0,
+    cache_digests: bool = True,
+) -> list[dict[str, Any]]:
+    """Run mlx-lm on one case and return the trace records after the header.
+
+    ``draft=None`` runs plain ``generate_step``; otherwise two-model
+    ``speculative_generate_step`` with ``num_draft_tokens=gamma``.
+    """
+    require()
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    spec = draft is not None
+    log: list[tuple] = []
+    t_cache = make_prompt_cache(target)
+    d_cache = make_prompt_cache(draft) if spec else []
+    n_prefill = len(prompt_ids) - 1
+    fed = {"target": 0, "draft": 0}
+    snaps: list[tuple[Any, Any]] = []
+
+    def snapshot() -> tuple[Any, Any]:
+        if not cache_digests:
+            return None, None
+        return cache_digest(t_cache), (cache_digest(d_cache) if spec else None)
+
+    def before(role: str, tokens: list[int]) -> None:
+        decoding = fed[role] >= n_prefill
+        fed[role] += len(tokens)
+        last_call = next((e for e in reversed(log) if e[0] == "call"), None)
+        if spec and role == "draft" and decoding and (last_call is None or last_call[1] == "target"):
+            snaps.append(snapshot())
+
+    t_proxy = _Recorder(target, "target", log, before)
+    kwargs: dict[str, Any] = {
+        "sampler": make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k),
+        "prompt_cache": t_cache + d_cache,
+    }
+    if spec:
+        kwargs["draft_model"] = _Recorder(draft, "draft", log, before)
+        kwargs["num_draft_tokens"] = gamma
+    if seed is not None:
+        mx.random.seed(seed)
+
+    t0 = time.perf_counter()
+    responses = []
+    for resp in stream_generate(t_proxy, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, **kwargs):
+        log.append(("yield", int(resp.token), bool(resp.from_draft)))
+        responses.append(resp)
+    wall = time.perf_counter() - t0
+    snaps.append(snapshot())
+    eos = {int(t) for t in tokenizer.eos_token_ids}
+    final = responses[-1]
+    usage = {
+        "prompt_tokens": len(prompt_ids),
+        "generation_tokens": int(final.generation_tokens),
+        "finish_reason": final.finish_reason,
+    }
+    return _rebuild(log, n_prefill, spec, eos, usage, snaps, wall)
+
+
+def _split_prefill(log: list[tuple], n_prefill: int) -> tuple[dict[str, list[int]], list[tuple]]:
+    pre: dict[str, list[int]] = {"target": [], "draft": []}
+    events: list[tuple] = []
+    for entry in log:
+        if entry[0] == "call":
+            _, role, tokens, margins = entry
+            take = min(len(tokens), n_prefill - len(pre[role]))
+            if take > 0:
+                pre[role].extend(tokens[:take])
+                tokens, margins = tokens[take:], margins[take:]
+                if not tokens:
+                    continue
+            entry = ("call", role, tokens, margins)
+        events.append(entry)
+    return pre, events
+
+
+def _rebuild(
+    log: list[tuple],
+    n_prefill: int,
+    spec: bool,
+    eos: set[int],
+    usage: dict[str, Any],
+    snaps: list[tuple[Any, Any]],
+    wall: float,
+) -> list[dict[str, Any]]:
+    pre, events = _split_prefill(log, n_prefill)
+    t_snap, d_snap = snaps[0] if spec else (None, None)
+    records: list[dict[str, Any]] = [
+        {
+            "type": "prefill",
+            "target_tokens": pre["target"],
+            "drafter_tokens": pre["draft"] if spec else None,
+            "target_cache_digest": t_snap,
+            "drafter_cache_digest": d_snap,
+        }
+    ]
+    produced = [(e[1], e[2]) for e in events if e[0] == "yield"]
+    n_total = len(produced)
+    budget_stop = usage["finish_reason"] == "length"
+    output: list[int] = []
+
+    if not spec:
+        calls = [e for e in events if e[0] == "call"]
+        for i, (tok, _) in enumerate(produced):
+            _, _, inp, margins = calls[i]
+            end = "eos" if tok in eos else ("budget" if (i == n_total - 1 and budget_stop) else None)
+            emitted = [] if tok in eos else [tok]
+            output.extend(emitted)
+            records.append({
+                "type": "plain", "index": i, "input": inp, "sample": tok, "margin": margins[-1],
+                "emitted": emitted, "end": end, "reason": "baseline",
+                "target_cache_digest": None, "time_s": None,
+            })
+        records.append(_footer(usage, None, output, wall))
+        return records
+
+    counters: dict[str, Any] = {
+        "drafted": 0, "accepted": 0, "rejected": 0, "target_calls": 0, "rounds": 0,
+        "acceptance_lengths": [], "drafted_by_pos": [], "accepted_by_pos": [],
+    }
+    seen = 0
+    feed: list[int] | None = None
+    current: dict[str, Any] | None = None
+    rounds: list[dict[str, Any]] = []
+    for ev in events:
+        if ev[0] == "call" and ev[1] == "draft":
+            if feed is None:
+                feed = ev[2]
+        elif ev[0] == "call":
+            window, margins = ev[2], ev[3]
+            current = {
+                "type": "round", "index": len(rounds), "feed": feed or [], "drafts": window[1:],
+                "window": window, "samples": [], "k_accept": 0, "emitted": [], "end": None,
+                "margins": margins, "confidence": None,
+                "target_cache_digest": None, "drafter_cache_digest": None, "time_s": None,
+            }
+            rounds.append(current)
+            feed = None
+        else:
+            assert current is not None, "a token was yielded before any verify forward"
+            tok, from_draft = ev[1], ev[2]
+            seen += 1
+            current["samples"].append(tok)
+            current["k_accept"] += int(from_draft)
+            if tok in eos:
+                current["end"] = "eos"
+                continue
+            current["emitted"].append(tok)
+            output.append(tok)
+            if seen == n_total and budget_stop:
+                current["end"] = "budget"
+    for r, rec in enumerate(rounds):
+        d, k = len(rec["drafts"]), rec["k_accept"]
+        if rec["end"] is None:
+            rec["end"] = "correction" if k < d else "bonus"
+        if r + 1 < len(snaps):
+            rec["target_cache_digest"], rec["drafter_cache_digest"] = snaps[r + 1]
+        counters["drafted"] += d
+        counters["accepted"] += k
+        counters["rejected"] += d - k
+        counters["target_calls"] += 1
+        counters["rounds"] += 1
+        counters["acceptance_lengths"].append(k)
+        for key, upto in (("drafted_by_pos", d), ("accepted_by_pos", k)):
+            arr = counters[key]
+            arr.extend([0] * max(0, upto - len(arr)))
+            for p in range(upto):
+                arr[p] += 1
+    records.extend(rounds)
+    records.append(_footer(usage, counters, output, wall))
+    return records
+
+
+def _footer(usage: dict[str, Any], spec: dict[str, Any] | None, output: list[int], wall: float) -> dict[str, Any]:
+    return {"type": "footer", "usage": usage, "speculation": spec, "output_ids": output, "wall_s": wall}
