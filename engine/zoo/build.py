@@ -1,0 +1,266 @@
+"""Deterministic builder for the tiny model zoo (mlx-lm on-disk format).
+
+Each model directory holds ``config.json`` + ``model.safetensors`` (float32) +
+tokenizer files, loadable with ``mlx_lm.load(path)``.
+
+References mirrored:
+  * mlx-lm 0.32.2 ``mlx_lm/models/llama.py`` ``ModelArgs`` / ``Model`` (parameter
+    names come from instantiating ``Model`` and flattening ``parameters()``).
+  * mlx-lm 0.32.2 ``mlx_lm/models/qwen3.py`` ``ModelArgs`` / ``Model`` (adds
+    ``q_norm`` / ``k_norm``; ``head_dim`` required).
+  * mlx-lm 0.32.2 ``mlx_lm/utils.py`` ``load_model`` / ``load_tokenizer`` (reads
+    ``config.json``, ``model*.safetensors``, ``eos_token_id`` from config, and the
+    tokenizer through ``transformers.AutoTokenizer``).
+
+Every tensor is drawn from ``numpy.random.default_rng`` seeded from
+``sha256(f"{seed}:{tensor_name}")``, so bytes do not depend on iteration order.
+
+``python -m engine.zoo.build --update-manifest`` rebuilds all models into a temp
+dir and rewrites ``manifest.json`` (developer-only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TOKENIZER_FILE = HERE / "tokenizer.json"
+MANIFEST_FILE = HERE / "manifest.json"
+
+BOS_TOKEN = "<|bos|>"
+EOS_TOKEN = "<|eos|>"
+VOCAB_SIZE = 512
+BOS_ID = 0
+EOS_ID = 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build one zoo model (recorded verbatim in the manifest)."""
+
+    name: str
+    arch: str  # "llama" | "qwen3"
+    seed: int
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    embed_std: float = 1.0
+    lm_head_std: float = 1.0
+    proj_gain: float = 1.0  # multiplies the 1/sqrt(fan_in) std of linear layers
+    base: str | None = None  # for twins: the recipe whose weights get noised
+    noise_scale: float = 0.0  # twin noise, relative to each tensor's std
+    noise_seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "arch", "seed", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "embed_std",
+                "lm_head_std", "proj_gain", "base", "noise_scale", "noise_seed",
+            )
+        }  # fmt: skip
+        d["vocab_size"] = VOCAB_SIZE
+        d["dtype"] = "float32"
+        return d
+
+
+_TARGET_DIMS = dict(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+)  # fmt: skip
+_SMALL_DIMS = dict(
+    hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+)  # fmt: skip
+_INIT = dict(embed_std=1.0, lm_head_std=4.0, proj_gain=1.0)
+
+TWIN_NOISE = {"llama": 0.08, "qwen3": 0.075}
+
+RECIPES: dict[str, Recipe] = {}
+for _arch, _seed in (("llama", 1001), ("qwen3", 2002)):
+    RECIPES[_arch] = Recipe(name=_arch, arch=_arch, seed=_seed, **_TARGET_DIMS, **_INIT)
+    RECIPES[f"{_arch}-twin"] = Recipe(
+        name=f"{_arch}-twin", arch=_arch, seed=_seed, **_TARGET_DIMS, **_INIT,
+        base=_arch, noise_scale=TWIN_NOISE[_arch], noise_seed=_seed + 7,
+    )  # fmt: skip
+    RECIPES[f"{_arch}-small"] = Recipe(
+        name=f"{_arch}-small", arch=_arch, seed=_seed + 500, **_SMALL_DIMS, **_INIT
+    )
+
+MODEL_NAMES: tuple[str, ...] = tuple(RECIPES)
+
+
+def model_config(r: Recipe) -> dict[str, Any]:
+    """The ``config.json`` contents (keys as in the HF/mlx-lm configs)."""
+    cfg: dict[str, Any] = {
+        "model_type": r.arch,
+        "architectures": ["LlamaForCausalLM" if r.arch == "llama" else "Qwen3ForCausalLM"],
+        "hidden_size": r.hidden_size,
+        "num_hidden_layers": r.num_hidden_layers,
+        "intermediate_size": r.intermediate_size,
+        "num_attention_heads": r.num_attention_heads,
+        "num_key_value_heads": r.num_key_value_heads,
+        "head_dim": r.head_dim,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "torch_dtype": "float32",
+    }
+    if r.arch == "llama":
+        cfg.update(attention_bias=False, mlp_bias=False, rope_traditional=False)
+    return cfg
+
+
+def _param_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Parameter names/shapes as mlx-lm's own ``Model`` defines them."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(cfg)
+    model = model_cls(args_cls.from_dict(cfg))
+    return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return np.random.default_rng([int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)])
+
+
+def _init_tensor(r: Recipe, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    rng = _rng(r.seed, name)
+    if name.endswith("norm.weight"):
+        w = 1.0 + 0.1 * rng.standard_normal(shape)
+    elif name == "model.embed_tokens.weight":
+        w = r.embed_std * rng.standard_normal(shape)
+    elif name == "lm_head.weight":
+        w = r.lm_head_std * rng.standard_normal(shape) / math.sqrt(shape[-1])
+    elif name.endswith(".weight") and len(shape) == 2:
+        w = r.proj_gain * rng.standard_normal(shape) / math.sqrt(shape[-1])
+    else:  # biases (none in the current configs)
+        w = np.zeros(shape)
+    return w.astype(np.float32)
+
+
+def model_weights(name: str) -> dict[str, np.ndarray]:
+    """All tensors of zoo model ``name`` as float32 numpy arrays, keyed by name."""
+    r = RECIPES[name]
+    if r.base is not None:
+        base = model_weights(r.base)
+        out = {}
+        for k in sorted(base):
+            w = base[k].astype(np.float64)
+            scale = r.noise_scale * float(w.std() if w.size > 1 else 1.0)
+            if k.endswith("norm.weight"):
+                scale = r.noise_scale * 0.1
+            out[k] = (w + scale * _rng(r.noise_seed, k).standard_normal(w.shape)).astype(np.float32)
+        return out
+    shapes = _param_shapes(model_config(r))
+    return {k: _init_tensor(r, k, shapes[k]) for k in sorted(shapes)}
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def tokenizer_files() -> dict[str, bytes]:
+    """Tokenizer files copied into every model dir."""
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 2048,
+    }
+    special = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN}
+    return {
+        "tokenizer.json": TOKENIZER_FILE.read_bytes(),
+        "tokenizer_config.json": _json_bytes(tok_cfg),
+        "special_tokens_map.json": _json_bytes(special),
+    }
+
+
+def write_model(name: str, out_dir: Path) -> Path:
+    """Write model ``name`` into ``out_dir`` (created; must not hold other files)."""
+    import mlx.core as mx
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = model_weights(name)
+    arrays = {k: mx.array(weights[k]) for k in sorted(weights)}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_bytes(_json_bytes(model_config(RECIPES[name])))
+    for fname, data in tokenizer_files().items():
+        (out_dir / fname).write_bytes(data)
+    return out_dir
+
+
+def manifest_entry(name: str, model_path: Path) -> dict[str, Any]:
+    from engine.zoo import config_digest, tokenizer_digest, weights_digest
+
+    return {
+        "recipe": RECIPES[name].to_json(),
+        "weights_sha256": weights_digest(model_path),
+        "config_sha256": config_digest(model_path),
+        "tokenizer_sha256": tokenizer_digest(),
+    }
+
+
+def build_manifest() -> dict[str, Any]:
+    from engine.zoo import tokenizer_digest
+
+    models = {}
+    with tempfile.TemporaryDirectory(prefix="specparity-zoo-") as tmp:
+        for name in MODEL_NAMES:
+            path = write_model(name, Path(tmp) / name)
+            models[name] = manifest_entry(name, path)
+    return {"format": 1, "tokenizer_sha256": tokenizer_digest(), "models": models}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--update-manifest", action="store_true", help="rewrite manifest.json")
+    ap.add_argument("--out", type=Path, help="build all models into this dir")
+    args = ap.parse_args(argv)
+    if args.update_manifest:
+        MANIFEST_FILE.write_bytes(_json_bytes(build_manifest()))
+        print(f"wrote {MANIFEST_FILE}")
+    if args.out:
+        for name in MODEL_NAMES:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=args.out))
+            write_model(name, tmp)
+            if (args.out / name).exists():
+                shutil.rmtree(args.out / name)
+            tmp.rename(args.out / name)
+            print(f"built {args.out / name}")
+    if not (args.update_manifest or args.out):
+        from engine.zoo import model_dir
+
+        for name in MODEL_NAMES:
+            print(f"{name}: {model_dir(name)}")
+
+
+if __name__ == "__main__":
+    main()
