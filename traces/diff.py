@@ -1,0 +1,410 @@
+"""First-divergence diff of two specparity traces, with numerics/logic classification.
+
+Three comparison levels, strictest first (see ``traces/INTERPRETING.md``):
+
+``round``
+    prefill tokens (and cache digests when both present), every round/plain
+    record in file order (token fields, ``end``, digests when both present),
+    record counts, then the footer (usage, speculation, output_ids).
+``tokens``
+    footer ``output_ids``, then ``usage`` (generation_tokens, finish_reason,
+    prompt_tokens).  Works between a spec and a plain trace.
+``acceptance``
+    footer ``speculation`` counters only.
+
+The first difference found becomes a :class:`Divergence`.  It is classified
+``numerics`` when it starts at a differing target *sample* whose top-1/top-2
+logit margin (the smaller of the two traces') is below ``eps`` -- a knife-edge
+flip that floating-point noise can explain -- and ``logic`` otherwise.
+
+``diff_main`` implements ``specparity diff A B [--level L] [--eps E]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from traces.io import Record, Trace, TraceFormatError, read_trace
+
+__all__ = [
+    "DEFAULT_EPS",
+    "LEVELS",
+    "Divergence",
+    "diff_main",
+    "diff_traces",
+    "token_origin",
+]
+
+LEVELS = ("round", "tokens", "acceptance")
+DEFAULT_EPS = 1e-3
+
+ROUND_FIELDS = ("feed", "drafts", "window", "samples", "k_accept", "emitted", "end")
+PLAIN_FIELDS = ("input", "sample", "emitted", "end")
+ROUND_DIGESTS = ("target_cache_digest", "drafter_cache_digest")
+PLAIN_DIGESTS = ("target_cache_digest",)
+USAGE_FIELDS_ROUND = ("prompt_tokens", "generation_tokens", "finish_reason")
+USAGE_FIELDS_TOKENS = ("generation_tokens", "finish_reason", "prompt_tokens")
+SPECULATION_FIELDS = (
+    "drafted",
+    "accepted",
+    "rejected",
+    "target_calls",
+    "rounds",
+    "acceptance_lengths",
+    "drafted_by_pos",
+    "accepted_by_pos",
+)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first difference between two traces.
+
+    Attributes:
+        level: Comparison level that found it.
+        where: ``"prefill"``, ``"round 3"``, ``"plain 0"``, ``"event 4"``,
+            ``"output token 17"`` or ``"footer"``.
+        field: The differing field, e.g. ``"feed"``, ``"usage.finish_reason"``.
+        value_a: The field's value in trace A (``None`` if absent).
+        value_b: The field's value in trace B (``None`` if absent).
+        klass: ``"numerics"`` or ``"logic"``.
+        margin: Margin of the first differing target sample (smaller of the
+            two traces'), or ``None`` when no sample differs.
+        message: Multi-line human-readable explanation.
+        position: Window position (round records) or output token index
+            (tokens level) of the first differing sample/token, if any.
+        eps: The threshold used for classification.
+    """
+
+    level: str
+    where: str
+    field: str
+    value_a: Any
+    value_b: Any
+    klass: str
+    margin: float | None
+    message: str
+    position: int | None = None
+    eps: float = DEFAULT_EPS
+
+
+class _Ctx:
+    """Carries labels and eps so divergences can be built in one call."""
+
+    def __init__(self, a: Trace, b: Trace, level: str, eps: float) -> None:
+        self.a, self.b, self.level, self.eps = a, b, level, eps
+
+    def make(
+        self,
+        where: str,
+        fld: str,
+        va: Any,
+        vb: Any,
+        *,
+        margin: float | None = None,
+        position: int | None = None,
+        note: str = "",
+    ) -> Divergence:
+        klass = "numerics" if margin is not None and margin < self.eps else "logic"
+        lines = [
+            f"traces diverge at {where}, field {fld!r} (level {self.level})",
+            f"  a: {_short(va)}    [{self.a.label()}]",
+            f"  b: {_short(vb)}    [{self.b.label()}]",
+        ]
+        if note:
+            lines.append(f"  {note}")
+        if margin is None:
+            why = "no differing target sample explains it"
+            lines.append(f"  class: {klass} ({why})")
+            lines.append("  margin: n/a")
+        else:
+            cmp = "<" if margin < self.eps else ">="
+            lines.append(f"  class: {klass} (sample margin {margin:.6g} {cmp} eps {self.eps:g})")
+            lines.append(f"  margin: {margin:.6g}")
+        return Divergence(
+            level=self.level,
+            where=where,
+            field=fld,
+            value_a=va,
+            value_b=vb,
+            klass=klass,
+            margin=margin,
+            message="\n".join(lines),
+            position=position,
+            eps=self.eps,
+        )
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first_diff(x: Sequence[Any], y: Sequence[Any]) -> int | None:
+    """Index of the first differing element over the common prefix, else None."""
+    for i, (p, q) in enumerate(zip(x, y, strict=False)):
+        if p != q:
+            return i
+    return None
+
+
+def _at(seq: Any, i: int) -> Any:
+    return seq[i] if isinstance(seq, list) and 0 <= i < len(seq) else None
+
+
+def _min_margin(ma: Any, mb: Any) -> float | None:
+    vals = [float(m) for m in (ma, mb) if isinstance(m, int | float)]
+    return min(vals) if len(vals) == 2 else None
+
+
+def _classify_round(ra: Record, rb: Record) -> tuple[float | None, int | None, str]:
+    """Margin/position of the first differing sample of two rounds (None: logic)."""
+    if ra.get("feed") != rb.get("feed"):
+        return None, None, "feed differs: the target was given different input"
+    sa, sb = ra.get("samples") or [], rb.get("samples") or []
+    p = _first_diff(sa, sb)
+    if p is None:
+        return None, None, "samples agree on their common prefix"
+    wa, wb = ra.get("window") or [], rb.get("window") or []
+    if wa[: p + 1] != wb[: p + 1]:
+        return None, p, f"samples differ at window position {p}, but the windows differ at or before it"
+    margin = _min_margin(_at(ra.get("margins"), p), _at(rb.get("margins"), p))
+    return margin, p, f"first differing sample at window position {p}: {sa[p]} vs {sb[p]}"
+
+
+def _classify_plain(pa: Record, pb: Record) -> tuple[float | None, str]:
+    if pa.get("input") != pb.get("input"):
+        return None, "input differs: the target was given different input"
+    if pa.get("sample") == pb.get("sample"):
+        return None, "samples agree"
+    return _min_margin(pa.get("margin"), pb.get("margin")), (
+        f"samples differ: {pa.get('sample')} vs {pb.get('sample')}"
+    )
+
+
+def _event_name(e: Record, k: int) -> str:
+    return f"{e.get('type')} {e.get('index', k)}"
+
+
+def _diff_prefill(c: _Ctx) -> Divergence | None:
+    pa, pb = c.a.prefill, c.b.prefill
+    if pa is None and pb is None:
+        return None
+    if pa is None or pb is None:
+        return c.make("prefill", "prefill", pa is not None, pb is not None,
+                      note="one trace has a prefill record and the other does not")
+    for fld in ("target_tokens", "drafter_tokens"):
+        if pa.get(fld) != pb.get(fld):
+            return c.make("prefill", fld, pa.get(fld), pb.get(fld))
+    for fld in ROUND_DIGESTS:
+        da, db = pa.get(fld), pb.get(fld)
+        if da is not None and db is not None and da != db:
+            return c.make("prefill", fld, da, db)
+    return None
+
+
+def _diff_events(c: _Ctx) -> Divergence | None:
+    for k, (ea, eb) in enumerate(zip(c.a.events, c.b.events, strict=False)):
+        ta, tb = ea.get("type"), eb.get("type")
+        if ta != tb:
+            return c.make(f"event {k}", "type", _event_name(ea, k), _event_name(eb, k),
+                          note="the traces interleave round and plain records differently")
+        where = _event_name(ea, k)
+        fields, digests = (ROUND_FIELDS, ROUND_DIGESTS) if ta == "round" else (PLAIN_FIELDS, PLAIN_DIGESTS)
+        diff_field = next((f for f in fields if ea.get(f) != eb.get(f)), None)
+        if diff_field is None:
+            diff_field = next(
+                (
+                    f
+                    for f in digests
+                    if ea.get(f) is not None and eb.get(f) is not None and ea.get(f) != eb.get(f)
+                ),
+                None,
+            )
+        if diff_field is None:
+            continue
+        va, vb = ea.get(diff_field), eb.get(diff_field)
+        if ta == "round":
+            margin, pos, note = _classify_round(ea, eb)
+            return c.make(where, diff_field, va, vb, margin=margin, position=pos, note=note)
+        margin, note = _classify_plain(ea, eb)
+        return c.make(where, diff_field, va, vb, margin=margin, note=note)
+    for kind, xa, xb in (("round", c.a.rounds, c.b.rounds), ("plain", c.a.plains, c.b.plains)):
+        if len(xa) != len(xb):
+            return c.make(f"{kind} {min(len(xa), len(xb))}", f"{kind}s", len(xa), len(xb),
+                          note=f"the traces have a different number of {kind} records")
+    if len(c.a.events) != len(c.b.events):  # pragma: no cover - implied by the counts above
+        return c.make(f"event {min(len(c.a.events), len(c.b.events))}", "events",
+                      len(c.a.events), len(c.b.events))
+    return None
+
+
+def token_origin(trace: Trace) -> list[tuple[str, int | None, float | None]]:
+    """Where each output token (and a final EOS sample) came from.
+
+    Entry ``j`` describes output token ``j``: ``(record name, window position
+    or None, margin)``.  Round ``r`` emitted[j'] has margin ``margins[j']``;
+    a plain record's token has ``margin``.  If generation ended on EOS, one
+    extra entry describes the EOS sample at index ``len(output_ids)``.
+
+    Args:
+        trace: The trace.
+
+    Returns:
+        One entry per emitted token, plus the terminal EOS sample if any.
+    """
+    out: list[tuple[str, int | None, float | None]] = []
+    for k, e in enumerate(trace.events):
+        name = _event_name(e, k)
+        emitted = e.get("emitted") or []
+        if e.get("type") == "round":
+            margins = e.get("margins")
+            for j in range(len(emitted)):
+                out.append((name, j, _at(margins, j)))
+            if e.get("end") == "eos":
+                out.append((name, len(emitted), _at(margins, len(emitted))))
+        else:
+            if emitted or e.get("end") == "eos":
+                out.append((name, None, e.get("margin")))
+    return out
+
+
+def _describe_origin(origin: Sequence[tuple[str, int | None, float | None]], j: int, trace: Trace) -> str:
+    if j >= len(origin):
+        ends = [e.get("end") for e in trace.events]
+        last = next((x for x in reversed(ends) if x is not None), None)
+        return f"output ended (last end: {last})"
+    name, pos, margin = origin[j]
+    at = f" window position {pos}" if pos is not None else ""
+    return f"{name}{at}, margin {margin}"
+
+
+def _diff_output(c: _Ctx, where_prefix: str | None = None) -> Divergence | None:
+    oa, ob = c.a.output_ids, c.b.output_ids
+    if oa == ob:
+        return None
+    j = _first_diff(oa, ob)
+    if j is None:
+        j = min(len(oa), len(ob))
+    va, vb = _at(oa, j), _at(ob, j)
+    origin_a, origin_b = token_origin(c.a), token_origin(c.b)
+    ma = origin_a[j][2] if j < len(origin_a) else None
+    mb = origin_b[j][2] if j < len(origin_b) else None
+    margin = _min_margin(ma, mb)
+    note = (
+        f"produced by a: {_describe_origin(origin_a, j, c.a)}; "
+        f"b: {_describe_origin(origin_b, j, c.b)}"
+    )
+    where = f"output token {j}"
+    return c.make(where, "output_ids", va, vb, margin=margin, position=j, note=note)
+
+
+def _diff_usage(c: _Ctx, fields: Sequence[str]) -> Divergence | None:
+    ua, ub = c.a.footer.get("usage") or {}, c.b.footer.get("usage") or {}
+    for fld in fields:
+        if ua.get(fld) != ub.get(fld):
+            return c.make("footer", f"usage.{fld}", ua.get(fld), ub.get(fld))
+    return None
+
+
+def _diff_speculation(c: _Ctx) -> Divergence | None:
+    sa, sb = c.a.footer.get("speculation"), c.b.footer.get("speculation")
+    if sa is None and sb is None:
+        return None
+    if sa is None or sb is None:
+        return c.make("footer", "speculation", sa, sb, note="one trace has no speculation counters")
+    for fld in SPECULATION_FIELDS:
+        if sa.get(fld) != sb.get(fld):
+            return c.make("footer", f"speculation.{fld}", sa.get(fld), sb.get(fld))
+    return None
+
+
+def diff_traces(a: Trace, b: Trace, level: str = "round", eps: float = DEFAULT_EPS) -> Divergence | None:
+    """Find the first divergence between two traces at a comparison level.
+
+    Never compared: ``time_s``, ``wall_s``, ``margins`` / ``margin`` (used only
+    to classify), ``confidence``, ``reason``, ``index`` values, and the
+    header (platform, runner, model paths, params).
+
+    Args:
+        a: First trace.
+        b: Second trace.
+        level: ``"round"`` (strictest), ``"tokens"`` or ``"acceptance"``.
+        eps: Margin below which a differing sample counts as ``numerics``.
+
+    Returns:
+        The first :class:`Divergence`, or ``None`` if identical at ``level``.
+
+    Raises:
+        ValueError: On an unknown level or a negative eps.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}; expected one of {LEVELS}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    c = _Ctx(a, b, level, eps)
+    if level == "round":
+        return (
+            _diff_prefill(c)
+            or _diff_events(c)
+            or _diff_usage(c, USAGE_FIELDS_ROUND)
+            or _diff_speculation(c)
+            or _diff_output(c)
+        )
+    if level == "tokens":
+        return _diff_output(c) or _diff_usage(c, USAGE_FIELDS_TOKENS)
+    return _diff_speculation(c)
+
+
+def diff_main(argv: Sequence[str] | None = None) -> int:
+    """CLI: ``specparity diff A B [--level round|tokens|acceptance] [--eps E]``.
+
+    Both files are validated first; an invalid or unreadable file is a usage
+    error.
+
+    Args:
+        argv: Arguments after ``diff``.
+
+    Returns:
+        0 if identical at the level, 1 on a divergence, 2 on usage errors or
+        unreadable / invalid traces.
+    """
+    from traces.validate import validate_file
+
+    parser = argparse.ArgumentParser(
+        prog="specparity diff", description="First divergence between two specparity traces."
+    )
+    parser.add_argument("a", metavar="A")
+    parser.add_argument("b", metavar="B")
+    parser.add_argument("--level", choices=LEVELS, default="round")
+    parser.add_argument("--eps", type=float, default=DEFAULT_EPS)
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.eps < 0:
+        print("specparity diff: --eps must be >= 0", file=sys.stderr)
+        return 2
+    traces: list[Trace] = []
+    for name in (args.a, args.b):
+        errors = validate_file(name)
+        if errors:
+            shown = "\n".join(f"  {e.format()}" for e in errors[:5])
+            more = f"\n  ... and {len(errors) - 5} more" if len(errors) > 5 else ""
+            print(f"specparity diff: {name} is not a valid trace:\n{shown}{more}", file=sys.stderr)
+            return 2
+        try:
+            traces.append(read_trace(name))
+        except (OSError, TraceFormatError) as exc:
+            print(f"specparity diff: cannot read {name}: {exc}", file=sys.stderr)
+            return 2
+    div = diff_traces(traces[0], traces[1], level=args.level, eps=args.eps)
+    if div is None:
+        print(f"identical at level {args.level}")
+        return 0
+    print(div.message)
+    return 1

@@ -1,0 +1,382 @@
+"""Reading and writing specparity JSONL traces (schema_version 1).
+
+A trace file holds one JSON object per line: a ``header``, then ``prefill`` /
+``round`` / ``plain`` events, then a ``footer``.  :class:`TraceWriter` writes a
+trace atomically (temp file + ``os.replace``) so a crashed run never leaves a
+truncated file under the final name.  :func:`iter_records` streams records
+with their line numbers; :func:`read_trace` loads a whole file into a
+:class:`Trace`.
+
+Full validation (schema + cross-record invariants) lives in
+:mod:`traces.validate`; this module only checks what it needs to do its job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "RECORD_TYPES",
+    "SCHEMA_VERSION",
+    "Record",
+    "Trace",
+    "TraceFormatError",
+    "TraceWriter",
+    "dumps_record",
+    "iter_records",
+    "read_trace",
+    "write_trace",
+]
+
+SCHEMA_VERSION = 1
+"""The trace schema version this module reads and writes."""
+
+RECORD_TYPES = frozenset({"header", "prefill", "round", "plain", "footer"})
+"""Every valid value of a record's ``"type"`` field."""
+
+Record = dict[str, Any]
+"""One decoded trace line."""
+
+
+class TraceFormatError(ValueError):
+    """A trace file (or in-memory record list) cannot be parsed into a trace.
+
+    Attributes:
+        path: File the problem is in (``"<memory>"`` for in-memory traces).
+        line_no: 1-based line number, or ``None`` when it concerns the whole file.
+        message: What is wrong.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], line_no: int | None, message: str) -> None:
+        self.path = str(path)
+        self.line_no = line_no
+        self.message = message
+        where = f"{self.path}:{line_no}" if line_no is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+def _json_default(obj: Any) -> Any:
+    """Convert numpy / mlx scalars and arrays (anything with ``tolist``)."""
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"object of type {type(obj).__name__} is not JSON serializable")
+
+
+def dumps_record(record: Record) -> str:
+    """Serialise one record as a single strict-JSON line (no trailing newline).
+
+    Args:
+        record: The record; numpy/mlx values are converted with ``tolist()``.
+
+    Returns:
+        Compact JSON text.
+
+    Raises:
+        ValueError: If the record holds NaN or infinity (not valid JSON).
+        TypeError: If it holds something that is not JSON serialisable.
+    """
+    return json.dumps(record, separators=(",", ":"), allow_nan=False, default=_json_default)
+
+
+def _check_shape(record: Any) -> str:
+    """Cheap shape check: a dict with a known ``type``. Returns the type."""
+    if not isinstance(record, dict):
+        raise TypeError(f"trace record must be a dict, got {type(record).__name__}")
+    rtype = record.get("type")
+    if rtype not in RECORD_TYPES:
+        raise ValueError(f"trace record has unknown type {rtype!r}; expected one of {sorted(RECORD_TYPES)}")
+    return str(rtype)
+
+
+class TraceWriter:
+    """Atomic, streaming trace writer (a context manager).
+
+    Records go to a hidden temp file in the destination directory.  On a clean
+    exit the file is flushed, fsynced and renamed over ``path``; if the block
+    raises (or the trace has no footer) the temp file is deleted and ``path`` is
+    neither created nor touched.
+
+    Example:
+        >>> with TraceWriter("run.jsonl") as w:  # doctest: +SKIP
+        ...     w.write(header)
+        ...     w.write(footer)
+
+    Args:
+        path: Final destination of the trace.
+        require_footer: Refuse to publish a trace whose last record is not a footer.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, require_footer: bool = True) -> None:
+        self.path = Path(path)
+        self.require_footer = require_footer
+        self._fh: Any = None
+        self._tmp: Path | None = None
+        self._count = 0
+        self._closed = False
+        self._saw_footer = False
+
+    def __enter__(self) -> TraceWriter:
+        directory = self.path.parent
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{self.path.name}.", suffix=".tmp")
+        self._tmp = Path(tmp)
+        self._fh = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        return self
+
+    def write(self, record: Record) -> None:
+        """Append one record.
+
+        Args:
+            record: A dict with a known ``"type"``.  The first record must be the
+                header and nothing may follow the footer.
+
+        Raises:
+            TypeError / ValueError: On a malformed record or out-of-order write.
+            RuntimeError: If the writer is not open.
+        """
+        if self._fh is None or self._closed:
+            raise RuntimeError("TraceWriter is not open (use it as a context manager)")
+        rtype = _check_shape(record)
+        if self._count == 0 and rtype != "header":
+            raise ValueError(f"first trace record must be the header, got {rtype!r}")
+        if self._count > 0 and rtype == "header":
+            raise ValueError("header written twice")
+        if self._saw_footer:
+            raise ValueError(f"{rtype!r} record written after the footer")
+        line = dumps_record(record)
+        self._fh.write(line)
+        self._fh.write("\n")
+        self._count += 1
+        self._saw_footer = rtype == "footer"
+
+    def _discard(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            finally:
+                self._fh = None
+        if self._tmp is not None:
+            try:
+                self._tmp.unlink()
+            except FileNotFoundError:
+                pass
+            self._tmp = None
+        self._closed = True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        if self.require_footer and not self._saw_footer:
+            self._discard()
+            raise TraceFormatError(self.path, None, "trace closed without a footer; not written")
+        assert self._fh is not None and self._tmp is not None
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+        except BaseException:
+            self._discard()
+            raise
+        self._closed = True
+        _fsync_dir(self.path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Best-effort fsync of a directory so the rename is durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_trace(path: str | os.PathLike[str], records: Iterable[Record]) -> None:
+    """Write ``records`` to ``path`` atomically with :class:`TraceWriter`.
+
+    Args:
+        path: Destination file.
+        records: Header first, footer last.
+    """
+    with TraceWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, Record]]:
+    """Stream the records of a trace file.
+
+    Blank lines are skipped.  Records are not validated beyond being JSON
+    objects.
+
+    Args:
+        path: The JSONL file.
+
+    Yields:
+        ``(line_no, record)`` with 1-based line numbers.
+
+    Raises:
+        TraceFormatError: On a line that is not a JSON object.
+        OSError: If the file cannot be opened.
+    """
+    with open(path, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TraceFormatError(path, line_no, f"invalid JSON: {err.msg} (column {err.colno})") from err
+            if not isinstance(record, dict):
+                raise TraceFormatError(path, line_no, f"expected a JSON object, got {type(record).__name__}")
+            yield line_no, record
+
+
+@dataclass
+class Trace:
+    """A parsed trace.
+
+    Attributes:
+        header: The header record.
+        prefill: The prefill record, or ``None``.
+        rounds: ``round`` records in file order.
+        plains: ``plain`` records in file order.
+        footer: The footer record.
+        events: ``round`` and ``plain`` records interleaved in file order.
+        path: Where it was read from (``None`` for in-memory traces).
+    """
+
+    header: Record
+    prefill: Record | None
+    rounds: list[Record]
+    plains: list[Record]
+    footer: Record
+    events: list[Record] = field(default_factory=list)
+    path: str | None = None
+
+    @classmethod
+    def from_records(cls, records: Iterable[Record], *, path: str | None = None) -> Trace:
+        """Build a trace from records in file order.
+
+        Args:
+            records: Header, optional prefill, events, footer.
+            path: Optional source name used in error messages.
+
+        Returns:
+            The trace.
+
+        Raises:
+            TraceFormatError: On unknown types or a missing / duplicated /
+                misplaced header, prefill or footer.
+        """
+        where = path or "<memory>"
+        header: Record | None = None
+        prefill: Record | None = None
+        footer: Record | None = None
+        events: list[Record] = []
+        for i, record in enumerate(records, start=1):
+            try:
+                rtype = _check_shape(record)
+            except (TypeError, ValueError) as err:
+                raise TraceFormatError(where, i, str(err)) from err
+            if footer is not None:
+                raise TraceFormatError(where, i, f"{rtype!r} record after the footer")
+            if rtype == "header":
+                if i != 1:
+                    raise TraceFormatError(where, i, "header is not the first record")
+                header = record
+            elif header is None:
+                raise TraceFormatError(where, i, "first record is not a header")
+            elif rtype == "prefill":
+                if prefill is not None or events:
+                    raise TraceFormatError(where, i, "prefill must appear once, before any round/plain")
+                prefill = record
+            elif rtype == "footer":
+                footer = record
+            else:
+                events.append(record)
+        if header is None:
+            raise TraceFormatError(where, None, "empty trace (no header)")
+        if footer is None:
+            raise TraceFormatError(where, None, "trace has no footer")
+        return cls(
+            header=header,
+            prefill=prefill,
+            rounds=[e for e in events if e["type"] == "round"],
+            plains=[e for e in events if e["type"] == "plain"],
+            footer=footer,
+            events=events,
+            path=path,
+        )
+
+    def records(self) -> list[Record]:
+        """All records in file order (header, prefill, events, footer)."""
+        out: list[Record] = [self.header]
+        if self.prefill is not None:
+            out.append(self.prefill)
+        out.extend(self.events)
+        out.append(self.footer)
+        return out
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """The header's EOS token ids."""
+        return list(self.header.get("eos_ids", []))
+
+    @property
+    def output_ids(self) -> list[int]:
+        """The footer's output token ids."""
+        return list(self.footer.get("output_ids", []))
+
+    def label(self) -> str:
+        """Short human label: path, else ``runner.name/case_id``."""
+        if self.path:
+            return self.path
+        runner = self.header.get("runner") or {}
+        return f"{runner.get('name', '?')}/{self.header.get('case_id', '?')}"
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read a whole trace file.
+
+    Args:
+        path: The JSONL file.
+
+    Returns:
+        The parsed :class:`Trace` (not schema-validated; see :mod:`traces.validate`).
+
+    Raises:
+        TraceFormatError: On bad JSON or a structurally broken file.
+        OSError: If the file cannot be read.
+    """
+    lines: list[int] = []
+    records: list[Record] = []
+    for line_no, record in iter_records(path):
+        lines.append(line_no)
+        records.append(record)
+    try:
+        return Trace.from_records(records, path=str(path))
+    except TraceFormatError as err:
+        # Map the record ordinal back to the real line number.
+        line = lines[err.line_no - 1] if err.line_no is not None else None
+        raise TraceFormatError(path, line, err.message) from None

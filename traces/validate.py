@@ -1,0 +1,357 @@
+"""Validation of specparity traces: JSON Schema plus cross-record invariants.
+
+Each record is checked against its ``$defs`` entry in ``traces/schema.json``
+(Draft 2020-12), then the invariants the schema cannot express are checked
+(record order, consecutive indices, window/margins/accept-walk consistency, no
+EOS in ``emitted``, footer ``output_ids`` equal to the concatenated emissions).
+Every problem is a :class:`ValidationError` naming the line, record type and
+field, e.g. ``line 7: round.k_accept: -1 is less than the minimum of 0``.
+
+``validate_main`` implements ``specparity trace validate FILE...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema import ValidationError as SchemaError
+from jsonschema.exceptions import best_match
+
+from traces.io import RECORD_TYPES, Record, Trace
+
+__all__ = [
+    "ValidationError",
+    "load_schema",
+    "validate_file",
+    "validate_main",
+    "validate_records",
+    "validate_trace",
+]
+
+TERMINAL_ENDS = frozenset({"eos", "budget", "stop"})
+
+
+@dataclass(frozen=True)
+class ValidationError:
+    """One problem found in a trace.
+
+    Attributes:
+        line: 1-based line number (``None`` for whole-file problems).
+        record_type: The record's ``type`` (``None`` if unknown / not a record).
+        field: Dotted JSON path including the record type, e.g. ``round.k_accept``
+            or ``header.params.gamma``; ``file`` for whole-file problems.
+        message: What is wrong.
+        path: The file (``"<memory>"`` for in-memory traces).
+    """
+
+    line: int | None
+    record_type: str | None
+    field: str
+    message: str
+    path: str = "<memory>"
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.field}: {self.message}"
+
+    def format(self) -> str:
+        """CLI form ``FILE:LINE: field: message``."""
+        loc = f"{self.path}:{self.line}" if self.line is not None else self.path
+        return f"{loc}: {self.field}: {self.message}"
+
+
+@cache
+def load_schema() -> dict[str, Any]:
+    """The trace JSON Schema (``traces/schema.json``)."""
+    text = resources.files("traces").joinpath("schema.json").read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@cache
+def _validator(rtype: str | None) -> Draft202012Validator:
+    """Validator for one record type's ``$defs`` entry (``None``: whole schema)."""
+    schema = load_schema()
+    if rtype is None:
+        return Draft202012Validator(schema)
+    sub = {"$defs": schema["$defs"], "$ref": f"#/$defs/{rtype}"}
+    return Draft202012Validator(sub)
+
+
+def _field_path(rtype: str, parts: Iterable[Any]) -> str:
+    out = rtype
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _schema_errors(path: str, line: int, record: Any) -> list[ValidationError]:
+    if not isinstance(record, dict):
+        return [ValidationError(line, None, "record", f"expected a JSON object, got {type(record).__name__}", path)]
+    rtype = record.get("type")
+    if rtype not in RECORD_TYPES:
+        msg = f"unknown record type {rtype!r}; expected one of {sorted(RECORD_TYPES)}"
+        if "type" not in record:
+            msg = "'type' is a required property"
+        return [ValidationError(line, None, "record.type", msg, path)]
+    errors: list[SchemaError] = sorted(
+        _validator(rtype).iter_errors(record), key=lambda e: [str(p) for p in e.absolute_path]
+    )
+    out: list[ValidationError] = []
+    for err in errors:
+        # For oneOf/anyOf failures, prefer the most specific sub-error.
+        if err.context:
+            err = best_match([err, *err.context]) or err
+        out.append(ValidationError(line, rtype, _field_path(rtype, err.absolute_path), err.message, path))
+    return out
+
+
+def validate_records(
+    records: Iterable[tuple[int, Any]], *, path: str = "<memory>"
+) -> list[ValidationError]:
+    """Validate records given with their line numbers.
+
+    Args:
+        records: ``(line_no, record)`` pairs in file order.
+        path: Name used in the errors.
+
+    Returns:
+        All problems found (empty when the trace is valid).
+    """
+    errors: list[ValidationError] = []
+
+    def err(line: int | None, rtype: str | None, fld: str, msg: str) -> None:
+        errors.append(ValidationError(line, rtype, fld, msg, path))
+
+    items = list(records)
+    if not items:
+        err(None, None, "file", "empty trace (no records)")
+        return errors
+
+    header: Record | None = None
+    footer: Record | None = None
+    footer_line: int | None = None
+    eos: set[int] = set()
+    n_round = n_plain = 0
+    seen_event = False
+    emitted_all: list[int] = []
+    emitted_ok = True  # all events schema-valid, so emitted_all is meaningful
+    last_event: tuple[int, Record] | None = None
+    mode: str | None = None
+
+    for pos, (line, record) in enumerate(items):
+        schema_errs = _schema_errors(path, line, record)
+        errors.extend(schema_errs)
+        valid = not schema_errs
+        rtype = record.get("type") if isinstance(record, dict) else None
+        if rtype not in RECORD_TYPES:
+            emitted_ok = False
+            continue
+
+        # --- ordering ---------------------------------------------------
+        if footer is not None:
+            err(line, rtype, rtype, f"record after the footer (footer is on line {footer_line})")
+        if rtype == "header":
+            if pos != 0:
+                err(line, rtype, "header", "header must be the first record and appear once")
+            elif valid:
+                header = record
+                eos = set(record["eos_ids"])
+                mode = record["mode"]
+            continue
+        if pos == 0:
+            err(line, rtype, rtype, "first record must be the header")
+        if rtype == "prefill":
+            if seen_event:
+                err(line, rtype, "prefill", "prefill must come before any round/plain record")
+            if any(isinstance(r, dict) and r.get("type") == "prefill" for _, r in items[:pos]):
+                err(line, rtype, "prefill", "more than one prefill record")
+            continue
+        if rtype == "footer":
+            if footer is not None:
+                err(line, rtype, "footer", "more than one footer record")
+            else:
+                footer, footer_line = record, line
+                if not valid:
+                    emitted_ok = False
+            continue
+
+        # --- events -------------------------------------------------------
+        seen_event = True
+        last_event = (line, record)
+        expected_index = n_round if rtype == "round" else n_plain
+        if rtype == "round":
+            n_round += 1
+        else:
+            n_plain += 1
+        if not valid:
+            emitted_ok = False
+            continue
+        if record["index"] != expected_index:
+            err(line, rtype, f"{rtype}.index", f"expected {expected_index} (indices count from 0 per record type), got {record['index']}")
+        if rtype == "round":
+            _check_round(line, record, eos, err)
+            if mode == "plain":
+                err(line, rtype, "round", "round record in a mode 'plain' trace")
+        else:
+            _check_plain(line, record, eos, err)
+        emitted_all.extend(record["emitted"])
+
+    if footer is None:
+        last_line = items[-1][0]
+        err(last_line, None, "footer", "missing footer record (the trace must end with one)")
+    if header is None and not any(
+        isinstance(r, dict) and r.get("type") == "header" for _, r in items
+    ):
+        err(items[0][0], None, "header", "missing header record")
+
+    # terminal ends only on the last event
+    if last_event is not None:
+        for line, record in items:
+            if (
+                isinstance(record, dict)
+                and record.get("type") in ("round", "plain")
+                and record.get("end") in TERMINAL_ENDS
+                and record is not last_event[1]
+            ):
+                err(line, record["type"], f"{record['type']}.end",
+                    f"{record['end']!r} ends generation but this is not the last round/plain record")
+
+    if footer is not None and emitted_ok and footer_line is not None:
+        output = footer["output_ids"]
+        if output != emitted_all:
+            j = next(
+                (i for i, (x, y) in enumerate(zip(output, emitted_all, strict=False)) if x != y),
+                min(len(output), len(emitted_all)),
+            )
+            err(footer_line, "footer", "footer.output_ids",
+                f"does not equal the concatenation of all emitted tokens: first difference at "
+                f"output token {j} (len {len(output)} vs {len(emitted_all)} emitted)")
+        if mode == "plain" and footer["speculation"] is not None:
+            err(footer_line, "footer", "footer.speculation", "must be null in a mode 'plain' trace")
+    return errors
+
+
+def _check_round(line: int, r: Record, eos: set[int], err: Any) -> None:
+    drafts, window, samples = r["drafts"], r["window"], r["samples"]
+    k, emitted, end = r["k_accept"], r["emitted"], r["end"]
+    if window[1:] != drafts:
+        err(line, "round", "round.window", f"window {window} != [window[0]] + drafts {drafts}")
+    if len(r["margins"]) != len(window):
+        err(line, "round", "round.margins", f"has {len(r['margins'])} entries, window has {len(window)}")
+    if k > len(drafts):
+        err(line, "round", "round.k_accept", f"{k} exceeds the number of drafts ({len(drafts)})")
+    if len(emitted) > k + 1:
+        err(line, "round", "round.emitted", f"{len(emitted)} tokens emitted but at most k_accept + 1 = {k + 1} allowed")
+    if len(samples) > len(window):
+        err(line, "round", "round.samples", f"{len(samples)} samples for a window of {len(window)}")
+    if emitted != samples[: len(emitted)]:
+        err(line, "round", "round.emitted", f"{emitted} is not a prefix of samples {samples}")
+    for j, tok in enumerate(emitted):
+        if tok in eos:
+            err(line, "round", f"round.emitted[{j}]", f"EOS id {tok} emitted as content")
+    if end == "bonus" and k != len(drafts):
+        err(line, "round", "round.end", f"'bonus' requires k_accept == len(drafts) ({k} != {len(drafts)})")
+    if end == "correction" and k >= len(drafts):
+        err(line, "round", "round.end",
+            f"'correction' requires a rejected draft (k_accept {k} < len(drafts) {len(drafts)}); "
+            "an all-accepted window (including a zero-length draft) ends with 'bonus'")
+    if end == "eos" and not (len(samples) > len(emitted) and samples[len(emitted)] in eos):
+        err(line, "round", "round.end", "'eos' requires the sample after the emitted tokens to be an EOS id")
+    conf = r["confidence"]
+    if conf is not None and len(conf) > len(drafts):
+        err(line, "round", "round.confidence", f"{len(conf)} entries for {len(drafts)} drafts")
+
+
+def _check_plain(line: int, r: Record, eos: set[int], err: Any) -> None:
+    emitted = r["emitted"]
+    if r["end"] == "eos" and (r["sample"] not in eos or emitted):
+        err(line, "plain", "plain.end", "'eos' requires an EOS sample and nothing emitted")
+    if emitted and emitted != [r["sample"]]:
+        err(line, "plain", "plain.emitted", f"{emitted} is not [sample] ([{r['sample']}])")
+    for j, tok in enumerate(emitted):
+        if tok in eos:
+            err(line, "plain", f"plain.emitted[{j}]", f"EOS id {tok} emitted as content")
+
+
+def validate_trace(trace: Trace) -> list[ValidationError]:
+    """Validate an in-memory trace (line numbers are record ordinals, from 1).
+
+    Args:
+        trace: The trace.
+
+    Returns:
+        All problems found.
+    """
+    return validate_records(enumerate(trace.records(), start=1), path=trace.path or "<memory>")
+
+
+def validate_file(path: str | os.PathLike[str]) -> list[ValidationError]:
+    """Validate a trace file, reporting every problem (bad JSON lines included).
+
+    Args:
+        path: The JSONL file.
+
+    Returns:
+        All problems found; an unreadable file gives one ``file`` error.
+    """
+    name = str(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.readlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        return [ValidationError(None, None, "file", f"cannot read: {exc}", name)]
+    records: list[tuple[int, Any]] = []
+    errors: list[ValidationError] = []
+    for line_no, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            records.append((line_no, json.loads(text)))
+        except json.JSONDecodeError as exc:
+            errors.append(ValidationError(line_no, None, "json", f"invalid JSON: {exc.msg} (column {exc.colno})", name))
+    # Unparsable lines are reported and skipped; the rest is still validated.
+    errors.extend(validate_records(records, path=name))
+    errors.sort(key=lambda e: (e.line if e.line is not None else 1 << 62))
+    return errors
+
+
+def validate_main(argv: Sequence[str] | None = None) -> int:
+    """CLI: ``specparity trace validate FILE...``.
+
+    Prints ``FILE: ok`` or one ``FILE:LINE: field: message`` line per problem.
+
+    Args:
+        argv: Arguments after ``trace validate``.
+
+    Returns:
+        0 if every file is valid, 1 otherwise, 2 on usage errors.
+    """
+    parser = argparse.ArgumentParser(
+        prog="specparity trace validate", description="Validate specparity JSONL traces."
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return int(exc.code or 0) if isinstance(exc.code, int) else 2
+    status = 0
+    for name in args.files:
+        errs = validate_file(name)
+        if errs:
+            status = 1
+            for e in errs:
+                print(e.format())
+        else:
+            print(f"{name}: ok")
+    sys.stdout.flush()
+    return status
