@@ -26,6 +26,7 @@ from typing import Any
 
 from oracles import OracleUnavailable
 from traces.digest import cache_digest
+from traces.records import counters_from_rounds
 
 NAME = "mlx_lm"
 
@@ -200,10 +201,6 @@ def _rebuild(
         records.append(_footer(usage, None, output, wall))
         return records
 
-    counters: dict[str, Any] = {
-        "drafted": 0, "accepted": 0, "rejected": 0, "target_calls": 0, "rounds": 0,
-        "acceptance_lengths": [], "drafted_by_pos": [], "accepted_by_pos": [],
-    }
     seen = 0
     feed: list[int] | None = None
     current: dict[str, Any] | None = None
@@ -241,19 +238,8 @@ def _rebuild(
             rec["end"] = "correction" if k < d else "bonus"
         if r + 1 < len(snaps):
             rec["target_cache_digest"], rec["drafter_cache_digest"] = snaps[r + 1]
-        counters["drafted"] += d
-        counters["accepted"] += k
-        counters["rejected"] += d - k
-        counters["target_calls"] += 1
-        counters["rounds"] += 1
-        counters["acceptance_lengths"].append(k)
-        for key, upto in (("drafted_by_pos", d), ("accepted_by_pos", k)):
-            arr = counters[key]
-            arr.extend([0] * max(0, upto - len(arr)))
-            for p in range(upto):
-                arr[p] += 1
     records.extend(rounds)
-    records.append(_footer(usage, counters, output, wall))
+    records.append(_footer(usage, counters_from_rounds(rounds), output, wall))
     return records
 
 

@@ -1,0 +1,70 @@
+"""Conformance cases built from the tiny zoo: (pair, prompt, params)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+DEFAULT_GAMMAS = (1, 2, 3, 5)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generation: a zoo target, an optional drafter, a prompt and params.
+
+    ``drafter=None`` is a plain (non-speculative) decode.
+    """
+
+    target: str
+    drafter: str | None
+    prompt_id: str
+    gamma: int = 3
+    max_tokens: int = 32
+    temperature: float = 0.0
+    seed: int = 0
+
+    @property
+    def mode(self) -> str:
+        return "plain" if self.drafter is None else "spec"
+
+    @property
+    def case_id(self) -> str:
+        if self.drafter is None:
+            return f"{self.target}/plain/{self.prompt_id}/n{self.max_tokens}"
+        return f"{self.target}/{self.drafter}/{self.prompt_id}/g{self.gamma}/n{self.max_tokens}"
+
+    @property
+    def file_stem(self) -> str:
+        return self.case_id.replace("/", "__")
+
+    def plain(self) -> Case:
+        """The plain-decode baseline of this case."""
+        return Case(self.target, None, self.prompt_id, 0, self.max_tokens, self.temperature, self.seed)
+
+
+def spec_matrix(
+    pairs: Iterable[tuple[str, str]],
+    prompt_ids: Iterable[str],
+    gammas: Iterable[int] = DEFAULT_GAMMAS,
+    max_tokens: int = 32,
+) -> list[Case]:
+    prompt_ids = list(prompt_ids)
+    gammas = list(gammas)
+    return [
+        Case(t, d, p, g, max_tokens)
+        for (t, d) in pairs
+        for g in gammas
+        for p in prompt_ids
+    ]
+
+
+def pick_prompts(all_ids: list[str], n: int) -> list[str]:
+    """``n`` prompt ids, alternating natural and random kinds for coverage."""
+    nat = [p for p in all_ids if p.startswith("nat")]
+    rnd = [p for p in all_ids if not p.startswith("nat")]
+    out: list[str] = []
+    while len(out) < min(n, len(all_ids)):
+        for group in (nat, rnd):
+            if group and len(out) < n:
+                out.append(group.pop(0))
+    return out

@@ -1,0 +1,137 @@
+"""Run one case with one runner (the engine or an oracle) and return its trace.
+
+Models are loaded once per process and shared (importing mlx-lm and loading
+costs seconds; the zoo models are tiny).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from specparity.cases import Case
+from traces.records import make_header
+
+RUNNER_NAMES = ("engine", "mlx_lm")
+
+
+@cache
+def load_model(path: str) -> Any:
+    from engine.models import load
+
+    return load(path)
+
+
+def _zoo_dir(name: str) -> Path:
+    from engine import zoo
+
+    return zoo.model_dir(name)
+
+
+def model_identity(path: Path) -> dict[str, Any]:
+    from engine import zoo
+
+    return {
+        "path": str(path),
+        "weights_sha256": zoo.weights_digest(path),
+        "config_sha256": zoo.config_digest(path),
+    }
+
+
+@cache
+def _identity(path: str) -> dict[str, Any]:
+    return model_identity(Path(path))
+
+
+def case_paths(case: Case) -> tuple[Path, Path | None]:
+    from engine import zoo
+
+    if case.drafter is None:
+        return _zoo_dir(case.target), None
+    return zoo.pair(case.target, case.drafter)
+
+
+def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
+    return {
+        "gamma": case.gamma if case.drafter is not None else None,
+        "max_tokens": case.max_tokens,
+        "temperature": case.temperature,
+        "top_p": 0.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "seed": case.seed,
+        "prefill": prefill,
+        "prefill_step_size": 512 if case.drafter is not None else 2048,
+        "confidence_threshold": None,
+    }
+
+
+def _runner_info(name: str) -> dict[str, Any]:
+    if name == "engine":
+        return {"name": "engine", "package": "specparity", "version": metadata.version("specparity")}
+    return {"name": name, "package": "mlx-lm", "version": metadata.version("mlx-lm")}
+
+
+def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
+    """All records (header to footer) of ``case`` run by ``runner``."""
+    from engine import zoo
+
+    tpath, dpath = case_paths(case)
+    target = load_model(str(tpath))
+    draft = load_model(str(dpath)) if dpath is not None else None
+    prompt = zoo.prompt(case.prompt_id)
+    ids = list(prompt.token_ids)
+    header = make_header(
+        runner=_runner_info(runner),
+        mode=case.mode,
+        source="two-model" if draft is not None else None,
+        case_id=case.case_id,
+        target=_identity(str(tpath)),
+        drafter=_identity(str(dpath)) if dpath is not None else None,
+        tokenizer_sha256=zoo.tokenizer_digest(),
+        params=case_params(case),
+        prompt_id=case.prompt_id,
+        prompt_ids=ids,
+        eos_ids=target.eos_ids,
+    )
+    if runner == "engine":
+        body = _run_engine(case, target, draft, ids)
+    elif runner == "mlx_lm":
+        from oracles import mlx_lm as oracle
+
+        body = oracle.run(
+            target.model,
+            target.tokenizer,
+            ids,
+            draft=draft.model if draft is not None else None,
+            gamma=case.gamma,
+            max_tokens=case.max_tokens,
+            temperature=case.temperature,
+            seed=case.seed,
+        )
+    else:
+        raise ValueError(f"unknown runner {runner!r}; known: {', '.join(RUNNER_NAMES)}")
+    return [header, *body]
+
+
+def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dict[str, Any]]:
+    from engine.executor import GenerationParams, plain_generate, spec_generate
+    from engine.sampler import SamplerParams
+    from engine.sources.two_model import TwoModelProvider
+
+    params = GenerationParams(
+        max_tokens=case.max_tokens,
+        gamma=case.gamma,
+        sampler=SamplerParams(temperature=case.temperature),
+        seed=case.seed,
+        eos_ids=target.eos_ids,
+    )
+    if draft is None:
+        result = plain_generate(target.model, ids, params)
+    else:
+        provider = TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
+        provider.check_target(target.model, target.tokenizer)
+        result = spec_generate(target.model, provider, ids, params)
+    return [*result.records, result.footer()]
