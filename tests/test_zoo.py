@@ -90,7 +90,10 @@ def test_tampered_weights_raise(fresh_zoo: Path) -> None:
     f = d / "model.safetensors"
     data = bytearray(f.read_bytes())
     data[-5] ^= 0x40  # flip a bit in the last tensor's payload
+    st = f.stat()
     f.write_bytes(bytes(data))
+    # same size; make sure mtime moves even on coarse-timestamp filesystems
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
     with pytest.raises(zoo.ZooDriftError, match=r"^zoo drift: qwen3-small: model\.safetensors"):
         zoo.model_dir("qwen3-small")
     # a fresh process (empty verification cache) catches it too
@@ -119,7 +122,10 @@ def test_altered_tensor_raises(fresh_zoo: Path) -> None:
 def test_tampered_config_raises(fresh_zoo: Path) -> None:
     d = zoo.model_dir("llama-small")
     cfg = d / "config.json"
-    cfg.write_text(cfg.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    text = cfg.read_text()
+    assert '"rms_norm_eps": 1e-06' in text
+    cfg.write_text(text.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    zoo.clear_verification_cache()
     with pytest.raises(zoo.ZooDriftError, match="config.json"):
         zoo.model_dir("llama-small")
 

@@ -120,7 +120,7 @@ def weights_digest(path: Path | str) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         a = tensors[name]
-        arr = np.ascontiguousarray(np.array(a, copy=False))
+        arr = np.ascontiguousarray(np.asarray(a))
         h.update(name.encode() + b"\0")
         h.update(str(a.dtype).encode() + b"\0")
         h.update(json.dumps(list(a.shape)).encode() + b"\0")
@@ -246,11 +246,11 @@ def model_dir(name: str) -> Path:
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
             try:
                 write_model(name, tmp)
-                if d.exists():  # partial/stale dir without weights
-                    shutil.rmtree(d)
+                if d.exists() and not (d / "model.safetensors").exists():
+                    shutil.rmtree(d)  # stale dir without weights (never left by us)
                 try:
                     os.rename(tmp, d)
-                except OSError:
+                except OSError:  # another process won the race: keep theirs
                     if not (d / "model.safetensors").exists():
                         raise
             finally:
@@ -269,7 +269,8 @@ def model_dir(name: str) -> Path:
 
 def pair(target: str, drafter: str) -> tuple[Path, Path]:
     """``(target_dir, drafter_dir)``; drafter ``self`` gives the target dir twice."""
-    return model_dir(target), model_dir(model_name(target, drafter))
+    drafter_name = model_name(target, drafter)  # validates both names before building
+    return model_dir(target), model_dir(drafter_name)
 
 
 # ------------------------------------------------------------------------ prompts
@@ -299,11 +300,11 @@ def prompt(id: str) -> Prompt:
 
 # --------------------------------------------------------------------- acceptance
 
-_LOADED: dict[str, Any] = {}
+_LOADED: dict[tuple[str, tuple[Any, ...]], Any] = {}
 
 
 def _load_model(path: Path) -> Any:
-    key = str(path)
+    key = (str(path), _stamp(path))  # reload if the (verified) files changed
     if key not in _LOADED:
         from mlx_lm.utils import load_model
 
