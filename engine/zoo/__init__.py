@@ -219,7 +219,7 @@ def _verify(name: str, d: Path) -> None:
         if got != entry[key]:
             raise ZooDriftError(
                 f"zoo drift: {name}: {fname} in {d} has sha256 {got}, "
-                f"manifest expects {entry[key]}"
+                f"manifest expects {entry[key]} (a stale cache? delete {d} to rebuild)"
             )
     if entry["tokenizer_sha256"] != tokenizer_digest():
         raise ZooDriftError(
@@ -246,6 +246,7 @@ def model_dir(name: str) -> Path:
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
             try:
                 write_model(name, tmp)
+                os.chmod(tmp, 0o755)  # mkdtemp makes 0700
                 if d.exists() and not (d / "model.safetensors").exists():
                     shutil.rmtree(d)  # stale dir without weights (never left by us)
                 try:
