@@ -12,7 +12,13 @@ from jsonschema import Draft202012Validator
 
 from traces.io import Record, write_trace
 from traces.testing import make_plain_trace, make_spec_trace
-from traces.validate import load_schema, validate_file, validate_main, validate_records, validate_trace
+from traces.validate import (
+    load_schema,
+    validate_file,
+    validate_main,
+    validate_records,
+    validate_trace,
+)
 
 ROUNDS = [
     (None, [5, 6, 7], [5, 6, 8], 2, [5, 6, 8], "correction"),
