@@ -117,6 +117,15 @@ class _Stream:
         return self.params.max_tokens - len(self.output)
 
 
+def refeed(drafts: list[int], k_accept: int, next_token: int) -> list[int]:
+    """mlx-lm's re-feed rule (generate.py ``draft_y``): ``[correction]``, or
+    ``[last draft, bonus]`` after an all-accept round (the drafter never saw its
+    own last draft)."""
+    if drafts and k_accept == len(drafts):
+        return [drafts[-1], next_token]
+    return [next_token]
+
+
 def _digest(params: GenerationParams, caches: list[Any]) -> dict[str, Any] | None:
     return cache_ops.cache_digest(caches) if params.cache_digests else None
 
@@ -291,9 +300,8 @@ def spec_generate(
             }
         )
         round_index += 1
-        bonus = samples_all[k]
-        pending = [bonus]
-        feed = [drafts[-1], bonus] if (k == d and d > 0) else [bonus]
+        pending = [samples_all[k]]
+        feed = refeed(drafts, k, samples_all[k])
         anchor = verified
 
     return GenerationResult(

@@ -83,12 +83,14 @@ def run(
     top_k: int = 0,
     min_p: float = 0.0,
     seed: int | None = 0,
+    eos_ids: list[int] | None = None,
     cache_digests: bool = True,
 ) -> list[dict[str, Any]]:
     """Run mlx-lm on one case and return the trace records after the header.
 
     ``draft=None`` runs plain ``generate_step``; otherwise two-model
-    ``speculative_generate_step`` with ``num_draft_tokens=gamma``.
+    ``speculative_generate_step`` with ``num_draft_tokens=gamma``. ``eos_ids``
+    replaces the tokenizer's EOS set for this run (restored afterwards).
     """
     require()
     import mlx.core as mx
@@ -127,14 +129,21 @@ def run(
     if seed is not None:
         mx.random.seed(seed)
 
+    saved_eos = set(tokenizer.eos_token_ids)
+    if eos_ids is not None:
+        tokenizer.eos_token_ids = set(eos_ids)
     t0 = time.perf_counter()
     responses = []
-    for resp in stream_generate(t_proxy, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, **kwargs):
-        log.append(("yield", int(resp.token), bool(resp.from_draft)))
-        responses.append(resp)
+    try:
+        stream = stream_generate(t_proxy, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, **kwargs)
+        for resp in stream:
+            log.append(("yield", int(resp.token), bool(resp.from_draft)))
+            responses.append(resp)
+        eos = {int(t) for t in tokenizer.eos_token_ids}
+    finally:
+        tokenizer.eos_token_ids = saved_eos
     wall = time.perf_counter() - t0
     snaps.append(snapshot())
-    eos = {int(t) for t in tokenizer.eos_token_ids}
     final = responses[-1]
     usage = {
         "prompt_tokens": len(prompt_ids),

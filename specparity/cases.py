@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DEFAULT_GAMMAS = (1, 2, 3, 5)
 
@@ -22,6 +22,7 @@ class Case:
     max_tokens: int = 32
     temperature: float = 0.0
     seed: int = 0
+    eos_ids: tuple[int, ...] | None = None  # None: the tokenizer's own EOS set
 
     @property
     def mode(self) -> str:
@@ -30,8 +31,14 @@ class Case:
     @property
     def case_id(self) -> str:
         if self.drafter is None:
-            return f"{self.target}/plain/{self.prompt_id}/n{self.max_tokens}"
-        return f"{self.target}/{self.drafter}/{self.prompt_id}/g{self.gamma}/n{self.max_tokens}"
+            base = f"{self.target}/plain/{self.prompt_id}/n{self.max_tokens}"
+        else:
+            base = f"{self.target}/{self.drafter}/{self.prompt_id}/g{self.gamma}/n{self.max_tokens}"
+        if self.temperature:
+            base += f"/t{self.temperature:g}s{self.seed}"
+        if self.eos_ids is not None:
+            base += "/eos" + "-".join(str(t) for t in self.eos_ids)
+        return base
 
     @property
     def file_stem(self) -> str:
@@ -39,7 +46,7 @@ class Case:
 
     def plain(self) -> Case:
         """The plain-decode baseline of this case."""
-        return Case(self.target, None, self.prompt_id, 0, self.max_tokens, self.temperature, self.seed)
+        return replace(self, drafter=None, gamma=0)
 
 
 def spec_matrix(

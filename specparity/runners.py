@@ -94,7 +94,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         params=case_params(case),
         prompt_id=case.prompt_id,
         prompt_ids=ids,
-        eos_ids=target.eos_ids,
+        eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
     )
     if runner == "engine":
         body = _run_engine(case, target, draft, ids)
@@ -110,6 +110,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
             max_tokens=case.max_tokens,
             temperature=case.temperature,
             seed=case.seed,
+            eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
         )
     else:
         raise ValueError(f"unknown runner {runner!r}; known: {', '.join(RUNNER_NAMES)}")
@@ -126,7 +127,7 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dic
         gamma=case.gamma,
         sampler=SamplerParams(temperature=case.temperature),
         seed=case.seed,
-        eos_ids=target.eos_ids,
+        eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
     )
     if draft is None:
         result = plain_generate(target.model, ids, params)
