@@ -69,20 +69,22 @@ def test_time_margins_platform_never_compared() -> None:
 
 
 def test_wrong_trim_feed_round_2() -> None:
-    # The cache was trimmed one token too far, so round 2 re-feeds 9 before its window.
-    bad = _mutate(_spec(), lambda rs: _round(rs, 2).__setitem__("feed", [9, 3, 4, 0]))
+    # Round 1 accepted its only draft, so round 2 must re-feed [last draft, bonus];
+    # a drafter trimmed one token too far would be re-fed only [bonus].
+    assert _round(_spec().records(), 2)["feed"] == [9, 3]
+    bad = _mutate(_spec(), lambda rs: _round(rs, 2).__setitem__("feed", [3]))
     assert validate_trace(bad) == []
     d = diff_traces(_spec(), bad)
     assert d is not None
     assert (d.where, d.field, d.klass, d.margin) == ("round 2", "feed", "logic", None)
-    assert (d.value_a, d.value_b) == ([3, 4, 0], [9, 3, 4, 0])
+    assert (d.value_a, d.value_b) == ([9, 3], [3])
     assert "round 2" in d.message and "'feed'" in d.message and "logic" in d.message
 
 
 def test_wrong_refeed_with_knife_edge_sample_is_still_logic() -> None:
     def refeed(rs: list[Record]) -> None:
         r = _round(rs, 1)
-        r["feed"] = [5, 6, 8, 9]  # re-fed already-cached tokens
+        r["feed"] = [5, 6, 8, 9]  # re-fed tokens the drafter already had
         r["samples"] = [9, 7]
         r["margins"] = [0.0, 0.0]
 
@@ -137,7 +139,6 @@ def test_drafts_differ_samples_agree_is_logic() -> None:
         r = _round(rs, 0)
         r["drafts"] = [5, 6, 9]
         r["window"] = [99, 5, 6, 9]
-        r["feed"] = [99, 5, 6, 9]
 
     d = diff_traces(_spec(), _mutate(_spec(), fn))
     assert d is not None

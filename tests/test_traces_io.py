@@ -176,3 +176,10 @@ def test_read_trace_structure_errors_map_to_lines(tmp_path: Path) -> None:
 def test_from_records_errors(mutate, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(TraceFormatError, match=match):
         Trace.from_records(mutate(_spec().records()))
+
+
+def test_default_feed_follows_mlx_lm_refeed_rule() -> None:
+    feeds = [r["feed"] for r in _spec().rounds]
+    # round 0: [last prompt token]; after a correction: [correction];
+    # after an all-accept round: [last draft, bonus].
+    assert feeds == [[99], [8], [9, 3]]

@@ -161,30 +161,10 @@ def _min_margin(ma: Any, mb: Any) -> float | None:
     return min(vals) if len(vals) == 2 else None
 
 
-def _refed(r: Record) -> list[Any] | None:
-    """The part of ``feed`` before the window, or None if feed does not end with it."""
-    feed, window = r.get("feed") or [], r.get("window") or []
-    if len(feed) >= len(window) and feed[len(feed) - len(window) :] == window:
-        return list(feed[: len(feed) - len(window)])
-    return None
-
-
-def _feed_differs(ra: Record, rb: Record) -> bool:
-    """Whether feeds differ beyond what differing windows explain.
-
-    A feed is ``re-fed tokens + window``; when both feeds have that shape and
-    the re-fed parts agree, a window difference is reported as drafts/window.
-    """
-    if ra.get("feed") == rb.get("feed"):
-        return False
-    pa, pb = _refed(ra), _refed(rb)
-    return pa is None or pb is None or pa != pb
-
-
 def _classify_round(ra: Record, rb: Record) -> tuple[float | None, int | None, str]:
     """Margin/position of the first differing sample of two rounds (None: logic)."""
-    if _feed_differs(ra, rb):
-        return None, None, "feed differs: the target was given different input"
+    if ra.get("feed") != rb.get("feed"):
+        return None, None, "feed differs: the drafter was given different input (trim / re-feed)"
     sa, sb = ra.get("samples") or [], rb.get("samples") or []
     p = _first_diff(sa, sb)
     if p is None:
@@ -235,14 +215,7 @@ def _diff_events(c: _Ctx) -> Divergence | None:
                           note="the traces interleave round and plain records differently")
         where = _event_name(ea, k)
         fields, digests = (ROUND_FIELDS, ROUND_DIGESTS) if ta == "round" else (PLAIN_FIELDS, PLAIN_DIGESTS)
-        diff_field = next(
-            (
-                f
-                for f in fields
-                if ea.get(f) != eb.get(f) and (f != "feed" or _feed_differs(ea, eb))
-            ),
-            None,
-        )
+        diff_field = next((f for f in fields if ea.get(f) != eb.get(f)), None)
         if diff_field is None:
             diff_field = next(
                 (

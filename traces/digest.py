@@ -1,49 +1,129 @@
-"""Cache digests: sha256 of each layer's live state, plus a combined digest.
+"""Cache digests for traces: sha256 over each cache layer's live state.
 
-The rule (``traces/INTERPRETING.md``): for a KV-style cache (mlx-lm 0.32.2
-``models/cache.py`` ``KVCache``: ``keys``/``values`` buffers and an ``offset``)
-only the region up to the offset is hashed — buffers past the offset are
-garbage. Other caches hash every array of their ``state``. Each layer digest
-also covers the cache class name and offset; bfloat16 arrays are widened to
-float32 first (numpy has no bfloat16), which is exact. Shared by the engine
-and the oracle runners so both sides hash the same bytes.
+Reference: mlx-lm 0.32.2 ``mlx_lm/models/cache.py`` (``KVCache``,
+``RotatingKVCache``, ``QuantizedKVCache``, ``ArraysCache``, ``CacheList``).
+Only the valid region is hashed: a ``KVCache`` buffer past ``offset`` is
+garbage (``trim`` only moves ``offset``), so ``keys[..., :offset, :]`` is what
+counts.  A rotating cache is hashed in temporal order.
+
+Digest format (``DIGEST`` in ``traces/INTERPRETING.md``): ``layers[i]`` is the
+hex sha256 of layer ``i``; ``combined`` is the hex sha256 of the layer digests
+joined by ``"\\n"``.  Each layer hash covers its kind, integer metadata
+(``offset`` ...) and, per array, ``dtype``, ``shape`` and the raw bytes, so the
+digest is bit-exact: equal only for identical cache contents.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-
-def live_arrays(cache: Any) -> list[Any]:
-    """The arrays that hold ``cache``'s live state, sliced to its offset."""
-    import mlx.core as mx
-
-    if hasattr(cache, "keys") and hasattr(cache, "offset") and not callable(cache.keys):
-        if cache.keys is None:
-            return []
-        n = min(int(cache.offset), cache.keys.shape[-2])
-        return [cache.keys[..., :n, :], cache.values[..., :n, :]]
-    state = cache.state
-    items = state if isinstance(state, (list, tuple)) else [state]
-    return [a for a in items if isinstance(a, mx.array)]
+__all__ = ["array_bytes", "cache_digest", "layer_digest"]
 
 
-def layer_digest(cache: Any) -> str:
-    import mlx.core as mx
+def array_bytes(a: Any) -> tuple[str, tuple[int, ...], bytes]:
+    """``(dtype name, shape, raw C-order bytes)`` of an mlx or numpy array."""
     import numpy as np
 
+    if isinstance(a, np.ndarray):
+        arr = np.ascontiguousarray(a)
+        return str(arr.dtype), tuple(arr.shape), arr.tobytes()
+    import mlx.core as mx
+
+    dtype = str(a.dtype).removeprefix("mlx.core.")
+    shape = tuple(int(s) for s in a.shape)
+    size = a.dtype.size
+    # numpy has no bfloat16: reinterpret every dtype as unsigned ints of its width.
+    as_uint = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}[size]
+    flat = a.reshape(-1) if a.ndim else a.reshape(1)
+    raw = np.array(flat.view(as_uint) if a.dtype != as_uint else flat, copy=True)
+    return dtype, shape, raw.tobytes()
+
+
+def _hash_arrays(h: Any, name: str, arrays: Iterable[Any]) -> None:
+    for i, a in enumerate(arrays):
+        if a is None:
+            h.update(f"{name}[{i}]:none\n".encode())
+            continue
+        dtype, shape, raw = array_bytes(a)
+        h.update(f"{name}[{i}]:{dtype}:{list(shape)}\n".encode())
+        h.update(raw)
+
+
+def _kv_live(c: Any) -> tuple[list[Any], list[Any]]:
+    """Live keys/values (lists, to cover quantized tuples) of a KV-style cache."""
+    keys, values, offset = c.keys, c.values, int(c.offset)
+    if keys is None:
+        return [], []
+
+    def cut(x: Any) -> list[Any]:
+        parts = list(x) if isinstance(x, tuple | list) else [x]
+        return [p[..., :offset, :] for p in parts]
+
+    if hasattr(c, "max_size") and hasattr(c, "_temporal_order"):
+        n = min(offset, int(c.max_size))
+        def order(x: Any) -> list[Any]:
+            parts = list(x) if isinstance(x, tuple | list) else [x]
+            return [c._temporal_order(p)[..., -n:, :] if n else p[..., :0, :] for p in parts]
+        return order(keys), order(values)
+    return cut(keys), cut(values)
+
+
+def layer_digest(c: Any) -> str:
+    """Hex sha256 of one cache layer's live state.
+
+    Args:
+        c: An mlx-lm cache object (or anything with ``keys``/``values``/``offset``,
+            ``cache`` (arrays cache), ``caches`` (cache list) or ``state``).
+
+    Returns:
+        The hex digest.
+    """
     h = hashlib.sha256()
-    h.update(f"{type(cache).__name__}:{getattr(cache, 'offset', '')}".encode())
-    for a in live_arrays(cache):
-        arr = np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)
-        h.update(str(arr.shape).encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
+    h.update(f"kind:{type(c).__name__}\n".encode())
+    if hasattr(c, "caches") and isinstance(c.caches, Sequence | tuple):
+        for sub in c.caches:
+            h.update(layer_digest(sub).encode())
+    elif hasattr(c, "keys") and hasattr(c, "offset"):
+        meta = {"offset": int(c.offset)}
+        for attr in ("keep", "max_size"):
+            if hasattr(c, attr):
+                meta[attr] = int(getattr(c, attr))
+        h.update(f"meta:{sorted(meta.items())}\n".encode())
+        keys, values = _kv_live(c)
+        _hash_arrays(h, "keys", keys)
+        _hash_arrays(h, "values", values)
+    elif hasattr(c, "cache") and isinstance(c.cache, list):
+        _hash_arrays(h, "cache", c.cache)
+    else:
+        state = getattr(c, "state", [])
+        flat: list[Any] = []
+        _flatten(state, flat)
+        arrays = [x for x in flat if hasattr(x, "shape")]
+        scalars = [x for x in flat if not hasattr(x, "shape")]
+        h.update(f"scalars:{scalars!r}\n".encode())
+        _hash_arrays(h, "state", arrays)
     return h.hexdigest()
 
 
-def cache_digest(caches: list[Any]) -> dict[str, Any]:
-    """``{"combined": sha256, "layers": [sha256, ...]}`` for a list of layer caches."""
+def _flatten(x: Any, out: list[Any]) -> None:
+    if isinstance(x, list | tuple):
+        for y in x:
+            _flatten(y, out)
+    else:
+        out.append(x)
+
+
+def cache_digest(caches: Sequence[Any]) -> dict[str, Any]:
+    """Digest of a whole prompt cache (one entry per layer).
+
+    Args:
+        caches: The per-layer cache list.
+
+    Returns:
+        ``{"combined": hex, "layers": [hex, ...]}``.
+    """
     layers = [layer_digest(c) for c in caches]
-    combined = hashlib.sha256("".join(layers).encode()).hexdigest()
+    combined = hashlib.sha256("\n".join(layers).encode()).hexdigest()
     return {"combined": combined, "layers": layers}

@@ -1,34 +1,39 @@
-"""Building trace records shared by every runner (header, counters).
+"""Builders for trace records shared by the engine, the oracles and tests.
 
-The header layout and the counters' meaning are normative in
-``traces/INTERPRETING.md``; the counters follow §2 "Telemetry" of
-``speculative-decoding.md`` (drafted, accepted, rejected, target_calls, rounds,
-acceptance_lengths, drafted_by_pos, accepted_by_pos).
+``make_header`` fills the platform block and the optional runner keys;
+``counters_from_rounds`` derives the footer ``speculation`` counters from
+round records with the same definitions as ``engine/telemetry.py``
+(``SpecCounters``): by-position lists have no trailing zeros.
 """
 
 from __future__ import annotations
 
-import platform
-from collections.abc import Iterable
+import platform as _platform
+import sys
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-SCHEMA_VERSION = 1
+from traces.io import SCHEMA_VERSION, Record
+
+__all__ = ["counters_from_rounds", "make_header", "platform_info"]
 
 
 def platform_info() -> dict[str, str]:
+    """``{"mlx", "device", "python"}`` for the running interpreter."""
     try:
         mlx_version = metadata.version("mlx")
     except metadata.PackageNotFoundError:
-        mlx_version = "absent"
-    device = "cpu"
+        mlx_version = "unavailable"
+    device = "unknown"
     try:
         import mlx.core as mx
 
         device = str(mx.default_device())
-    except Exception:  # pragma: no cover - mlx missing
+    except Exception:  # noqa: BLE001 - mlx missing or without a device is not fatal here
         pass
-    return {"mlx": mlx_version, "device": device, "python": platform.python_version()}
+    py = f"{_platform.python_implementation()} {sys.version.split()[0]}"
+    return {"mlx": mlx_version, "device": device, "python": py}
 
 
 def make_header(
@@ -42,50 +47,69 @@ def make_header(
     tokenizer_sha256: str | None,
     params: dict[str, Any],
     prompt_id: str,
-    prompt_ids: list[int],
-    eos_ids: Iterable[int],
-) -> dict[str, Any]:
-    """A schema-version-1 header record."""
+    prompt_ids: Sequence[int],
+    eos_ids: Sequence[int],
+    platform: dict[str, Any] | None = None,
+) -> Record:
+    """A schema_version 1 header record.
+
+    Args:
+        runner: ``{"name", "package", "version"}``; ``commit`` defaults to None
+            and ``package`` to ``"specparity"``.
+        mode: ``"spec"`` or ``"plain"``.
+        source: Draft source kind, or None.
+        case_id: Conformance case id.
+        target: Model identity ``{"path", "weights_sha256", "config_sha256"}``.
+        drafter: Drafter identity, or None.
+        tokenizer_sha256: Tokenizer digest, or None.
+        params: The ``params`` block (see ``traces/INTERPRETING.md``).
+        prompt_id: Prompt id.
+        prompt_ids: Prompt token ids.
+        eos_ids: EOS token ids.
+        platform: Override the detected ``{"mlx", "device", "python"}``.
+
+    Returns:
+        The header dict.
+    """
+    run = {"package": "specparity", "commit": None, **runner}
     return {
         "type": "header",
         "schema_version": SCHEMA_VERSION,
-        "runner": {"commit": None, **runner},
+        "runner": run,
         "mode": mode,
         "source": source,
         "case_id": case_id,
-        "target": target,
-        "drafter": drafter,
+        "target": dict(target),
+        "drafter": dict(drafter) if drafter is not None else None,
         "tokenizer_sha256": tokenizer_sha256,
-        "params": params,
-        "prompt": {"id": prompt_id, "token_ids": list(prompt_ids)},
-        "eos_ids": sorted(int(t) for t in eos_ids),
-        "platform": platform_info(),
+        "params": dict(params),
+        "prompt": {"id": prompt_id, "token_ids": [int(t) for t in prompt_ids]},
+        "eos_ids": [int(t) for t in eos_ids],
+        "platform": dict(platform) if platform is not None else platform_info(),
     }
 
 
-def counters_from_rounds(rounds: Iterable[dict[str, Any]], plain_steps: int = 0) -> dict[str, Any]:
-    """The footer ``speculation`` counters implied by a sequence of round records."""
-    out: dict[str, Any] = {
-        "drafted": 0,
-        "accepted": 0,
-        "rejected": 0,
-        "target_calls": plain_steps,
-        "rounds": 0,
-        "acceptance_lengths": [],
-        "drafted_by_pos": [],
-        "accepted_by_pos": [],
+def counters_from_rounds(rounds: Sequence[Record], n_plain: int = 0) -> dict[str, Any]:
+    """Footer ``speculation`` counters derived from round records.
+
+    Args:
+        rounds: Round records (``drafts`` and ``k_accept`` are used).
+        n_plain: Plain records in the same run (each is one target call).
+
+    Returns:
+        ``{"drafted", "accepted", "rejected", "target_calls", "rounds",
+        "acceptance_lengths", "drafted_by_pos", "accepted_by_pos"}``.
+    """
+    lens = [len(r["drafts"]) for r in rounds]
+    ks = [int(r["k_accept"]) for r in rounds]
+    drafted, accepted = sum(lens), sum(ks)
+    return {
+        "drafted": drafted,
+        "accepted": accepted,
+        "rejected": drafted - accepted,
+        "target_calls": len(rounds) + n_plain,
+        "rounds": len(rounds),
+        "acceptance_lengths": ks,
+        "drafted_by_pos": [sum(d > i for d in lens) for i in range(max(lens, default=0))],
+        "accepted_by_pos": [sum(k > i for k in ks) for i in range(max(ks, default=0))],
     }
-    for rec in rounds:
-        d, k = len(rec["drafts"]), int(rec["k_accept"])
-        out["drafted"] += d
-        out["accepted"] += k
-        out["rejected"] += d - k
-        out["target_calls"] += 1
-        out["rounds"] += 1
-        out["acceptance_lengths"].append(k)
-        for key, upto in (("drafted_by_pos", d), ("accepted_by_pos", k)):
-            arr = out[key]
-            arr.extend([0] * max(0, upto - len(arr)))
-            for p in range(upto):
-                arr[p] += 1
-    return out

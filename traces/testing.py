@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from traces.io import SCHEMA_VERSION, Record, Trace
+from traces.records import counters_from_rounds
 
 __all__ = [
     "RoundSpec",
@@ -31,7 +32,7 @@ __all__ = [
 RoundSpec = tuple[
     Sequence[int] | None, Sequence[int], Sequence[int], int, Sequence[int], str
 ]
-"""``(feed, drafts, samples, k_accept, emitted, end)``; ``feed=None`` means ``feed = window``."""
+"""``(feed, drafts, samples, k_accept, emitted, end)``; ``feed=None``: mlx-lm's re-feed."""
 
 DEFAULT_PROMPT = (1, 17, 42, 99)
 DEFAULT_EOS = (2,)
@@ -99,28 +100,8 @@ def make_header(
 
 
 def speculation_counters(rounds: Sequence[Record], n_plain: int = 0) -> dict[str, Any]:
-    """Footer ``speculation`` counters derived from round records.
-
-    Args:
-        rounds: Round records.
-        n_plain: Number of plain records (each is one target call).
-
-    Returns:
-        The ``speculation`` dict.
-    """
-    gamma = max((len(r["drafts"]) for r in rounds), default=0)
-    drafted = sum(len(r["drafts"]) for r in rounds)
-    accepted = sum(r["k_accept"] for r in rounds)
-    return {
-        "drafted": drafted,
-        "accepted": accepted,
-        "rejected": drafted - accepted,
-        "target_calls": len(rounds) + n_plain,
-        "rounds": len(rounds),
-        "acceptance_lengths": [r["k_accept"] for r in rounds],
-        "drafted_by_pos": [sum(len(r["drafts"]) > i for r in rounds) for i in range(gamma)],
-        "accepted_by_pos": [sum(r["k_accept"] > i for r in rounds) for i in range(gamma)],
-    }
+    """Alias of :func:`traces.records.counters_from_rounds`."""
+    return counters_from_rounds(rounds, n_plain)
 
 
 def make_footer(
@@ -171,11 +152,13 @@ def make_spec_trace(
 
     ``window`` is ``[pending] + drafts`` where ``pending`` is the last prompt
     token for round 0 (tail-split prefill) and afterwards the last token
-    emitted so far.
+    emitted so far.  The default ``feed`` (the drafter's input) follows
+    mlx-lm's re-feed rule: ``[pending]`` for round 0, then ``[correction]``,
+    or ``[last draft, bonus]`` after an all-accept round.
 
     Args:
         rounds: ``(feed, drafts, samples, k_accept, emitted, end)`` per round;
-            ``feed=None`` means the feed is the window.
+            ``feed=None`` means the default re-feed.
         prompt: Prompt token ids.
         eos_ids: EOS ids.
         margin: Margin at every window position (and for plain records).
@@ -203,13 +186,14 @@ def make_spec_trace(
         )
     events: list[Record] = []
     pending = prompt[-1]
+    default_feed = [pending]
     for i, (feed, drafts, samples, k, emitted, end) in enumerate(rounds):
         window = [pending, *drafts]
         events.append(
             {
                 "type": "round",
                 "index": i,
-                "feed": list(window if feed is None else feed),
+                "feed": list(default_feed if feed is None else feed),
                 "drafts": list(drafts),
                 "window": window,
                 "samples": list(samples),
@@ -225,6 +209,7 @@ def make_spec_trace(
         )
         if emitted:
             pending = emitted[-1]
+        default_feed = [drafts[-1], pending] if drafts and k == len(drafts) else [pending]
     for j, (sample, n_emit, p_end) in enumerate(plains_after):
         events.append(
             {
