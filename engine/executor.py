@@ -28,8 +28,15 @@ from typing import Any
 import mlx.core as mx
 
 from engine import caches as cache_ops
-from engine.sampler import SamplerParams, StepSampler, top2_margins
-from engine.seam import PREFILL_MODES, DraftProvider, DraftSource, PrefillMode, TapContext, TargetView
+from engine.sampler import SamplerParams, StepSampler, token_ids, top2_margins
+from engine.seam import (
+    PREFILL_MODES,
+    DraftProvider,
+    DraftSource,
+    PrefillMode,
+    TapContext,
+    TargetView,
+)
 from engine.taps import capture_layers
 from engine.telemetry import SpecCounters, Usage
 
@@ -227,7 +234,7 @@ def spec_generate(
         # Full prefill: the first token is the prefill forward's own sample.
         assert last_logits is not None
         row = last_logits[:, -1, :]
-        first = int(sampler.sample_plain(row, history).item())
+        first = token_ids(sampler.sample_plain(row, history))[0]
         stop = stream.offer(first)
         records.append(
             _plain_record(0, [prompt_ids[-1]], first, top2_margins(row)[0], stop, "initial", caches, params)
@@ -252,7 +259,7 @@ def spec_generate(
         block = logits[0, -(d + 1) :, :]
         samples_arr = sampler.sample_window(block, history, window)
         mx.eval(samples_arr)
-        samples_all = [int(t) for t in samples_arr.tolist()]
+        samples_all = token_ids(samples_arr)
         margins = top2_margins(block)
 
         walked: list[int] = []
@@ -400,7 +407,7 @@ def plain_generate(
         row = target_model(mx.array(inp, mx.uint32)[None], cache=caches)[:, -1, :]
     ts = time.perf_counter()
     while True:
-        y = int(sampler.sample_plain(row, history).item())
+        y = token_ids(sampler.sample_plain(row, history))[0]
         counters.record_plain()
         stop = stream.offer(y)
         records.append(

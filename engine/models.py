@@ -46,7 +46,8 @@ def load(path: str | os.PathLike[str]) -> LoadedModel:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from mlx_lm.utils import load as mlx_load
 
-    model, tokenizer = mlx_load(str(p))
+    loaded = mlx_load(str(p))
+    model, tokenizer = loaded[0], loaded[1]
     return LoadedModel(path=p, model=model, tokenizer=tokenizer)
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 
-LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array | None, mx.array], mx.array]
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class StepSampler:
             temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=params.top_k
         )
         processors = make_logits_processors(repetition_penalty=params.repetition_penalty)
-        return cls(sampler, processors, params)
+        return cls(sampler, cast(list[LogitsProcessor], processors), params)
 
     @property
     def greedy(self) -> bool:
@@ -100,14 +101,19 @@ class StepSampler:
             return self._sampler(logprobs)
         out = []
         y = mx.array(list(window[:1]), mx.uint32)
-        hist = history
+        hist: mx.array | None = history
         for i in range(logits.shape[0]):
-            hist = mx.concatenate([hist, y]) if hist is not None else y
+            hist = y if hist is None else mx.concatenate([hist, y])
             row = self._process(hist, logits[i : i + 1, :])
             logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
             y = self._sampler(logprobs)
             out.append(y)
         return mx.concatenate(out, axis=0)
+
+
+def token_ids(a: mx.array) -> list[int]:
+    """A 1-D token array as Python ints (one host read)."""
+    return [int(t) for t in cast(list, a.reshape(-1).tolist())]
 
 
 def top2_margins(logits: mx.array) -> list[float]:
@@ -116,4 +122,4 @@ def top2_margins(logits: mx.array) -> list[float]:
         return [float("inf")] * logits.shape[0]
     top = mx.topk(logits.astype(mx.float32), 2, axis=-1)
     margins = mx.abs(top[:, 0] - top[:, 1])
-    return [float(m) for m in margins.tolist()]
+    return [float(m) for m in cast(list, margins.tolist())]

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine import caches as cache_ops
-from engine.sampler import StepSampler
+from engine.sampler import StepSampler, token_ids
 from engine.seam import PrefillMode, TapContext, TargetView
 
 KIND = "two-model"
@@ -89,7 +89,7 @@ class TwoModelSource:
             y = self.sampler.sample_window(logits.squeeze(0))
             mx.async_eval(y)
             ys.append(y)
-        return [int(t) for t in mx.concatenate(ys).tolist()]
+        return token_ids(mx.concatenate(ys))
 
     def commit(
         self,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "DRAFTERS",
@@ -116,7 +116,7 @@ def weights_digest(path: Path | str) -> str:
     p = Path(path)
     if p.is_dir():
         p = p / "model.safetensors"
-    tensors = mx.load(str(p))
+    tensors = cast(dict[str, Any], mx.load(str(p)))
     h = hashlib.sha256()
     for name in sorted(tensors):
         a = tensors[name]

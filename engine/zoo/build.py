@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -79,15 +79,15 @@ class Recipe:
         return d
 
 
-_TARGET_DIMS = dict(
+_TARGET_DIMS: dict[str, Any] = dict(
     hidden_size=64, num_hidden_layers=2, intermediate_size=128,
     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
 )  # fmt: skip
-_SMALL_DIMS = dict(
+_SMALL_DIMS: dict[str, Any] = dict(
     hidden_size=32, num_hidden_layers=1, intermediate_size=64,
     num_attention_heads=2, num_key_value_heads=1, head_dim=16,
 )  # fmt: skip
-_INIT = dict(embed_std=1.0, lm_head_std=4.0, proj_gain=1.0)
+_INIT: dict[str, Any] = dict(embed_std=1.0, lm_head_std=4.0, proj_gain=1.0)
 
 TWIN_NOISE = {"llama": 0.08, "qwen3": 0.075}
 
@@ -137,7 +137,8 @@ def _param_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
     model_cls, args_cls = _get_classes(cfg)
     model = model_cls(args_cls.from_dict(cfg))
-    return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+    flat = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
+    return {k: tuple(v.shape) for k, v in flat}
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
