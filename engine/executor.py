@@ -58,6 +58,7 @@ class GenerationParams:
     prefill: PrefillMode | None = None
     prefill_step_size: int | None = None
     eos_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
     cache_digests: bool = True
 
     def __post_init__(self) -> None:
@@ -69,6 +70,8 @@ class GenerationParams:
             raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
         if self.prefill_step_size is not None and self.prefill_step_size < 1:
             raise ValueError("prefill_step_size must be >= 1")
+        if any(len(s) == 0 for s in self.stop_sequences):
+            raise ValueError("stop sequences must not be empty")
 
 
 @dataclass
@@ -90,7 +93,13 @@ class GenerationResult:
 
 
 class _Stream:
-    """Emission + accounting: one token at a time, EOS never emitted."""
+    """Emission + accounting: one token at a time, EOS never emitted.
+
+    Stop sequences follow mlx-lm 0.32.2 ``server.py`` (token-level
+    ``StopSequences`` matcher over the generated tokens): the consumer breaks
+    after the token that completes a sequence, that token included, and the
+    finish reason is ``stop`` even when the budget is reached on the same token.
+    """
 
     def __init__(self, params: GenerationParams, prompt_len: int, on_token: OnToken | None):
         self.params = params
@@ -110,6 +119,13 @@ class _Stream:
         self.output.append(token)
         self.usage.generation_tokens += 1
         if self.on_token is not None and self.on_token(token) is False:
+            self.usage.finish_reason = "stop"
+            self.done = True
+            return "stop"
+        if any(
+            len(self.output) >= len(seq) and tuple(self.output[-len(seq) :]) == seq
+            for seq in self.params.stop_sequences
+        ):
             self.usage.finish_reason = "stop"
             self.done = True
             return "stop"

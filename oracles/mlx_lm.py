@@ -84,6 +84,7 @@ def run(
     min_p: float = 0.0,
     seed: int | None = 0,
     eos_ids: list[int] | None = None,
+    stop_sequences: list[list[int]] | None = None,
     cache_digests: bool = True,
 ) -> list[dict[str, Any]]:
     """Run mlx-lm on one case and return the trace records after the header.
@@ -91,10 +92,13 @@ def run(
     ``draft=None`` runs plain ``generate_step``; otherwise two-model
     ``speculative_generate_step`` with ``num_draft_tokens=gamma``. ``eos_ids``
     replaces the tokenizer's EOS set for this run (restored afterwards).
+    ``stop_sequences`` are matched the way ``mlx_lm/server.py`` does: a
+    ``StopSequences`` matcher advanced on every response, the consumer
+    breaking (finish reason ``stop``) after the token that completes one.
     """
     require()
     import mlx.core as mx
-    from mlx_lm.generate import stream_generate
+    from mlx_lm.generate import StopSequences, stream_generate
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
@@ -136,9 +140,17 @@ def run(
     responses = []
     try:
         stream = stream_generate(t_proxy, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, **kwargs)
+        matcher = StopSequences(stop_sequences or []).matcher()
+        stopped = False
         for resp in stream:
             log.append(("yield", int(resp.token), bool(resp.from_draft)))
             responses.append(resp)
+            if matcher.advance(int(resp.token)):
+                stopped = True
+                break
+        # Closing the stream closes mlx-lm's generator, whose ``finally``
+        # rewinds the caches exactly as a consumer that stops would see.
+        stream.close()
         eos = {int(t) for t in tokenizer.eos_token_ids}
     finally:
         tokenizer.eos_token_ids = saved_eos
@@ -148,7 +160,7 @@ def run(
     usage = {
         "prompt_tokens": len(prompt_ids),
         "generation_tokens": int(final.generation_tokens),
-        "finish_reason": final.finish_reason,
+        "finish_reason": "stop" if stopped else final.finish_reason,
     }
     return _rebuild(log, n_prefill, spec, eos, usage, snaps, wall)
 
@@ -192,14 +204,15 @@ def _rebuild(
     ]
     produced = [(e[1], e[2]) for e in events if e[0] == "yield"]
     n_total = len(produced)
-    budget_stop = usage["finish_reason"] == "length"
+    # How the last produced token ended the stream when it was not an EOS.
+    last_end = "stop" if usage["finish_reason"] == "stop" else "budget"
     output: list[int] = []
 
     if not spec:
         calls = [e for e in events if e[0] == "call"]
         for i, (tok, _) in enumerate(produced):
             _, _, inp, margins = calls[i]
-            end = "eos" if tok in eos else ("budget" if (i == n_total - 1 and budget_stop) else None)
+            end = "eos" if tok in eos else (last_end if i == n_total - 1 else None)
             emitted = [] if tok in eos else [tok]
             output.extend(emitted)
             records.append({
@@ -239,8 +252,8 @@ def _rebuild(
                 continue
             current["emitted"].append(tok)
             output.append(tok)
-            if seen == n_total and budget_stop:
-                current["end"] = "budget"
+            if seen == n_total:
+                current["end"] = last_end
     for r, rec in enumerate(rounds):
         d, k = len(rec["drafts"]), rec["k_accept"]
         if rec["end"] is None:

@@ -23,6 +23,7 @@ class Case:
     temperature: float = 0.0
     seed: int = 0
     eos_ids: tuple[int, ...] | None = None  # None: the tokenizer's own EOS set
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
 
     @property
     def mode(self) -> str:
@@ -38,6 +39,8 @@ class Case:
             base += f"/t{self.temperature:g}s{self.seed}"
         if self.eos_ids is not None:
             base += "/eos" + "-".join(str(t) for t in self.eos_ids)
+        if self.stop_sequences:
+            base += "/stop" + "+".join("-".join(str(t) for t in s) for s in self.stop_sequences)
         return base
 
     @property

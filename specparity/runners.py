@@ -111,6 +111,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
             temperature=case.temperature,
             seed=case.seed,
             eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
+            stop_sequences=[list(s) for s in case.stop_sequences],
         )
     else:
         raise ValueError(f"unknown runner {runner!r}; known: {', '.join(RUNNER_NAMES)}")
@@ -128,6 +129,7 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dic
         sampler=SamplerParams(temperature=case.temperature),
         seed=case.seed,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
+        stop_sequences=case.stop_sequences,
     )
     if draft is None:
         result = plain_generate(target.model, ids, params)

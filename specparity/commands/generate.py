@@ -1,0 +1,96 @@
+"""``specparity generate``: the engine on any local mlx-lm model directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specparity.commands import int_list, positive
+
+NAME = "generate"
+HELP = "generate with the engine on local mlx-lm model dirs"
+
+
+def add_arguments(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--target", required=True, help="target model directory")
+    g.add_argument("--draft", default=None, help="drafter model directory (omit for plain decode)")
+    g.add_argument("--source", default="two-model", help="draft source kind (default two-model)")
+    g.add_argument("-n", "--max-tokens", type=positive, default=64)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", type=int_list, help="comma-separated prompt token ids")
+    g.add_argument("--gamma", type=int, default=3)
+    g.add_argument("--temp", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--prefill", choices=("tail-split", "full"), default=None)
+    g.add_argument("--trace", type=Path, default=None, help="write the trace (JSONL) here")
+
+
+def main(args: argparse.Namespace) -> int:
+    from engine.executor import GenerationParams, plain_generate, spec_generate
+    from engine.models import load
+    from engine.sampler import SamplerParams
+    from engine.sources import make_provider
+    from traces.io import write_trace
+    from traces.records import make_header
+
+    target = load(args.target)
+    draft = load(args.draft) if args.draft else None
+    if args.prompt is not None:
+        ids = list(target.tokenizer.encode(args.prompt))
+    else:
+        ids = list(args.prompt_ids)
+    if not ids:
+        raise ValueError("the prompt encodes to zero tokens")
+    params = GenerationParams(
+        max_tokens=args.max_tokens, gamma=args.gamma,
+        sampler=SamplerParams(temperature=args.temp, top_p=args.top_p, top_k=args.top_k),
+        seed=args.seed, prefill=args.prefill, eos_ids=target.eos_ids,
+    )
+    detok = target.tokenizer.detokenizer
+    detok.reset()
+
+    def on_token(tok: int) -> None:
+        detok.add_token(tok)
+        sys.stdout.write(detok.last_segment)
+        sys.stdout.flush()
+
+    if draft is None:
+        result = plain_generate(target.model, ids, params, on_token=on_token)
+    else:
+        provider = make_provider(args.source, draft_model=draft.model, draft_tokenizer=draft.tokenizer)
+        provider.check_target(target.model, target.tokenizer)  # type: ignore[attr-defined]
+        result = spec_generate(target.model, provider, ids, params, on_token=on_token)
+    detok.finalize()
+    sys.stdout.write(detok.last_segment + "\n")
+    u = result.usage
+    msg = f"[{u.generation_tokens} tokens, finish={u.finish_reason}, {result.wall_s:.2f} s"
+    if result.speculation:
+        s = result.speculation
+        msg += (f", accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.1%}), "
+                f"target calls {s.target_calls}, tau {u.generation_tokens / max(s.target_calls, 1):.2f}")
+    print(msg + "]", file=sys.stderr)
+    if args.trace:
+        from engine.models import file_digest
+
+        def ident(m):  # noqa: ANN001, ANN202
+            return {"path": str(m.path), "weights_sha256": file_digest(list(m.path.glob("model*.safetensors"))),
+                    "config_sha256": file_digest([m.path / "config.json"])}
+
+        header = make_header(
+            runner={"name": "engine", "package": "specparity", "version": "0.1.0"},
+            mode="spec" if draft else "plain", source=args.source if draft else None,
+            case_id=f"generate/{Path(args.target).name}", target=ident(target),
+            drafter=ident(draft) if draft else None, tokenizer_sha256=None,
+            params={"gamma": args.gamma if draft else None, "max_tokens": args.max_tokens,
+                    "temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": 0.0,
+                    "seed": args.seed, "prefill": args.prefill or "tail-split",
+                    "prefill_step_size": 512 if draft else 2048, "confidence_threshold": None},
+            prompt_id="cli", prompt_ids=ids, eos_ids=target.eos_ids,
+        )
+        write_trace(args.trace, [header, *result.records, result.footer()])
+        print(f"trace written to {args.trace}", file=sys.stderr)
+    return 0

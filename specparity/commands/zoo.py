@@ -1,0 +1,42 @@
+"""``specparity zoo list``: each zoo pair with its measured greedy acceptance."""
+
+from __future__ import annotations
+
+import argparse
+
+from specparity.commands import positive
+
+NAME = "zoo"
+HELP = "the tiny zoo"
+
+
+def add_arguments(z: argparse.ArgumentParser) -> None:
+    zsub = z.add_subparsers(dest="zoo_command", required=True)
+    zl = zsub.add_parser("list", help="each target/drafter pair with measured greedy acceptance")
+    zl.add_argument("--gamma", type=positive, default=3)
+    zl.add_argument("--max-tokens", type=positive, default=32)
+
+
+def main(args: argparse.Namespace) -> int:
+    from engine import zoo
+    from specparity.runners import load_model
+
+    print(f"{'target':8} {'drafter':8} {'acceptance':>10} {'tau':>6}   (greedy, gamma={args.gamma}, "
+          f"{args.max_tokens} tokens x {len(zoo.prompts())} prompts, engine two-model)")
+    from engine.executor import GenerationParams, spec_generate
+    from engine.sources.two_model import TwoModelProvider
+
+    for target, drafter in zoo.pairs():
+        tdir, ddir = zoo.pair(target, drafter)
+        t, d = load_model(str(tdir)), load_model(str(ddir))
+        params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids)
+        drafted = accepted = tokens = calls = 0
+        for p in zoo.prompts():
+            r = spec_generate(t.model, TwoModelProvider(d.model), list(p.token_ids), params)
+            assert r.speculation is not None
+            drafted += r.speculation.drafted
+            accepted += r.speculation.accepted
+            calls += r.speculation.target_calls
+            tokens += r.usage.generation_tokens
+        print(f"{target:8} {drafter:8} {accepted / max(drafted, 1):>10.1%} {tokens / max(calls, 1):>6.2f}")
+    return 0
