@@ -12,7 +12,10 @@ DEFAULT_GAMMAS = (1, 2, 3, 5)
 class Case:
     """One generation: a zoo target, an optional drafter, a prompt and params.
 
-    ``drafter=None`` is a plain (non-speculative) decode.
+    ``drafter=None`` is a plain (non-speculative) decode. ``source`` is the
+    draft-source kind (§3 roster); for ``two-model`` the drafter is a zoo
+    drafter name (``self``/``twin``/``small``), for model-free sources it
+    names the source's configuration (e.g. ``ngram``).
     """
 
     target: str
@@ -24,6 +27,9 @@ class Case:
     seed: int = 0
     eos_ids: tuple[int, ...] | None = None  # None: the tokenizer's own EOS set
     stop_sequences: tuple[tuple[int, ...], ...] = ()
+    source: str = "two-model"
+    top_p: float = 0.0
+    top_k: int = 0
 
     @property
     def mode(self) -> str:
@@ -37,6 +43,10 @@ class Case:
             base = f"{self.target}/{self.drafter}/{self.prompt_id}/g{self.gamma}/n{self.max_tokens}"
         if self.temperature:
             base += f"/t{self.temperature:g}s{self.seed}"
+            if self.top_p:
+                base += f"p{self.top_p:g}"
+            if self.top_k:
+                base += f"k{self.top_k}"
         if self.eos_ids is not None:
             base += "/eos" + "-".join(str(t) for t in self.eos_ids)
         if self.stop_sequences:
@@ -49,7 +59,7 @@ class Case:
 
     def plain(self) -> Case:
         """The plain-decode baseline of this case."""
-        return replace(self, drafter=None, gamma=0)
+        return replace(self, drafter=None, gamma=0, source="two-model")
 
 
 def spec_matrix(

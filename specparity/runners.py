@@ -48,7 +48,7 @@ def _identity(path: str) -> dict[str, Any]:
 def case_paths(case: Case) -> tuple[Path, Path | None]:
     from engine import zoo
 
-    if case.drafter is None:
+    if case.drafter is None or case.source != "two-model":
         return _zoo_dir(case.target), None
     return zoo.pair(case.target, case.drafter)
 
@@ -58,8 +58,8 @@ def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,
         "temperature": case.temperature,
-        "top_p": 0.0,
-        "top_k": 0,
+        "top_p": case.top_p,
+        "top_k": case.top_k,
         "min_p": 0.0,
         "seed": case.seed,
         "prefill": prefill,
@@ -86,7 +86,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
     header = make_header(
         runner=_runner_info(runner),
         mode=case.mode,
-        source="two-model" if draft is not None else None,
+        source=case.source if case.drafter is not None else None,
         case_id=case.case_id,
         target=_identity(str(tpath)),
         drafter=_identity(str(dpath)) if dpath is not None else None,
@@ -109,6 +109,8 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
             gamma=case.gamma,
             max_tokens=case.max_tokens,
             temperature=case.temperature,
+            top_p=case.top_p,
+            top_k=case.top_k,
             seed=case.seed,
             eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
             stop_sequences=[list(s) for s in case.stop_sequences],
@@ -126,15 +128,17 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dic
     params = GenerationParams(
         max_tokens=case.max_tokens,
         gamma=case.gamma,
-        sampler=SamplerParams(temperature=case.temperature),
+        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k),
         seed=case.seed,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
         stop_sequences=case.stop_sequences,
     )
-    if draft is None:
+    if case.drafter is None:
         result = plain_generate(target.model, ids, params)
-    else:
+    elif case.source == "two-model":
         provider = TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
         provider.check_target(target.model, target.tokenizer)
         result = spec_generate(target.model, provider, ids, params)
+    else:
+        raise ValueError(f"the engine runner has no source {case.source!r} yet")
     return [*result.records, result.footer()]
