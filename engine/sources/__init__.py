@@ -7,7 +7,7 @@ from typing import Any
 
 from engine.seam import DraftProvider
 
-KINDS = ("two-model",)
+KINDS = ("two-model", "ngram")
 
 
 def make_provider(kind: str, **kwargs: Any) -> DraftProvider:
@@ -17,6 +17,10 @@ def make_provider(kind: str, **kwargs: Any) -> DraftProvider:
         from engine.sources.two_model import TwoModelProvider
 
         factories[kind] = TwoModelProvider
+    if kind == "ngram":
+        from engine.sources.ngram import NgramProvider
+
+        factories[kind] = NgramProvider
     if kind not in factories:
         raise ValueError(f"unknown draft source {kind!r}; known: {', '.join(KINDS)}")
     return factories[kind](**kwargs)
