@@ -139,6 +139,10 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dic
         provider = TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
         provider.check_target(target.model, target.tokenizer)
         result = spec_generate(target.model, provider, ids, params)
+    elif case.source == "ngram":
+        from engine.sources import make_provider
+
+        result = spec_generate(target.model, make_provider("ngram", gamma=case.gamma), ids, params)
     else:
         raise ValueError(f"the engine runner has no source {case.source!r} yet")
     return [*result.records, result.footer()]

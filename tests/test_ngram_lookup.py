@@ -25,7 +25,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def brute_force(
-    history: list[int], n: int, ngram_max: int, ngram_min: int, *, pick: str = "first", overlap: bool = False
+    history: list[int],
+    n: int,
+    ngram_max: int,
+    ngram_min: int,
+    *,
+    pick: str = "first",
+    overlap: bool = False,
 ) -> list[int]:
     """Every occurrence of every trailing k-gram, then the rule's choice."""
     size = len(history)
@@ -60,7 +66,9 @@ def test_lookup_matches_brute_force(history: list[int], n: int, ngram_min: int, 
     got = lookup(history, n, ngram_max, ngram_min)
     want = brute_force(history, n, ngram_max, ngram_min)
     note(f"history={history} n={n} max={ngram_max} min={ngram_min}")
-    assert got == want, f"history={history} n={n} k=[{ngram_min},{ngram_max}]: got {got}, want {want}"
+    assert got == want, (
+        f"history={history} n={n} k=[{ngram_min},{ngram_max}]: got {got}, want {want}"
+    )
     assert len(got) <= n
 
 
@@ -109,7 +117,9 @@ def test_brute_force_model_tells_rule_variants_apart(variant: dict, history: lis
 
 def test_shortest_first_variant_differs() -> None:
     history = [2, 5, 1, 2, 9, 1, 2]
-    assert brute_force(history, 3, 1, 1) != brute_force(history, 3, 2, 1) == lookup(history, 3, 2, 1)
+    assert (
+        brute_force(history, 3, 1, 1) != brute_force(history, 3, 2, 1) == lookup(history, 3, 2, 1)
+    )
 
 
 def test_registry_and_defaults() -> None:
@@ -200,7 +210,9 @@ def test_history_is_prompt_plus_emitted(llama, prefill: str, gamma: int) -> None
     result = spec_generate(llama.model, probe, prompt, params, on_token=on_token)
     assert log and len(log) == len(calls_emitted)
     for (history, step_base, drafts), seen in zip(log, calls_emitted, strict=True):
-        assert history == prompt + seen, f"gamma={gamma} step {step_base}: history != prompt + emitted"
+        assert history == prompt + seen, (
+            f"gamma={gamma} step {step_base}: history != prompt + emitted"
+        )
         assert step_base == len(seen)
         assert drafts == lookup(history, min(gamma, 40 - len(seen)), 3, 1)
     assert result.output_ids == emitted

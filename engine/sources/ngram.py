@@ -70,7 +70,9 @@ class NgramSource:
         self._skip = 0
         return []
 
-    def draft(self, feed: list[int], n: int, step_base: int, anchor_hidden: Any = None) -> list[int]:
+    def draft(
+        self, feed: list[int], n: int, step_base: int, anchor_hidden: Any = None
+    ) -> list[int]:
         if self._skip:
             if not self.history or feed[:1] != self.history[-1:]:
                 raise RuntimeError(
@@ -91,7 +93,9 @@ class NgramSource:
         verified_hidden: Any = None,
         accepted_tokens: list[int] | None = None,
     ) -> None:
-        accepted = self._last_drafts[:k_accept] if accepted_tokens is None else list(accepted_tokens)
+        accepted = (
+            self._last_drafts[:k_accept] if accepted_tokens is None else list(accepted_tokens)
+        )
         if accepted != self._last_drafts[:k_accept]:
             raise RuntimeError(
                 f"ngram: accepted {accepted} is not the drafted prefix {self._last_drafts[:k_accept]}"
