@@ -3,7 +3,8 @@
 Runs the engine and every available oracle on the zoo cases, writes one trace
 per (runner, case) under ``OUT/traces/<runner>/``, compares them — engine vs
 each oracle round for round, engine speculative vs engine plain at the token
-level — and writes the report (``OUT/summary.md``). Exit status: 0 when every
+level — and writes the summary (``OUT/summary.md``) and the report
+(``OUT/report.md``, ``OUT/report.html``; ``reports/report.py``). Exit status: 0 when every
 comparison conforms, 1 when a divergence is found (a spec-vs-plain flip on a
 knife-edge is ``numerics`` and is reported, not failed).
 """
@@ -127,6 +128,9 @@ def run(
         {"kind": c.kind, "case_id": c.case_id, "level": c.level, "verdict": c.verdict,
          "fails": c.fails, "message": c.divergence.message if c.divergence else None}
         for c in result.comparisons], indent=1))
+    from reports.report import build_report
+
+    build_report(out_dir)  # raises ReportError: a report failure fails the run
     return result
 
 
