@@ -1,0 +1,342 @@
+"""Regenerate golden traces (``specparity regen``).
+
+The matrix is the registry of ``traces/golden.py`` (runner × case), optionally
+narrowed by runner, by a glob on the case id / file stem, or to the goldens
+that are stale, corrupt or missing (``--stale-only``). Each (runner, case) is
+one task, :func:`regen_task`, run on a local process pool (``spawn``; each
+worker loads the zoo models once) or on Ray (``--ray [ADDRESS]``): the same
+function on both paths, so their goldens are byte-identical.
+
+Only this (parent) process writes. For each result it compares the new trace
+with the old golden (``diff_traces`` at round level) and then:
+
+- same inputs, no divergence: the old file is kept (no churn);
+- changed inputs or a ``numerics`` divergence: the golden is rewritten
+  (atomically, ``traces.io.write_trace``), then its manifest entry is updated
+  (the manifest is rewritten atomically after every golden);
+- a ``logic`` divergence: the golden is kept and the change reported, unless
+  ``accept`` is set; the run then exits 1.
+
+Interruption: every golden file is either old or new (atomic rename), and a
+golden whose manifest entry was not yet updated is simply regenerated. The
+run's progress and drift entries are kept in ``<golden dir>/.regen-journal.json``
+(atomic too); a restart with the same selection resumes from it — goldens
+already done whose recorded inputs match the current ones are skipped — and
+the final drift report covers the whole run. The journal is removed when a run
+completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from traces import golden as g
+
+JOURNAL_NAME = ".regen-journal.json"
+
+
+def regen_task(runner: str, case: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Run one (runner, case) and return ``(key, normalised records)``.
+
+    The one task function of both executors (process pool and Ray).
+    """
+    from specparity.runners import run_case
+
+    return g.golden_key(runner, case), g.normalize_records(run_case(runner, case))
+
+
+def _pool_init() -> None:
+    # Workers of a 2-core pool: keep each to one BLAS thread.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@dataclass
+class Outcome:
+    key: str
+    status: str  # unchanged | new | updated | numerics | logic-accepted | logic-refused | error
+    reasons: list[str] = field(default_factory=list)
+    where: str | None = None
+    field: str | None = None
+    klass: str | None = None
+    message: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.status not in ("unchanged",)
+
+
+@dataclass
+class RegenResult:
+    outcomes: list[Outcome]
+    selected: int
+    skipped_done: int
+    wall_s: float
+
+    @property
+    def refused(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status in ("logic-refused", "error")]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.refused else 0
+
+
+def select(
+    golden_dir: Path,
+    runners: Iterable[str] | None = None,
+    case_glob: str | None = None,
+    stale_only: bool = False,
+    ctx: g.InputsContext | None = None,
+) -> dict[str, tuple[str, Any]]:
+    """``{key: (runner, case)}`` of the goldens to regenerate."""
+    runners = list(runners) if runners else list(g.GOLDEN_RUNNERS)
+    unknown = [r for r in runners if r not in g.GOLDEN_RUNNERS]
+    if unknown:
+        raise ValueError(f"no goldens for runner(s) {unknown}; known: {', '.join(g.GOLDEN_RUNNERS)}")
+    chosen = g.golden_cases(runners)
+    if case_glob:
+        chosen = {k: (r, c) for k, (r, c) in chosen.items()
+                  if fnmatchcase(c.case_id, case_glob) or fnmatchcase(c.file_stem, case_glob)
+                  or fnmatchcase(k, case_glob)}
+    if stale_only:
+        bad = {p.key for p in g.check_goldens(golden_dir, runners=runners, keys=chosen, ctx=ctx)}
+        chosen = {k: v for k, v in chosen.items() if k in bad}
+    return chosen
+
+
+def _load_journal(golden_dir: Path, args_id: dict[str, Any]) -> dict[str, Any] | None:
+    p = golden_dir / JOURNAL_NAME
+    if not p.exists():
+        return None
+    try:
+        j = json.loads(p.read_text())
+    except ValueError:
+        return None
+    return j if j.get("args") == args_id else None
+
+
+def _save_journal(golden_dir: Path, journal: dict[str, Any]) -> None:
+    g.atomic_write_text(golden_dir / JOURNAL_NAME, json.dumps(journal, indent=1, sort_keys=True))
+
+
+def _progress(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="regen goldens", unit="golden", file=sys.stderr,
+                dynamic_ncols=True, disable=None)
+
+
+def _run_pool(jobs: list[tuple[str, Any]], workers: int,
+              on_result: Callable[[str, Any, BaseException | None], None]) -> None:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init) as ex:
+        futs = {ex.submit(regen_task, r, c): g.golden_key(r, c) for r, c in jobs}
+        for fut in as_completed(futs):
+            exc = fut.exception()
+            on_result(futs[fut], None if exc else fut.result()[1], exc)
+
+
+def _run_inline(jobs: list[tuple[str, Any]],
+                on_result: Callable[[str, Any, BaseException | None], None]) -> None:
+    """In this process, one after another (``workers=0``: tests, debugging)."""
+    for r, c in jobs:
+        key = g.golden_key(r, c)
+        try:
+            records = regen_task(r, c)[1]
+        except Exception as exc:
+            on_result(key, None, exc)
+            continue
+        on_result(key, records, None)
+
+
+def _run_ray(jobs: list[tuple[str, Any]], address: str | None,
+             on_result: Callable[[str, Any, BaseException | None], None]) -> None:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ValueError("--ray needs Ray: pip install 'specparity[ray]'") from exc
+    started = not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        task = ray.remote(regen_task)
+        refs = {task.remote(r, c): g.golden_key(r, c) for r, c in jobs}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    on_result(refs[ref], ray.get(ref)[1], None)
+                except ray.exceptions.RayTaskError as exc:
+                    on_result(refs[ref], None, exc)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def regen(
+    golden_dir: Path | str = g.GOLDEN_DIR,
+    *,
+    runners: Iterable[str] | None = None,
+    case_glob: str | None = None,
+    stale_only: bool = False,
+    accept: bool = False,
+    workers: int | None = None,
+    ray: bool = False,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> RegenResult:
+    """Regenerate the selected goldens into ``golden_dir``; see the module doc.
+
+    ``workers``: process-pool size (None: the CPU count; 0: in this process).
+    """
+    from traces.diff import diff_traces
+    from traces.io import Trace, read_trace, write_trace
+
+    t0 = time.perf_counter()
+    golden_dir = Path(golden_dir)
+    golden_dir.mkdir(parents=True, exist_ok=True)
+    runners = list(runners) if runners else None
+    ctx = g.InputsContext()
+    args_id = {"runners": runners, "case": case_glob, "stale_only": stale_only, "accept": accept}
+    journal = _load_journal(golden_dir, args_id)
+    if journal is not None:
+        # Resume: the original selection, minus what was done with current inputs.
+        everything = g.golden_cases(runners)
+        chosen = {k: everything[k] for k in journal["selection"] if k in everything}
+    else:
+        chosen = select(golden_dir, runners, case_glob, stale_only, ctx)
+        journal = {"args": args_id, "selection": sorted(chosen), "done": {}}
+        _save_journal(golden_dir, journal)
+    manifest = g.load_manifest(golden_dir)
+    entries = manifest.setdefault("goldens", {})
+    skipped = 0
+    jobs: list[tuple[str, Any]] = []
+    for key, (runner, case) in chosen.items():
+        entry, path = entries.get(key), g.golden_path(golden_dir, key)
+        if (key in journal["done"] and entry is not None and path.exists()
+                and entry.get("sha256") == g.file_sha256(path)
+                and entry.get("inputs") == ctx.inputs(runner, case)):
+            skipped += 1
+            continue
+        if key in journal["done"] and journal["done"][key]["status"] == "logic-refused":
+            skipped += 1  # refused once in this run; not redone on resume
+            continue
+        jobs.append((runner, case))
+
+    def on_result(key: str, records: Any, exc: BaseException | None) -> None:
+        runner, case = chosen[key]
+        if exc is not None:
+            out = Outcome(key, "error", message=f"{type(exc).__name__}: {exc}")
+        else:
+            out = _apply(key, runner, case, records)
+        journal["done"][key] = asdict(out)
+        _save_journal(golden_dir, journal)
+        bar.update(1)
+
+    def _apply(key: str, runner: str, case: Any, records: list[dict[str, Any]]) -> Outcome:
+        path = g.golden_path(golden_dir, key)
+        inputs = ctx.inputs(runner, case)
+        entry = entries.get(key)
+        old: Trace | None = None
+        if path.exists():
+            try:
+                old = read_trace(path)
+            except Exception:  # a corrupt golden is replaced
+                old = None
+        new = Trace.from_records(records)
+        reasons = g.input_changes(entry["inputs"], inputs) if entry else []
+        div = diff_traces(old, new, level="round") if old is not None else None
+        intact = entry is not None and path.exists() and entry.get("sha256") == g.file_sha256(path)
+        if old is not None and div is None and intact and not reasons:
+            return Outcome(key, "unchanged")
+        if div is not None and div.klass == "logic" and not accept:
+            return Outcome(key, "logic-refused", reasons, div.where, div.field, div.klass, div.message)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_trace(path, records)
+        entries[key] = g.manifest_entry(key, inputs, path)
+        g.save_manifest(manifest, golden_dir)
+        if div is None:
+            return Outcome(key, "new" if old is None else "updated", reasons)
+        status = "numerics" if div.klass == "numerics" else "logic-accepted"
+        return Outcome(key, status, reasons, div.where, div.field, div.klass, div.message)
+
+    with _progress(len(jobs)) if progress else _NoBar() as bar:
+        if jobs:
+            if ray:
+                _run_ray(jobs, ray_address, on_result)
+            elif workers == 0:
+                _run_inline(jobs, on_result)
+            else:
+                _run_pool(jobs, workers if workers is not None else os.cpu_count() or 1, on_result)
+    outcomes = [Outcome(**journal["done"][k]) for k in sorted(journal["done"])]
+    (golden_dir / JOURNAL_NAME).unlink(missing_ok=True)
+    return RegenResult(outcomes, len(chosen), skipped, time.perf_counter() - t0)
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        return None
+
+
+def drift_report(result: RegenResult) -> str:
+    """The Markdown drift report: every golden that changed, why and where."""
+    lines = [
+        "# Golden regeneration: drift report",
+        "",
+        f"{result.selected} selected, {result.skipped_done} already done (resumed), "
+        f"{len(result.outcomes)} regenerated in {result.wall_s:.1f} s.",
+        "",
+    ]
+    counts: dict[str, int] = {}
+    for o in result.outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    lines.append(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "nothing regenerated")
+    changed = [o for o in result.outcomes if o.changed]
+    if changed:
+        lines += ["", "| golden | status | first divergent round | field | class | input changes |",
+                  "|---|---|---|---|---|---|"]
+        for o in changed:
+            lines.append(f"| {o.key} | {o.status} | {o.where or ''} | {o.field or ''} | "
+                         f"{o.klass or ''} | {'; '.join(o.reasons)} |")
+        details = [o for o in changed if o.message]
+        if details:
+            lines += ["", "## Details", ""]
+            for o in details:
+                lines += [f"### {o.key} ({o.status})", "", "```", o.message or "", "```", ""]
+    if result.refused:
+        lines += ["", "Not written (run again with `--accept` to take a logic change):", ""]
+        lines += [f"- {o.key}: {o.status}" + (f": {o.message}" if o.status == "error" else "")
+                  for o in result.refused]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(result: RegenResult, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "drift.json").write_text(json.dumps({
+        "selected": result.selected, "skipped_done": result.skipped_done,
+        "wall_s": result.wall_s, "outcomes": [asdict(o) for o in result.outcomes],
+    }, indent=1))
+    path = out_dir / "drift.md"
+    path.write_text(drift_report(result))
+    return path

@@ -1,0 +1,536 @@
+"""Golden traces: the registry, the manifest, staleness and comparison helpers.
+
+A golden is one committed trace per (runner, zoo case):
+``traces/golden/<runner>/<case file_stem>.jsonl``. ``traces/golden/manifest.json``
+records, per golden, the **inputs** that determine it and the sha256 of the
+golden file's bytes:
+
+- ``schema_version`` (``traces.io.SCHEMA_VERSION``);
+- ``runner``: name, package, package version and commit (from the package's
+  PEP 610 ``direct_url.json`` when it was installed from VCS, else null);
+- ``code_sha256``: sha256 over the runner's own code. For ``engine`` that is
+  every ``engine/**/*.py`` except ``engine/zoo/**`` (the zoo's outputs —
+  weights, config, tokenizer, prompt tokens — are recorded as digests of their
+  own, so a zoo refactor that builds the same models does not stale anything);
+  for an oracle, its ``oracles/<runner>.py`` module and ``oracles/__init__.py``;
+- ``harness_sha256``: the code shared by every runner that shapes a trace
+  (``specparity/runners.py``, ``traces/records.py``, ``traces/digest.py``);
+- ``mlx``: the mlx version (the kernels decide the numerics);
+- ``target`` / ``drafter``: zoo name, weights and config digests;
+- ``tokenizer_sha256``; ``prompt``: id and sha256 of its token ids;
+- ``params``: the header ``params`` block of the case.
+
+Goldens are **normalised** so that they are byte-reproducible: the timing
+fields (``round.time_s``, ``plain.time_s``, ``footer.wall_s``) are null and
+the model paths in the header are ``zoo/<name>`` instead of the machine's
+cache path. Nothing the diff compares (nor ``margins``) is touched.
+
+:func:`check_goldens` recomputes the current inputs and reports each golden
+that is ``missing`` (the registry expects it), ``corrupt`` (bytes differ from
+the recorded sha256, or unreadable), ``stale`` (an input changed, with each
+change spelled out, e.g. ``mlx-lm 0.32.2 → 0.33.0``) or ``unregistered``
+(a manifest entry no runner/case of the registry produces). A stale golden is
+never compared: a comparison against it would report a divergence that is
+really an input change. ``specparity regen --stale-only`` refreshes them.
+
+New runners slot in through :data:`GOLDEN_RUNNERS` (which runner, which
+package, which code, which cases).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import metadata
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from traces.io import SCHEMA_VERSION, Record, Trace, read_trace
+
+__all__ = [
+    "GOLDEN_DIR",
+    "GOLDEN_RUNNERS",
+    "GoldenComparison",
+    "GoldenProblem",
+    "GoldenRunner",
+    "InputsContext",
+    "check_goldens",
+    "compare_to_goldens",
+    "default_cases",
+    "file_sha256",
+    "golden_cases",
+    "golden_key",
+    "golden_path",
+    "input_changes",
+    "load_manifest",
+    "normalize_records",
+    "package_commit",
+    "package_version",
+    "save_manifest",
+]
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+GOLDEN_GAMMAS = (1, 3)
+GOLDEN_PROMPTS = 2
+GOLDEN_MAX_TOKENS = 32
+HARNESS_MODULES = ("specparity.runners", "traces.records", "traces.digest")
+NORMALIZATION = (
+    "timing fields (round.time_s, plain.time_s, footer.wall_s) set to null; "
+    "header target/drafter paths replaced by zoo/<name>"
+)
+
+
+# ---------------------------------------------------------------------- registry
+
+
+def default_cases() -> list[Any]:
+    """Every zoo pair × γ ∈ {1, 3} × 2 prompts (one natural, one random), 32
+    tokens, greedy, plus the plain decode of each (target, prompt)."""
+    from engine import zoo
+    from specparity.cases import pick_prompts, spec_matrix
+
+    prompt_ids = pick_prompts([p.id for p in zoo.prompts()], GOLDEN_PROMPTS)
+    spec = spec_matrix(zoo.pairs(), prompt_ids, GOLDEN_GAMMAS, GOLDEN_MAX_TOKENS)
+    plains = list(dict.fromkeys(c.plain() for c in spec))
+    return [*plains, *spec]
+
+
+@dataclass(frozen=True)
+class GoldenRunner:
+    """A runner that has goldens.
+
+    Attributes:
+        name: The runner name ``specparity.runners.run_case`` takes.
+        package: The distribution whose version (and VCS commit) is an input.
+        code_modules: Modules or packages whose source is the runner's code
+            (a package means all its ``.py`` files, recursively;
+            ``pkg.__init__`` means the package's ``__init__.py`` alone).
+        code_exclude: Sub-packages left out of ``code_modules``.
+        cases: The cases that have goldens for this runner.
+        supports: Filter on ``cases`` (a reference that cannot run a case
+            has no golden for it, rather than a golden of an error).
+        oracle: True for a reference runner (its goldens are what the live
+            engine is compared against).
+    """
+
+    name: str
+    package: str
+    code_modules: tuple[str, ...]
+    code_exclude: tuple[str, ...] = ()
+    cases: Callable[[], list[Any]] = default_cases
+    oracle: bool = True
+    supports: Callable[[Any], bool] = lambda case: True
+
+
+GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
+    "engine": GoldenRunner(
+        "engine", "specparity", ("engine",), code_exclude=("engine.zoo",), oracle=False
+    ),
+    "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.mlx_lm")),
+}
+"""Which runners have goldens. Add e.g. ``"optiq": GoldenRunner("optiq",
+"mlx-optiq", ("oracles.__init__", "oracles.optiq"), cases=optiq_cases)``."""
+
+
+def golden_key(runner: str, case: Any) -> str:
+    return f"{runner}/{case.file_stem}"
+
+
+def golden_path(golden_dir: Path, key: str) -> Path:
+    return Path(golden_dir) / f"{key}.jsonl"
+
+
+def golden_cases(runners: Iterable[str] | None = None) -> dict[str, tuple[str, Any]]:
+    """``{key: (runner, case)}`` for every golden the registry expects."""
+    out: dict[str, tuple[str, Any]] = {}
+    for name in runners if runners is not None else GOLDEN_RUNNERS:
+        info = GOLDEN_RUNNERS[name]
+        for case in info.cases():
+            if info.supports(case):
+                out[golden_key(name, case)] = (name, case)
+    return out
+
+
+# ------------------------------------------------------------------------ inputs
+
+
+def package_version(dist: str) -> str | None:
+    """Installed version of distribution ``dist``, or None when absent."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_commit(dist: str) -> str | None:
+    """The VCS commit ``dist`` was installed from (PEP 610), or None."""
+    try:
+        text = metadata.distribution(dist).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    if not text:
+        return None
+    try:
+        return json.loads(text).get("vcs_info", {}).get("commit_id")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _module_files(name: str, exclude: tuple[str, ...] = ()) -> dict[str, Path]:
+    if name.endswith(".__init__"):  # a package's __init__.py alone
+        spec = find_spec(name[: -len(".__init__")])
+        if spec is None or spec.origin is None:
+            return {}
+        return {name.replace(".", "/") + ".py": Path(spec.origin)}
+    spec = find_spec(name)
+    if spec is None or spec.origin is None:
+        return {}
+    origin = Path(spec.origin)
+    if spec.submodule_search_locations is None or origin.name != "__init__.py":
+        return {name.replace(".", "/") + ".py": origin}
+    root = origin.parent
+    skip = [root / Path(*e.split(".")[1:]) for e in exclude if e.startswith(name + ".")]
+    files: dict[str, Path] = {}
+    for p in sorted(root.rglob("*.py")):
+        if any(s == p.parent or s in p.parents for s in skip):
+            continue
+        files[f"{name.replace('.', '/')}/{p.relative_to(root).as_posix()}"] = p
+    return files
+
+
+def code_digest(modules: Iterable[str], exclude: tuple[str, ...] = ()) -> str:
+    """sha256 over the sorted (relative path, bytes) of the modules' sources."""
+    files: dict[str, Path] = {}
+    for m in modules:
+        files.update(_module_files(m, exclude))
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        data = files[rel].read_bytes()
+        h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path | str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@cache
+def _model_identity(name: str) -> dict[str, Any]:
+    from engine import zoo
+
+    d = zoo.model_dir(name)
+    return {"name": name, "weights_sha256": zoo.weights_digest(d), "config_sha256": zoo.config_digest(d)}
+
+
+class InputsContext:
+    """Computes the current inputs of goldens; per-runner digests are computed once."""
+
+    def __init__(self) -> None:
+        self._code: dict[str, str] = {}
+        self._harness: str | None = None
+
+    def runner_code(self, runner: str) -> str:
+        if runner not in self._code:
+            r = GOLDEN_RUNNERS[runner]
+            self._code[runner] = code_digest(r.code_modules, r.code_exclude)
+        return self._code[runner]
+
+    def harness(self) -> str:
+        if self._harness is None:
+            self._harness = code_digest(HARNESS_MODULES)
+        return self._harness
+
+    def inputs(self, runner: str, case: Any) -> dict[str, Any]:
+        from engine import zoo
+        from specparity.runners import case_params
+
+        info = GOLDEN_RUNNERS[runner]
+        if case.drafter is None or case.source != "two-model":
+            drafter = None
+        else:
+            drafter = _model_identity(zoo.model_name(case.target, case.drafter))
+        ids = [int(t) for t in zoo.prompt(case.prompt_id).token_ids]
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "case_id": case.case_id,
+            "runner": {
+                "name": runner,
+                "package": info.package,
+                "version": package_version(info.package),
+                "commit": package_commit(info.package),
+            },
+            "code_sha256": self.runner_code(runner),
+            "harness_sha256": self.harness(),
+            "mlx": package_version("mlx"),
+            "target": _model_identity(case.target),
+            "drafter": drafter,
+            "tokenizer_sha256": zoo.tokenizer_digest(),
+            "prompt": {
+                "id": case.prompt_id,
+                "sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+            },
+            "params": case_params(case),
+        }
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v):
+        return v[:12] + "…"
+    return str(v)
+
+
+def input_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human reasons why ``old`` inputs differ from ``new`` (empty if equal)."""
+    reasons: list[str] = []
+    runner = new.get("runner") or old.get("runner") or {}
+    pkg = runner.get("package", "?")
+    o_run, n_run = old.get("runner") or {}, new.get("runner") or {}
+    if o_run.get("version") != n_run.get("version"):
+        reasons.append(f"{pkg} {o_run.get('version')} → {n_run.get('version')}")
+    if o_run.get("commit") != n_run.get("commit"):
+        reasons.append(f"{pkg} commit {_short(o_run.get('commit'))} → {_short(n_run.get('commit'))}")
+    for k in sorted((set(o_run) | set(n_run)) - {"version", "commit"}):
+        if o_run.get(k) != n_run.get(k):
+            reasons.append(f"runner.{k} {o_run.get(k)} → {n_run.get(k)}")
+    name = runner.get("name", "?")
+    labels = {
+        "schema_version": "schema_version",
+        "case_id": "case_id",
+        "code_sha256": f"{name} code digest changed",
+        "harness_sha256": "harness code digest changed",
+        "mlx": "mlx",
+        "tokenizer_sha256": "tokenizer digest changed",
+    }
+    for key in ("schema_version", "case_id", "mlx"):
+        if old.get(key) != new.get(key):
+            reasons.append(f"{labels[key]} {old.get(key)} → {new.get(key)}")
+    for key in ("code_sha256", "harness_sha256", "tokenizer_sha256"):
+        if old.get(key) != new.get(key):
+            reasons.append(f"{labels[key]} ({_short(old.get(key))} → {_short(new.get(key))})")
+    for role in ("target", "drafter"):
+        o, n = old.get(role), new.get(role)
+        if o == n:
+            continue
+        if o is None or n is None or o.get("name") != n.get("name"):
+            reasons.append(f"{role} {o and o.get('name')} → {n and n.get('name')}")
+            continue
+        for k, what in (("weights_sha256", "weights"), ("config_sha256", "config")):
+            if o.get(k) != n.get(k):
+                reasons.append(
+                    f"{role} {n['name']} {what} changed ({_short(o.get(k))} → {_short(n.get(k))})"
+                )
+    if old.get("prompt") != new.get("prompt"):
+        reasons.append(f"prompt {(new.get('prompt') or {}).get('id')} token ids changed")
+    o_p, n_p = old.get("params") or {}, new.get("params") or {}
+    for k in sorted(set(o_p) | set(n_p)):
+        if o_p.get(k) != n_p.get(k):
+            reasons.append(f"params.{k} {o_p.get(k)} → {n_p.get(k)}")
+    known = set(labels) | {"runner", "target", "drafter", "prompt", "params"}
+    for k in sorted((set(old) | set(new)) - known):
+        if old.get(k) != new.get(k):
+            reasons.append(f"{k} {_short(old.get(k))} → {_short(new.get(k))}")
+    return reasons
+
+
+# ---------------------------------------------------------------------- manifest
+
+
+def load_manifest(golden_dir: Path | str = GOLDEN_DIR) -> dict[str, Any]:
+    """The manifest (an empty one when the file does not exist)."""
+    p = Path(golden_dir) / MANIFEST_NAME
+    if not p.exists():
+        return {"manifest_version": MANIFEST_VERSION, "normalization": NORMALIZATION, "goldens": {}}
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
+def save_manifest(manifest: dict[str, Any], golden_dir: Path | str = GOLDEN_DIR) -> None:
+    """Write the manifest atomically (temp file, fsync, rename)."""
+    d = Path(golden_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    manifest = {**manifest, "manifest_version": MANIFEST_VERSION, "normalization": NORMALIZATION}
+    manifest["goldens"] = dict(sorted(manifest.get("goldens", {}).items()))
+    text = json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    atomic_write_text(d / MANIFEST_NAME, text)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def manifest_entry(key: str, inputs: dict[str, Any], path: Path) -> dict[str, Any]:
+    return {"file": f"{key}.jsonl", "sha256": file_sha256(path), "inputs": inputs}
+
+
+# ------------------------------------------------------------------ normalising
+
+
+def normalize_records(records: Iterable[Record]) -> list[Record]:
+    """Records as a golden stores them: timing fields null, zoo-relative paths."""
+    out = [copy.deepcopy(r) for r in records]
+    root: Path | None
+    try:
+        from engine import zoo
+
+        root = zoo.cache_root().resolve()
+    except Exception:  # pragma: no cover - zoo always importable in the project
+        root = None
+    for r in out:
+        t = r.get("type")
+        if t in ("round", "plain") and "time_s" in r:
+            r["time_s"] = None
+        elif t == "footer" and "wall_s" in r:
+            r["wall_s"] = None
+        elif t == "header":
+            for role in ("target", "drafter"):
+                ident = r.get(role)
+                if isinstance(ident, dict) and isinstance(ident.get("path"), str):
+                    p = Path(ident["path"])
+                    if root is not None and p.resolve().parent == root:
+                        ident["path"] = f"zoo/{p.name}"
+    return out
+
+
+# -------------------------------------------------------------------- staleness
+
+
+@dataclass(frozen=True)
+class GoldenProblem:
+    """Why a golden cannot be trusted right now."""
+
+    key: str
+    kind: str  # "missing" | "corrupt" | "stale" | "unregistered"
+    reasons: tuple[str, ...] = ()
+
+    def format(self) -> str:
+        why = "; ".join(self.reasons) if self.reasons else self.kind
+        return f"{self.key}: {self.kind}: {why}"
+
+
+def check_goldens(
+    golden_dir: Path | str = GOLDEN_DIR,
+    *,
+    runners: Iterable[str] | None = None,
+    keys: Iterable[str] | None = None,
+    ctx: InputsContext | None = None,
+) -> list[GoldenProblem]:
+    """Every golden (of the registry, or of ``keys``) that is missing, corrupt or stale.
+
+    A golden whose runner package is not installed here (its version is None)
+    cannot be checked for version changes; only its other inputs are compared.
+    """
+    golden_dir = Path(golden_dir)
+    ctx = ctx or InputsContext()
+    manifest = load_manifest(golden_dir)
+    entries: dict[str, Any] = manifest.get("goldens", {})
+    expected = golden_cases(runners)
+    if keys is not None:
+        wanted = set(keys)
+        expected = {k: v for k, v in expected.items() if k in wanted}
+    problems: list[GoldenProblem] = []
+    for key, (runner, case) in expected.items():
+        entry = entries.get(key)
+        path = golden_path(golden_dir, key)
+        if entry is None or not path.exists():
+            why = "no manifest entry" if entry is None else f"{path.name} does not exist"
+            problems.append(GoldenProblem(key, "missing", (why,)))
+            continue
+        try:
+            got = file_sha256(path)
+        except OSError as exc:
+            problems.append(GoldenProblem(key, "corrupt", (f"unreadable: {exc}",)))
+            continue
+        if got != entry.get("sha256"):
+            problems.append(GoldenProblem(key, "corrupt", (
+                f"file sha256 {_short(got)} does not match the manifest's {_short(entry.get('sha256'))}",)))
+            continue
+        try:
+            current = ctx.inputs(runner, case)
+        except Exception as exc:  # e.g. a zoo model that no longer builds
+            problems.append(GoldenProblem(key, "stale", (
+                f"current inputs cannot be computed: {type(exc).__name__}: {exc}",)))
+            continue
+        recorded = entry.get("inputs") or {}
+        if current["runner"]["version"] is None:  # package absent: cannot check it
+            current = {**current, "runner": {**current["runner"], **{
+                k: recorded.get("runner", {}).get(k) for k in ("version", "commit")}}}
+        reasons = input_changes(recorded, current)
+        if reasons:
+            problems.append(GoldenProblem(key, "stale", tuple(reasons)))
+    if keys is None:
+        prefixes = tuple(f"{r}/" for r in (runners if runners is not None else GOLDEN_RUNNERS))
+        for key in entries:
+            if key.startswith(prefixes) and key not in expected:
+                problems.append(GoldenProblem(key, "unregistered", (
+                    "in the manifest but no registered runner/case produces it",)))
+    return problems
+
+
+# -------------------------------------------------------------------- comparison
+
+
+@dataclass
+class GoldenComparison:
+    """A live trace against one golden."""
+
+    golden_key: str
+    status: str  # "identical" | "divergent" | "skipped"
+    divergence: Any = None
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def format(self) -> str:
+        if self.status == "divergent":
+            return f"vs golden {self.golden_key}: {self.divergence.message}"
+        if self.status == "skipped":
+            return f"vs golden {self.golden_key}: skipped ({self.reason})"
+        return f"vs golden {self.golden_key}: identical"
+
+
+def compare_to_goldens(
+    live: Trace,
+    case: Any,
+    problems: Iterable[GoldenProblem] = (),
+    *,
+    golden_dir: Path | str = GOLDEN_DIR,
+    runners: Iterable[str] | None = None,
+    level: str = "round",
+) -> list[GoldenComparison]:
+    """Compare ``live`` with the golden of ``case`` of each runner (default: all).
+
+    Goldens listed in ``problems`` (stale, corrupt, missing) are skipped, not
+    compared: their failure is the staleness check's, not a divergence.
+    """
+    from traces.diff import diff_traces
+
+    bad = {p.key: p for p in problems}
+    out: list[GoldenComparison] = []
+    for runner in runners if runners is not None else GOLDEN_RUNNERS:
+        key = golden_key(runner, case)
+        if key in bad:
+            out.append(GoldenComparison(key, "skipped", reason=bad[key].format()))
+            continue
+        path = golden_path(Path(golden_dir), key)
+        if not path.exists():
+            out.append(GoldenComparison(key, "skipped", reason="no golden"))
+            continue
+        div = diff_traces(live, read_trace(path), level=level)
+        out.append(GoldenComparison(key, "identical" if div is None else "divergent", div))
+    return out
