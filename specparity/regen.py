@@ -127,6 +127,12 @@ def _save_journal(golden_dir: Path, journal: dict[str, Any]) -> None:
     g.atomic_write_text(golden_dir / JOURNAL_NAME, json.dumps(journal, indent=1, sort_keys=True))
 
 
+def _remove_leftovers(golden_dir: Path) -> None:
+    """Temp files of a killed writer (hidden ``.NAME.*.tmp``; never a golden)."""
+    for p in golden_dir.rglob(".*.tmp"):
+        p.unlink(missing_ok=True)
+
+
 def _progress(total: int) -> Any:
     from tqdm import tqdm
 
@@ -211,6 +217,7 @@ def regen(
     golden_dir = Path(golden_dir)
     golden_dir.mkdir(parents=True, exist_ok=True)
     runners = list(runners) if runners else None
+    _remove_leftovers(golden_dir)
     ctx = g.InputsContext()
     args_id = {"runners": runners, "case": case_glob, "stale_only": stale_only, "accept": accept}
     journal = _load_journal(golden_dir, args_id)

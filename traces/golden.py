@@ -22,8 +22,8 @@ golden file's bytes:
 
 Goldens are **normalised** so that they are byte-reproducible: the timing
 fields (``round.time_s``, ``plain.time_s``, ``footer.wall_s``) are null and
-the model paths in the header are ``zoo/<name>`` instead of the machine's
-cache path. Nothing the diff compares (nor ``margins``) is touched.
+the model paths in the header are ``zoo/<model dir name>`` instead of the
+machine's cache path. Nothing the diff compares (nor ``margins``) is touched.
 
 :func:`check_goldens` recomputes the current inputs and reports each golden
 that is ``missing`` (the registry expects it), ``corrupt`` (bytes differ from
@@ -85,7 +85,7 @@ GOLDEN_MAX_TOKENS = 32
 HARNESS_MODULES = ("specparity.runners", "traces.records", "traces.digest")
 NORMALIZATION = (
     "timing fields (round.time_s, plain.time_s, footer.wall_s) set to null; "
-    "header target/drafter paths replaced by zoo/<name>"
+    "header target/drafter paths replaced by zoo/<model dir name>"
 )
 
 
