@@ -30,6 +30,18 @@ RUNNERS: dict[str, RunnerInfo] = {
         package="mlx-lm",
         install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33)",
     ),
+    "optiq": RunnerInfo(
+        name="optiq",
+        module="oracles.optiq",
+        package="mlx-optiq",
+        install_hint="tox -e optiq  (mlx-optiq pins transformers<5.13: its own environment)",
+    ),
+    "hf_prompt_lookup": RunnerInfo(
+        name="hf_prompt_lookup",
+        module="oracles.hf_prompt_lookup",
+        package="transformers+torch",
+        install_hint="tox -e hf  (pip install 'specparity[hf]': torch==2.13.0 CPU + transformers)",
+    ),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from specparity.cases import Case
 from traces.records import make_header
 
-RUNNER_NAMES = ("engine", "mlx_lm")
+RUNNER_NAMES = ("engine", "mlx_lm", "optiq")
 
 
 @cache
@@ -71,6 +71,8 @@ def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
 def _runner_info(name: str) -> dict[str, Any]:
     if name == "engine":
         return {"name": "engine", "package": "specparity", "version": metadata.version("specparity")}
+    if name == "optiq":
+        return {"name": name, "package": "mlx-optiq", "version": metadata.version("mlx-optiq")}
     return {"name": name, "package": "mlx-lm", "version": metadata.version("mlx-lm")}
 
 
@@ -114,6 +116,24 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
             seed=case.seed,
             eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
             stop_sequences=[list(s) for s in case.stop_sequences],
+        )
+    elif runner == "optiq":
+        from oracles import optiq
+
+        body = optiq.run(
+            target.model,
+            target.tokenizer,
+            ids,
+            ngram=case.source == "ngram" and case.drafter is not None,
+            gamma=case.gamma,
+            ngram_min=1,
+            ngram_max=3,
+            max_tokens=case.max_tokens,
+            temperature=case.temperature,
+            top_p=case.top_p,
+            top_k=case.top_k,
+            seed=case.seed,
+            eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
         )
     else:
         raise ValueError(f"unknown runner {runner!r}; known: {', '.join(RUNNER_NAMES)}")

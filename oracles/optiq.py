@@ -1,0 +1,277 @@
+"""Oracle runner for mlx-optiq: n-gram prompt-lookup speculation and plain decode.
+
+Reference: mlx-optiq 0.7.7 ``optiq/runtime/ngram_spec.py`` ``ngram_generate_step``
+(``NgramIndex.propose_detail``, ``AcceptanceGate``), wired the way
+``optiq/serve.py`` ``install_ngram_speculation`` wires it: mlx-lm 0.32.2
+``mlx_lm.generate.stream_generate`` with the module-level ``generate_step``
+swapped for the n-gram generator for the duration of one request (restored
+afterwards). Plain mode is the same ``stream_generate`` left unswapped
+(optiq's ``_PLAIN_GENERATE_STEP``). optiq runs UNMODIFIED; ``adaptive=False``
+turns its wall-clock acceptance gate off (a documented argument) so that runs
+are deterministic.
+
+Recorded from outside: a call-recording proxy over the target and the
+response stream. Every decode forward over ``[cur, *drafts]`` is one round
+(window); the tokens yielded after it are its accepted drafts, and the next
+forward's head is its correction/bonus (optiq feeds a token before yielding
+it). optiq runs ONE pass ahead: the last forward fed the final yielded token
+and its samples are never consumed; it is reported in ``info["trailing_forwards"]``
+and not recorded as a round. ``feed`` is derived with mlx-lm's re-feed rule.
+
+Accounting is optiq's own, recorded raw: the response stream carries the
+stopping EOS as the last token (``output_ids`` ends with it) and
+``generation_tokens`` counts it. ``traces/normalize.py`` holds the named
+normalization that maps this onto the engine's convention.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata
+from typing import Any
+
+from oracles import OracleUnavailable
+from traces.records import counters_from_rounds
+
+NAME = "optiq"
+INSTALL_HINT = (
+    "pip install 'specparity[optiq]'  (or: tox -e optiq; mlx-optiq pins transformers<5.13)"
+)
+
+
+def require() -> None:
+    try:
+        import optiq.runtime.ngram_spec  # noqa: F401
+    except ImportError as exc:
+        raise OracleUnavailable(
+            f"mlx-optiq is not installed; install it with: {INSTALL_HINT}"
+        ) from exc
+
+
+def version() -> str:
+    return metadata.version("mlx-optiq")
+
+
+class _Recorder:
+    """Transparent proxy over an mlx-lm model that logs each forward."""
+
+    def __init__(self, model: Any, log: list[tuple]) -> None:
+        self._model = model
+        self._log = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        import mlx.core as mx
+
+        tokens = [int(t) for t in inputs[0].tolist()]
+        out = self._model(inputs, *args, **kwargs)
+        logits = out[0] if isinstance(out, tuple) else out
+        top = mx.topk(logits[0].astype(mx.float32), 2, axis=-1)
+        margins = [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
+        self._log.append(("call", tokens, margins))
+        return out
+
+
+def run(target: Any, tokenizer: Any, prompt_ids: list[int], **kwargs: Any) -> list[dict[str, Any]]:
+    """``run_detailed`` without the side information."""
+    return run_detailed(target, tokenizer, prompt_ids, **kwargs)[0]
+
+
+def run_detailed(
+    target: Any,
+    tokenizer: Any,
+    prompt_ids: list[int],
+    *,
+    ngram: bool = True,
+    gamma: int = 10,
+    ngram_min: int = 3,
+    ngram_max: int = 3,
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    seed: int | None = 0,
+    eos_ids: list[int] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run optiq on one case: (trace records after the header, side info).
+
+    ``ngram=False`` runs the plain path. Side info: optiq's own ``NgramStats``
+    (``stats``) and the number of trailing forwards not recorded as rounds.
+    """
+    require()
+    import importlib
+
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+    from optiq.runtime.ngram_spec import _PLAIN_GENERATE_STEP, NgramStats, ngram_generate_step
+
+    gen_mod = importlib.import_module("mlx_lm.generate")
+    log: list[tuple] = []
+    cache = make_prompt_cache(target)
+    stats = NgramStats()
+
+    def generate_step(p: Any, m: Any, *rest: Any, **kw: Any) -> Any:
+        kw.pop("input_embeddings", None)
+        kw.pop("stream", None)
+        yield from ngram_generate_step(
+            p,
+            m,
+            context_tokens=None,
+            num_draft_tokens=gamma,
+            ngram_min=ngram_min,
+            ngram_max=ngram_max,
+            stats=stats,
+            adaptive=False,
+            **kw,
+        )
+
+    if seed is not None:
+        mx.random.seed(seed)
+    saved_eos = set(tokenizer.eos_token_ids)
+    if eos_ids is not None:
+        tokenizer.eos_token_ids = set(eos_ids)
+    if ngram:
+        gen_mod.generate_step = generate_step
+    t0 = time.perf_counter()
+    responses = []
+    try:
+        stream = stream_generate(
+            _Recorder(target, log),
+            tokenizer,
+            mx.array(prompt_ids),
+            max_tokens=max_tokens,
+            sampler=make_sampler(temp=temperature, top_p=top_p, top_k=top_k),
+            prompt_cache=cache,
+        )
+        for resp in stream:
+            log.append(("yield", int(resp.token)))
+            responses.append(resp)
+        stream.close()
+        eos = {int(t) for t in tokenizer.eos_token_ids}
+    finally:
+        gen_mod.generate_step = _PLAIN_GENERATE_STEP
+        tokenizer.eos_token_ids = saved_eos
+    wall = time.perf_counter() - t0
+    final = responses[-1]
+    usage = {
+        "prompt_tokens": len(prompt_ids),
+        "generation_tokens": int(final.generation_tokens),
+        "finish_reason": final.finish_reason,
+    }
+    records, trailing = _rebuild(log, len(prompt_ids) - 1, ngram, eos, usage, wall)
+    info = {"stats": dict(stats.__dict__), "trailing_forwards": trailing}
+    return records, info
+
+
+def _rebuild(
+    log: list[tuple], n_prefill: int, ngram: bool, eos: set[int], usage: dict[str, Any], wall: float
+) -> tuple[list[dict[str, Any]], int]:
+    prefill: list[int] = []
+    calls: list[tuple[list[int], list[float]]] = []
+    for entry in log:
+        if entry[0] != "call":
+            continue
+        tokens, margins = entry[1], entry[2]
+        take = min(len(tokens), n_prefill - len(prefill))
+        prefill.extend(tokens[:take])
+        if len(tokens) > take:
+            calls.append((tokens[take:], margins[take:]))
+    produced = [e[1] for e in log if e[0] == "yield"]
+    records: list[dict[str, Any]] = [
+        {
+            "type": "prefill",
+            "target_tokens": prefill,
+            "drafter_tokens": [] if ngram else None,
+            "target_cache_digest": None,
+            "drafter_cache_digest": None,
+        }
+    ]
+    stop_end = "eos" if usage["finish_reason"] == "stop" else "budget"
+    output = list(produced)  # raw: optiq's stream carries the stopping EOS
+    if not ngram:
+        for i, tok in enumerate(produced):
+            inp, margins = calls[i]
+            last = i == len(produced) - 1
+            records.append(
+                {
+                    "type": "plain",
+                    "index": i,
+                    "input": inp,
+                    "sample": tok,
+                    "margin": margins[-1],
+                    "emitted": [tok],
+                    "end": stop_end if last else None,
+                    "reason": "baseline",
+                    "target_cache_digest": None,
+                    "time_s": None,
+                }
+            )
+        records.append(_footer(usage, None, output, wall))
+        return records, len(calls) - len(produced)
+
+    rounds: list[dict[str, Any]] = []
+    pos = 0  # next unconsumed index into ``produced``
+    for i, (window, margins) in enumerate(calls):
+        if pos >= len(produced):
+            break  # the pass that fed the final token: run one ahead, never consumed
+        drafts = window[1:]
+        k = 0
+        while k < len(drafts) and pos + k < len(produced) and produced[pos + k] == drafts[k]:
+            k += 1
+        if i + 1 < len(calls) and pos + k < len(produced):
+            nxt = calls[i + 1][0][0]
+            if produced[pos + k] != nxt:
+                raise RuntimeError(
+                    f"optiq round {i}: yielded {produced[pos + k]} but fed {nxt} next"
+                )
+        emitted = produced[pos : pos + k + 1]
+        pos += len(emitted)
+        samples = list(emitted)
+        if pos == len(produced):
+            end = stop_end
+        else:
+            end = "correction" if k < len(drafts) else "bonus"
+        prev = rounds[-1] if rounds else None
+        if prev is None:
+            feed = window[:1]
+        elif prev["drafts"] and prev["k_accept"] == len(prev["drafts"]):
+            feed = [prev["drafts"][-1], window[0]]
+        else:
+            feed = window[:1]
+        rounds.append(
+            {
+                "type": "round",
+                "index": len(rounds),
+                "feed": feed,
+                "drafts": drafts,
+                "window": window,
+                "samples": samples,
+                "k_accept": k,
+                "emitted": emitted,
+                "end": end,
+                "margins": margins,
+                "confidence": None,
+                "target_cache_digest": None,
+                "drafter_cache_digest": None,
+                "time_s": None,
+            }
+        )
+    records.extend(rounds)
+    records.append(_footer(usage, counters_from_rounds(rounds), output, wall))
+    return records, len(calls) - len(rounds)
+
+
+def _footer(
+    usage: dict[str, Any], spec: dict[str, Any] | None, output: list[int], wall: float
+) -> dict[str, Any]:
+    return {
+        "type": "footer",
+        "usage": usage,
+        "speculation": spec,
+        "output_ids": output,
+        "wall_s": wall,
+    }
