@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine import caches as cache_ops
+from engine.rollback import CacheRollback
 from engine.sampler import SamplerParams, StepSampler, token_ids, top2_margins
 from engine.seam import (
     PREFILL_MODES,
@@ -60,6 +61,7 @@ class GenerationParams:
     eos_ids: tuple[int, ...] = ()
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     cache_digests: bool = True
+    on_no_rollback: str = "plain"  # "plain": finish with plain decode; "error": raise
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -70,6 +72,8 @@ class GenerationParams:
             raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
         if self.prefill_step_size is not None and self.prefill_step_size < 1:
             raise ValueError("prefill_step_size must be >= 1")
+        if self.on_no_rollback not in ("plain", "error"):
+            raise ValueError(f"on_no_rollback must be 'plain' or 'error', got {self.on_no_rollback!r}")
         if any(len(s) == 0 for s in self.stop_sequences):
             raise ValueError("stop sequences must not be empty")
 
@@ -199,7 +203,14 @@ def spec_generate(
     on_token: OnToken | None = None,
     target_caches: list[Any] | None = None,
 ) -> GenerationResult:
-    """Speculative decode of ``prompt_ids`` with ``provider`` filling the drafts."""
+    """Speculative decode of ``prompt_ids`` with ``provider`` filling the drafts.
+
+    Speculation ends early (the rest is plain decode, recorded as ``plain``
+    records with the reason) when a target cache can neither trim nor replay
+    (reason ``no-rollback``; ``params.on_no_rollback="error"`` raises instead)
+    or when a rotating cache's window would wrap during the round (the §2
+    ring-wrap guard, reason ``ring-wrap``).
+    """
     from mlx_lm.models.cache import make_prompt_cache
 
     if not prompt_ids:
@@ -207,20 +218,34 @@ def spec_generate(
     t0 = time.perf_counter()
     sampler = StepSampler.from_params(params.sampler)
     caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
-    cache_ops.require_trimmable(caches, "target")
+    plan = CacheRollback(target_model, caches)
+    if not plan.capable and params.on_no_rollback == "error":
+        raise cache_ops.CacheRollbackError(f"target: {plan.reason}")
+    if params.seed is not None:
+        mx.random.seed(params.seed)
+    stream = _Stream(params, len(prompt_ids), on_token)
+    counters = SpecCounters()
+    records: list[dict[str, Any]] = []
+    history = mx.array(prompt_ids, mx.uint32) if sampler.has_processors else None
+
+    if not plan.capable:
+        # No speculation at all for this request: plain decode, reason recorded.
+        mode0: PrefillMode = params.prefill or "tail-split"
+        pending, history = _plain_prefill(
+            target_model, caches, prompt_ids, mode0, params.prefill_step_size or SPEC_PREFILL_STEP,
+            sampler, stream, history, records, counters, params, drafter_tokens=None,
+        )
+        if not stream.done:
+            _plain_loop(target_model, caches, pending, sampler, stream, history, records,
+                        counters, params, "no-rollback", plan.reason)
+        return _result(stream, counters, records, t0)
+
     view = TargetView(model=target_model, caches=caches)
     source = provider.open(sampler, view)
     n_layers = len(target_model.layers)
     taps = _tap_set(source, n_layers)
     mode: PrefillMode = params.prefill or source.prefill_mode
     step = params.prefill_step_size or SPEC_PREFILL_STEP
-    if params.seed is not None:
-        mx.random.seed(params.seed)
-
-    stream = _Stream(params, len(prompt_ids), on_token)
-    counters = SpecCounters()
-    records: list[dict[str, Any]] = []
-    history = mx.array(prompt_ids, mx.uint32) if sampler.has_processors else None
 
     # Prefill: the drafter first, then the target (mlx-lm order); a tapped
     # prefill runs the target first because the drafter consumes its hidden.
@@ -266,15 +291,21 @@ def spec_generate(
     while not stream.done:
         tr0 = time.perf_counter()
         n = min(params.gamma, stream.left)
+        guard = plan.ring_guard(n) or _source_guard(source, feed, n)
+        if guard is not None:
+            _plain_loop(target_model, caches, pending[-1], sampler, stream, history, records,
+                        counters, params, guard.split(":")[0], guard)
+            break
         drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
         if len(drafts) > n:
             raise RuntimeError(f"draft source returned {len(drafts)} tokens, more than n={n}")
         d = len(drafts)
         window = pending + drafts
-        logits, ctx = _forward(target_model, caches, window, taps)
-        block = logits[0, -(d + 1) :, :]
-        samples_arr = sampler.sample_window(block, history, window)
-        mx.eval(samples_arr)
+        with plan.round():
+            logits, ctx = _forward(target_model, caches, window, taps)
+            block = logits[0, -(d + 1) :, :]
+            samples_arr = sampler.sample_window(block, history, window)
+            mx.eval(samples_arr)
         samples_all = token_ids(samples_arr)
         margins = top2_margins(block)
 
@@ -298,7 +329,7 @@ def spec_generate(
                 end = "correction" if i < d else "bonus"
                 break
 
-        cache_ops.trim(caches, d - k, "target")
+        plan.rollback(d, k)
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         counters.record_round(d, k)
@@ -327,6 +358,16 @@ def spec_generate(
         feed = refeed(drafts, k, samples_all[k])
         anchor = verified
 
+    return _result(stream, counters, records, t0)
+
+
+def _source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:
+    """A source that cannot roll back a round of ``n`` drafts says why (optional hook)."""
+    guard = getattr(source, "rollback_guard", None)
+    return guard(feed, n) if guard is not None else None
+
+
+def _result(stream: _Stream, counters: SpecCounters | None, records: list[dict[str, Any]], t0: float) -> GenerationResult:
     return GenerationResult(
         output_ids=stream.output,
         usage=stream.usage,
@@ -378,6 +419,83 @@ def _plain_record(
     }
 
 
+def _plain_prefill(
+    model: Any,
+    caches: list[Any],
+    prompt_ids: list[int],
+    mode: PrefillMode,
+    step: int,
+    sampler: StepSampler,
+    stream: _Stream,
+    history: mx.array | None,
+    records: list[dict[str, Any]],
+    counters: SpecCounters,
+    params: GenerationParams,
+    drafter_tokens: list[int] | None,
+) -> tuple[int, mx.array | None]:
+    """Prefill for plain decode; returns the next input token and the history.
+
+    Tail-split drains ``len - 1`` tokens and the last prompt token is the first
+    decode input (mlx-lm ``generate_step``); full prefill feeds the whole
+    prompt and samples the first token from its last position (recorded as a
+    plain record with reason ``initial``).
+    """
+    drained = prompt_ids[:-1] if mode == "tail-split" else list(prompt_ids)
+    last_logits = _prefill_chunks(model, caches, drained, step)
+    records.append(
+        {
+            "type": "prefill",
+            "target_tokens": list(drained),
+            "drafter_tokens": drafter_tokens,
+            "target_cache_digest": _digest(params, caches),
+            "drafter_cache_digest": None,
+        }
+    )
+    if mode == "tail-split":
+        return prompt_ids[-1], history
+    assert last_logits is not None
+    row = last_logits[:, -1, :]
+    first = token_ids(sampler.sample_plain(row, history))[0]
+    counters.record_plain()
+    stop = stream.offer(first)
+    records.append(_plain_record(0, [prompt_ids[-1]], first, top2_margins(row)[0], stop, "initial", caches, params))
+    if history is not None:
+        history = mx.concatenate([history, mx.array([first], mx.uint32)])
+    return first, history
+
+
+def _plain_loop(
+    model: Any,
+    caches: list[Any],
+    next_input: int,
+    sampler: StepSampler,
+    stream: _Stream,
+    history: mx.array | None,
+    records: list[dict[str, Any]],
+    counters: SpecCounters,
+    params: GenerationParams,
+    reason: str,
+    detail: str | None = None,
+) -> None:
+    """Single-token decode until the stream stops (mlx-lm ``generate_step``)."""
+    index = sum(1 for r in records if r["type"] == "plain")
+    while not stream.done:
+        ts = time.perf_counter()
+        inp = [next_input]
+        row = model(mx.array(inp, mx.uint32)[None], cache=caches)[:, -1, :]
+        y = token_ids(sampler.sample_plain(row, history))[0]
+        counters.record_plain()
+        stop = stream.offer(y)
+        rec = _plain_record(index, inp, y, top2_margins(row)[0], stop, reason, caches, params, ts)
+        if detail is not None and index == sum(1 for r in records if r["type"] == "plain"):
+            rec["detail"] = detail
+        records.append(rec)
+        index += 1
+        if history is not None and stop != "eos":
+            history = mx.concatenate([history, mx.array([y], mx.uint32)])
+        next_input = y
+
+
 def plain_generate(
     target_model: Any,
     prompt_ids: list[int],
@@ -393,54 +511,18 @@ def plain_generate(
     t0 = time.perf_counter()
     sampler = StepSampler.from_params(params.sampler)
     caches = make_prompt_cache(target_model)
-    mode: PrefillMode = params.prefill or "tail-split"
-    step = params.prefill_step_size or PLAIN_PREFILL_STEP
     if params.seed is not None:
         mx.random.seed(params.seed)
     stream = _Stream(params, len(prompt_ids), on_token)
     counters = SpecCounters()
     records: list[dict[str, Any]] = []
     history = mx.array(prompt_ids, mx.uint32) if sampler.has_processors else None
-
-    drained = prompt_ids[:-1] if mode == "tail-split" else list(prompt_ids)
-    last_logits = _prefill_chunks(target_model, caches, drained, step)
-    records.append(
-        {
-            "type": "prefill",
-            "target_tokens": list(drained),
-            "drafter_tokens": None,
-            "target_cache_digest": _digest(params, caches),
-            "drafter_cache_digest": None,
-        }
+    nxt, history = _plain_prefill(
+        target_model, caches, prompt_ids, params.prefill or "tail-split",
+        params.prefill_step_size or PLAIN_PREFILL_STEP, sampler, stream, history, records,
+        counters, params, drafter_tokens=None,
     )
-    index = 0
-    if mode == "full":
-        assert last_logits is not None
-        row = last_logits[:, -1, :]
-        inp = [prompt_ids[-1]]
-    else:
-        inp = [prompt_ids[-1]]
-        row = target_model(mx.array(inp, mx.uint32)[None], cache=caches)[:, -1, :]
-    ts = time.perf_counter()
-    while True:
-        y = token_ids(sampler.sample_plain(row, history))[0]
-        counters.record_plain()
-        stop = stream.offer(y)
-        records.append(
-            _plain_record(index, inp, y, top2_margins(row)[0], stop, "baseline", caches, params, ts)
-        )
-        index += 1
-        if stop is not None:
-            break
-        if history is not None:
-            history = mx.concatenate([history, mx.array([y], mx.uint32)])
-        ts = time.perf_counter()
-        inp = [y]
-        row = target_model(mx.array(inp, mx.uint32)[None], cache=caches)[:, -1, :]
-    return GenerationResult(
-        output_ids=stream.output,
-        usage=stream.usage,
-        speculation=None,
-        records=records,
-        wall_s=time.perf_counter() - t0,
-    )
+    if not stream.done:
+        _plain_loop(target_model, caches, nxt, sampler, stream, history, records, counters, params, "baseline")
+    result = _result(stream, None, records, t0)
+    return result

@@ -129,13 +129,39 @@ def test_non_trimmable_target_caches_refused(target: Any) -> None:
     n = len(target.model.layers)
     src = FakeSource(zero_policy)
     provider = FakeProvider(src)
+    strict = GenerationParams(max_tokens=4, on_no_rollback="error")
     with pytest.raises(CacheRollbackError, match="ArraysCache"):
-        spec_generate(target.model, provider, [5, 6, 7], GenerationParams(max_tokens=4),
+        spec_generate(target.model, provider, [5, 6, 7], strict,
                       target_caches=[ArraysCache(2) for _ in range(n)])
     with pytest.raises(CacheRollbackError, match="_FakeCache"):
-        spec_generate(target.model, provider, [5, 6, 7], GenerationParams(max_tokens=4),
+        spec_generate(target.model, provider, [5, 6, 7], strict,
                       target_caches=[_FakeCache(trimmable=False) for _ in range(n)])
     assert provider.opened == 0 and src.prefills == []  # refused before the source is opened
+
+
+def test_non_rollbackable_target_falls_back_to_plain_with_reason(target: Any) -> None:
+    """§2: a cache that can neither trim nor replay ends speculation, reason recorded."""
+    from mlx_lm.models.cache import KVCache
+
+    from engine.executor import plain_generate
+
+    class NoTrimKV(KVCache):
+        def is_trimmable(self) -> bool:
+            return False
+
+    n = len(target.model.layers)
+    src = FakeSource(zero_policy)
+    provider = FakeProvider(src)
+    params = GenerationParams(max_tokens=6)
+    r = spec_generate(target.model, provider, [5, 6, 7], params,
+                      target_caches=[NoTrimKV() for _ in range(n)])
+    plain = plain_generate(target.model, [5, 6, 7], params)
+    assert r.output_ids == plain.output_ids
+    assert provider.opened == 0
+    plains = [rec for rec in r.records if rec["type"] == "plain"]
+    assert plains and all(p["reason"] == "no-rollback" for p in plains)
+    assert "NoTrimKV" in plains[0]["detail"]
+    assert r.speculation is not None and r.speculation.rounds == 0
 
 
 def test_require_trimmable_message() -> None:

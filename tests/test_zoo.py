@@ -41,12 +41,12 @@ def fresh_zoo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_names_and_pairs() -> None:
-    assert zoo.TARGETS == ("llama", "qwen3")
+    assert zoo.TARGETS == ("llama", "qwen3", "gemma3", "gemma4", "qwen35")
     assert zoo.DRAFTERS == ("self", "twin", "small")
     assert set(zoo.model_names()) == {
-        "llama", "llama-twin", "llama-small", "qwen3", "qwen3-twin", "qwen3-small",
-    }  # fmt: skip
-    assert len(zoo.pairs()) == 6
+        f"{t}{suffix}" for t in zoo.TARGETS for suffix in ("", "-twin", "-small")
+    }
+    assert len(zoo.pairs()) == 15
     assert set(zoo.manifest()["models"]) == set(zoo.model_names())
     with pytest.raises(ValueError, match="llama-twin"):
         zoo.model_dir("gpt2")
@@ -57,9 +57,9 @@ def test_names_and_pairs() -> None:
 def test_pair_self_is_target(zoo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECPARITY_ZOO_DIR", str(zoo_root))
     t, d = zoo.pair("qwen3", "self")
-    assert t == d == zoo_root / "qwen3"
+    assert t == d and t.parent == zoo_root and t.name.startswith("qwen3-")
     t, d = zoo.pair("llama", "twin")
-    assert (t.name, d.name) == ("llama", "llama-twin")
+    assert t.name.rsplit("-", 1)[0] == "llama" and d.name.rsplit("-", 1)[0] == "llama-twin"
 
 
 def test_build_is_deterministic_and_matches_manifest(tmp_path: Path) -> None:
@@ -78,8 +78,9 @@ def test_build_is_deterministic_and_matches_manifest(tmp_path: Path) -> None:
 
 def test_model_dir_builds_atomically(fresh_zoo: Path) -> None:
     d = zoo.model_dir("llama-small")
-    assert d == fresh_zoo / "llama-small"
-    assert sorted(p.name for p in fresh_zoo.iterdir()) == ["llama-small"]  # no temp leftovers
+    digest = zoo.manifest()["models"]["llama-small"]["weights_sha256"]
+    assert d == fresh_zoo / f"llama-small-{digest[:12]}"  # keyed by the pinned digest
+    assert [p.name.rsplit("-", 1)[0] for p in fresh_zoo.iterdir()] == ["llama-small"]  # no temp leftovers
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["eos_token_id"] == zoo.eos_id()
     assert zoo.model_dir("llama-small") == d  # cached path, no rebuild

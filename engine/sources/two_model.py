@@ -6,6 +6,17 @@ Mirrors mlx-lm 0.32.2 ``mlx_lm/generate.py`` ``speculative_generate_step``:
 sampled with the REQUEST sampler) and ``_rewind_cache`` (draft cache trimmed by
 ``max(d - k - 1, 0)``). Roster row ``two-model`` of §3: a tokenizer/vocab
 mismatch is refused at open time (upstream silently accepts ~0 %).
+
+Drafters whose caches mlx-lm cannot trim (§2 "Cache rollback contract"):
+
+- recurrent layers (``ArraysCache``, e.g. a qwen3_5 drafter): the source
+  snapshots every drafter cache before drafting and, when a draft is rejected,
+  restores the snapshot and re-runs the SAME calls for the kept prefix (the
+  feed call, then one call per kept draft), which reproduces the kept state
+  byte for byte; upstream refuses such drafters;
+- rotating caches (a sliding-window drafter): ``rollback_guard`` reports when
+  the round could wrap the drafter's ring, and the executor stops speculating
+  (the §2 ring-wrap guard).
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine import caches as cache_ops
+from engine.rollback import is_arrays, is_kv, is_rotating
 from engine.sampler import StepSampler, token_ids
 from engine.seam import PrefillMode, TapContext, TargetView
 
@@ -68,9 +80,31 @@ class TwoModelSource:
         self.model = model
         self.sampler = sampler
         self.caches = make_prompt_cache(model)
-        cache_ops.require_trimmable(self.caches, "two-model drafter")
+        self.kv = [is_kv(c) for c in self.caches]
+        self.replay = not all(self.kv)
+        self.unsupported = [
+            f"layer {i} ({type(c).__name__})"
+            for i, c in enumerate(self.caches)
+            if not self.kv[i] and not is_arrays(c)
+        ]
         self.step = prefill_step_size
         self.weights_bytes = 0
+        self._snapshot: list[Any] | None = None
+        self._feed: list[int] = []
+
+    def rollback_guard(self, feed: list[int], n: int) -> str | None:
+        """Why the drafter could not roll back a round of ``n`` drafts now."""
+        if self.unsupported:
+            return "no-rollback: two-model drafter caches that can neither trim nor replay: " + ", ".join(
+                self.unsupported
+            )
+        for i, c in enumerate(self.caches):
+            if is_rotating(c) and int(c.offset) + len(feed) + n - 1 >= int(c.max_size):
+                return (
+                    f"ring-wrap: two-model drafter layer {i} RotatingKVCache offset {int(c.offset)} "
+                    f"+ {len(feed) + n - 1} >= max_size {int(c.max_size)}"
+                )
+        return None
 
     def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
         for pos in range(0, len(prompt_ids), self.step):
@@ -82,6 +116,12 @@ class TwoModelSource:
     def draft(self, feed: list[int], n: int, step_base: int, anchor_hidden: mx.array | None) -> list[int]:
         if n <= 0:
             return []
+        if self.replay:
+            self._snapshot = [
+                int(c.offset) if self.kv[i] else (list(c.cache), c.lengths, c.left_padding)
+                for i, c in enumerate(self.caches)
+            ]
+            self._feed = list(feed)
         y = mx.array(feed, mx.uint32)
         ys = []
         for _ in range(n):
@@ -99,7 +139,22 @@ class TwoModelSource:
         verified_hidden: mx.array | None = None,
         accepted_tokens: list[int] | None = None,
     ) -> None:
-        cache_ops.trim(self.caches, max(d - k_accept - 1, 0), "two-model drafter")
+        if not self.replay:
+            cache_ops.trim(self.caches, max(d - k_accept - 1, 0), "two-model drafter")
+            return
+        if d == 0 or k_accept == d or self._snapshot is None:
+            return  # nothing drafted, or every processed token is kept
+        for i, c in enumerate(self.caches):
+            snap = self._snapshot[i]
+            if self.kv[i]:
+                cache_ops.trim([c], int(c.offset) - snap, "two-model drafter")
+            else:
+                c.cache, c.lengths, c.left_padding = list(snap[0]), snap[1], snap[2]
+        drafts = list(accepted_tokens or [])
+        for chunk in [self._feed] + [[t] for t in drafts[:k_accept]]:
+            self.model(mx.array(chunk, mx.uint32)[None], cache=self.caches)
+        mx.eval([c.state for c in self.caches])
+        self._snapshot = None
 
     def cache_digest(self) -> dict[str, Any] | None:
         return cache_ops.cache_digest(self.caches)

@@ -55,7 +55,7 @@ __all__ = [
     "weights_digest",
 ]
 
-TARGETS: tuple[str, ...] = ("llama", "qwen3")
+TARGETS: tuple[str, ...] = ("llama", "qwen3", "gemma3", "gemma4", "qwen35")
 DRAFTERS: tuple[str, ...] = ("self", "twin", "small")
 EOS_TOKEN = "<|eos|>"
 
@@ -237,7 +237,12 @@ def model_dir(name: str) -> Path:
     if name not in model_names():
         raise ValueError(f"unknown zoo model {name!r}; valid: {', '.join(model_names())}")
     root = cache_root()
-    d = root / name
+    # Keyed by the pinned digest: a manifest update builds a new dir instead of
+    # tripping over a cache built by older code (tampering is still caught).
+    entry = manifest()["models"].get(name)
+    if entry is None:
+        raise ZooDriftError(f"zoo drift: {name}: no entry in {_MANIFEST_FILE}")
+    d = root / f"{name}-{entry['weights_sha256'][:12]}"
     with _LOCK:
         if not (d / "model.safetensors").exists():
             from engine.zoo.build import write_model

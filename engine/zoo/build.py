@@ -49,7 +49,7 @@ class Recipe:
     """How to build one zoo model (recorded verbatim in the manifest)."""
 
     name: str
-    arch: str  # "llama" | "qwen3"
+    arch: str  # "llama" | "qwen3" | "gemma3_text" | "gemma4_text" | "qwen3_5"
     seed: int
     hidden_size: int
     num_hidden_layers: int
@@ -89,17 +89,55 @@ _SMALL_DIMS: dict[str, Any] = dict(
 )  # fmt: skip
 _INIT: dict[str, Any] = dict(embed_std=1.0, lm_head_std=4.0, proj_gain=1.0)
 
-TWIN_NOISE = {"llama": 0.08, "qwen3": 0.075}
+TWIN_NOISE = {"llama": 0.08, "qwen3": 0.075, "gemma3_text": 0.08, "gemma4_text": 0.08, "qwen3_5": 0.08}
+
+# Architecture-specific config keys (mlx-lm 0.32.2 ModelArgs of each model).
+# The windowed targets' sliding windows are small enough that a 64-token
+# generation wraps the ring; qwen3_5 alternates a gated-DeltaNet layer
+# (ArraysCache, not trimmable) with a full-attention layer (KVCache).
+ARCH_EXTRA: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen3": {},
+    "gemma3_text": dict(
+        sliding_window=32, sliding_window_pattern=2, query_pre_attn_scalar=16,
+        rope_local_base_freq=10000.0,
+    ),
+    "gemma4_text": dict(
+        global_head_dim=32, vocab_size_per_layer_input=VOCAB_SIZE, hidden_size_per_layer_input=8,
+        num_kv_shared_layers=0, sliding_window=32, sliding_window_pattern=2,
+        layer_types=["sliding_attention", "full_attention"], use_double_wide_mlp=False,
+        final_logit_softcapping=30.0,
+    ),
+    "qwen3_5": dict(
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+        rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         },
+    ),
+}  # fmt: skip
+# The small drafters have one layer; these archs need a full pattern period.
+SMALL_LAYERS = {"gemma3_text": 2, "gemma4_text": 2, "qwen3_5": 2}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "gemma4_text": "Gemma4ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
+}
+ARCH_SEEDS = {"llama": 1001, "qwen3": 2002, "gemma3_text": 3003, "gemma4_text": 4004, "qwen3_5": 5005}
+ZOO_NAMES = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen3_5": "qwen35"}
 
 RECIPES: dict[str, Recipe] = {}
-for _arch, _seed in (("llama", 1001), ("qwen3", 2002)):
-    RECIPES[_arch] = Recipe(name=_arch, arch=_arch, seed=_seed, **_TARGET_DIMS, **_INIT)
-    RECIPES[f"{_arch}-twin"] = Recipe(
-        name=f"{_arch}-twin", arch=_arch, seed=_seed, **_TARGET_DIMS, **_INIT,
-        base=_arch, noise_scale=TWIN_NOISE[_arch], noise_seed=_seed + 7,
+for _arch, _seed in ARCH_SEEDS.items():
+    _name = ZOO_NAMES.get(_arch, _arch)
+    _small = dict(_SMALL_DIMS, num_hidden_layers=SMALL_LAYERS.get(_arch, 1))
+    RECIPES[_name] = Recipe(name=_name, arch=_arch, seed=_seed, **_TARGET_DIMS, **_INIT)
+    RECIPES[f"{_name}-twin"] = Recipe(
+        name=f"{_name}-twin", arch=_arch, seed=_seed, **_TARGET_DIMS, **_INIT,
+        base=_name, noise_scale=TWIN_NOISE[_arch], noise_seed=_seed + 7,
     )  # fmt: skip
-    RECIPES[f"{_arch}-small"] = Recipe(
-        name=f"{_arch}-small", arch=_arch, seed=_seed + 500, **_SMALL_DIMS, **_INIT
+    RECIPES[f"{_name}-small"] = Recipe(
+        name=f"{_name}-small", arch=_arch, seed=_seed + 500, **_small, **_INIT
     )
 
 MODEL_NAMES: tuple[str, ...] = tuple(RECIPES)
@@ -109,7 +147,7 @@ def model_config(r: Recipe) -> dict[str, Any]:
     """The ``config.json`` contents (keys as in the HF/mlx-lm configs)."""
     cfg: dict[str, Any] = {
         "model_type": r.arch,
-        "architectures": ["LlamaForCausalLM" if r.arch == "llama" else "Qwen3ForCausalLM"],
+        "architectures": [ARCHITECTURES[r.arch]],
         "hidden_size": r.hidden_size,
         "num_hidden_layers": r.num_hidden_layers,
         "intermediate_size": r.intermediate_size,
@@ -127,6 +165,11 @@ def model_config(r: Recipe) -> dict[str, Any]:
     }
     if r.arch == "llama":
         cfg.update(attention_bias=False, mlp_bias=False, rope_traditional=False)
+    cfg.update(ARCH_EXTRA[r.arch])
+    if r.arch == "gemma4_text":
+        cfg["layer_types"] = (["sliding_attention", "full_attention"] * r.num_hidden_layers)[
+            : r.num_hidden_layers
+        ]
     return cfg
 
 
@@ -150,13 +193,21 @@ def _init_tensor(r: Recipe, name: str, shape: tuple[int, ...]) -> np.ndarray:
     rng = _rng(r.seed, name)
     if name.endswith("norm.weight"):
         w = 1.0 + 0.1 * rng.standard_normal(shape)
-    elif name == "model.embed_tokens.weight":
+    elif name.endswith("model.embed_tokens.weight"):
         w = r.embed_std * rng.standard_normal(shape)
-    elif name == "lm_head.weight":
+    elif name.endswith("lm_head.weight"):
         w = r.lm_head_std * rng.standard_normal(shape) / math.sqrt(shape[-1])
     elif name.endswith(".weight") and len(shape) == 2:
         w = r.proj_gain * rng.standard_normal(shape) / math.sqrt(shape[-1])
-    else:  # biases (none in the current configs)
+    elif name.endswith("conv1d.weight"):  # depthwise [C, K, 1] (gated DeltaNet)
+        w = rng.standard_normal(shape) / math.sqrt(shape[1])
+    elif name.endswith("layer_scalar"):  # gemma4 per-layer output scale
+        w = np.ones(shape)
+    elif name.endswith("A_log"):  # gated DeltaNet decay: A in [1, 16)
+        w = np.log(rng.uniform(1.0, 16.0, shape))
+    elif name.endswith("dt_bias"):
+        w = np.ones(shape)
+    else:  # biases
         w = np.zeros(shape)
     return w.astype(np.float32)
 
