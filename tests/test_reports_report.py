@@ -20,7 +20,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from specparity.run import run
 
     out = tmp_path_factory.mktemp("run")
-    run(out, targets=["llama"], drafters=["self", "small"], gammas=(1, 2), n_prompts=2,
+    run(out, targets=["llama"], drafters=["self", "small"], gammas=(1, 2), n_prompts=1,
         max_tokens=8, runners=[])
     return out
 
