@@ -331,10 +331,14 @@ def drift_report(result: RegenResult) -> str:
             lines += ["", "## Details", ""]
             for o in details:
                 lines += [f"### {o.key} ({o.status})", "", "```", o.message or "", "```", ""]
-    if result.refused:
+    refused = [o for o in result.outcomes if o.status == "logic-refused"]
+    errors = [o for o in result.outcomes if o.status == "error"]
+    if refused:
         lines += ["", "Not written (run again with `--accept` to take a logic change):", ""]
-        lines += [f"- {o.key}: {o.status}" + (f": {o.message}" if o.status == "error" else "")
-                  for o in result.refused]
+        lines += [f"- {o.key}: {o.where}, {o.field}" for o in refused]
+    if errors:
+        lines += ["", "Failed (no golden written):", ""]
+        lines += [f"- {o.key}: {o.message}" for o in errors]
     return "\n".join(lines) + "\n"
 
 

@@ -135,10 +135,23 @@ GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
     "engine": GoldenRunner(
         "engine", "specparity", ("engine",), code_exclude=("engine.zoo",), oracle=False
     ),
-    "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.mlx_lm")),
+    "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.mlx_lm"),
+                           supports=lambda case: case.drafter is None or _trimmable(case.target)),
 }
 """Which runners have goldens. Add e.g. ``"optiq": GoldenRunner("optiq",
 "mlx-optiq", ("oracles.__init__", "oracles.optiq"), cases=optiq_cases)``."""
+
+
+@cache
+def _trimmable(target: str) -> bool:
+    """Whether the zoo target's prompt cache can be trimmed (mlx-lm's
+    ``speculative_generate_step`` refuses a target whose cache cannot)."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    from engine import zoo
+    from specparity.runners import load_model
+
+    return bool(can_trim_prompt_cache(make_prompt_cache(load_model(str(zoo.model_dir(target))).model)))
 
 
 def golden_key(runner: str, case: Any) -> str:
