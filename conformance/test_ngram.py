@@ -52,12 +52,12 @@ def test_ngram_tokens_equal_plain(case: Case) -> None:
     assert div is None, f"{case.case_id}: ngram speculative vs plain\n{div.message}"
 
 
-@pytest.mark.parametrize("target", _targets())
-def test_ngram_accepts_and_rolls_back(target: str) -> None:
-    """Over the target's matrix: accepted > 0, rejected > 0, and zero-length rounds."""
+def test_ngram_accepts_and_rolls_back() -> None:
+    """Over the matrix: accepted > 0, rejected > 0, and zero-length rounds (per target printed)."""
+    target = "all targets"
     totals = {"drafted": 0, "accepted": 0, "rejected": 0, "target_calls": 0, "tokens": 0}
     empty_rounds = 0
-    for case in (c for c in CASES if c.target == target):
+    for case in CASES:
         tr = _spec(case)
         spec = tr.footer["speculation"]
         for key in ("drafted", "accepted", "rejected", "target_calls"):
@@ -66,6 +66,15 @@ def test_ngram_accepts_and_rolls_back(target: str) -> None:
         empty_rounds += sum(1 for r in tr.rounds if not r["drafts"])
     acc = totals["accepted"] / max(totals["drafted"], 1)
     tpf = totals["tokens"] / max(totals["target_calls"], 1)
+    for t in _targets():
+        ft = [_spec(c).footer for c in CASES if c.target == t]
+        acc_t = sum(f["speculation"]["accepted"] for f in ft) / max(
+            sum(f["speculation"]["drafted"] for f in ft), 1
+        )
+        tpf_t = sum(f["usage"]["generation_tokens"] for f in ft) / max(
+            sum(f["speculation"]["target_calls"] for f in ft), 1
+        )
+        print(f"\n{t}: ngram acceptance {acc_t:.3f}, tokens per forward {tpf_t:.3f}")
     print(f"\n{target}: ngram acceptance {acc:.3f}, tokens per forward {tpf:.3f}, {totals}")
     assert totals["accepted"] > 0, f"{target}: no draft was ever accepted: {totals}"
     assert totals["rejected"] > 0, f"{target}: no draft was ever rejected (no rollback): {totals}"
