@@ -20,6 +20,7 @@ caches mlx-lm drives), then rebuilds records from the log of forwards/yields:
 
 from __future__ import annotations
 
+import itertools
 import time
 from importlib import metadata
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from oracles import OracleUnavailable
 from traces.digest import cache_digest
 from traces.records import counters_from_rounds
+from traces.reference import ReferenceRefused
 
 NAME = "mlx_lm"
 
@@ -142,7 +144,11 @@ def run(
         stream = stream_generate(t_proxy, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, **kwargs)
         matcher = StopSequences(stop_sequences or []).matcher()
         stopped = False
-        for resp in stream:
+        try:
+            first = next(stream)
+        except ValueError as exc:
+            raise ReferenceRefused(NAME, "", str(exc)) from exc
+        for resp in itertools.chain([first], stream):
             log.append(("yield", int(resp.token), bool(resp.from_draft)))
             responses.append(resp)
             if matcher.advance(int(resp.token)):

@@ -56,14 +56,30 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
               "reported, not failed).", ""]
     vt = verdict_table(result.comparisons)
     lines.append(vt.to_markdown(index=False) if not vt.empty else "_no comparisons_")
-    failing = [c for c in result.comparisons if c.divergence is not None]
+    failing = [c for c in result.comparisons if c.fails]
     if failing:
-        lines += ["", "## Divergences", ""]
+        lines += ["", "## Divergences (failing)", ""]
         for c in failing[:20]:
             lines += [f"### {c.kind} — `{c.case_id}` ({c.verdict})", "", "```",
-                      c.divergence.message, "```", ""]
+                      c.message or "", "```", ""]
         if len(failing) > 20:
             lines.append(f"... and {len(failing) - 20} more (see comparisons.json)")
+    known = sorted({c.known for c in result.comparisons if c.known})
+    if known:
+        from traces.reference import known_entries
+
+        entries = {e.id: e for e in known_entries()}
+        lines += ["", "## Known reference behaviour (traces/known_divergences.toml)", ""]
+        for kid in known:
+            n = sum(1 for c in result.comparisons if c.known == kid)
+            e = entries.get(kid)
+            lines += [f"- **{kid}** — {n} case(s). {e.reason.splitlines()[0] if e else ''}",
+                      f"  Reproduce: `{e.reproduce if e else '?'}`"]
+    noted = [c for c in result.comparisons if c.divergence is not None and not c.fails and not c.known]
+    if noted:
+        lines += ["", "## Numerics flips (reported, not failed)", ""]
+        for c in noted[:10]:
+            lines += [f"### {c.kind} — `{c.case_id}`", "", "```", c.message or "", "```", ""]
     lines += ["", "## Acceptance and τ (engine, greedy)", ""]
     at = acceptance_table(traces)
     lines.append(at.to_markdown(index=False) if not at.empty else "_no speculative cases_")

@@ -22,6 +22,7 @@ from specparity.cases import DEFAULT_GAMMAS, Case, pick_prompts, spec_matrix
 from specparity.runners import run_case
 from traces.diff import Divergence, diff_traces
 from traces.io import Trace, write_trace
+from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
 
 
 @dataclass
@@ -30,20 +31,48 @@ class Comparison:
     case_id: str
     level: str
     divergence: Divergence | None
+    known: str | None = None  # id of a known reference behaviour that explains it
+    status: str | None = None  # reference verdict status ("refused", "known", ...)
+    detail: str = ""
 
     @property
     def verdict(self) -> str:
+        if self.known is not None:
+            return f"{self.status}: {self.known}"
+        if self.status == "divergent" and self.divergence is None:
+            return "unexplained refusal"
         if self.divergence is None:
             return "identical"
         return self.divergence.klass
 
     @property
     def fails(self) -> bool:
+        if self.known is not None:
+            return False
+        if self.status == "divergent" and self.divergence is None:
+            return True
         if self.divergence is None:
             return False
         # Against a reference every difference is a failure; spec vs plain may
         # differ only on knife-edges (batched vs serial verify, §2.1).
         return self.kind != "spec-vs-plain" or self.divergence.klass == "logic"
+
+    @property
+    def message(self) -> str | None:
+        if self.divergence is not None:
+            return self.divergence.message
+        return self.detail or None
+
+
+def _reference_comparison(oracle: str, case_id: str, eng: Trace, ref: Trace | ReferenceRefused) -> Comparison:
+    if isinstance(ref, ReferenceRefused):
+        v = refusal_verdict(eng, ref)
+    else:
+        v = compare_with_reference(eng, ref, oracle)
+    return Comparison(
+        f"engine-vs-{oracle}", case_id, "round", v.divergence,
+        known=v.known.id if v.known is not None else None, status=v.status, detail=v.detail,
+    )
 
 
 @dataclass
@@ -96,37 +125,43 @@ def run(
     plains = list(dict.fromkeys(c.plain() for c in cases))
     result = RunResult(out_dir=out_dir, runners=all_runners, unavailable=unavailable)
     traces: dict[tuple[str, str], Trace] = {}
+    refusals: dict[tuple[str, str], ReferenceRefused] = {}
     jobs = [(r, c) for c in [*plains, *cases] for r in all_runners]
     with _progress(len(jobs), "running cases") as bar:
         for runner, case in jobs:
-            records = run_case(runner, case)
+            try:
+                records = run_case(runner, case)
+            except ReferenceRefused as exc:
+                refusals[(runner, case.case_id)] = exc
+                bar.update(1)
+                continue
             path = out_dir / "traces" / runner / f"{case.file_stem}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_trace(path, records)
             result.traces[(runner, case.case_id)] = path
             traces[(runner, case.case_id)] = Trace.from_records(records)
             bar.update(1)
+    def ref(oracle: str, case_id: str) -> Trace | ReferenceRefused:
+        return refusals.get((oracle, case_id)) or traces[(oracle, case_id)]
+
     for case in cases:
         eng = traces[("engine", case.case_id)]
         for oracle in available:
-            result.comparisons.append(Comparison(
-                f"engine-vs-{oracle}", case.case_id, "round",
-                diff_traces(eng, traces[(oracle, case.case_id)], level="round")))
+            result.comparisons.append(_reference_comparison(oracle, case.case_id, eng, ref(oracle, case.case_id)))
         result.comparisons.append(Comparison(
             "spec-vs-plain", case.case_id, "tokens",
             diff_traces(eng, traces[("engine", case.plain().case_id)], level="tokens")))
     for case in plains:
         for oracle in available:
-            result.comparisons.append(Comparison(
-                f"engine-vs-{oracle}", case.case_id, "round",
-                diff_traces(traces[("engine", case.case_id)], traces[(oracle, case.case_id)], level="round")))
+            result.comparisons.append(_reference_comparison(
+                oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id)))
     result.wall_s = time.perf_counter() - t0
     from reports.summary import write_summary
 
     write_summary(result, traces)
     (out_dir / "comparisons.json").write_text(json.dumps([
         {"kind": c.kind, "case_id": c.case_id, "level": c.level, "verdict": c.verdict,
-         "fails": c.fails, "message": c.divergence.message if c.divergence else None}
+         "fails": c.fails, "known": c.known, "message": c.message}
         for c in result.comparisons], indent=1))
     from reports.report import build_report
 

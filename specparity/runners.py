@@ -102,21 +102,25 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         body = _run_engine(case, target, draft, ids)
     elif runner == "mlx_lm":
         from oracles import mlx_lm as oracle
+        from traces.reference import ReferenceRefused
 
-        body = oracle.run(
-            target.model,
-            target.tokenizer,
-            ids,
-            draft=draft.model if draft is not None else None,
-            gamma=case.gamma,
-            max_tokens=case.max_tokens,
-            temperature=case.temperature,
-            top_p=case.top_p,
-            top_k=case.top_k,
-            seed=case.seed,
-            eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
-            stop_sequences=[list(s) for s in case.stop_sequences],
-        )
+        try:
+            body = oracle.run(
+                target.model,
+                target.tokenizer,
+                ids,
+                draft=draft.model if draft is not None else None,
+                gamma=case.gamma,
+                max_tokens=case.max_tokens,
+                temperature=case.temperature,
+                top_p=case.top_p,
+                top_k=case.top_k,
+                seed=case.seed,
+                eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
+                stop_sequences=[list(s) for s in case.stop_sequences],
+            )
+        except ReferenceRefused as exc:
+            raise ReferenceRefused(runner, case.case_id, exc.message) from None
     elif runner == "optiq":
         from oracles import optiq
 

@@ -504,7 +504,7 @@ class GoldenComparison:
     """A live trace against one golden."""
 
     golden_key: str
-    status: str  # "identical" | "divergent" | "skipped"
+    status: str  # "identical" | "known" | "divergent" | "skipped"
     divergence: Any = None
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -514,6 +514,8 @@ class GoldenComparison:
             return f"vs golden {self.golden_key}: {self.divergence.message}"
         if self.status == "skipped":
             return f"vs golden {self.golden_key}: skipped ({self.reason})"
+        if self.status == "known":
+            return f"vs golden {self.golden_key}: known reference behaviour ({self.reason})"
         return f"vs golden {self.golden_key}: identical"
 
 
@@ -529,9 +531,13 @@ def compare_to_goldens(
     """Compare ``live`` with the golden of ``case`` of each runner (default: all).
 
     Goldens listed in ``problems`` (stale, corrupt, missing) are skipped, not
-    compared: their failure is the staleness check's, not a divergence.
+    compared: their failure is the staleness check's, not a divergence. The
+    engine golden is compared exactly; an oracle golden through the reference
+    policy (``traces.reference.compare_with_reference``: rounds up to the
+    engine's ring-wrap fallback, known reference divergences named, not failed).
     """
     from traces.diff import diff_traces
+    from traces.reference import compare_with_reference
 
     bad = {p.key: p for p in problems}
     out: list[GoldenComparison] = []
@@ -544,6 +550,12 @@ def compare_to_goldens(
         if not path.exists():
             out.append(GoldenComparison(key, "skipped", reason="no golden"))
             continue
-        div = diff_traces(live, read_trace(path), level=level)
-        out.append(GoldenComparison(key, "identical" if div is None else "divergent", div))
+        golden = read_trace(path)
+        if runner == "engine" or level != "round":
+            div = diff_traces(live, golden, level=level)
+            out.append(GoldenComparison(key, "identical" if div is None else "divergent", div))
+            continue
+        verdict = compare_with_reference(live, golden, runner)
+        reason = verdict.known.id if verdict.known is not None else ""
+        out.append(GoldenComparison(key, verdict.status, verdict.divergence, reason=reason))
     return out
