@@ -45,11 +45,11 @@ def acceptance_by_position(df: pd.DataFrame) -> bytes | None:
             ax.plot(gd["position"], gd["acceptance"], marker="o", label=f"γ={g}")
         ax.set_title(f"{t} / {d}", fontsize=10)
         ax.set_ylim(-0.05, 1.05)
+        ax.set_xticks(range(1, int(sub["position"].max()) + 1))
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Acceptance by draft position (engine, greedy)")
     return _png(fig)
 
 
@@ -67,12 +67,13 @@ def acceptance_lengths(df: pd.DataFrame) -> bytes | None:
             ax.bar(gd["k_accept"] + (j - (len(gammas) - 1) / 2) * width, gd["share"], width,
                    label=f"γ={g}")
         ax.set_title(f"{t} / {d}", fontsize=10)
+        ax.set_xticks(range(0, int(max(gammas)) + 1))
+        ax.set_xlim(-0.6, int(max(gammas)) + 0.6)
         ax.set_xlabel("accepted drafts per round (k)")
         ax.set_ylabel("share of rounds")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
-    fig.suptitle("Acceptance-length histogram")
     return _png(fig)
 
 

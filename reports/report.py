@@ -57,7 +57,7 @@ def _ab_text(res: dict[str, Any]) -> tuple[str, pd.DataFrame]:
         head = (f"bench — target `{res['target']}`, drafter `{res['drafter']}`, γ={res['gamma']}, "
                 f"{res['n_prompts']} prompts × {res['repeats']} repeats (interleaved). "
                 "Figures only; timing never fails.")
-    arms = pd.DataFrame(res.get("arms", []))
+    arms = pd.DataFrame(res.get("arms", [])).drop(columns=["path"], errors="ignore")
     return head, arms
 
 

@@ -80,7 +80,7 @@ class Spec:
 
 SPECS: dict[str, Spec] = {
     TARGET_NAME: Spec(TARGET_NAME, 96, 2, 256, 4, 2, 24, steps=400, seed=11),
-    DRAFTER_NAME: Spec(DRAFTER_NAME, 48, 1, 128, 2, 1, 24, steps=150, seed=12),
+    DRAFTER_NAME: Spec(DRAFTER_NAME, 48, 1, 128, 2, 1, 24, steps=300, seed=12),
 }
 
 
@@ -282,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=TRAINED_ROOT)
+    ap.add_argument("--only", choices=sorted(SPECS), action="append",
+                    help="retrain only this model (repeatable); the others are kept as they are")
     args = ap.parse_args(argv)
+    only = set(args.only or SPECS)
+    old = json.loads((args.out / "manifest.json").read_text()) if only != set(SPECS) else None
     if sys.version_info[:2] != (3, 11):
         print(f"warning: the corpus is pinned to CPython 3.11 docstrings; this is "
               f"{sys.version.split()[0]}", file=sys.stderr)
@@ -293,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     mx.set_default_device(mx.cpu)
     records = {}
     for name, s in SPECS.items():
+        if name not in only:
+            assert old is not None
+            records[name] = {k: old["models"][name][k]
+                             for k in ("train_loss_last50", "val_loss", "train_seconds", "params")}
+            continue
         d = args.out / name
         if d.exists():
             shutil.rmtree(d)
