@@ -202,8 +202,15 @@ def spec_generate(
     *,
     on_token: OnToken | None = None,
     target_caches: list[Any] | None = None,
+    observer: Any = None,
 ) -> GenerationResult:
     """Speculative decode of ``prompt_ids`` with ``provider`` filling the drafts.
+
+    ``observer`` (optional) is told about every verify forward:
+    ``before_verify(index, window, caches)`` and, after the forward and before
+    the rollback, ``after_verify(index, window, logits_block, caches)``, and
+    ``after_rollback(index, k_accept, caches)`` (the serial-replay audit uses
+    these; an observer must not mutate ``caches``).
 
     Speculation ends early (the rest is plain decode, recorded as ``plain``
     records with the reason) when a target cache can neither trim nor replay
@@ -301,11 +308,15 @@ def spec_generate(
             raise RuntimeError(f"draft source returned {len(drafts)} tokens, more than n={n}")
         d = len(drafts)
         window = pending + drafts
+        if observer is not None:
+            observer.before_verify(round_index, window, caches)
         with plan.round():
             logits, ctx = _forward(target_model, caches, window, taps)
             block = logits[0, -(d + 1) :, :]
             samples_arr = sampler.sample_window(block, history, window)
             mx.eval(samples_arr)
+        if observer is not None:
+            observer.after_verify(round_index, window, block, caches)
         samples_all = token_ids(samples_arr)
         margins = top2_margins(block)
 
@@ -330,6 +341,8 @@ def spec_generate(
                 break
 
         plan.rollback(d, k)
+        if observer is not None:
+            observer.after_rollback(round_index, k, caches)
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         counters.record_round(d, k)

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["array_bytes", "cache_digest", "layer_digest"]
+__all__ = ["array_bytes", "cache_digest", "layer_digest", "live_state"]
 
 
 def array_bytes(a: Any) -> tuple[str, tuple[int, ...], bytes]:
@@ -85,26 +85,38 @@ def layer_digest(c: Any) -> str:
     if hasattr(c, "caches") and isinstance(c.caches, Sequence | tuple):
         for sub in c.caches:
             h.update(layer_digest(sub).encode())
-    elif hasattr(c, "keys") and hasattr(c, "offset"):
+        return h.hexdigest()
+    meta, groups = live_state(c)
+    if meta is not None:
+        h.update(meta.encode())
+    for name, arrays in groups:
+        _hash_arrays(h, name, arrays)
+    return h.hexdigest()
+
+
+def live_state(c: Any) -> tuple[str | None, list[tuple[str, list[Any]]]]:
+    """A cache layer's live state: a metadata line and named groups of arrays.
+
+    KV-style caches give ``keys``/``values`` cut to the live region (a rotating
+    cache in temporal order); an arrays cache its ``cache`` list; anything else
+    the arrays of its ``state``. This is exactly what ``layer_digest`` hashes
+    and what the serial-replay audit compares byte for byte.
+    """
+    if hasattr(c, "keys") and hasattr(c, "offset"):
         meta = {"offset": int(c.offset)}
         for attr in ("keep", "max_size"):
             if hasattr(c, attr):
                 meta[attr] = int(getattr(c, attr))
-        h.update(f"meta:{sorted(meta.items())}\n".encode())
         keys, values = _kv_live(c)
-        _hash_arrays(h, "keys", keys)
-        _hash_arrays(h, "values", values)
-    elif hasattr(c, "cache") and isinstance(c.cache, list):
-        _hash_arrays(h, "cache", c.cache)
-    else:
-        state = getattr(c, "state", [])
-        flat: list[Any] = []
-        _flatten(state, flat)
-        arrays = [x for x in flat if hasattr(x, "shape")]
-        scalars = [x for x in flat if not hasattr(x, "shape")]
-        h.update(f"scalars:{scalars!r}\n".encode())
-        _hash_arrays(h, "state", arrays)
-    return h.hexdigest()
+        return f"meta:{sorted(meta.items())}\n", [("keys", keys), ("values", values)]
+    if hasattr(c, "cache") and isinstance(c.cache, list):
+        return None, [("cache", list(c.cache))]
+    state = getattr(c, "state", [])
+    flat: list[Any] = []
+    _flatten(state, flat)
+    arrays = [x for x in flat if hasattr(x, "shape")]
+    scalars = [x for x in flat if not hasattr(x, "shape")]
+    return f"scalars:{scalars!r}\n", [("state", arrays)]
 
 
 def _flatten(x: Any, out: list[Any]) -> None:
