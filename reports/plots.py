@@ -28,7 +28,8 @@ def _grid(n: int, width: float = 3.6, height: float = 2.8):  # type: ignore[no-u
     plt = _plt()
     cols = min(3, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             constrained_layout=True)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat)
@@ -81,7 +82,7 @@ def tau_and_rate(df: pd.DataFrame) -> bytes | None:
     if df.empty:
         return None
     plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
     for (t, d), sub in df.groupby(["target", "drafter"]):
         ax1.plot(sub["gamma"], sub["tau"], marker="o", label=f"{t}/{d}")
         ax2.plot(sub["gamma"], sub["tok_per_s"], marker="o", label=f"{t}/{d}")

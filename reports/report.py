@@ -34,7 +34,7 @@ class Report:
 
 
 def _md_table(df: pd.DataFrame) -> str:
-    return df.to_markdown(index=False) if not df.empty else "_none_"
+    return df.to_markdown(index=False, missingval="–") if not df.empty else "_none_"
 
 
 def _html_table(df: pd.DataFrame) -> str:
@@ -97,9 +97,11 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
                      "Engine vs each oracle round for round; engine spec vs plain at the token "
                      "level (`numerics` = a knife-edge flip, reported, not failed).", verdicts))
     sections.append(("Acceptance by draft position", "", plots.acceptance_by_position(by_pos)))
-    sections.append(("", "accepted_by_pos[i] / drafted_by_pos[i], summed over a cell's cases.", by_pos))
+    sections.append(("", "accepted_by_pos[i] / drafted_by_pos[i] per draft position (columns), "
+                     "summed over a cell's cases.", _pivot(by_pos, "position", "acceptance")))
     sections.append(("Acceptance-length histogram", "", plots.acceptance_lengths(lengths)))
-    sections.append(("", "Rounds per k_accept, share within the (pair, γ) cell.", lengths))
+    sections.append(("", "Share of rounds with k accepted drafts (columns k), within the "
+                     "(pair, γ) cell.", _pivot(lengths, "k_accept", "share")))
     sections.append(("τ and tok/s per γ", "", plots.tau_and_rate(tau)))
     if data.results:
         sections.append(("Paired A/B and bench",
@@ -142,6 +144,15 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
     _atomic_write(md_path, "\n".join(md_lines) + "\n")
     _atomic_write(html_path, _HTML.format(body="\n".join(html_parts)))
     return Report(run_dir, md_path, html_path, tau, sections)
+
+
+def _pivot(df: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
+    """Long (cell, column, value) rows as one row per (target, drafter, γ) cell."""
+    if df.empty:
+        return df
+    wide = df.pivot_table(index=tables.CELL, columns=column, values=value, aggfunc="first")
+    wide.columns = [f"{column} {c}" for c in wide.columns]
+    return wide.reset_index()
 
 
 def _md_inline(text: str) -> str:
