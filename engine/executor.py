@@ -307,6 +307,7 @@ def spec_generate(
         if len(drafts) > n:
             raise RuntimeError(f"draft source returned {len(drafts)} tokens, more than n={n}")
         d = len(drafts)
+        confidence = _confidence(source, d)
         window = pending + drafts
         if observer is not None:
             observer.before_verify(round_index, window, caches)
@@ -360,7 +361,7 @@ def spec_generate(
                 "emitted": emitted,
                 "end": end,
                 "margins": margins,
-                "confidence": None,
+                "confidence": confidence,
                 "target_cache_digest": _digest(params, caches),
                 "drafter_cache_digest": source.cache_digest() if params.cache_digests else None,
                 "time_s": time.perf_counter() - tr0,
@@ -372,6 +373,16 @@ def spec_generate(
         anchor = verified
 
     return _result(stream, counters, records, t0)
+
+
+def _confidence(source: DraftSource, d: int) -> list[float] | None:
+    """Per-position draft confidence of the last ``draft()`` call, where the source has one.
+
+    Optional hook: a source sets ``last_confidence`` (one float per proposed
+    position, possibly more than ``d`` when it truncated its block).
+    """
+    conf = getattr(source, "last_confidence", None)
+    return None if conf is None else [float(c) for c in conf]
 
 
 def _source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:
