@@ -79,12 +79,12 @@ def compare_arrays(a: Any, b: Any) -> Diff:
     if x.tobytes() == y.tobytes():
         return Diff(True)
     if not np.issubdtype(x.dtype, np.floating):
-        idx = np.unravel_index(int(np.argmax(x != y)), x.shape)
+        idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(x != y)), x.shape))
         return Diff(False, float(np.max(np.abs(x.astype(np.int64) - y.astype(np.int64)))), 0, idx)
     absd = np.abs(x.astype(np.float64) - y.astype(np.float64))
     ulp = np.abs(_ordered_ints(x) - _ordered_ints(y))
-    idx = np.unravel_index(int(np.argmax(ulp)), x.shape)
-    return Diff(False, float(np.nanmax(absd)), int(ulp[idx]), tuple(int(i) for i in idx))
+    where = tuple(int(i) for i in np.unravel_index(int(np.argmax(ulp)), x.shape))
+    return Diff(False, float(np.nanmax(absd)), int(ulp[where]), where)
 
 
 @dataclass

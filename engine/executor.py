@@ -157,6 +157,89 @@ def _digest(params: GenerationParams, caches: list[Any]) -> dict[str, Any] | Non
     return cache_ops.cache_digest(caches) if params.cache_digests else None
 
 
+class _Request:
+    """Per-request state shared by every lane: sampler, stream, counters, records, history."""
+
+    def __init__(
+        self,
+        model: Any,
+        caches: list[Any],
+        prompt_ids: list[int],
+        params: GenerationParams,
+        on_token: OnToken | None,
+    ) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        self.t0 = time.perf_counter()
+        self.model = model
+        self.caches = caches
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.sampler = StepSampler.from_params(params.sampler)
+        if params.seed is not None:
+            mx.random.seed(params.seed)
+        self.stream = _Stream(params, len(prompt_ids), on_token)
+        self.counters = SpecCounters()
+        self.records: list[dict[str, Any]] = []
+        self.history = mx.array(prompt_ids, mx.uint32) if self.sampler.has_processors else None
+
+    def drained(self, mode: PrefillMode) -> list[int]:
+        """Tail-split drains ``len - 1`` tokens (the last heads the first window); full all."""
+        return self.prompt_ids[:-1] if mode == "tail-split" else list(self.prompt_ids)
+
+    def grow_history(self, tokens: list[int]) -> None:
+        if self.history is not None and tokens:
+            self.history = mx.concatenate([self.history, mx.array(tokens, mx.uint32)])
+
+    def prefill_record(self, drained: list[int], drafter_tokens: list[int] | None, drafter_digest: Any) -> None:
+        self.records.append(
+            {
+                "type": "prefill",
+                "target_tokens": list(drained),
+                "drafter_tokens": drafter_tokens,
+                "target_cache_digest": _digest(self.params, self.caches),
+                "drafter_cache_digest": drafter_digest,
+            }
+        )
+
+    def plain_step(self, inp: list[int], row: mx.array, reason: str, detail: str | None, ts: float | None) -> int:
+        """Sample one token from a ``[1, V]`` row, emit it and record a ``plain`` record."""
+        y = token_ids(self.sampler.sample_plain(row, self.history))[0]
+        self.counters.record_plain()
+        stop = self.stream.offer(y)
+        index = sum(1 for r in self.records if r["type"] == "plain")
+        rec = _plain_record(index, inp, y, top2_margins(row)[0], stop, reason, self.caches, self.params, ts)
+        if detail is not None:
+            rec["detail"] = detail
+        self.records.append(rec)
+        if stop != "eos":
+            self.grow_history([y])
+        return y
+
+    def initial_sample(self, last_logits: mx.array | None) -> int:
+        """Full prefill: the first token is the prefill forward's own sample."""
+        assert last_logits is not None, "full prefill of an empty prompt"
+        return self.plain_step([self.prompt_ids[-1]], last_logits[:, -1, :], "initial", None, None)
+
+    def plain_loop(self, next_input: int, reason: str, detail: str | None = None) -> None:
+        """Single-token decode until the stream stops (mlx-lm ``generate_step``)."""
+        while not self.stream.done:
+            ts = time.perf_counter()
+            inp = [next_input]
+            row = self.model(mx.array(inp, mx.uint32)[None], cache=self.caches)[:, -1, :]
+            next_input = self.plain_step(inp, row, reason, detail, ts)
+            detail = None  # only on the first record of a fallback
+
+    def result(self, speculative: bool) -> GenerationResult:
+        return GenerationResult(
+            output_ids=self.stream.output,
+            usage=self.stream.usage,
+            speculation=self.counters if speculative else None,
+            records=self.records,
+            wall_s=time.perf_counter() - self.t0,
+        )
+
+
 def _prefill_chunks(model: Any, caches: list[Any], tokens: list[int], step: int) -> mx.array | None:
     """Run ``tokens`` through ``model`` in chunks (mlx-lm ``_prefill``); return the last logits."""
     logits = None
@@ -220,35 +303,23 @@ def spec_generate(
     """
     from mlx_lm.models.cache import make_prompt_cache
 
-    if not prompt_ids:
-        raise ValueError("prompt_ids must not be empty")
-    t0 = time.perf_counter()
-    sampler = StepSampler.from_params(params.sampler)
     caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
+    req = _Request(target_model, caches, prompt_ids, params, on_token)
     plan = CacheRollback(target_model, caches)
-    if not plan.capable and params.on_no_rollback == "error":
-        raise cache_ops.CacheRollbackError(f"target: {plan.reason}")
-    if params.seed is not None:
-        mx.random.seed(params.seed)
-    stream = _Stream(params, len(prompt_ids), on_token)
-    counters = SpecCounters()
-    records: list[dict[str, Any]] = []
-    history = mx.array(prompt_ids, mx.uint32) if sampler.has_processors else None
-
     if not plan.capable:
+        if params.on_no_rollback == "error":
+            raise cache_ops.CacheRollbackError(f"target: {plan.reason}")
         # No speculation at all for this request: plain decode, reason recorded.
         mode0: PrefillMode = params.prefill or "tail-split"
-        pending, history = _plain_prefill(
-            target_model, caches, prompt_ids, mode0, params.prefill_step_size or SPEC_PREFILL_STEP,
-            sampler, stream, history, records, counters, params, drafter_tokens=None,
-        )
-        if not stream.done:
-            _plain_loop(target_model, caches, pending, sampler, stream, history, records,
-                        counters, params, "no-rollback", plan.reason)
-        return _result(stream, counters, records, t0)
+        drained0 = req.drained(mode0)
+        last = _prefill_chunks(target_model, caches, drained0, params.prefill_step_size or SPEC_PREFILL_STEP)
+        req.prefill_record(drained0, None, None)
+        nxt = req.prompt_ids[-1] if mode0 == "tail-split" else req.initial_sample(last)
+        req.plain_loop(nxt, "no-rollback", plan.reason)
+        return req.result(speculative=True)
 
-    view = TargetView(model=target_model, caches=caches)
-    source = provider.open(sampler, view)
+    sampler, stream = req.sampler, req.stream
+    source = provider.open(sampler, TargetView(model=target_model, caches=caches))
     n_layers = len(target_model.layers)
     taps = _tap_set(source, n_layers)
     mode: PrefillMode = params.prefill or source.prefill_mode
@@ -256,42 +327,23 @@ def spec_generate(
 
     # Prefill: the drafter first, then the target (mlx-lm order); a tapped
     # prefill runs the target first because the drafter consumes its hidden.
-    drained = prompt_ids[:-1] if mode == "tail-split" else list(prompt_ids)
+    drained = req.drained(mode)
     pre_ctx: TapContext | None = None
-    last_logits: mx.array | None = None
+    last_logits: mx.array | None
     if taps and drained:
         last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained, step, taps)
         drafter_tokens = source.prefill(drained, pre_ctx)
     else:
         drafter_tokens = source.prefill(drained, None)
         last_logits = _prefill_chunks(target_model, caches, drained, step)
-    records.append(
-        {
-            "type": "prefill",
-            "target_tokens": list(drained),
-            "drafter_tokens": list(drafter_tokens),
-            "target_cache_digest": _digest(params, caches),
-            "drafter_cache_digest": source.cache_digest() if params.cache_digests else None,
-        }
-    )
+    req.prefill_record(drained, list(drafter_tokens), source.cache_digest() if params.cache_digests else None)
 
     anchor: mx.array | None = None
     if mode == "tail-split":
         pending = [prompt_ids[-1]]
     else:
-        # Full prefill: the first token is the prefill forward's own sample.
-        assert last_logits is not None
-        row = last_logits[:, -1, :]
-        first = token_ids(sampler.sample_plain(row, history))[0]
-        stop = stream.offer(first)
-        records.append(
-            _plain_record(0, [prompt_ids[-1]], first, top2_margins(row)[0], stop, "initial", caches, params)
-        )
-        counters.record_plain()
+        pending = [req.initial_sample(last_logits)]
         anchor = _anchor(pre_ctx, n_layers, len(drained) - 1)
-        pending = [first]
-        if history is not None:
-            history = mx.concatenate([history, mx.array([first], mx.uint32)])
     feed = list(pending)
 
     round_index = 0
@@ -300,8 +352,7 @@ def spec_generate(
         n = min(params.gamma, stream.left)
         guard = plan.ring_guard(n) or _source_guard(source, feed, n)
         if guard is not None:
-            _plain_loop(target_model, caches, pending[-1], sampler, stream, history, records,
-                        counters, params, guard.split(":")[0], guard)
+            req.plain_loop(pending[-1], guard.split(":")[0], guard)
             break
         drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
         if len(drafts) > n:
@@ -314,7 +365,7 @@ def spec_generate(
         with plan.round():
             logits, ctx = _forward(target_model, caches, window, taps)
             block = logits[0, -(d + 1) :, :]
-            samples_arr = sampler.sample_window(block, history, window)
+            samples_arr = sampler.sample_window(block, req.history, window)
             mx.eval(samples_arr)
         if observer is not None:
             observer.after_verify(round_index, window, block, caches)
@@ -346,10 +397,9 @@ def spec_generate(
             observer.after_rollback(round_index, k, caches)
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
-        counters.record_round(d, k)
-        if history is not None and emitted:
-            history = mx.concatenate([history, mx.array(emitted, mx.uint32)])
-        records.append(
+        req.counters.record_round(d, k)
+        req.grow_history(emitted)
+        req.records.append(
             {
                 "type": "round",
                 "index": round_index,
@@ -372,7 +422,7 @@ def spec_generate(
         feed = refeed(drafts, k, samples_all[k])
         anchor = verified
 
-    return _result(stream, counters, records, t0)
+    return req.result(speculative=True)
 
 
 def _confidence(source: DraftSource, d: int) -> list[float] | None:
@@ -389,16 +439,6 @@ def _source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:
     """A source that cannot roll back a round of ``n`` drafts says why (optional hook)."""
     guard = getattr(source, "rollback_guard", None)
     return guard(feed, n) if guard is not None else None
-
-
-def _result(stream: _Stream, counters: SpecCounters | None, records: list[dict[str, Any]], t0: float) -> GenerationResult:
-    return GenerationResult(
-        output_ids=stream.output,
-        usage=stream.usage,
-        speculation=counters,
-        records=records,
-        wall_s=time.perf_counter() - t0,
-    )
 
 
 def _forward_chunked_tapped(
@@ -443,83 +483,6 @@ def _plain_record(
     }
 
 
-def _plain_prefill(
-    model: Any,
-    caches: list[Any],
-    prompt_ids: list[int],
-    mode: PrefillMode,
-    step: int,
-    sampler: StepSampler,
-    stream: _Stream,
-    history: mx.array | None,
-    records: list[dict[str, Any]],
-    counters: SpecCounters,
-    params: GenerationParams,
-    drafter_tokens: list[int] | None,
-) -> tuple[int, mx.array | None]:
-    """Prefill for plain decode; returns the next input token and the history.
-
-    Tail-split drains ``len - 1`` tokens and the last prompt token is the first
-    decode input (mlx-lm ``generate_step``); full prefill feeds the whole
-    prompt and samples the first token from its last position (recorded as a
-    plain record with reason ``initial``).
-    """
-    drained = prompt_ids[:-1] if mode == "tail-split" else list(prompt_ids)
-    last_logits = _prefill_chunks(model, caches, drained, step)
-    records.append(
-        {
-            "type": "prefill",
-            "target_tokens": list(drained),
-            "drafter_tokens": drafter_tokens,
-            "target_cache_digest": _digest(params, caches),
-            "drafter_cache_digest": None,
-        }
-    )
-    if mode == "tail-split":
-        return prompt_ids[-1], history
-    assert last_logits is not None
-    row = last_logits[:, -1, :]
-    first = token_ids(sampler.sample_plain(row, history))[0]
-    counters.record_plain()
-    stop = stream.offer(first)
-    records.append(_plain_record(0, [prompt_ids[-1]], first, top2_margins(row)[0], stop, "initial", caches, params))
-    if history is not None:
-        history = mx.concatenate([history, mx.array([first], mx.uint32)])
-    return first, history
-
-
-def _plain_loop(
-    model: Any,
-    caches: list[Any],
-    next_input: int,
-    sampler: StepSampler,
-    stream: _Stream,
-    history: mx.array | None,
-    records: list[dict[str, Any]],
-    counters: SpecCounters,
-    params: GenerationParams,
-    reason: str,
-    detail: str | None = None,
-) -> None:
-    """Single-token decode until the stream stops (mlx-lm ``generate_step``)."""
-    index = sum(1 for r in records if r["type"] == "plain")
-    while not stream.done:
-        ts = time.perf_counter()
-        inp = [next_input]
-        row = model(mx.array(inp, mx.uint32)[None], cache=caches)[:, -1, :]
-        y = token_ids(sampler.sample_plain(row, history))[0]
-        counters.record_plain()
-        stop = stream.offer(y)
-        rec = _plain_record(index, inp, y, top2_margins(row)[0], stop, reason, caches, params, ts)
-        if detail is not None and index == sum(1 for r in records if r["type"] == "plain"):
-            rec["detail"] = detail
-        records.append(rec)
-        index += 1
-        if history is not None and stop != "eos":
-            history = mx.concatenate([history, mx.array([y], mx.uint32)])
-        next_input = y
-
-
 def plain_generate(
     target_model: Any,
     prompt_ids: list[int],
@@ -530,23 +493,11 @@ def plain_generate(
     """Plain (non-speculative) decode through the same sampler (mlx-lm ``generate_step``)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    if not prompt_ids:
-        raise ValueError("prompt_ids must not be empty")
-    t0 = time.perf_counter()
-    sampler = StepSampler.from_params(params.sampler)
-    caches = make_prompt_cache(target_model)
-    if params.seed is not None:
-        mx.random.seed(params.seed)
-    stream = _Stream(params, len(prompt_ids), on_token)
-    counters = SpecCounters()
-    records: list[dict[str, Any]] = []
-    history = mx.array(prompt_ids, mx.uint32) if sampler.has_processors else None
-    nxt, history = _plain_prefill(
-        target_model, caches, prompt_ids, params.prefill or "tail-split",
-        params.prefill_step_size or PLAIN_PREFILL_STEP, sampler, stream, history, records,
-        counters, params, drafter_tokens=None,
-    )
-    if not stream.done:
-        _plain_loop(target_model, caches, nxt, sampler, stream, history, records, counters, params, "baseline")
-    result = _result(stream, None, records, t0)
-    return result
+    req = _Request(target_model, make_prompt_cache(target_model), prompt_ids, params, on_token)
+    mode: PrefillMode = params.prefill or "tail-split"
+    drained = req.drained(mode)
+    last = _prefill_chunks(target_model, req.caches, drained, params.prefill_step_size or PLAIN_PREFILL_STEP)
+    req.prefill_record(drained, None, None)
+    nxt = req.prompt_ids[-1] if mode == "tail-split" else req.initial_sample(last)
+    req.plain_loop(nxt, "baseline")
+    return req.result(speculative=False)

@@ -136,7 +136,7 @@ GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
         "engine", "specparity", ("engine",), code_exclude=("engine.zoo",), oracle=False
     ),
     "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.mlx_lm"),
-                           supports=lambda case: case.drafter is None or _trimmable(case.target)),
+                           supports=lambda case: case.drafter is None or _trimmable(case.target)),  # type: ignore[has-type]
 }
 """Which runners have goldens. Add e.g. ``"optiq": GoldenRunner("optiq",
 "mlx-optiq", ("oracles.__init__", "oracles.optiq"), cases=optiq_cases)``."""

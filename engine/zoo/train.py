@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                              "classes/functions", "python": sys.version.split()[0],
                    "modules": list(MODULES), "tokens": int(len(ids)), "val_fraction": 0.05,
                    "text_sha256": hashlib.sha256(corpus_text().encode()).hexdigest()},
-        "mlx": mx.__version__,
+        "mlx": getattr(mx, "__version__", "unknown"),
         "pair": {"target": TARGET_NAME, "drafter": DRAFTER_NAME, "acceptance": acc},
         "models": {
             name: {"weights_sha256": weights_digest(args.out / name),
