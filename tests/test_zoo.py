@@ -43,11 +43,10 @@ def fresh_zoo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_names_and_pairs() -> None:
     assert zoo.TARGETS == ("llama", "qwen3", "gemma3", "gemma4", "qwen35")
     assert zoo.DRAFTERS == ("self", "twin", "small")
-    assert set(zoo.model_names()) == {
-        f"{t}{suffix}" for t in zoo.TARGETS for suffix in ("", "-twin", "-small")
-    }
-    assert len(zoo.pairs()) == 15
-    assert set(zoo.manifest()["models"]) == set(zoo.model_names())
+    seeded = {f"{t}{suffix}" for t in zoo.TARGETS for suffix in ("", "-twin", "-small")}
+    assert set(zoo.model_names()) == seeded | {"llama-trained", "llama-trained-draft"}
+    assert len(zoo.pairs()) == 16 and zoo.pairs()[-1] == ("llama-trained", "trained")
+    assert set(zoo.manifest()["models"]) == seeded
     with pytest.raises(ValueError, match="llama-twin"):
         zoo.model_dir("gpt2")
     with pytest.raises(ValueError):
@@ -65,7 +64,7 @@ def test_pair_self_is_target(zoo_root: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_build_is_deterministic_and_matches_manifest(tmp_path: Path) -> None:
     man = zoo.manifest()
     assert man["tokenizer_sha256"] == zoo.tokenizer_digest()
-    for name in zoo.model_names():
+    for name in build.MODEL_NAMES:
         a = build.write_model(name, tmp_path / "a" / name)
         b = build.write_model(name, tmp_path / "b" / name)
         assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()

@@ -81,13 +81,27 @@ class Prompt:
 # --------------------------------------------------------------------------- names
 
 
+# The trained pair (issue "realistic zoo pair"): committed weights, not built
+# from seeds; see engine/zoo/train.py. Its drafter is named ``trained``.
+TRAINED_TARGET = "llama-trained"
+TRAINED_DRAFTER = "trained"
+
+
 def model_names() -> tuple[str, ...]:
-    """All buildable model names (``llama``, ``llama-twin``, ... ``qwen3-small``)."""
-    return tuple(n for t in TARGETS for n in (t, f"{t}-twin", f"{t}-small"))
+    """All model names: the seeded ones (``llama``, ``llama-twin``, ...) and the trained pair."""
+    from engine.zoo.train import PAIR
+
+    return tuple(n for t in TARGETS for n in (t, f"{t}-twin", f"{t}-small")) + PAIR
 
 
 def model_name(target: str, drafter: str) -> str:
     """The zoo model name for ``(target, drafter)``; ``self`` maps to the target."""
+    if target == TRAINED_TARGET:
+        from engine.zoo.train import DRAFTER_NAME
+
+        if drafter not in ("self", TRAINED_DRAFTER):
+            raise ValueError(f"the trained target pairs with 'self' or {TRAINED_DRAFTER!r}, not {drafter!r}")
+        return target if drafter == "self" else DRAFTER_NAME
     if target not in TARGETS:
         raise ValueError(f"unknown zoo target {target!r}; valid: {', '.join(TARGETS)}")
     if drafter not in DRAFTERS:
@@ -96,8 +110,8 @@ def model_name(target: str, drafter: str) -> str:
 
 
 def pairs() -> list[tuple[str, str]]:
-    """All ``(target, drafter)`` combinations."""
-    return [(t, d) for t in TARGETS for d in DRAFTERS]
+    """All ``(target, drafter)`` combinations, the trained pair last."""
+    return [(t, d) for t in TARGETS for d in DRAFTERS] + [(TRAINED_TARGET, TRAINED_DRAFTER)]
 
 
 # ------------------------------------------------------------------------ digests
@@ -236,6 +250,10 @@ def model_dir(name: str) -> Path:
     """
     if name not in model_names():
         raise ValueError(f"unknown zoo model {name!r}; valid: {', '.join(model_names())}")
+    from engine.zoo.train import PAIR, trained_dir
+
+    if name in PAIR:
+        return trained_dir(name)  # committed weights, verified against trained/manifest.json
     root = cache_root()
     # Keyed by the pinned digest: a manifest update builds a new dir instead of
     # tripping over a cache built by older code (tampering is still caught).
