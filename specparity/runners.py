@@ -14,7 +14,8 @@ from typing import Any
 from specparity.cases import Case
 from traces.records import make_header
 
-RUNNER_NAMES = ("engine", "mlx_lm", "optiq")
+RUNNER_NAMES = ("engine", "mlx_lm", "optiq", "mlx_vlm")
+HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (engine/zoo/heads.py)
 
 
 @cache
@@ -48,6 +49,10 @@ def _identity(path: str) -> dict[str, Any]:
 def case_paths(case: Case) -> tuple[Path, Path | None]:
     from engine import zoo
 
+    if case.drafter is not None and case.source in HEAD_SOURCES:
+        from engine.zoo.heads import head_dir
+
+        return _zoo_dir(case.target), head_dir(case.drafter)
     if case.drafter is None or case.source != "two-model":
         return _zoo_dir(case.target), None
     return zoo.pair(case.target, case.drafter)
@@ -82,7 +87,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
 
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
-    draft = load_model(str(dpath)) if dpath is not None else None
+    draft = load_model(str(dpath)) if dpath is not None and case.source not in HEAD_SOURCES else None
     prompt = zoo.prompt(case.prompt_id)
     ids = list(prompt.token_ids)
     header = make_header(
@@ -93,7 +98,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         target=_identity(str(tpath)),
         drafter=_identity(str(dpath)) if dpath is not None else None,
         tokenizer_sha256=zoo.tokenizer_digest(),
-        params=case_params(case),
+        params=case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split"),
         prompt_id=case.prompt_id,
         prompt_ids=ids,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
@@ -167,6 +172,12 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dic
         from engine.sources import make_provider
 
         result = spec_generate(target.model, make_provider("ngram", gamma=case.gamma), ids, params)
+    elif case.source in HEAD_SOURCES:
+        from engine.sources import make_provider
+        from engine.zoo.heads import head_dir
+
+        provider = make_provider(case.source, path=head_dir(case.drafter))
+        result = spec_generate(target.model, provider, ids, params)
     else:
         raise ValueError(f"the engine runner has no source {case.source!r} yet")
     return [*result.records, result.footer()]

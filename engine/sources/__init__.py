@@ -7,7 +7,7 @@ from typing import Any
 
 from engine.seam import DraftProvider
 
-KINDS = ("two-model", "ngram")
+KINDS = ("two-model", "ngram", "mtp", "assistant")
 
 
 def make_provider(kind: str, **kwargs: Any) -> DraftProvider:
@@ -21,6 +21,14 @@ def make_provider(kind: str, **kwargs: Any) -> DraftProvider:
         from engine.sources.ngram import NgramProvider
 
         factories[kind] = NgramProvider
+    if kind == "mtp":
+        from engine.sources.mtp import MTPProvider
+
+        factories[kind] = MTPProvider
+    if kind == "assistant":
+        from engine.sources.assistant import AssistantProvider
+
+        factories[kind] = AssistantProvider
     if kind not in factories:
         raise ValueError(f"unknown draft source {kind!r}; known: {', '.join(KINDS)}")
     return factories[kind](**kwargs)

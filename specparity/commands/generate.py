@@ -15,7 +15,9 @@ HELP = "generate with the engine on local mlx-lm model dirs"
 def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--target", required=True, help="target model directory")
     g.add_argument("--draft", default=None, help="drafter model directory (omit for plain decode)")
-    g.add_argument("--source", default="two-model", help="draft source kind (default two-model)")
+    g.add_argument("--source", default="two-model",
+                   help="draft source kind: two-model (default), mtp (qwen3_5_mtp head dir), "
+                        "assistant (gemma4_assistant drafter dir)")
     g.add_argument("-n", "--max-tokens", type=positive, default=64)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -38,7 +40,8 @@ def main(args: argparse.Namespace) -> int:
     from traces.records import make_header
 
     target = load(args.target)
-    draft = load(args.draft) if args.draft else None
+    head_source = args.source in ("mtp", "assistant")
+    draft = load(args.draft) if args.draft and not head_source else None
     if args.prompt is not None:
         ids = list(target.tokenizer.encode(args.prompt))
     else:
@@ -58,7 +61,13 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(detok.last_segment)
         sys.stdout.flush()
 
-    if draft is None:
+    if head_source:
+        if not args.draft:
+            raise ValueError(f"--source {args.source} needs --draft DIR (the head directory)")
+        provider = make_provider(args.source, path=args.draft)
+        provider.check_target(target.model, target.tokenizer)  # type: ignore[attr-defined]
+        result = spec_generate(target.model, provider, ids, params, on_token=on_token)
+    elif draft is None:
         result = plain_generate(target.model, ids, params, on_token=on_token)
     else:
         provider = make_provider(args.source, draft_model=draft.model, draft_tokenizer=draft.tokenizer)
@@ -82,13 +91,16 @@ def main(args: argparse.Namespace) -> int:
 
         header = make_header(
             runner={"name": "engine", "package": "specparity", "version": "0.1.0"},
-            mode="spec" if draft else "plain", source=args.source if draft else None,
+            mode="spec" if draft or head_source else "plain",
+            source=args.source if draft or head_source else None,
             case_id=f"generate/{Path(args.target).name}", target=ident(target),
-            drafter=ident(draft) if draft else None, tokenizer_sha256=None,
-            params={"gamma": args.gamma if draft else None, "max_tokens": args.max_tokens,
+            drafter=(ident(draft) if draft else ({"path": args.draft, "weights_sha256": file_digest(
+                list(Path(args.draft).glob("*.safetensors"))), "config_sha256": file_digest(
+                [Path(args.draft) / "config.json"])} if head_source else None)), tokenizer_sha256=None,
+            params={"gamma": args.gamma if draft or head_source else None, "max_tokens": args.max_tokens,
                     "temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": 0.0,
-                    "seed": args.seed, "prefill": args.prefill or "tail-split",
-                    "prefill_step_size": 512 if draft else 2048, "confidence_threshold": None},
+                    "seed": args.seed, "prefill": args.prefill or ("full" if head_source else "tail-split"),
+                    "prefill_step_size": 512 if draft or head_source else 2048, "confidence_threshold": None},
             prompt_id="cli", prompt_ids=ids, eos_ids=target.eos_ids,
         )
         write_trace(args.trace, [header, *result.records, result.footer()])
