@@ -10,10 +10,17 @@ Test: chi-square test of homogeneity (``scipy.stats.chi2_contingency``) on
 N = 300 speculative and N = 300 plain samples (seeds disjoint), α = 0.01; it
 must NOT reject. Power: the same test must reject a planted biased loop (the
 verify walk accepts every draft unchecked, monkeypatched, so the first two
-tokens come from the twin's distribution); on this pair that plant moves the
-joint law by a total-variation distance of roughly 0.3, for which the test's
-estimated power at N = 300 per arm is > 0.99 (the observed p-value is far
-below α). Runs in about 10-20 s on 2 CPU cores.
+tokens come from the twin's distribution).
+
+Measured on this pair (2026-11-29, CPU): observed p = 0.67 (spec vs plain)
+and p = 8e-30 (planted bias vs plain). The plant moves the joint law by a
+total-variation distance of 0.47; by 2000 multinomial simulations from the
+observed distributions at N = 300 per arm, the test's power against it is
+1.000 and its size under the null (plain vs plain) 0.008 (nominal 0.01).
+Against weaker biases (mixtures of the plain and planted laws) the power is
+0.41 at TV 0.10, 0.88 at TV 0.14 and 0.995 at TV 0.19: smaller distortions
+than TV ≈ 0.15 are not reliably detected at this N. Runs in about 10-20 s on
+2 CPU cores.
 """
 
 from __future__ import annotations
