@@ -36,6 +36,12 @@ RUNNERS: dict[str, RunnerInfo] = {
         package="mlx-optiq",
         install_hint="tox -e optiq  (mlx-optiq pins transformers<5.13: its own environment)",
     ),
+    "mlx_vlm": RunnerInfo(
+        name="mlx_vlm",
+        module="oracles.mlx_vlm",
+        package="mlx-vlm",
+        install_hint="tox -e vlm  (pip install 'specparity[vlm]': mlx-vlm==0.7.10, own environment)",
+    ),
     "hf_prompt_lookup": RunnerInfo(
         name="hf_prompt_lookup",
         module="oracles.hf_prompt_lookup",

@@ -275,3 +275,150 @@ def _footer(
         "output_ids": output,
         "wall_s": wall,
     }
+
+
+# ----------------------------------------------------------------- assistant
+# mlx-optiq 0.7.7 ``optiq/runtime/spec/runtime.py`` ``spec_generate`` with
+# ``GemmaAssistantDrafter.from_pretrained`` (``drafters/gemma_assistant.py``),
+# run UNMODIFIED. Recorded from outside: a proxy over the target whose
+# ``model`` (the inner model optiq calls for hidden + logits) logs every forward,
+# and a tokenizer proxy whose ``encode`` returns the case's prompt ids (optiq
+# takes a prompt string). The first forward is the full-prompt prefill (its
+# sample is the first token, a plain ``initial`` record); each later forward is
+# one verify window ``[next_token, *drafts]``; the SpecEvents yielded after it
+# are that round's tokens (``from_draft`` marks accepted drafts). Accounting is
+# optiq's own, recorded raw: every round drafts γ (even with fewer tokens
+# left) and the stopping EOS is yielded; ``traces/normalize.py`` holds the two
+# named normalizations (``optiq-spec-budget-drafts``, ``optiq-stopping-eos``).
+
+
+class _InnerRecorder:
+    def __init__(self, inner: Any, log: list[tuple]) -> None:
+        self._inner = inner
+        self._log = log
+        self._owner: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        import mlx.core as mx
+
+        out = self._inner(inputs, *args, **kwargs)
+        # Margins (diagnostic, never compared) from the model's own head over this hidden.
+        head = getattr(self._owner, "lm_head", None) or self._inner.embed_tokens.as_linear
+        top = mx.topk(head(out)[0].astype(mx.float32), 2, axis=-1)
+        margins = [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
+        self._log.append(("call", [int(t) for t in inputs[0].tolist()], margins))
+        return out
+
+
+class _TargetProxy:
+    def __init__(self, model: Any, log: list[tuple]) -> None:
+        self._model = model
+        self.model = _InnerRecorder(model.model, log)
+        self.model._owner = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class _PromptTokenizer:
+    def __init__(self, ids: list[int], eos: int) -> None:
+        self._ids = list(ids)
+        self.eos_token_id = eos
+
+    def encode(self, _prompt: str) -> list[int]:
+        return list(self._ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
+
+
+def require_assistant() -> None:
+    require()
+    try:
+        import optiq.runtime.spec  # noqa: F401
+    except ImportError as exc:
+        raise OracleUnavailable(f"mlx-optiq without optiq.runtime.spec; install: {INSTALL_HINT}") from exc
+
+
+def run_assistant(
+    target: Any,
+    drafter_path: str,
+    prompt_ids: list[int],
+    *,
+    gamma: int = 3,
+    max_tokens: int = 32,
+    eos_id: int,
+) -> list[dict[str, Any]]:
+    """optiq ``spec_generate`` (greedy) on one case: the raw trace records after the header."""
+    require_assistant()
+    from optiq.runtime.spec import GemmaAssistantDrafter, SpecConfig, spec_generate
+
+    drafter = GemmaAssistantDrafter.from_pretrained(str(drafter_path))
+    log: list[tuple] = []
+    t0 = time.perf_counter()
+    cfg = SpecConfig(gamma=gamma, max_tokens=max_tokens, eos_token_id=eos_id)
+    for ev in spec_generate(_TargetProxy(target, log), drafter, _PromptTokenizer(prompt_ids, eos_id), "", cfg):
+        if ev.kind == "token":
+            log.append(("yield", int(ev.token_id), bool(ev.from_draft)))
+    return _rebuild_assistant(log, prompt_ids, eos_id, max_tokens, time.perf_counter() - t0)
+
+
+def _rebuild_assistant(
+    log: list[tuple], prompt_ids: list[int], eos_id: int, max_tokens: int, wall: float
+) -> list[dict[str, Any]]:
+    calls = [e[1] for e in log if e[0] == "call"]
+    margins = [e[2] for e in log if e[0] == "call"]
+    if not calls or calls[0] != list(prompt_ids):
+        raise RuntimeError(f"optiq assistant: first forward {calls[:1]} is not the full prompt prefill")
+    groups: list[list[tuple[int, bool]]] = [[]]
+    for e in log[1:]:
+        if e[0] == "call":
+            groups.append([])
+        else:
+            groups[-1].append((e[1], e[2]))
+    produced = [t for g in groups for t, _ in g]
+    if len(groups[0]) != 1:
+        raise RuntimeError(f"optiq assistant: prefill yielded {len(groups[0])} tokens")
+    first = groups[0][0][0]
+    last_end = "eos" if produced[-1] == eos_id else "budget"
+    records: list[dict[str, Any]] = [
+        {"type": "prefill", "target_tokens": list(prompt_ids), "drafter_tokens": [],
+         "target_cache_digest": None, "drafter_cache_digest": None},
+        {"type": "plain", "index": 0, "input": [prompt_ids[-1]], "sample": first, "margin": margins[0][-1],
+         "emitted": [first], "end": last_end if len(produced) == 1 else None, "reason": "initial",
+         "target_cache_digest": None, "time_s": None},
+    ]  # fmt: skip
+    rounds: list[dict[str, Any]] = []
+    prev_tok = first
+    for i, (window, toks, mrg) in enumerate(zip(calls[1:], groups[1:], margins[1:], strict=True)):
+        drafts = window[1:]
+        if window[0] != prev_tok:
+            raise RuntimeError(f"optiq assistant round {i}: window head {window[0]} != last token {prev_tok}")
+        emitted = [t for t, _ in toks]
+        k = sum(1 for _, fd in toks if fd)
+        if i + 1 == len(calls) - 1:
+            end = last_end
+        else:
+            end = "correction" if k < len(drafts) else "bonus"
+        if not rounds:
+            feed = [window[0]]
+        elif rounds[-1]["k_accept"] == len(rounds[-1]["drafts"]):
+            feed = [rounds[-1]["drafts"][-1], window[0]]
+        else:
+            feed = [window[0]]
+        rounds.append({
+            "type": "round", "index": i, "feed": feed, "drafts": drafts, "window": window,
+            "samples": list(emitted), "k_accept": k, "emitted": emitted, "end": end,
+            "margins": mrg, "confidence": None, "target_cache_digest": None,
+            "drafter_cache_digest": None, "time_s": None,
+        })  # fmt: skip
+        if emitted:
+            prev_tok = emitted[-1]
+    records.extend(rounds)
+    usage = {"prompt_tokens": len(prompt_ids), "generation_tokens": len(produced),
+             "finish_reason": "stop" if produced[-1] == eos_id else "length"}
+    records.append(_footer(usage, counters_from_rounds(rounds, n_plain=1), list(produced), wall))
+    return records

@@ -126,6 +126,13 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
             )
         except ReferenceRefused as exc:
             raise ReferenceRefused(runner, case.case_id, exc.message) from None
+    elif runner == "optiq" and case.source == "assistant":
+        from oracles import optiq
+
+        body = optiq.run_assistant(
+            target.model, str(dpath), ids, gamma=case.gamma, max_tokens=case.max_tokens,
+            eos_id=(case.eos_ids or target.eos_ids)[0],
+        )
     elif runner == "optiq":
         from oracles import optiq
 

@@ -13,6 +13,10 @@ rather than guessing.
     ONE trailing EOS from ``output_ids`` and from the last record's
     ``emitted``, only when the run stopped on it (``finish_reason == "stop"``,
     last record ``end == "eos"``); ``generation_tokens`` is left as it is.
+
+``optiq-spec-budget-drafts``
+    mlx-optiq 0.7.7 ``spec_generate`` (the Gemma assistant loop) drafts γ every
+    round even when fewer tokens are left; see ``optiq_spec_budget_drafts``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-NORMALIZATIONS = ("optiq-stopping-eos",)
+NORMALIZATIONS = ("optiq-stopping-eos", "optiq-spec-budget-drafts")
 
 
 class NotApplicable(ValueError):
@@ -52,7 +56,48 @@ def optiq_stopping_eos(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
-def apply(name: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def apply(name: str, records: Sequence[dict[str, Any]], **kw: Any) -> list[dict[str, Any]]:
     if name == "optiq-stopping-eos":
         return optiq_stopping_eos(records)
+    if name == "optiq-spec-budget-drafts":
+        return optiq_spec_budget_drafts(records, **kw)
     raise ValueError(f"unknown normalization {name!r}; known: {', '.join(NORMALIZATIONS)}")
+
+
+def optiq_spec_budget_drafts(records: Sequence[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
+    """``optiq-spec-budget-drafts``: a copy of ``records`` with every round's drafts cut to the tokens left.
+
+    mlx-optiq 0.7.7 ``optiq/runtime/spec/runtime.py`` ``spec_generate`` drafts
+    ``gamma`` tokens every round, even when fewer than ``gamma`` tokens are left
+    in the budget; mlx-lm and the engine draft ``min(gamma, tokens left)``
+    (§2 step 1). Drafts are a greedy chain, so the first ``left`` drafts are
+    the same either way; the normalization cuts ``drafts`` and ``window`` to
+    ``left`` positions, ``k_accept`` to ``min(k, left)`` and recomputes the
+    footer counters. Emitted tokens, samples and usage are left as they are:
+    a round that EMITTED more than ``left`` tokens is refused.
+    """
+    from traces.records import counters_from_rounds
+
+    out = [copy.deepcopy(r) for r in records]
+    if out[-1]["type"] != "footer":
+        raise NotApplicable("no footer")
+    emitted = 0
+    rounds = []
+    for r in out:
+        if r["type"] == "round":
+            left = max_tokens - emitted
+            if len(r["emitted"]) > left:
+                raise NotApplicable(f"round {r['index']} emitted {len(r['emitted'])} > {left} tokens left")
+            if len(r["drafts"]) > left:
+                r["drafts"] = r["drafts"][:left]
+                r["window"] = r["window"][: left + 1]
+                r["k_accept"] = min(r["k_accept"], left)
+                if r.get("margins") is not None:
+                    r["margins"] = r["margins"][: left + 1]
+            rounds.append(r)
+        if r["type"] in ("round", "plain"):
+            emitted += len(r["emitted"])
+    n_plain = sum(1 for r in out if r["type"] == "plain")
+    if out[-1].get("speculation") is not None:
+        out[-1]["speculation"] = counters_from_rounds(rounds, n_plain=n_plain)
+    return out
