@@ -123,3 +123,17 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
         main(argv)
     assert ei.value.code == 2
     capsys.readouterr()
+
+
+def test_known_lists_entries_and_hits(tmp_path, capsys) -> None:  # noqa: ANN001
+    import json
+
+    from specparity.cli import main
+
+    (tmp_path / "comparisons.json").write_text(json.dumps(
+        [{"known": "mlx-lm-refuses-recurrent-target"}, {"known": None}]))
+    assert main(["known", "--run", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "mlx-lm-rotating-trim-after-wrap" in out and "matched nothing in this run" in out
+    assert "in " + str(tmp_path) + ": 1 comparison(s)" in out
+    assert main(["known", "--run", str(tmp_path / "missing")]) == 2
