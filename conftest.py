@@ -23,3 +23,25 @@ def pytest_report_header(config):  # noqa: ANN001, ANN201
         except metadata.PackageNotFoundError:
             versions.append(f"{pkg} absent")
     return ["specparity: " + ", ".join(versions)]
+
+
+# ------------------------------------------------------------------ shared plants
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def short_target_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant: the target cache is trimmed one position too few (§2 step 5 says ``trim(d - k)``).
+
+    Patches ``engine.caches.trim``, which every rollback path (the executor's
+    plan, the audit, the state machines) goes through; the drafter's trims are
+    left alone.
+    """
+    from engine import caches
+
+    real = caches.trim
+
+    def trim(cs: list, n: int, who: str = "cache") -> None:  # noqa: ANN001
+        real(cs, n - 1 if who == "target" and n > 0 else n, who)
+
+    monkeypatch.setattr(caches, "trim", trim)

@@ -41,18 +41,6 @@ def oracle_ok() -> None:
     require_oracle("mlx_lm")
 
 
-@pytest.fixture
-def short_target_trim(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.executor as ex
-
-    real = ex.cache_ops.trim
-
-    def trim(caches: list[Any], n: int, who: str = "cache") -> None:
-        real(caches, n - 1 if who == "target" and n > 0 else n, who)
-
-    monkeypatch.setattr(ex.cache_ops, "trim", trim)
-
-
 @pytest.mark.oracle
 def test_target_trim_one_too_few_is_caught(oracle_ok: None, short_target_trim: None) -> None:
     ref = run_trace("mlx_lm", TWIN)

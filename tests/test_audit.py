@@ -88,15 +88,7 @@ def test_forgotten_recurrent_replay_is_caught(monkeypatch: pytest.MonkeyPatch) -
     assert "layer 0 cache" in msg, msg  # the gated-DeltaNet layer (ArraysCache)
 
 
-def test_short_trim_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.rollback as rb
-
-    real = rb.cache_ops.trim
-
-    def short(caches: list[Any], n: int, who: str = "cache") -> None:
-        real(caches, n - 1 if who == "target" and n > 0 else n, who)
-
-    monkeypatch.setattr(rb.cache_ops, "trim", short)
+def test_short_trim_is_caught(short_target_trim: None) -> None:
     audit, _ = _audit("llama")
     first = next(w for w in audit.windows if w.k_accept is not None and w.k_accept < len(w.window) - 1)
     msg = audit.first_bad_rollback()

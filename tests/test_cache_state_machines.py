@@ -168,11 +168,7 @@ TestArraysCacheSpecRound.settings = settings(max_examples=30, stateful_step_coun
 PLANT = settings(max_examples=50, stateful_step_count=10, deadline=None, database=None)
 
 
-def test_machine_catches_short_trim(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.rollback as rb
-
-    real = rb.cache_ops.trim
-    monkeypatch.setattr(rb.cache_ops, "trim", lambda c, n, who="cache": real(c, max(n - 1, 0), who))
+def test_machine_catches_short_trim(short_target_trim: None) -> None:
     with pytest.raises(AssertionError, match="live cache differs"):
         run_state_machine_as_test(KVMachine, settings=PLANT)
 

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -40,18 +39,6 @@ def gdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("golden")
     assert regen(d, case_glob=CASE.case_id, workers=0, progress=False).exit_code == 0
     return d
-
-
-@pytest.fixture
-def short_target_trim(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.executor as ex
-
-    real = ex.cache_ops.trim
-
-    def trim(caches: list[Any], n: int, who: str = "cache") -> None:
-        real(caches, n - 1 if who == "target" and n > 0 else n, who)
-
-    monkeypatch.setattr(ex.cache_ops, "trim", trim)
 
 
 def _first_rejecting_round(path: Path) -> int:
