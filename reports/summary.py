@@ -1,45 +1,16 @@
 """The Markdown summary of a ``specparity run``: pairs, acceptance, τ, verdicts.
 
 τ is tokens per target forward: ``generation_tokens / target_calls`` summed
-over the cases of a (pair, γ) cell. Tables are pandas DataFrames rendered
-with ``DataFrame.to_markdown``.
+over the cases of a (pair, γ) cell. The tables are ``reports.tables``'
+DataFrames (the same ones the full report uses), rendered with
+``DataFrame.to_markdown``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
-
-def acceptance_table(traces: dict[tuple[str, str], Any], runner: str = "engine") -> pd.DataFrame:
-    rows = []
-    for (r, _case_id), tr in traces.items():
-        spec = tr.footer.get("speculation") if tr.footer else None
-        if r != runner or tr.header["mode"] != "spec" or not spec:
-            continue
-        target = tr.header["case_id"].split("/")
-        rows.append({
-            "target": target[0], "drafter": target[1], "gamma": tr.header["params"]["gamma"],
-            "drafted": spec["drafted"], "accepted": spec["accepted"],
-            "target_calls": spec["target_calls"],
-            "tokens": tr.footer["usage"]["generation_tokens"],
-            "wall_s": tr.footer.get("wall_s") or 0.0,
-        })
-    if not rows:
-        return pd.DataFrame()
-    df = pd.DataFrame(rows).groupby(["target", "drafter", "gamma"], as_index=False).sum()
-    df["acceptance"] = (df["accepted"] / df["drafted"]).round(3)
-    df["tau"] = (df["tokens"] / df["target_calls"]).round(3)
-    df["tok_per_s"] = (df["tokens"] / df["wall_s"]).round(1)
-    return df[["target", "drafter", "gamma", "drafted", "accepted", "acceptance", "tau", "tok_per_s"]]
-
-
-def verdict_table(comparisons: list[Any]) -> pd.DataFrame:
-    df = pd.DataFrame([{"comparison": c.kind, "verdict": c.verdict} for c in comparisons])
-    if df.empty:
-        return df
-    return df.groupby(["comparison", "verdict"]).size().reset_index(name="cases")
+from reports.tables import tau_table, verdict_table
 
 
 def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
@@ -54,7 +25,8 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
               "Engine vs each oracle is compared round for round; engine speculative vs "
               "engine plain at the token level (`numerics` = first flip on a knife-edge, "
               "reported, not failed).", ""]
-    vt = verdict_table(result.comparisons)
+    vt = verdict_table([{"kind": c.kind, "verdict": c.verdict, "case_id": c.case_id, "fails": c.fails}
+                        for c in result.comparisons])
     lines.append(vt.to_markdown(index=False) if not vt.empty else "_no comparisons_")
     failing = [c for c in result.comparisons if c.fails]
     if failing:
@@ -81,7 +53,7 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
         for c in noted[:10]:
             lines += [f"### {c.kind} — `{c.case_id}`", "", "```", c.message or "", "```", ""]
     lines += ["", "## Acceptance and τ (engine, greedy)", ""]
-    at = acceptance_table(traces)
+    at = tau_table(traces)
     lines.append(at.to_markdown(index=False) if not at.empty else "_no speculative cases_")
     text = "\n".join(lines) + "\n"
     out = result.out_dir / "summary.md"

@@ -74,14 +74,19 @@ def cases_frame(traces: dict[tuple[str, str], Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def acceptance_by_position(traces: dict[tuple[str, str], Any], runner: str = "engine") -> pd.DataFrame:
-    rows = []
+def _spec_cells(traces: dict[tuple[str, str], Any], runner: str) -> Any:
+    """``(target, drafter, gamma, speculation counters)`` of each speculative trace of ``runner``."""
     for (r, case_id), tr in traces.items():
         spec = tr.footer.get("speculation")
         if r != runner or tr.header["mode"] != "spec" or not spec:
             continue
         t, d = case_id.split("/")[:2]
-        g = int(tr.header["params"]["gamma"])
+        yield t, d, int(tr.header["params"]["gamma"]), spec
+
+
+def acceptance_by_position(traces: dict[tuple[str, str], Any], runner: str = "engine") -> pd.DataFrame:
+    rows = []
+    for t, d, g, spec in _spec_cells(traces, runner):
         drafted, accepted = spec["drafted_by_pos"], spec["accepted_by_pos"]
         for i, n in enumerate(drafted):
             rows.append({"target": t, "drafter": d, "gamma": g, "position": i + 1, "drafted": n,
@@ -95,12 +100,7 @@ def acceptance_by_position(traces: dict[tuple[str, str], Any], runner: str = "en
 
 def acceptance_lengths(traces: dict[tuple[str, str], Any], runner: str = "engine") -> pd.DataFrame:
     rows = []
-    for (r, case_id), tr in traces.items():
-        spec = tr.footer.get("speculation")
-        if r != runner or tr.header["mode"] != "spec" or not spec:
-            continue
-        t, d = case_id.split("/")[:2]
-        g = int(tr.header["params"]["gamma"])
+    for t, d, g, spec in _spec_cells(traces, runner):
         for k in spec["acceptance_lengths"]:
             rows.append({"target": t, "drafter": d, "gamma": g, "k_accept": int(k)})
     if not rows:
