@@ -118,6 +118,9 @@ def _random(seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
 def _mtp_config(r: HeadRecipe) -> dict[str, Any]:
     text = dict(_target_cfg(r.target))
     text["mtp_num_hidden_layers"] = 1
+    # HF Qwen3.5 rope block (mlx-vlm requires mrope_section; text-only = one section).
+    rot = int(text["head_dim"] * text["rope_parameters"]["partial_rotary_factor"]) // 2
+    text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": [rot, 0, 0]}
     return {
         "model_type": "qwen3_5_mtp",
         "architectures": ["Qwen3_5MTPDraftModel"],
@@ -342,7 +345,7 @@ def head_dir(name: str) -> Path:
     if entry is None:
         raise HeadDriftError(f"zoo drift: head {name}: no entry in {MANIFEST_FILE}")
     root = cache_root()
-    d = root / f"head-{name}-{entry['weights_sha256'][:12]}"
+    d = root / f"head-{name}-{entry['weights_sha256'][:8]}{entry['config_sha256'][:4]}"
     with _LOCK:
         if not (d / "model.safetensors").exists():
             root.mkdir(parents=True, exist_ok=True)
