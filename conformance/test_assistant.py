@@ -83,12 +83,13 @@ def test_head_is_picked_by_tensor_presence(tmp_path) -> None:
 
 def test_drafter_leaves_target_caches_alone(target) -> None:
     """Drafting reads the donor K/V; the target cache digests before/after a draft are equal."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
     from engine import caches as cache_ops
     from engine.sampler import SamplerParams, StepSampler
     from engine.seam import TargetView
     from engine.taps import capture_layers
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
     ids = _ids("nat-03")
     caches = make_prompt_cache(target)

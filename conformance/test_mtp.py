@@ -21,9 +21,8 @@ TIE_EPS = 1e-3
 
 @pytest.fixture(scope="module")
 def target():
-    from specparity.runners import load_model
-
     from engine import zoo
+    from specparity.runners import load_model
 
     return load_model(str(zoo.model_dir("qwen35"))).model
 
