@@ -48,6 +48,12 @@ RUNNERS: dict[str, RunnerInfo] = {
         package="transformers+torch",
         install_hint="tox -e hf  (pip install 'specparity[hf]': torch==2.13.0 CPU + transformers)",
     ),
+    "deepspec": RunnerInfo(
+        name="deepspec",
+        module="oracles.deepspec",
+        package="deepspec (local checkout, DEEPSPEC_PATH)",
+        install_hint="tox -e deepspec with DEEPSPEC_PATH=<DeepSpec checkout>  (torch==2.13.0 CPU + transformers==5.10.2)",
+    ),
 }
 
 

@@ -6,6 +6,7 @@ costs seconds; the zoo models are tiny).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -14,8 +15,22 @@ from typing import Any
 from specparity.cases import Case
 from traces.records import make_header
 
-RUNNER_NAMES = ("engine", "mlx_lm", "optiq", "mlx_vlm")
+RUNNER_NAMES = ("engine", "mlx_lm", "optiq", "mlx_vlm", "deepspec")
 HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (engine/zoo/heads.py)
+DSPARK_SOURCES = ("deepspec", "dspark")  # block drafters (engine/zoo/dspark.py artifacts)
+
+
+def dspark_drafter(case: Case) -> tuple[str, float]:
+    """``(zoo artifact name, confidence threshold)`` of a ``deepspec``/``dspark`` case.
+
+    The case's ``drafter`` names the artifact variant and the threshold:
+    ``deepspec-t0``, ``deepspec-q8-t0.5``, ``dspark-t0``, ...
+    """
+    assert case.drafter is not None
+    variant, sep, thr = case.drafter.rpartition("-t")
+    if not sep or not variant.startswith(case.source):
+        raise ValueError(f"{case.source} case drafter {case.drafter!r} must be '<variant>-t<threshold>'")
+    return f"{case.target}-{variant}", float(thr)
 
 
 @cache
@@ -34,6 +49,10 @@ def _zoo_dir(name: str) -> Path:
 def model_identity(path: Path) -> dict[str, Any]:
     from engine import zoo
 
+    if not (path / "model.safetensors").exists() or (path / "dspark.json").exists() or '"Gemma4DSparkModel"' in (path / "config.json").read_text():
+        from engine.zoo.dspark import _config_sha, tensors_digest
+
+        return {"path": str(path), "weights_sha256": tensors_digest(path), "config_sha256": _config_sha(path)}
     return {
         "path": str(path),
         "weights_sha256": zoo.weights_digest(path),
@@ -53,12 +72,31 @@ def case_paths(case: Case) -> tuple[Path, Path | None]:
         from engine.zoo.heads import head_dir
 
         return _zoo_dir(case.target), head_dir(case.drafter)
+    if case.drafter is not None and case.source in DSPARK_SOURCES:
+        from engine.zoo.dspark import artifact_dir
+
+        return _zoo_dir(case.target), artifact_dir(dspark_drafter(case)[0])
     if case.drafter is None or case.source != "two-model":
         return _zoo_dir(case.target), None
     return zoo.pair(case.target, case.drafter)
 
 
 def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
+    if case.drafter is not None and case.source in DSPARK_SOURCES:
+        from engine.zoo.dspark import _manifest
+
+        name, threshold = dspark_drafter(case)
+        entry = _manifest().get("artifacts", {}).get(name, {})
+        return {
+            **_base_params(case, "full" if case.source == "deepspec" else prefill),
+            "confidence_threshold": threshold,
+            # header objects may carry extra keys: the drafter artifact is a golden input
+            "drafter_artifact": {"name": name, "weights_sha256": entry.get("weights_sha256")},
+        }
+    return _base_params(case, prefill)
+
+
+def _base_params(case: Case, prefill: str) -> dict[str, Any]:
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,
@@ -76,6 +114,10 @@ def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
 def _runner_info(name: str) -> dict[str, Any]:
     if name == "engine":
         return {"name": "engine", "package": "specparity", "version": metadata.version("specparity")}
+    if name == "deepspec":
+        from oracles import deepspec
+
+        return {"name": name, "package": "deepspec", "version": deepspec.version(), "commit": deepspec.commit()}
     if name == "optiq":
         return {"name": name, "package": "mlx-optiq", "version": metadata.version("mlx-optiq")}
     return {"name": name, "package": "mlx-lm", "version": metadata.version("mlx-lm")}
@@ -87,7 +129,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
 
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
-    draft = load_model(str(dpath)) if dpath is not None and case.source not in HEAD_SOURCES else None
+    draft = load_model(str(dpath)) if dpath is not None and case.source not in (*HEAD_SOURCES, *DSPARK_SOURCES) else None
     prompt = zoo.prompt(case.prompt_id)
     ids = list(prompt.token_ids)
     header = make_header(
@@ -104,7 +146,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
     )
     if runner == "engine":
-        body = _run_engine(case, target, draft, ids)
+        body = _run_engine(case, target, draft, ids, dpath)
     elif runner == "mlx_lm":
         from oracles import mlx_lm as oracle
         from traces.reference import ReferenceRefused
@@ -133,6 +175,21 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
             target.model, str(dpath), ids, gamma=case.gamma, max_tokens=case.max_tokens,
             eos_id=(case.eos_ids or target.eos_ids)[0],
         )
+    elif runner == "deepspec":
+        from engine.zoo.dspark import artifact_dir
+        from oracles import deepspec
+
+        if case.source != "deepspec" or dpath is None:
+            raise ValueError(f"the deepspec runner runs deepspec cases only, not {case.case_id}")
+        body = deepspec.run(
+            artifact_dir(f"{case.target}-hf"),
+            dpath,
+            ids,
+            max_tokens=case.max_tokens,
+            confidence_threshold=dspark_drafter(case)[1],
+            eos_ids=list(case.eos_ids) if case.eos_ids is not None else list(target.eos_ids),
+            seed=case.seed,
+        )
     elif runner == "optiq":
         from oracles import optiq
 
@@ -156,7 +213,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
     return [header, *body]
 
 
-def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dict[str, Any]]:
+def _run_engine(case: Case, target: Any, draft: Any, ids: list[int], dpath: Path | None = None) -> list[dict[str, Any]]:
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sampler import SamplerParams
     from engine.sources.two_model import TwoModelProvider
@@ -171,6 +228,13 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int]) -> list[dic
     )
     if case.drafter is None:
         result = plain_generate(target.model, ids, params)
+    elif case.source in DSPARK_SOURCES:
+        from engine.sources import make_provider
+
+        assert dpath is not None
+        provider = make_provider(case.source, model=dpath, confidence_threshold=dspark_drafter(case)[1])
+        params = replace(params, prefill="full" if case.source == "deepspec" else params.prefill)
+        result = spec_generate(target.model, provider, ids, params)
     elif case.source == "two-model":
         provider = TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
         provider.check_target(target.model, target.tokenizer)

@@ -138,8 +138,31 @@ GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
     "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.mlx_lm"),
                            supports=lambda case: case.drafter is None or _trimmable(case.target)),  # type: ignore[has-type]
 }
+GOLDEN_RUNNERS["deepspec"] = GoldenRunner(
+    "deepspec", "deepspec", ("oracles.deepspec",),
+    cases=lambda: deepspec_cases(),
+)
 """Which runners have goldens. Add e.g. ``"optiq": GoldenRunner("optiq",
 "mlx-optiq", ("oracles.__init__", "oracles.optiq"), cases=optiq_cases)``."""
+
+
+DEEPSPEC_PROMPTS = ("nat-03", "nat-09", "nat-22", "rnd-14", "rnd-15")
+DEEPSPEC_MAX_TOKENS = 14
+
+
+def deepspec_cases() -> list[Any]:
+    """DeepSpec (torch) goldens: the zoo ``gemma4`` target + its DeepSpec-format drafter
+    (block 4), confidence thresholds 0 and 0.5, five prompts short enough that prompt +
+    budget + block stays inside the target's 32-token sliding window, 14 tokens; plus
+    EOS-inside-accepted-drafts cases (an extra EOS id, 281, that the drafter proposes
+    and the target accepts mid-block). Regenerate with DeepSpec present (README)."""
+    from specparity.cases import Case
+
+    out = [Case("gemma4", f"deepspec-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, source="deepspec")
+           for t in ("0", "0.5") for p in DEEPSPEC_PROMPTS]
+    out += [Case("gemma4", f"deepspec-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, eos_ids=(1, 281), source="deepspec")
+            for t in ("0", "0.5") for p in ("nat-09", "nat-03")]
+    return out
 
 
 @cache

@@ -199,7 +199,7 @@ def validate_records(
         if record["index"] != expected_index:
             err(line, rtype, f"{rtype}.index", f"expected {expected_index} (indices count from 0 per record type), got {record['index']}")
         if rtype == "round":
-            _check_round(line, record, eos, err)
+            _check_round(line, record, eos, err, _threshold(header))
             if mode == "plain":
                 err(line, rtype, "round", "round record in a mode 'plain' trace")
         else:
@@ -241,7 +241,13 @@ def validate_records(
     return errors
 
 
-def _check_round(line: int, r: Record, eos: set[int], err: Any) -> None:
+def _threshold(header: Any) -> float | None:
+    params = header.get("params") if isinstance(header, dict) else None
+    t = params.get("confidence_threshold") if isinstance(params, dict) else None
+    return float(t) if isinstance(t, int | float) else None
+
+
+def _check_round(line: int, r: Record, eos: set[int], err: Any, threshold: float | None = None) -> None:
     drafts, window, samples = r["drafts"], r["window"], r["samples"]
     k, emitted, end = r["k_accept"], r["emitted"], r["end"]
     if window[1:] != drafts:
@@ -268,8 +274,17 @@ def _check_round(line: int, r: Record, eos: set[int], err: Any) -> None:
     if end == "eos" and not (len(samples) > len(emitted) and samples[len(emitted)] in eos):
         err(line, "round", "round.end", "'eos' requires the sample after the emitted tokens to be an EOS id")
     conf = r["confidence"]
-    if conf is not None and len(conf) > len(drafts):
-        err(line, "round", "round.confidence", f"{len(conf)} entries for {len(drafts)} drafts")
+    if conf is not None and len(conf) > len(drafts) + 1:
+        err(line, "round", "round.confidence",
+            f"{len(conf)} entries for {len(drafts)} drafts (at most one per draft plus the cut position)")
+    elif conf is not None and len(conf) == len(drafts) + 1:
+        # The extra value is the confidence at the position that cut the block.
+        if threshold is None or threshold <= 0:
+            err(line, "round", "round.confidence",
+                f"{len(conf)} entries for {len(drafts)} drafts, but no positive params.confidence_threshold cut the block")
+        elif not conf[-1] < threshold:
+            err(line, "round", "round.confidence",
+                f"cut-position confidence {conf[-1]} is not below the threshold {threshold}")
 
 
 def _check_plain(line: int, r: Record, eos: set[int], err: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from engine.seam import DraftProvider
 
-KINDS = ("two-model", "ngram", "mtp", "assistant")
+KINDS = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
 
 
 def make_provider(kind: str, **kwargs: Any) -> DraftProvider:
@@ -29,6 +29,14 @@ def make_provider(kind: str, **kwargs: Any) -> DraftProvider:
         from engine.sources.assistant import AssistantProvider
 
         factories[kind] = AssistantProvider
+    if kind == "deepspec":
+        from engine.sources.deepspec import DeepSpecProvider
+
+        factories[kind] = DeepSpecProvider
+    if kind == "dspark":
+        from engine.sources.dspark import DSparkProvider
+
+        factories[kind] = DSparkProvider
     if kind not in factories:
         raise ValueError(f"unknown draft source {kind!r}; known: {', '.join(KINDS)}")
     return factories[kind](**kwargs)
