@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -258,9 +258,10 @@ class Gemma4DSparkModel(nn.Module):
             k = self.rope(k, offset=cache.length)
             q = self.rope(q, offset=start)
             k_all, v_all = k, v
-            if cache.keys[i] is not None:
-                k_all = mx.concatenate([cache.keys[i], k], axis=2)
-                v_all = mx.concatenate([cache.values[i], v], axis=2)
+            old_k, old_v = cache.keys[i], cache.values[i]
+            if old_k is not None and old_v is not None:
+                k_all = mx.concatenate([old_k, k], axis=2)
+                v_all = mx.concatenate([old_v, v], axis=2)
             out = mx.fast.scaled_dot_product_attention(q, k_all, v_all, scale=1.0)
             out = out.transpose(0, 2, 1, 3).reshape(1, b, -1)
             h = layer.post_attention_layernorm(attn.o_proj(out))
@@ -301,7 +302,7 @@ class Gemma4DSparkModel(nn.Module):
             if cfg.markov_rank > 0:
                 row = row + self.markov_head.markov_w2(self.markov_head.markov_w1(mx.array([prev], mx.uint32)))[0]
             prevs.append(prev)
-            prev = int(mx.argmax(row).item())
+            prev = int(cast(int, mx.argmax(row).item()))
             tokens.append(prev)
 
         confidence: list[float] | None = None
@@ -313,7 +314,7 @@ class Gemma4DSparkModel(nn.Module):
                 feats = mx.concatenate([hidden, emb], axis=-1)
             logit = self.confidence_head.proj(feats)[:, 0].astype(mx.float32)
             sig = mx.sigmoid(logit)
-            confidence = [float(c) for c in sig.tolist()]
+            confidence = [float(c) for c in cast(list[float], sig.tolist())]
             if threshold > 0.0:
                 below = [c < threshold for c in confidence]
                 keep = below.index(True) if any(below) else cfg.block_size
@@ -407,7 +408,8 @@ def quantize_dir(src: Path | str, dst: Path | str, bits: int, group_size: int = 
 def weights_bytes(model: Gemma4DSparkModel) -> int:
     from mlx.utils import tree_flatten
 
-    return int(sum(v.nbytes for _, v in tree_flatten(model.parameters())))
+    flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    return int(sum(v.nbytes for _, v in flat))
 
 
 __all__ = [

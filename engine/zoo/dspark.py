@@ -62,8 +62,11 @@ QUANT_BITS = (8, 4)
 ARTIFACTS: tuple[str, ...] = (
     *(f"{t}-deepspec" for t in DEEPSPEC_TARGETS),
     *(f"{t}-deepspec-q{b}" for t in DEEPSPEC_TARGETS for b in QUANT_BITS),
+    *(f"{t}-deepspec-l0" for t in DEEPSPEC_TARGETS),
     *(f"{t}-hf" for t in DEEPSPEC_TARGETS),
+    *(f"{t}-dspark" for t in DSPARK_TARGETS),
 )
+WITH_BIGRAMS = ("deepspec", "deepspec-l0", "dspark")
 
 
 # ------------------------------------------------------------------ recipe
@@ -94,7 +97,7 @@ def _target_config(target: str) -> dict[str, Any]:
     return json.loads((zoo.model_dir(target) / "config.json").read_text())
 
 
-def deepspec_config(target: str) -> dict[str, Any]:
+def deepspec_config(target: str, target_layer_ids: tuple[int, ...] = (-1, 0)) -> dict[str, Any]:
     """The drafter ``config.json``: the target's text config + DeepSpec's fields
     (``deepspec/modeling/dspark/gemma4/config.py`` ``build_draft_config``)."""
     t = _target_config(target)
@@ -135,7 +138,7 @@ def deepspec_config(target: str) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "block_size": 4,
         "mask_token_id": MASK_TOKEN_ID,
-        "target_layer_ids": [-1, 0],
+        "target_layer_ids": list(target_layer_ids),
         "num_anchors": 8,
         "enable_confidence_head": True,
         "confidence_head_with_markov": True,
@@ -153,9 +156,9 @@ def _unit_codes(seed: int, vocab: int, rank: int) -> np.ndarray:
     return u / np.linalg.norm(u, axis=1, keepdims=True)
 
 
-def deepspec_weights(target: str, bigrams: list[list[int]]) -> dict[str, np.ndarray]:
+def deepspec_weights(target: str, bigrams: list[list[int]], target_layer_ids: tuple[int, ...] = (-1, 0)) -> dict[str, np.ndarray]:
     """Seeded float32 tensors in DeepSpec's key layout (no prefix)."""
-    cfg = deepspec_config(target)
+    cfg = deepspec_config(target, target_layer_ids)
     h, v, r = cfg["hidden_size"], cfg["vocab_size"], cfg["markov_rank"]
     nh, hd, nkv, inter = cfg["num_attention_heads"], cfg["global_head_dim"], cfg["num_global_key_value_heads"], cfg["intermediate_size"]
     m = len(cfg["target_layer_ids"])
@@ -208,8 +211,10 @@ def recipe(name: str) -> dict[str, Any]:
     """The pinned recipe of artifact ``name`` (bigram tables come from the manifest)."""
     target, _, kind = name.partition("-")
     entry = _manifest().get("artifacts", {}).get(name, {})
-    if kind == "deepspec":
+    if kind in ("deepspec", "deepspec-l0"):
+        # -l0: taps [0] only (mlx-vlm's gemma4_dspark refuses DeepSpec's -1 embedding tap)
         return {"kind": "deepspec", "target": target, "seed": DEEPSPEC_SEED, "dtype": "bfloat16",
+                "target_layer_ids": [-1, 0] if kind == "deepspec" else [0],
                 "bigrams": entry.get("recipe", {}).get("bigrams")}
     if kind.startswith("deepspec-q"):
         return {"kind": "deepspec-quantized", "base": f"{target}-deepspec", "bits": int(kind[len("deepspec-q"):]), "group_size": 64}
@@ -245,8 +250,9 @@ def write_artifact(name: str, out_dir: Path, bigrams: list[list[int]] | None = N
         table = bigrams if bigrams is not None else rec["bigrams"]
         if table is None:
             raise zoo.ZooDriftError(f"zoo drift: {name}: no bigram table in {MANIFEST_FILE}")
-        _write_safetensors(out_dir / "model.safetensors", deepspec_weights(rec["target"], table), rec["dtype"])
-        (out_dir / "config.json").write_bytes(_json_bytes(deepspec_config(rec["target"])))
+        ids = tuple(rec["target_layer_ids"])
+        _write_safetensors(out_dir / "model.safetensors", deepspec_weights(rec["target"], table, ids), rec["dtype"])
+        (out_dir / "config.json").write_bytes(_json_bytes(deepspec_config(rec["target"], ids)))
     elif kind == "deepspec-quantized":
         from engine.dspark.deepspec_module import quantize_dir
 
@@ -341,7 +347,7 @@ def build_manifest() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="specparity-dspark-") as tmp:
         for name in ARTIFACTS:
             target, _, kind = name.partition("-")
-            table = tables[target] if kind in ("deepspec", "dspark") else None
+            table = tables[target] if kind in WITH_BIGRAMS else None
             if kind.startswith("deepspec-q"):
                 # quantized siblings are built from the freshly written base
                 path = Path(tmp) / name

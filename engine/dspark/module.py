@@ -1,0 +1,369 @@
+"""Our DSpark block drafter (§4.1): KV injection + Markov head + confidence head.
+
+Reference: ``../shared/reference/speculative-decoding.md`` §4.1 (mlx-bun
+``src/spec/dspark/module-dflash.ts``, paper Eq 2–3, 5, 7 and Alg 1 in its
+single-user form). The arithmetic of one block is the DFlash/DSpark drafter of
+mlx-vlm 0.7.10 (``mlx_vlm/speculative/drafters/qwen3_dflash/dflash.py``
+``DFlashAttention`` / ``DFlashDraftModel._hidden`` and
+``drafters/dspark/dspark.py`` ``DSparkDraftModel``), so that mlx-vlm can run
+the same checkpoint as a second reference:
+
+- Eq 2: the tapped target rows ``[L, m*H]`` (taps concatenated in
+  ``tap_layers`` order) are projected ``H_ctx = hidden_norm(fc(.))``;
+- Eq 3: every layer projects the context with its OWN ``k_proj``/``v_proj``
+  (K is QK-normed, V is not), the block ``[anchor, mask × (γ-1)]`` likewise;
+  Q from the block; the block attends bidirectionally over
+  ``[context cache ++ new context ++ block]`` (scale ``head_dim^-1/2``,
+  RoPE at absolute positions). Only context rows are cached;
+- the backbone layers are Qwen3-style (RMSNorm, SwiGLU); the token embedding
+  (times the target's ``embed_scale``) and the lm-head are the TARGET's
+  (``share_target_embeddings``), with the optional final softcap;
+- Eq 5 Markov head: ``x_k = argmax(logits_k + W2·W1[x_{k-1}])``, sequential,
+  ``x_{-1}`` the anchor (position 0 predicts the first draft);
+- Eq 7 confidence head: ``c_k = σ(wᵀ[h_k; W1[x_{k-1}]] + b)`` (the bias is
+  our superset);
+- Alg 1, single-user form: position ``k >= 1`` is dropped, and the block
+  truncated there, when ``c_k < thresholds[k]`` (or ``min_conf``); position 0
+  always survives; an uncalibrated checkpoint drafts fixed γ. Pruning changes
+  how many positions the target verifies, never what is emitted.
+
+Checkpoint: ``dspark.json`` (``variant: "dspark"``; legacy ``"dflash"``
+accepted) + ``model.safetensors`` (mlx-vlm key names) + an mlx-vlm
+``config.json`` (``Qwen3DSparkModel`` with ``dflash_config``).
+:mod:`engine.dspark.loader` dispatches by variant and refuses v1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+VARIANT = "dspark"
+LEGACY_VARIANTS = ("dflash",)
+FORMAT = 2
+
+
+@dataclass(frozen=True)
+class DSparkConfig:
+    gamma: int
+    tap_layers: tuple[int, ...]
+    mask_token_id: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    markov_rank: int
+    confidence_with_markov: bool = True
+    final_logit_softcapping: float | None = None
+    thresholds: tuple[float, ...] | None = None
+    min_conf: float | None = None
+    variant: str = VARIANT
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DSparkConfig:
+        b = d["backbone"]
+        return cls(
+            gamma=int(d["gamma"]), tap_layers=tuple(int(i) for i in d["tap_layers"]),
+            mask_token_id=int(d["mask_token_id"]), hidden_size=int(b["hidden_size"]),
+            intermediate_size=int(b["intermediate_size"]), num_hidden_layers=int(b["num_hidden_layers"]),
+            num_attention_heads=int(b["num_attention_heads"]), num_key_value_heads=int(b["num_key_value_heads"]),
+            head_dim=int(b["head_dim"]), rms_norm_eps=float(b["rms_norm_eps"]), rope_theta=float(b["rope_theta"]),
+            vocab_size=int(d["vocab_size"]), markov_rank=int(d["markov_rank"]),
+            confidence_with_markov=bool(d.get("confidence_with_markov", True)),
+            final_logit_softcapping=d.get("final_logit_softcapping"),
+            thresholds=tuple(float(t) for t in d["thresholds"]) if d.get("thresholds") is not None else None,
+            min_conf=float(d["min_conf"]) if d.get("min_conf") is not None else None,
+            variant=str(d["variant"]), raw=dict(d),
+        )
+
+    def threshold(self, k: int, override: float | None = None) -> float:
+        """The pruning threshold of block position ``k`` (0: never pruned)."""
+        if k == 0:
+            return 0.0
+        if override is not None:
+            return override
+        if self.thresholds is not None and k < len(self.thresholds):
+            return self.thresholds[k]
+        return self.min_conf or 0.0
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: DSparkConfig) -> None:
+        super().__init__()
+        h, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self.q_norm = nn.RMSNorm(hd, eps=c.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=c.rms_norm_eps)
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: DSparkConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: DSparkConfig) -> None:
+        super().__init__()
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+        self.input_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+
+
+class _Markov(nn.Module):
+    def __init__(self, c: DSparkConfig) -> None:
+        super().__init__()
+        self.markov_w1 = nn.Embedding(c.vocab_size, c.markov_rank)
+        self.markov_w2 = nn.Linear(c.markov_rank, c.vocab_size, bias=False)
+
+
+class _Confidence(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, 1)
+
+
+class ContextKV:
+    """Per-request context K/V (RoPE'd keys, raw values), one pair per layer."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.keys: list[mx.array | None] = [None] * n_layers
+        self.values: list[mx.array | None] = [None] * n_layers
+        self.length = 0
+
+
+@dataclass
+class Block:
+    tokens: list[int]
+    confidence: list[float]
+    keep: int  # ℓ >= 1: the surviving prefix
+
+
+class DSparkModel(nn.Module):
+    def __init__(self, c: DSparkConfig) -> None:
+        super().__init__()
+        self.cfg = c
+        self.fc = nn.Linear(len(c.tap_layers) * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.layers = [_Layer(c) for _ in range(c.num_hidden_layers)]
+        self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.markov_head = _Markov(c)
+        self.confidence_head = _Confidence(c.hidden_size + (c.markov_rank if c.confidence_with_markov else 0))
+        self.rope = nn.RoPE(c.head_dim, traditional=False, base=c.rope_theta)
+
+    def draft_block(
+        self, cache: ContextKV, feats: mx.array | None, anchor: int, embed: Any, lm_head: Any,
+        threshold: float | None = None,
+    ) -> Block:
+        """One block: context rows ``feats`` ([L, m*H]) join the cache; γ drafts sampled."""
+        c = self.cfg
+        ctx = (self.hidden_norm(self.fc(feats.astype(mx.float32)))[None] if feats is not None and feats.shape[0]
+               else mx.zeros((1, 0, c.hidden_size), mx.float32))
+        s = int(ctx.shape[1])
+        ids = [int(anchor)] + [c.mask_token_id] * (c.gamma - 1)
+        x = embed(mx.array(ids, mx.uint32)[None]).astype(mx.float32)
+        scale = 1.0 / (c.head_dim**0.5)
+        for i, layer in enumerate(self.layers):
+            a = layer.self_attn
+            xn = layer.input_layernorm(x)
+            b = x.shape[1]
+            q = a.q_norm(a.q_proj(xn).reshape(1, b, a.nh, a.hd)).transpose(0, 2, 1, 3)
+            ck = a.k_norm(a.k_proj(ctx).reshape(1, s, a.nkv, a.hd)).transpose(0, 2, 1, 3)
+            cv = a.v_proj(ctx).reshape(1, s, a.nkv, a.hd).transpose(0, 2, 1, 3)
+            pk = a.k_norm(a.k_proj(xn).reshape(1, b, a.nkv, a.hd)).transpose(0, 2, 1, 3)
+            pv = a.v_proj(xn).reshape(1, b, a.nkv, a.hd).transpose(0, 2, 1, 3)
+            q = self.rope(q, offset=cache.length + s)
+            ck = self.rope(ck, offset=cache.length)
+            pk = self.rope(pk, offset=cache.length + s)
+            old_k, old_v = cache.keys[i], cache.values[i]
+            if old_k is not None and old_v is not None:
+                ck = mx.concatenate([old_k, ck], axis=2)
+                cv = mx.concatenate([old_v, cv], axis=2)
+            cache.keys[i], cache.values[i] = ck, cv
+            keys = mx.concatenate([ck, pk], axis=2)
+            values = mx.concatenate([cv, pv], axis=2)
+            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale)
+            x = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(1, b, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        cache.length += s
+        hidden = self.norm(x)[0]
+        logits = lm_head(hidden)
+        if c.final_logit_softcapping is not None:
+            cap = float(c.final_logit_softcapping)
+            logits = mx.tanh(logits / cap) * cap
+        mx.eval(logits, *[t for t in [*cache.keys, *cache.values] if t is not None])
+        tokens: list[int] = []
+        prevs: list[int] = []
+        prev = int(anchor)
+        for k in range(c.gamma):
+            row = logits[k] + self.markov_head.markov_w2(self.markov_head.markov_w1(mx.array([prev], mx.uint32)))[0]
+            prevs.append(prev)
+            prev = int(cast(int, mx.argmax(row).item()))
+            tokens.append(prev)
+        feats_c = hidden
+        if c.confidence_with_markov:
+            feats_c = mx.concatenate([hidden, self.markov_head.markov_w1(mx.array(prevs, mx.uint32))], axis=-1)
+        sig = mx.sigmoid(self.confidence_head.proj(feats_c)[:, 0].astype(mx.float32))
+        conf = [float(v) for v in cast(list[float], sig.tolist())]
+        keep = c.gamma
+        for k in range(1, c.gamma):  # position 0 always survives
+            if conf[k] < c.threshold(k, threshold):
+                keep = k
+                break
+        return Block(tokens=tokens, confidence=conf, keep=keep)
+
+
+def read_dspark_json(path: Path | str) -> dict[str, Any]:
+    return json.loads((Path(path) / "dspark.json").read_text())
+
+
+def load_dspark(path: Path | str) -> DSparkModel:
+    """Load a v2 ``dspark`` checkpoint (use :func:`engine.dspark.loader.load_drafter`)."""
+    p = Path(path)
+    cfg = DSparkConfig.from_json(read_dspark_json(p))
+    model = DSparkModel(cfg)
+    weights = dict(mx.load(str(p / "model.safetensors")))  # type: ignore[arg-type]
+    weights = {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
+    model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+    return model
+
+
+def save_thresholds(path: Path | str, thresholds: list[float]) -> None:
+    """Patch calibrated per-position thresholds into ``dspark.json`` in place."""
+    p = Path(path) / "dspark.json"
+    d = json.loads(p.read_text())
+    d["thresholds"] = [float(t) for t in thresholds]
+    p.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------- zoo artifacts
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    import hashlib
+
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return np.random.default_rng([int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)])
+
+
+def zoo_dspark_json(target_cfg: dict[str, Any], tap_layers: list[int]) -> dict[str, Any]:
+    h = int(target_cfg["hidden_size"])
+    return {
+        "variant": VARIANT,
+        "format": FORMAT,
+        "gamma": 4,
+        "tap_layers": tap_layers,
+        "mask_token_id": 511,
+        "vocab_size": int(target_cfg["vocab_size"]),
+        "seq_head": "markov",
+        "markov_rank": 64,
+        "confidence_with_markov": True,
+        "share_target_embeddings": True,
+        "final_logit_softcapping": target_cfg.get("final_logit_softcapping"),
+        "thresholds": None,
+        "min_conf": None,
+        "backbone": {
+            "hidden_size": h, "intermediate_size": 2 * h, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        },
+        "target": {"model_type": target_cfg["model_type"], "num_hidden_layers": int(target_cfg["num_hidden_layers"])},
+    }
+
+
+def mlx_vlm_config(d: dict[str, Any]) -> dict[str, Any]:
+    """The same drafter described for mlx-vlm's generic DSpark loader (``Qwen3DSparkModel``)."""
+    b = d["backbone"]
+    return {
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+        "hidden_size": b["hidden_size"], "intermediate_size": b["intermediate_size"],
+        "num_hidden_layers": b["num_hidden_layers"], "num_attention_heads": b["num_attention_heads"],
+        "num_key_value_heads": b["num_key_value_heads"], "head_dim": b["head_dim"], "hidden_act": "silu",
+        "rms_norm_eps": b["rms_norm_eps"], "vocab_size": d["vocab_size"], "max_position_embeddings": 2048,
+        "rope_theta": b["rope_theta"], "tie_word_embeddings": True,
+        "final_logit_softcapping": d["final_logit_softcapping"],
+        "dflash_config": {
+            "projector_type": "dspark", "block_size": d["gamma"], "mask_token_id": d["mask_token_id"],
+            "target_layer_ids": d["tap_layers"], "num_target_layers": d["target"]["num_hidden_layers"],
+            "markov_rank": d["markov_rank"], "markov_head_type": "vanilla", "enable_confidence_head": True,
+            "confidence_head_with_markov": d["confidence_with_markov"], "block_size_policy": "fixed",
+            "sample_from_anchor": True,
+        },
+    }
+
+
+def zoo_dspark_weights(d: dict[str, Any], bigrams: list[list[int]], seed: int) -> dict[str, np.ndarray]:
+    b = d["backbone"]
+    h, inter, hd, nh, nkv = b["hidden_size"], b["intermediate_size"], b["head_dim"], b["num_attention_heads"], b["num_key_value_heads"]
+    v, r, m = d["vocab_size"], d["markov_rank"], len(d["tap_layers"])
+
+    def lin(name: str, o: int, i: int, gain: float = 1.0) -> np.ndarray:
+        return gain * _rng(seed, name).standard_normal((o, i)) / np.sqrt(i)
+
+    def norm(name: str, n: int) -> np.ndarray:
+        return 1.0 + 0.1 * _rng(seed, name).standard_normal(n)
+
+    w: dict[str, np.ndarray] = {"fc.weight": lin("fc", h, m * h), "hidden_norm.weight": norm("hn", h), "norm.weight": norm("n", h)}
+    for i in range(b["num_hidden_layers"]):
+        p = f"layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = lin(p + "q", nh * hd, h)
+        w[p + "self_attn.k_proj.weight"] = lin(p + "k", nkv * hd, h)
+        w[p + "self_attn.v_proj.weight"] = lin(p + "v", nkv * hd, h)
+        w[p + "self_attn.o_proj.weight"] = lin(p + "o", h, nh * hd)
+        w[p + "self_attn.q_norm.weight"] = norm(p + "qn", hd)
+        w[p + "self_attn.k_norm.weight"] = norm(p + "kn", hd)
+        w[p + "mlp.gate_proj.weight"] = lin(p + "g", inter, h)
+        w[p + "mlp.up_proj.weight"] = lin(p + "u", inter, h)
+        w[p + "mlp.down_proj.weight"] = lin(p + "d", h, inter)
+        w[p + "input_layernorm.weight"] = norm(p + "iln", h)
+        w[p + "post_attention_layernorm.weight"] = norm(p + "paln", h)
+    codes = _rng(seed, "codes").standard_normal((v, r))
+    codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+    w2 = np.zeros((v, r))
+    for a, nxt in bigrams:
+        w2[nxt] += 8.0 * codes[a]
+    w["markov_head.markov_w1.weight"] = codes
+    w["markov_head.markov_w2.weight"] = w2
+    y = np.full(v, -2.0)
+    y[[a for a, _ in bigrams]] = 2.0
+    read_out = np.linalg.lstsq(codes, y, rcond=None)[0]
+    w["confidence_head.proj.weight"] = np.concatenate([0.5 * _rng(seed, "ch").standard_normal(h) / np.sqrt(h), read_out])[None]
+    w["confidence_head.proj.bias"] = np.array([0.3])
+    return {k: np.asarray(a, np.float32) for k, a in sorted(w.items())}
+
+
+def write_zoo_dspark(target: str, out_dir: Path, bigrams: list[list[int]], seed: int) -> Path:
+    from engine import zoo
+
+    tcfg = json.loads((zoo.model_dir(target) / "config.json").read_text())
+    n = int(tcfg["num_hidden_layers"])
+    d = zoo_dspark_json(tcfg, list(range(n)))
+    w = zoo_dspark_weights(d, bigrams, seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(w[k]) for k in sorted(w)}, metadata={"format": "mlx"})
+    (out_dir / "dspark.json").write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(mlx_vlm_config(d), indent=2, sort_keys=True) + "\n")
+    return out_dir
