@@ -55,13 +55,14 @@ DSPARK_SEED = 9009
 MASK_TOKEN_ID = 511
 BIGRAM_TOKENS = 24
 
-DEEPSPEC_TARGETS = ("gemma4",)
+DEEPSPEC_TARGETS = ("gemma4",)  # DeepSpec torch oracle (HF Gemma4 target export)
+AB_TARGETS = ("gemma4", "qwen3")  # DeepSpec-format drafters + quantized siblings (the A/B)
 DSPARK_TARGETS = ("gemma4", "qwen3")
 QUANT_BITS = (8, 4)
 
 ARTIFACTS: tuple[str, ...] = (
-    *(f"{t}-deepspec" for t in DEEPSPEC_TARGETS),
-    *(f"{t}-deepspec-q{b}" for t in DEEPSPEC_TARGETS for b in QUANT_BITS),
+    *(f"{t}-deepspec" for t in AB_TARGETS),
+    *(f"{t}-deepspec-q{b}" for t in AB_TARGETS for b in QUANT_BITS),
     *(f"{t}-deepspec-l0" for t in DEEPSPEC_TARGETS),
     *(f"{t}-hf" for t in DEEPSPEC_TARGETS),
     *(f"{t}-dspark" for t in DSPARK_TARGETS),
@@ -114,8 +115,8 @@ def deepspec_config(target: str, target_layer_ids: tuple[int, ...] = (-1, 0)) ->
         "num_attention_heads": t["num_attention_heads"],
         "num_key_value_heads": t["num_key_value_heads"],
         "num_global_key_value_heads": 1,
-        "head_dim": t["head_dim"],
-        "global_head_dim": t["global_head_dim"],
+        "head_dim": t.get("head_dim", 16),
+        "global_head_dim": t.get("global_head_dim", 32),
         "attention_k_eq_v": True,
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -132,7 +133,7 @@ def deepspec_config(target: str, target_layer_ids: tuple[int, ...] = (-1, 0)) ->
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
         "layer_types": ["full_attention", "full_attention"],
-        "sliding_window": t["sliding_window"],
+        "sliding_window": t.get("sliding_window", 32),
         "use_double_wide_mlp": False,
         "final_logit_softcapping": 30.0,
         "tie_word_embeddings": False,
@@ -342,7 +343,7 @@ def artifact_dir(name: str) -> Path:
 
 
 def build_manifest() -> dict[str, Any]:
-    tables = {t: bigram_table(t) for t in sorted(set(DEEPSPEC_TARGETS) | set(DSPARK_TARGETS))}
+    tables = {t: bigram_table(t) for t in sorted(set(AB_TARGETS) | set(DSPARK_TARGETS))}
     out: dict[str, Any] = {"format": 1, "artifacts": {}}
     with tempfile.TemporaryDirectory(prefix="specparity-dspark-") as tmp:
         for name in ARTIFACTS:
