@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.dspark.deepspec_module import quantize_dir
 
@@ -126,7 +126,8 @@ def deepspec_arms(target: str, variants: tuple[str, ...] = ("", "-q8", "-q4"),
     out = {}
     for v in variants:
         path = Path(artifact_dir(f"{target}-deepspec{v}"))
-        stored = sum(a.nbytes for a in mx.load(str(path / "model.safetensors")).values())  # type: ignore[union-attr]
+        tensors = cast(dict[str, Any], mx.load(str(path / "model.safetensors")))
+        stored = sum(a.nbytes for a in tensors.values())
         label = {"": "bf16", "-q8": "8-bit", "-q4": "4-bit"}.get(v, v)
         out[label] = (DeepSpecProvider(path, confidence_threshold=confidence_threshold), int(stored))
     return out
