@@ -84,3 +84,20 @@ def test_validate_accepts_the_cut_position_confidence_only_below_threshold() -> 
     bad2 = [dict(r) for r in records]
     bad2[cut] = {**bad2[cut], "confidence": [*bad2[cut]["confidence"], 0.1]}
     assert any("at most one per draft plus the cut" in e.message for e in check(bad2))
+
+
+@pytest.mark.parametrize(("source", "art", "thr"), [("deepspec", "gemma4-deepspec", "0.5"), ("dspark", "gemma4-dspark", "0")])
+def test_generate_cli_runs_the_block_drafters(tmp_path: Path, source: str, art: str, thr: str) -> None:
+    from specparity.cli import main
+    from traces.io import read_trace
+    from traces.validate import validate_file
+
+    trace = tmp_path / "t.jsonl"
+    rc = main(["generate", "--target", str(zoo.model_dir("gemma4")), "--draft", str(artifact_dir(art)),
+               "--source", source, "--prompt-ids", ",".join(map(str, zoo.prompt("nat-03").token_ids)),
+               "-n", "12", "--confidence-threshold", thr, "--trace", str(trace)])
+    assert rc == 0 and not validate_file(trace)
+    t = read_trace(trace)
+    assert t.header["params"]["gamma"] == 4 and t.header["params"]["prefill"] == "full"
+    assert t.header["params"]["confidence_threshold"] == float(thr)
+    assert any(r["type"] == "round" and r["k_accept"] for r in t.events)

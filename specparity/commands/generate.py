@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from specparity.commands import int_list, positive
@@ -17,7 +18,12 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", default=None, help="drafter model directory (omit for plain decode)")
     g.add_argument("--source", default="two-model",
                    help="draft source kind: two-model (default), mtp (qwen3_5_mtp head dir), "
-                        "assistant (gemma4_assistant drafter dir)")
+                        "assistant (gemma4_assistant drafter dir), deepspec (Gemma4DSparkModel "
+                        "drafter dir), dspark (dspark.json drafter dir)")
+    g.add_argument("--confidence-threshold", type=float, default=None,
+                   help="deepspec/dspark: prune the block at the first position whose confidence is "
+                        "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "
+                        "calibrated thresholds)")
     g.add_argument("-n", "--max-tokens", type=positive, default=64)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -40,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     from traces.records import make_header
 
     target = load(args.target)
-    head_source = args.source in ("mtp", "assistant")
+    head_source = args.source in ("mtp", "assistant", "deepspec", "dspark")
     draft = load(args.draft) if args.draft and not head_source else None
     if args.prompt is not None:
         ids = list(target.tokenizer.encode(args.prompt))
@@ -61,7 +67,15 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(detok.last_segment)
         sys.stdout.flush()
 
-    if head_source:
+    if head_source and args.source in ("deepspec", "dspark"):
+        if not args.draft:
+            raise ValueError(f"--source {args.source} needs --draft DIR (the drafter checkpoint)")
+        kw = {} if args.confidence_threshold is None else {"confidence_threshold": args.confidence_threshold}
+        provider = make_provider(args.source, model=args.draft, **kw)
+        # γ is pinned to the checkpoint's block (§3); both sources prefill the full prompt
+        params = replace(params, gamma=provider.gamma, prefill=args.prefill or "full")  # type: ignore[attr-defined]
+        result = spec_generate(target.model, provider, ids, params, on_token=on_token)
+    elif head_source:
         if not args.draft:
             raise ValueError(f"--source {args.source} needs --draft DIR (the head directory)")
         provider = make_provider(args.source, path=args.draft)
@@ -97,10 +111,11 @@ def main(args: argparse.Namespace) -> int:
             drafter=(ident(draft) if draft else ({"path": args.draft, "weights_sha256": file_digest(
                 list(Path(args.draft).glob("*.safetensors"))), "config_sha256": file_digest(
                 [Path(args.draft) / "config.json"])} if head_source else None)), tokenizer_sha256=None,
-            params={"gamma": args.gamma if draft or head_source else None, "max_tokens": args.max_tokens,
+            params={"gamma": params.gamma if draft or head_source else None, "max_tokens": args.max_tokens,
                     "temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": 0.0,
-                    "seed": args.seed, "prefill": args.prefill or ("full" if head_source else "tail-split"),
-                    "prefill_step_size": 512 if draft or head_source else 2048, "confidence_threshold": None},
+                    "seed": args.seed, "prefill": params.prefill or ("full" if head_source else "tail-split"),
+                    "prefill_step_size": 512 if draft or head_source else 2048,
+                    "confidence_threshold": args.confidence_threshold},
             prompt_id="cli", prompt_ids=ids, eos_ids=target.eos_ids,
         )
         write_trace(args.trace, [header, *result.records, result.footer()])
