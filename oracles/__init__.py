@@ -54,6 +54,12 @@ RUNNERS: dict[str, RunnerInfo] = {
         package="deepspec (local checkout, DEEPSPEC_PATH)",
         install_hint="tox -e deepspec with DEEPSPEC_PATH=<DeepSpec checkout>  (torch==2.13.0 CPU + transformers==5.10.2)",
     ),
+    "mlx_vlm_dspark": RunnerInfo(
+        name="mlx_vlm_dspark",
+        module="oracles.mlx_vlm_dspark",
+        package="mlx-vlm",
+        install_hint="tox -e vlm-dspark  (pip install 'specparity[vlm]': mlx-vlm==0.7.10 in its own environment)",
+    ),
 }
 
 

@@ -222,6 +222,9 @@ class Gemma4DSparkModel(nn.Module):
             self.confidence_head = _Confidence(dim)
         self.rope = _Rope(cfg)
         self.embed_scale = float(h) ** 0.5
+        # DeepSpec normalises V (scale-less RMSNorm). False reproduces mlx-vlm 0.7.10's
+        # gemma4_dspark, which omits it (traces/known_divergences.toml); never a default.
+        self.apply_v_norm = True
 
     # ----------------------------------------------------------------- forward
 
@@ -254,7 +257,7 @@ class Gemma4DSparkModel(nn.Module):
             k_raw = attn.k_proj(kv_in).reshape(1, n_new + b, attn.nkv, attn.hd)
             v_raw = k_raw if attn.k_eq_v else attn.v_proj(kv_in).reshape(1, n_new + b, attn.nkv, attn.hd)
             k = attn.k_norm(k_raw).transpose(0, 2, 1, 3)
-            v = _rms_norm(v_raw, None, attn.eps).transpose(0, 2, 1, 3)
+            v = (_rms_norm(v_raw, None, attn.eps) if self.apply_v_norm else v_raw).transpose(0, 2, 1, 3)
             k = self.rope(k, offset=cache.length)
             q = self.rope(q, offset=start)
             k_all, v_all = k, v

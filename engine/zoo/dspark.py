@@ -64,10 +64,11 @@ ARTIFACTS: tuple[str, ...] = (
     *(f"{t}-deepspec" for t in AB_TARGETS),
     *(f"{t}-deepspec-q{b}" for t in AB_TARGETS for b in QUANT_BITS),
     *(f"{t}-deepspec-l0" for t in DEEPSPEC_TARGETS),
+    *(f"{t}-deepspec-kv" for t in DEEPSPEC_TARGETS),
     *(f"{t}-hf" for t in DEEPSPEC_TARGETS),
     *(f"{t}-dspark" for t in DSPARK_TARGETS),
 )
-WITH_BIGRAMS = ("deepspec", "deepspec-l0", "dspark")
+WITH_BIGRAMS = ("deepspec", "deepspec-l0", "deepspec-kv", "dspark")
 
 
 # ------------------------------------------------------------------ recipe
@@ -98,7 +99,7 @@ def _target_config(target: str) -> dict[str, Any]:
     return json.loads((zoo.model_dir(target) / "config.json").read_text())
 
 
-def deepspec_config(target: str, target_layer_ids: tuple[int, ...] = (-1, 0)) -> dict[str, Any]:
+def deepspec_config(target: str, target_layer_ids: tuple[int, ...] = (-1, 0), k_eq_v: bool = True) -> dict[str, Any]:
     """The drafter ``config.json``: the target's text config + DeepSpec's fields
     (``deepspec/modeling/dspark/gemma4/config.py`` ``build_draft_config``)."""
     t = _target_config(target)
@@ -117,7 +118,7 @@ def deepspec_config(target: str, target_layer_ids: tuple[int, ...] = (-1, 0)) ->
         "num_global_key_value_heads": 1,
         "head_dim": t.get("head_dim", 16),
         "global_head_dim": t.get("global_head_dim", 32),
-        "attention_k_eq_v": True,
+        "attention_k_eq_v": k_eq_v,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "enable_moe_block": False,
@@ -157,11 +158,13 @@ def _unit_codes(seed: int, vocab: int, rank: int) -> np.ndarray:
     return u / np.linalg.norm(u, axis=1, keepdims=True)
 
 
-def deepspec_weights(target: str, bigrams: list[list[int]], target_layer_ids: tuple[int, ...] = (-1, 0)) -> dict[str, np.ndarray]:
+def deepspec_weights(target: str, bigrams: list[list[int]], target_layer_ids: tuple[int, ...] = (-1, 0),
+                     k_eq_v: bool = True) -> dict[str, np.ndarray]:
     """Seeded float32 tensors in DeepSpec's key layout (no prefix)."""
-    cfg = deepspec_config(target, target_layer_ids)
+    cfg = deepspec_config(target, target_layer_ids, k_eq_v)
     h, v, r = cfg["hidden_size"], cfg["vocab_size"], cfg["markov_rank"]
-    nh, hd, nkv, inter = cfg["num_attention_heads"], cfg["global_head_dim"], cfg["num_global_key_value_heads"], cfg["intermediate_size"]
+    nkv = cfg["num_global_key_value_heads"] if k_eq_v else cfg["num_key_value_heads"]
+    nh, hd, inter = cfg["num_attention_heads"], cfg["global_head_dim"], cfg["intermediate_size"]
     m = len(cfg["target_layer_ids"])
     seed = DEEPSPEC_SEED
 
@@ -182,6 +185,8 @@ def deepspec_weights(target: str, bigrams: list[list[int]], target_layer_ids: tu
         p = f"layers.{i}."
         w[p + "self_attn.q_proj.weight"] = lin(p + "q", nh * hd, h)
         w[p + "self_attn.k_proj.weight"] = lin(p + "k", nkv * hd, h)
+        if not k_eq_v:
+            w[p + "self_attn.v_proj.weight"] = lin(p + "v", nkv * hd, h)
         w[p + "self_attn.o_proj.weight"] = lin(p + "o", h, nh * hd)
         w[p + "self_attn.q_norm.weight"] = norm(p + "qn", hd)
         w[p + "self_attn.k_norm.weight"] = norm(p + "kn", hd)
@@ -212,11 +217,15 @@ def recipe(name: str) -> dict[str, Any]:
     """The pinned recipe of artifact ``name`` (bigram tables come from the manifest)."""
     target, _, kind = name.partition("-")
     entry = _manifest().get("artifacts", {}).get(name, {})
-    if kind in ("deepspec", "deepspec-l0"):
-        # -l0: taps [0] only (mlx-vlm's gemma4_dspark refuses DeepSpec's -1 embedding tap)
-        return {"kind": "deepspec", "target": target, "seed": DEEPSPEC_SEED, "dtype": "bfloat16",
-                "target_layer_ids": [-1, 0] if kind == "deepspec" else [0],
-                "bigrams": entry.get("recipe", {}).get("bigrams")}
+    if kind in ("deepspec", "deepspec-l0", "deepspec-kv"):
+        # -l0: taps [0] only (mlx-vlm's gemma4_dspark refuses DeepSpec's -1 embedding tap);
+        # -kv: also attention_k_eq_v False (v_proj + v_norm), which mlx-vlm can load
+        rec = {"kind": "deepspec", "target": target, "seed": DEEPSPEC_SEED, "dtype": "bfloat16",
+               "target_layer_ids": [-1, 0] if kind == "deepspec" else [0],
+               "bigrams": entry.get("recipe", {}).get("bigrams")}
+        if kind == "deepspec-kv":
+            rec["attention_k_eq_v"] = False
+        return rec
     if kind.startswith("deepspec-q"):
         return {"kind": "deepspec-quantized", "base": f"{target}-deepspec", "bits": int(kind[len("deepspec-q"):]), "group_size": 64}
     if kind == "hf":
@@ -252,8 +261,9 @@ def write_artifact(name: str, out_dir: Path, bigrams: list[list[int]] | None = N
         if table is None:
             raise zoo.ZooDriftError(f"zoo drift: {name}: no bigram table in {MANIFEST_FILE}")
         ids = tuple(rec["target_layer_ids"])
-        _write_safetensors(out_dir / "model.safetensors", deepspec_weights(rec["target"], table, ids), rec["dtype"])
-        (out_dir / "config.json").write_bytes(_json_bytes(deepspec_config(rec["target"], ids)))
+        kv = bool(rec.get("attention_k_eq_v", True))
+        _write_safetensors(out_dir / "model.safetensors", deepspec_weights(rec["target"], table, ids, kv), rec["dtype"])
+        (out_dir / "config.json").write_bytes(_json_bytes(deepspec_config(rec["target"], ids, kv)))
     elif kind == "deepspec-quantized":
         from engine.dspark.deepspec_module import quantize_dir
 
