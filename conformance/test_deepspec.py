@@ -52,7 +52,7 @@ def confidence_mismatch(a: Trace, b: Trace, atol: float = CONF_ATOL) -> str | No
 
 def test_goldens_cover_both_thresholds_and_accepted_eos() -> None:
     drafters = {c.drafter for c in CASES}
-    assert drafters == {"deepspec-t0", "deepspec-t0.5"}, drafters
+    assert drafters == {"deepspec-t0", "deepspec-t0.5", "deepspec-kv-t0", "deepspec-kv-t0.5"}, drafters
     eos_rounds = []
     for c in CASES:
         g = read_trace(golden_path(GOLDEN_DIR, golden_key("deepspec", c)))

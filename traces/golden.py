@@ -155,13 +155,17 @@ def deepspec_cases() -> list[Any]:
     (block 4), confidence thresholds 0 and 0.5, five prompts short enough that prompt +
     budget + block stays inside the target's 32-token sliding window, 14 tokens; plus
     EOS-inside-accepted-drafts cases (an extra EOS id, 281, that the drafter proposes
-    and the target accepts mid-block). Regenerate with DeepSpec present (README)."""
+    and the target accepts mid-block); plus the non-K≡V drafter (v_proj + v_norm).
+    Regenerate with DeepSpec present (README "DSpark block drafters")."""
     from specparity.cases import Case
 
     out = [Case("gemma4", f"deepspec-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, source="deepspec")
            for t in ("0", "0.5") for p in DEEPSPEC_PROMPTS]
     out += [Case("gemma4", f"deepspec-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, eos_ids=(1, 281), source="deepspec")
             for t in ("0", "0.5") for p in ("nat-09", "nat-03")]
+    # the v_proj + v_norm path (attention_k_eq_v False), taps [0]: also run by mlx-vlm
+    out += [Case("gemma4", f"deepspec-kv-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, source="deepspec")
+            for t in ("0", "0.5") for p in ("nat-03", "rnd-14")]
     return out
 
 
