@@ -11,7 +11,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 class ModelLoadError(ValueError):
@@ -58,3 +58,15 @@ def file_digest(paths: list[Path]) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
+
+
+def parameters(module: Any) -> dict[str, Any]:
+    """A module's parameters flattened to ``{"a.b.weight": array}`` (mlx ``tree_flatten``)."""
+    from mlx.utils import tree_flatten
+
+    return dict(cast(list[tuple[str, Any]], tree_flatten(module.parameters())))
+
+
+def parameter_shapes(module: Any) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of a module's parameters."""
+    return {k: tuple(v.shape) for k, v in parameters(module).items()}

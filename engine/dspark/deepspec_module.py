@@ -394,7 +394,7 @@ def quantize_dir(src: Path | str, dst: Path | str, bits: int, group_size: int = 
     they are. ``config.json`` keeps the architecture stamp and gains
     ``quantization: {bits, group_size}``.
     """
-    from mlx.utils import tree_flatten
+    from engine.models import parameters
 
     src, dst = Path(src), Path(dst)
     model = load(src)
@@ -402,7 +402,7 @@ def quantize_dir(src: Path | str, dst: Path | str, bits: int, group_size: int = 
     dst.mkdir(parents=True, exist_ok=True)
     cfg = read_config(src)
     cfg["quantization"] = {"group_size": group_size, "bits": bits}
-    flat = dict(tree_flatten(model.parameters()))
+    flat = parameters(model)
     mx.save_safetensors(str(dst / "model.safetensors"), flat, metadata={"format": "mlx"})
     (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return dst

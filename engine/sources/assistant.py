@@ -237,7 +237,7 @@ class AssistantDrafter(nn.Module):
 
 def load_drafter(path: str | Path) -> AssistantDrafter:
     """Load a ``gemma4_assistant`` directory (offline); every module parameter must be present."""
-    from mlx.utils import tree_flatten
+    from engine.models import parameters
 
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
@@ -255,7 +255,7 @@ def load_drafter(path: str | Path) -> AssistantDrafter:
     model = AssistantDrafter(cfg)
     if ORDERING in weights:
         weights[ORDERING] = weights[ORDERING].astype(mx.int32)
-    want = {k for k, _ in tree_flatten(model.parameters())}
+    want = set(parameters(model))
     missing = sorted(want - set(weights))
     if missing:
         raise ValueError(f"assistant: {p}: parameters missing from the checkpoint: {missing[:8]}")

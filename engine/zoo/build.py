@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -175,13 +175,13 @@ def model_config(r: Recipe) -> dict[str, Any]:
 
 def _param_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Parameter names/shapes as mlx-lm's own ``Model`` defines them."""
-    from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
+
+    from engine.models import parameter_shapes
 
     model_cls, args_cls = _get_classes(cfg)
     model = model_cls(args_cls.from_dict(cfg))
-    flat = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
-    return {k: tuple(v.shape) for k, v in flat}
+    return parameter_shapes(model)
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:

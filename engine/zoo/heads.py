@@ -131,11 +131,10 @@ def _mtp_config(r: HeadRecipe) -> dict[str, Any]:
 
 
 def _mtp_weights(r: HeadRecipe, cfg: dict[str, Any]) -> dict[str, np.ndarray]:
-    from mlx.utils import tree_flatten
-
+    from engine.models import parameter_shapes
     from engine.sources.mtp import MTPHead
 
-    shapes = {k: tuple(v.shape) for k, v in tree_flatten(MTPHead(cfg["text_config"]).parameters())}
+    shapes = parameter_shapes(MTPHead(cfg["text_config"]))
     out = {k: _random(r.seed, k, shapes[k]) for k in sorted(shapes)}
     if r.init == "self":
         # The target's last (full-attention) layer reads the next token's
@@ -376,10 +375,11 @@ def head_dir(name: str) -> Path:
 
 def measure(name: str, path: Path, gamma: int = 3, max_tokens: int = 32, n_prompts: int = 8) -> dict[str, Any]:
     """Greedy acceptance and tokens per target forward of head ``name`` with the engine source."""
+    from mlx_lm.utils import load_model
+
     from engine import zoo
     from engine.executor import GenerationParams, spec_generate
     from engine.sources import make_provider
-    from mlx_lm.utils import load_model
 
     r = RECIPES[name]
     target = load_model(zoo.model_dir(r.target))[0]

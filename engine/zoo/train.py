@@ -200,8 +200,9 @@ def train_one(s: Spec, data: Any, val: Any, out_dir: Path, log: Any = print) -> 
     import mlx.nn as nn
     import mlx.optimizers as optim
     import numpy as np
-    from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
+
+    from engine.models import parameters
 
     mx.random.seed(s.seed)
     model = Model(ModelArgs.from_dict(model_config(s)))
@@ -238,7 +239,7 @@ def train_one(s: Spec, data: Any, val: Any, out_dir: Path, log: Any = print) -> 
     vx, vy = batch(val, 256)
     val_loss = float(loss_fn(model, vx, vy).item())
     out_dir.mkdir(parents=True, exist_ok=True)
-    params = dict(tree_flatten(model.parameters()))
+    params = parameters(model)
     mx.save_safetensors(str(out_dir / "model.safetensors"),
                         {k: params[k] for k in sorted(params)}, metadata={"format": "mlx"})
     (out_dir / "config.json").write_bytes(_json_bytes(model_config(s)))
