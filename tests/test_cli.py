@@ -137,3 +137,25 @@ def test_known_lists_entries_and_hits(tmp_path, capsys) -> None:  # noqa: ANN001
     assert "mlx-lm-rotating-trim-after-wrap" in out and "matched nothing in this run" in out
     assert "in " + str(tmp_path) + ": 1 comparison(s)" in out
     assert main(["known", "--run", str(tmp_path / "missing")]) == 2
+
+
+def test_generate_detects_the_source_and_reports_fallback(capsys) -> None:  # noqa: ANN001
+    """--draft alone picks the source by the §3 detection order; ngram needs none."""
+    from engine import zoo
+    from engine.zoo.heads import head_dir
+    from specparity.cli import main
+
+    q35 = zoo.model_dir("qwen35")
+    assert main(["generate", "--target", str(q35), "--draft", str(head_dir("qwen35-mtp-self")),
+                 "-n", "6", "--prompt-ids", "5,6,7"]) == 0
+    assert "source mtp" in capsys.readouterr().err
+    llama = zoo.model_dir("llama")
+    assert main(["generate", "--target", str(llama), "--source", "ngram", "-n", "6",
+                 "--prompt-ids", "5,6,7,5,6"]) == 0
+    assert "source ngram" in capsys.readouterr().err
+    g3, g3t = zoo.pair("gemma3", "twin")
+    longest = max(zoo.prompts(), key=lambda p: len(p.token_ids))
+    ids = ",".join(str(t) for t in longest.token_ids)
+    assert main(["generate", "--target", str(g3), "--draft", str(g3t), "-n", "4", "--prompt-ids", ids]) == 0
+    err = capsys.readouterr().err
+    assert "speculation stopped after 0 tokens (ring-wrap)" in err and "RotatingKVCache" in err
