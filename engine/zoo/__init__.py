@@ -21,14 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
+
+from engine.zoo import pinned
 
 __all__ = [
     "DRAFTERS",
@@ -186,22 +185,13 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specparity" / "zoo"
 
 
-_LOCK = threading.Lock()
-_VERIFIED: dict[tuple[str, str], tuple[Any, ...]] = {}
-
-
 def clear_verification_cache() -> None:
     """Forget which model dirs this process has already verified."""
-    with _LOCK:
-        _VERIFIED.clear()
+    pinned.clear()
 
 
 def _stamp(d: Path) -> tuple[Any, ...]:
-    out: list[Any] = []
-    for f in _CHECKED_FILES:
-        st = (d / f).stat()
-        out.append((f, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(out)
+    return pinned.stamp(d, _CHECKED_FILES)
 
 
 def _verify(name: str, d: Path) -> None:
@@ -260,34 +250,13 @@ def model_dir(name: str) -> Path:
     entry = manifest()["models"].get(name)
     if entry is None:
         raise ZooDriftError(f"zoo drift: {name}: no entry in {_MANIFEST_FILE}")
-    d = root / f"{name}-{entry['weights_sha256'][:12]}"
-    with _LOCK:
-        if not (d / "model.safetensors").exists():
-            from engine.zoo.build import write_model
+    from engine.zoo.build import write_model
 
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
-            try:
-                write_model(name, tmp)
-                os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-                if d.exists() and not (d / "model.safetensors").exists():
-                    shutil.rmtree(d)  # stale dir without weights (never left by us)
-                try:
-                    os.rename(tmp, d)
-                except OSError:  # another process won the race: keep theirs
-                    if not (d / "model.safetensors").exists():
-                        raise
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-        key = (str(d.resolve()), name)
-        try:
-            stamp = _stamp(d)
-        except FileNotFoundError as exc:
-            raise ZooDriftError(f"zoo drift: {name}: missing file in {d}: {exc}") from exc
-        if _VERIFIED.get(key) != stamp:
-            _verify(name, d)
-            _VERIFIED[key] = stamp
+    d = pinned.build(root, f"{name}-{entry['weights_sha256'][:12]}", lambda tmp: write_model(name, tmp))
+    pinned.verify_once(
+        d, _CHECKED_FILES, lambda: _verify(name, d),
+        lambda exc: ZooDriftError(f"zoo drift: {name}: missing file in {d}: {exc}"),
+    )
     return d
 
 

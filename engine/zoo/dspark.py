@@ -35,10 +35,8 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import shutil
 import tempfile
-import threading
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -314,41 +312,25 @@ def _manifest() -> dict[str, Any]:
     return json.loads(MANIFEST_FILE.read_text()) if MANIFEST_FILE.exists() else {}
 
 
-_LOCK = threading.RLock()
-_VERIFIED: set[str] = set()
-
-
 def artifact_dir(name: str) -> Path:
     """Path of artifact ``name``, built on first use and checked against the manifest."""
     entry = _manifest().get("artifacts", {}).get(name)
     if entry is None:
         raise zoo.ZooDriftError(f"zoo drift: {name}: no entry in {MANIFEST_FILE}")
-    root = zoo.cache_root()
-    d = root / f"{name}-{entry['weights_sha256'][:12]}"
-    with _LOCK:
-        if not (d / "model.safetensors").exists():
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
-            try:
-                write_artifact(name, tmp)
-                os.chmod(tmp, 0o755)
-                try:
-                    os.rename(tmp, d)
-                except OSError:
-                    if not (d / "model.safetensors").exists():
-                        raise
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-        if str(d) not in _VERIFIED:
-            got_w, got_c = tensors_digest(d), _config_sha(d)
-            if (got_w, got_c) != (entry["weights_sha256"], entry["config_sha256"]):
-                raise zoo.ZooDriftError(
-                    f"zoo drift: {name}: {d} has weights {got_w[:12]} config {got_c[:12]}, manifest expects "
-                    f"{entry['weights_sha256'][:12]} / {entry['config_sha256'][:12]} (delete {d} to rebuild, or "
-                    "`python -m engine.zoo.dspark --update-manifest` if the recipe changed on purpose)"
-                )
-            _VERIFIED.add(str(d))
+    from engine.zoo import pinned
+
+    def verify() -> None:
+        got_w, got_c = tensors_digest(d), _config_sha(d)
+        if (got_w, got_c) != (entry["weights_sha256"], entry["config_sha256"]):
+            raise zoo.ZooDriftError(
+                f"zoo drift: {name}: {d} has weights {got_w[:12]} config {got_c[:12]}, manifest expects "
+                f"{entry['weights_sha256'][:12]} / {entry['config_sha256'][:12]} (delete {d} to rebuild, or "
+                "`python -m engine.zoo.dspark --update-manifest` if the recipe changed on purpose)"
+            )
+
+    d = pinned.build(zoo.cache_root(), f"{name}-{entry['weights_sha256'][:12]}", lambda tmp: write_artifact(name, tmp))
+    files = [f.name for f in sorted(d.iterdir()) if f.suffix in (".safetensors", ".json")]
+    pinned.verify_once(d, files, verify, lambda exc: zoo.ZooDriftError(f"zoo drift: {name}: missing file in {d}: {exc}"))
     return d
 
 
@@ -382,7 +364,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.update_manifest:
         m = build_manifest()
         MANIFEST_FILE.write_text(json.dumps(m, sort_keys=True) + "\n")
-        _VERIFIED.clear()
+        from engine.zoo import pinned
+
+        pinned.clear()
     for name in args.only if args.only is not None else ARTIFACTS:
         print(name, artifact_dir(name))
 

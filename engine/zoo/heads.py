@@ -32,10 +32,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
 import tempfile
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -307,14 +304,6 @@ def manifest() -> dict[str, Any]:
     return json.loads(MANIFEST_FILE.read_text())
 
 
-_LOCK = threading.Lock()
-_VERIFIED: dict[str, tuple[Any, ...]] = {}
-
-
-def _stamp(d: Path) -> tuple[Any, ...]:
-    return tuple((f, (d / f).stat().st_size, (d / f).stat().st_mtime_ns) for f in _CHECKED)
-
-
 def _verify(name: str, d: Path) -> None:
     from engine.zoo import config_digest, weights_digest
 
@@ -343,30 +332,14 @@ def head_dir(name: str) -> Path:
     entry = manifest()["heads"].get(name)
     if entry is None:
         raise HeadDriftError(f"zoo drift: head {name}: no entry in {MANIFEST_FILE}")
-    root = cache_root()
-    d = root / f"head-{name}-{entry['weights_sha256'][:8]}{entry['config_sha256'][:4]}"
-    with _LOCK:
-        if not (d / "model.safetensors").exists():
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".head-{name}.tmp-", dir=root))
-            try:
-                write_head(name, tmp)
-                os.chmod(tmp, 0o755)
-                try:
-                    os.rename(tmp, d)
-                except OSError:
-                    if not (d / "model.safetensors").exists():
-                        raise
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            stamp = _stamp(d)
-        except FileNotFoundError as exc:
-            raise HeadDriftError(f"zoo drift: head {name}: missing file in {d}: {exc}") from exc
-        if _VERIFIED.get(name) != stamp:
-            _verify(name, d)
-            _VERIFIED[name] = stamp
+    from engine.zoo import pinned
+
+    d = pinned.build(cache_root(), f"head-{name}-{entry['weights_sha256'][:8]}{entry['config_sha256'][:4]}",
+                     lambda tmp: write_head(name, tmp))
+    pinned.verify_once(
+        d, _CHECKED, lambda: _verify(name, d),
+        lambda exc: HeadDriftError(f"zoo drift: head {name}: missing file in {d}: {exc}"),
+    )
     return d
 
 

@@ -1,0 +1,82 @@
+"""Pinned zoo artifacts in the cache dir: atomic build, then verify once per file state.
+
+Shared by the seeded models (``engine.zoo.model_dir``), the MTP/assistant
+heads (``engine.zoo.heads.head_dir``) and the DSpark/DeepSpec drafters
+(``engine.zoo.dspark.artifact_dir``). An artifact is built into a temp dir
+beside its final name and renamed into place (a killed build leaves nothing
+under the final name; a concurrent build's result is kept), then its files
+are checked against the pinned digests. The check is repeated whenever a
+file's size, mtime or inode changes, so tampering after a build is caught.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+MARKER = "model.safetensors"
+
+_LOCK = threading.RLock()
+_VERIFIED: dict[str, tuple[Any, ...]] = {}
+
+
+def clear() -> None:
+    """Forget which artifact dirs this process has verified."""
+    with _LOCK:
+        _VERIFIED.clear()
+
+
+def stamp(d: Path, files: Sequence[str]) -> tuple[Any, ...]:
+    """Size, mtime and inode of each file (raises FileNotFoundError when one is missing)."""
+    out: list[Any] = []
+    for f in files:
+        st = (d / f).stat()
+        out.append((f, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
+
+
+def build(root: Path, dirname: str, write: Callable[[Path], Any]) -> Path:
+    """``root/dirname``, written by ``write(tmp_dir)`` and renamed into place if absent."""
+    d = root / dirname
+    with _LOCK:
+        if (d / MARKER).exists():
+            return d
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dirname}.tmp-", dir=root))
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+            if d.exists() and not (d / MARKER).exists():
+                shutil.rmtree(d)  # a stale dir without weights (never left by us)
+            try:
+                os.rename(tmp, d)
+            except OSError:  # another process won the race: keep theirs
+                if not (d / MARKER).exists():
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return d
+
+
+def verify_once(
+    d: Path,
+    files: Sequence[str],
+    verify: Callable[[], None],
+    missing: Callable[[FileNotFoundError], Exception],
+) -> None:
+    """Run ``verify()`` unless ``d``'s ``files`` are unchanged since it last passed."""
+    with _LOCK:
+        try:
+            st = stamp(d, files)
+        except FileNotFoundError as exc:
+            raise missing(exc) from exc
+        key = str(d.resolve())
+        if _VERIFIED.get(key) != st:
+            verify()
+            _VERIFIED[key] = st
