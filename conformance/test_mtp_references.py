@@ -7,6 +7,20 @@ drafter's own hidden — the engine head's log-probs are compared with mlx-vlm
 engine's tap). Bound: |Δ log-prob| <= ``BOUND`` (float32 on both sides, the same
 weights; mlx-vlm uses its own qwen3_5 decoder layer and rope). Greedy chained
 tokens must be identical. Runs in ``tox -e vlm``.
+
+Round loop: mlx-vlm's own ``_mtp_rounds`` (``oracles.mlx_vlm.run_mtp``: its
+``generate_step`` unmodified, block size pinned to γ+1 <= the head's
+``block_size``, unchunked prefill so the drafter sees every prompt row) vs the
+engine ``mtp`` source, round for round at temperature 0 (feed, drafts, window,
+samples, k_accept, emitted, end, counters), with real partial accepts and
+gated-DeltaNet rollbacks. mlx-vlm 0.7.10 feeds its drafter the target's
+POST-final-norm hidden where §3 (and the engine) use the PRE-final-norm one
+(documented behaviour ``mlx-vlm-mtp-post-norm-hidden``, reproduced below).
+That flips some draft tokens (both heads; e.g. self head nat-02 round 7), so
+a run must be identical round for round up to its first differing DRAFT
+(never a target sample), and the token streams must be identical (lossless
+on both sides). Not yet done: a rule-aligned run (pre-norm hidden into the
+unmodified loop) that would allow full round-for-round identity.
 """
 
 from __future__ import annotations
@@ -19,6 +33,110 @@ BOUND = 1e-3
 CHAIN = 3
 HEADS = ("qwen35-mtp", "qwen35-mtp-self")
 PROMPTS = ("nat-00", "nat-03", "rnd-00")
+LOOP_PROMPTS = ("nat-00", "nat-01", "nat-02", "nat-03", "rnd-00")
+LOOP_N = 40
+
+
+def _loop_cases(head: str) -> list:
+    from specparity.cases import Case
+
+    return [Case("qwen35", head, p, g, LOOP_N, source="mtp") for p in LOOP_PROMPTS for g in (1, 2)]
+
+
+_VLM_TARGET: list = []
+
+
+def _vlm_trace(case, eng):  # noqa: ANN001, ANN202
+    """mlx-vlm's round loop on ``case``, as a trace carrying the engine trace's header (runner swapped)."""
+    from engine import zoo
+    from engine.zoo.heads import head_dir
+    from oracles.mlx_vlm import load_target, run_mtp, version
+    from traces.io import Trace
+
+    if not _VLM_TARGET:
+        _VLM_TARGET.append(load_target(zoo.model_dir(case.target)))
+    header = dict(eng.records()[0])
+    body, _ = run_mtp(
+        zoo.model_dir(case.target), head_dir(case.drafter), list(header["prompt"]["token_ids"]),
+        gamma=case.gamma, max_tokens=case.max_tokens, eos_ids=list(header["eos_ids"]), model=_VLM_TARGET[0],
+    )  # fmt: skip
+    header["runner"] = {"name": "mlx_vlm", "package": "mlx-vlm", "version": version()}
+    return Trace.from_records([header, *body])
+
+
+@pytest.mark.oracle
+def test_mlx_vlm_mtp_loop_partial_accepts_and_rollbacks() -> None:
+    """The identical runs are not vacuous: partial accepts (0 < k < d) and rejected drafts (DeltaNet rollbacks)."""
+    require_oracle("mlx_vlm")
+    from conformance.conftest import run_trace
+    from traces.diff import diff_traces
+
+    partial = rejected = identical = 0
+    for case in _loop_cases("qwen35-mtp-self"):
+        eng = run_trace("engine", case)
+        ref = _vlm_trace(case, eng)
+        identical += diff_traces(eng, ref, level="round") is None
+        partial += sum(1 for r in ref.rounds if 0 < r["k_accept"] < len(r["drafts"]))
+        rejected += ref.footer["speculation"]["rejected"]
+    print(f"\nmlx-vlm MTP loop, self head: {identical}/{len(_loop_cases('qwen35-mtp-self'))} runs identical round for round")
+    assert partial > 0 and rejected > 0 and identical > 0, (partial, rejected, identical)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", _loop_cases("qwen35-mtp-self") + _loop_cases("qwen35-mtp"), ids=lambda c: c.case_id)
+def test_mtp_rounds_vs_mlx_vlm(case) -> None:  # noqa: ANN001
+    """Round for round up to the first draft that the documented ``mlx-vlm-mtp-post-norm-hidden``
+    flips; that difference must be a draft (target samples agree), and the token streams identical."""
+    require_oracle("mlx_vlm")
+    from conformance.conftest import run_trace
+    from traces.diff import diff_traces
+
+    eng = run_trace("engine", case)
+    ref = _vlm_trace(case, eng)
+    assert diff_traces(eng, ref, level="tokens") is None, f"{case.case_id}: token streams differ"
+    div = diff_traces(eng, ref, level="round")
+    if div is not None:
+        assert div.where.startswith("round") and div.field == "drafts", div.message
+        assert "samples agree" in div.message, div.message
+
+
+@pytest.mark.oracle
+def test_mlx_vlm_mtp_feeds_post_norm_hidden() -> None:
+    """Reproduction of ``mlx-vlm-mtp-post-norm-hidden``: the verify hidden mlx-vlm hands its MTP drafter
+    equals the target's final-norm output, not the pre-final-norm last-layer output §3 prescribes."""
+    require_oracle("mlx_vlm")
+    import mlx.core as mx
+
+    from engine import zoo
+    from engine.taps import capture_layers
+    from oracles.mlx_vlm import load_target
+    from specparity.runners import load_model
+
+    ids = list(zoo.prompt("rnd-00").token_ids)
+    vlm = load_target(zoo.model_dir("qwen35"))
+    hidden = vlm.language_model(mx.array([ids]), return_hidden=True).hidden_states[-1][0]
+    target = load_model(str(zoo.model_dir("qwen35"))).model
+    n = len(target.layers)
+    with capture_layers(target, [n - 1]) as cap:
+        mx.eval(target(mx.array(ids)[None]), cap)
+    pre = cap[n - 1][0]
+    post = target.model.norm(pre)
+    assert float(mx.abs(hidden - post).max()) < 1e-4
+    assert float(mx.abs(hidden - pre).max()) > 1e-1
+
+
+def test_mlx_vlm_rebuild_refuses_inconsistent_logs() -> None:
+    """The round rebuild checks the yielded stream against the walk (model-free; runs in the default venv)."""
+    from oracles.mlx_vlm import _rebuild_mtp
+
+    log = [("verify", [5, 7, 8], [1.0, 1.0, 1.0]), ("walk", 1, [7, 9], [7, 9, 3])]
+    recs = _rebuild_mtp(log, [1, 2, 3], [5, 7, 9], 1.0, {0}, 0.0)
+    rnd = recs[2]
+    assert (rnd["drafts"], rnd["k_accept"], rnd["emitted"], rnd["end"]) == ([7, 8], 1, [7, 9], "budget")
+    with pytest.raises(RuntimeError):
+        _rebuild_mtp(log, [1, 2, 3], [5, 7, 4], 1.0, {0}, 0.0)
+    with pytest.raises(RuntimeError):
+        _rebuild_mtp([("verify", [6, 7, 8], [1.0] * 3), log[1]], [1, 2, 3], [5, 7, 9], 1.0, {0}, 0.0)
 
 
 @pytest.mark.oracle

@@ -8,10 +8,34 @@ target's own ``embed_tokens`` and ``lm_head`` tensors (``bind`` looks up
 exactly those two), so the reference computes its rows with its own decoder
 layer, norms and ``fc``.
 
-What runs today: per-position draft logits (``draft_logits``) on inputs the
-caller supplies (token ids, target hidden rows), for the draft-logit parity
-check. The round loop (``speculative/mtp.py`` ``_mtp_rounds``) needs an mlx-vlm
-target model; it is not wired yet (see README "MTP and assistant sources").
+Two entry points:
+
+- ``draft_logits``: per-position draft logits on inputs the caller supplies
+  (token ids, target hidden rows), for the draft-logit parity check;
+- ``run_mtp``: mlx-vlm's own MTP round loop, UNMODIFIED: ``generate/ar.py``
+  ``generate_step(..., draft_kind="mtp", draft_block_size=γ+1,
+  temperature=0.0)`` → ``speculative/utils.py`` ``run_speculative_rounds`` →
+  ``speculative/mtp.py`` ``_mtp_rounds`` (greedy path:
+  ``_mtp_verify_target`` → ``speculative_argmax_from_hidden`` →
+  ``common._speculative_walk`` → ``verify.commit``, the gated-DeltaNet
+  rollback). The block size is pinned: ``_mtp_next_block_size`` only adapts
+  when the requested block exceeds the head's configured ``block_size``;
+  ``run_mtp`` refuses such a request (γ+1 must be <= the head's block size).
+  The TARGET is mlx-vlm's own ``models.qwen3_5.Model`` (a 1-layer, 16-wide
+  vision tower that text-only prompts never touch) whose ``language_model``
+  receives the zoo target's runtime weights as loaded by mlx-lm (same module
+  tree, key prefix ``language_model.`` dropped, ``strict=True``; no
+  re-sanitizing) and ``mrope_section = [rotary_dim/2, 0, 0]`` (text-only
+  positions are identical on all three mRoPE axes, so this is plain RoPE).
+  Instrumentation from outside: the module globals ``mtp._mtp_verify_target``
+  (window = verify input, target greedy tokens, margins from
+  ``speculative_logits_from_hidden``) and ``mtp._speculative_walk``
+  (accepted count, new tokens) are wrapped for the duration of one run and
+  restored. EOS is the consumer's business in mlx-vlm (``stream_generate``
+  stops on it); the runner stops where the engine does (first EOS emitted).
+
+Test-only runner: ``specparity run`` / ``specparity.runners.run_case`` does
+not dispatch it (mlx-vlm lives in its own tox env, ``tox -e vlm``).
 """
 
 from __future__ import annotations
@@ -85,3 +109,190 @@ def draft_logits(
         h_prev = draft._forward_token(tok.astype(mx.int32), h_prev, mx.int32)
         out.append(draft._lm_head_fn(h_prev)[0, 0])
     return rows, (mx.stack(out) if out else mx.zeros((0, rows.shape[-1])))
+
+
+# ----------------------------------------------------------------- MTP round loop
+
+
+def load_target(target_dir: str | Path) -> Any:
+    """mlx-vlm ``qwen3_5.Model`` carrying the zoo target's weights (see module doc)."""
+    require()
+    import json
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+    from mlx_vlm.models.qwen3_5 import Model, ModelConfig
+
+    target_dir = Path(target_dir)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    if cfg.get("model_type") != "qwen3_5":
+        raise ValueError(f"mlx_vlm MTP runner: target model_type {cfg.get('model_type')!r}, expected 'qwen3_5'")
+    rope = dict(cfg.get("rope_parameters") or {})
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    rotary = int(head_dim * float(rope.get("partial_rotary_factor", 1.0)))
+    rope["mrope_section"] = [rotary // 2, 0, 0]
+    text = {**cfg, "rope_parameters": rope}
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=cfg["hidden_size"],
+                  patch_size=2, spatial_merge_size=1, temporal_patch_size=1, num_position_embeddings=4,
+                  deepstack_visual_indexes=[])  # fmt: skip
+    model = Model(ModelConfig.from_dict(
+        dict(model_type="qwen3_5", text_config=text, vision_config=vision,
+             vocab_size=cfg["vocab_size"], eos_token_id=cfg.get("eos_token_id"))
+    ))  # fmt: skip
+    src, _ = load_model(target_dir)
+    weights = [(k.removeprefix("language_model."), v) for k, v in tree_flatten(src.parameters())]
+    model.language_model.load_weights(weights, strict=True)
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def run_mtp(
+    target_dir: str | Path,
+    head_path: str | Path,
+    prompt_ids: list[int],
+    *,
+    gamma: int,
+    max_tokens: int,
+    eos_ids: list[int],
+    model: Any = None,
+    prefill_step_size: int | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """mlx-vlm's MTP loop (greedy) on one case: (records after the header, info).
+
+    ``prefill_step_size=None`` (the default here) is ``generate_step``'s unchunked
+    prefill: the drafter receives every prompt row (``prefill_from_target_hidden``
+    over the full prompt), §3's ``prefill_mode = "full"``. mlx-vlm's own default
+    (chunked, 2048) hands the drafter only the last prompt row at drafter
+    position 0 (documented behaviour ``mlx-vlm-mtp-chunked-prefill-drafter-rows``).
+    """
+    require()
+    import json
+    import time
+
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.speculative import mtp as vmtp
+    from mlx_vlm.speculative.drafters import load_drafter
+
+    configured = int(json.loads((Path(head_path) / "config.json").read_text()).get("block_size", 1))
+    if gamma + 1 > configured:
+        raise ValueError(
+            f"mlx_vlm MTP: gamma+1={gamma + 1} exceeds the head's block_size {configured}; "
+            "mlx-vlm would adapt the block size (_effective_mtp_block_size), so the round shape is not pinned"
+        )
+    model = model if model is not None else load_target(target_dir)
+    draft, kind = load_drafter(str(head_path))
+    if kind != "mtp":
+        raise RuntimeError(f"mlx-vlm resolved draft kind {kind!r} for {head_path}, expected 'mtp'")
+
+    log: list[tuple] = []
+    orig_verify, orig_walk = vmtp._mtp_verify_target, vmtp._speculative_walk
+
+    def verify(lm: Any, verify_input: Any, *a: Any, **k: Any) -> Any:
+        res = orig_verify(lm, verify_input, *a, **k)
+        top = mx.topk(lm.speculative_logits_from_hidden(res.hidden)[0].astype(mx.float32), 2, axis=-1)
+        margins = [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
+        log.append(("verify", [int(t) for t in verify_input[0].tolist()], margins))
+        return res
+
+    def walk(draft_tokens: Any, target_tokens: Any, budget: int) -> Any:
+        accepted, new = orig_walk(draft_tokens, target_tokens, budget)
+        log.append(("walk", int(accepted), [int(t) for t in new], [int(t) for t in target_tokens.reshape(-1).tolist()]))
+        return accepted, new
+
+    eos = set(int(e) for e in eos_ids)
+    produced: list[int] = []
+    first_margin = None
+    t0 = time.perf_counter()
+    vmtp._mtp_verify_target, vmtp._speculative_walk = verify, walk
+    try:
+        gen = generate_step(
+            mx.array([prompt_ids], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
+            temperature=0.0, draft_model=draft, draft_kind="mtp", draft_block_size=gamma + 1,
+            prefill_step_size=prefill_step_size,
+        )  # fmt: skip
+        for tok, logprobs in gen:
+            tok = int(tok)
+            if first_margin is None:
+                top = mx.topk(logprobs.reshape(-1).astype(mx.float32), 2)
+                first_margin = float(mx.abs(top[0] - top[1]))
+            produced.append(tok)
+            if tok in eos or len(produced) >= max_tokens:
+                break
+        gen.close()
+    finally:
+        vmtp._mtp_verify_target, vmtp._speculative_walk = orig_verify, orig_walk
+    wall = time.perf_counter() - t0
+    records = _rebuild_mtp(log, prompt_ids, produced, first_margin, eos, wall, prefill_step_size is None)
+    info = {"accept_lens": list(getattr(draft, "accept_lens", []) or []), "block_size": gamma + 1}
+    return records, info
+
+
+def _rebuild_mtp(
+    log: list[tuple], prompt_ids: list[int], produced: list[int], first_margin: float | None, eos: set[int],
+    wall: float, full_prefill: bool = True,
+) -> list[dict[str, Any]]:
+    from traces.records import counters_from_rounds
+
+    stop = "eos" if produced and produced[-1] in eos else "budget"
+    # the drafter rows the prefill leaves in its cache: (token_{p+1}, hidden_p) for p < L-1
+    # (the last prompt row needs the first sampled token; it is written with the first draft)
+    drafter_tokens = list(prompt_ids[1:]) if full_prefill else []
+    records: list[dict[str, Any]] = [
+        {"type": "prefill", "target_tokens": list(prompt_ids), "drafter_tokens": drafter_tokens,
+         "target_cache_digest": None, "drafter_cache_digest": None},
+        {"type": "plain", "index": 0, "input": [prompt_ids[-1]], "sample": produced[0], "margin": first_margin,
+         "emitted": [produced[0]], "end": stop if len(produced) == 1 else None, "reason": "initial",
+         "target_cache_digest": None, "time_s": None},
+    ]  # fmt: skip
+    pairs = []
+    pending = None
+    for e in log:
+        if e[0] == "verify":
+            pending = e
+        else:
+            if pending is None:
+                raise RuntimeError("mlx_vlm MTP: walk without a verify")
+            pairs.append((pending, e))
+            pending = None
+    rounds: list[dict[str, Any]] = []
+    pos = 1
+    for i, ((_, window, margins), (_, k, new, _targets)) in enumerate(pairs):
+        if pos >= len(produced):
+            break  # a round whose tokens the consumer never took
+        if window[0] != produced[pos - 1]:
+            raise RuntimeError(f"mlx_vlm MTP round {i}: window head {window[0]} != last token {produced[pos - 1]}")
+        drafts = window[1:]
+        emitted = list(new)
+        cut = [j for j, t in enumerate(emitted) if t in eos]
+        if cut:
+            emitted = emitted[: cut[0] + 1]
+        emitted = emitted[: len(produced) - pos]
+        if produced[pos : pos + len(emitted)] != emitted:
+            raise RuntimeError(f"mlx_vlm MTP round {i}: walk tokens {emitted} != yielded {produced[pos:pos + len(emitted)]}")
+        pos += len(emitted)
+        k_eff = min(k, len(emitted))
+        if pos >= len(produced):
+            end = stop
+        else:
+            end = "correction" if k < len(drafts) else "bonus"
+        if rounds and rounds[-1]["drafts"] and rounds[-1]["k_accept"] == len(rounds[-1]["drafts"]):
+            feed = [rounds[-1]["drafts"][-1], window[0]]
+        else:
+            feed = [window[0]]
+        rounds.append({
+            "type": "round", "index": len(rounds), "feed": feed, "drafts": drafts, "window": window,
+            "samples": list(emitted), "k_accept": k_eff, "emitted": emitted, "end": end,
+            "margins": margins, "confidence": None, "target_cache_digest": None,
+            "drafter_cache_digest": None, "time_s": None,
+        })  # fmt: skip
+    if pos != len(produced):
+        raise RuntimeError(f"mlx_vlm MTP: rebuilt {pos} tokens of {len(produced)} yielded")
+    records.extend(rounds)
+    usage = {"prompt_tokens": len(prompt_ids), "generation_tokens": len(produced),
+             "finish_reason": "stop" if stop == "eos" else "length"}
+    records.append({"type": "footer", "usage": usage, "speculation": counters_from_rounds(rounds, n_plain=1),
+                    "output_ids": list(produced), "wall_s": wall})  # fmt: skip
+    return records
