@@ -57,7 +57,9 @@ def test_live_engine_matches_goldens(case, problems: list[GoldenProblem]) -> Non
     divergent = [c for c in comps if c.status == "divergent"]
     assert not divergent, f"{case.case_id}: live engine vs goldens\n" + "\n".join(
         c.format() for c in divergent)
-    assert any(c.status == "identical" for c in comps), [c.format() for c in comps]
+    # Not vacuous: at least one golden was compared (a known reference behaviour is compared
+    # round for round up to the engine's fallback point).
+    assert any(c.status in ("identical", "known") for c in comps), [c.format() for c in comps]
 
 
 def golden_runners_of(case) -> list[str]:  # noqa: ANN001

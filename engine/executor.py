@@ -29,7 +29,14 @@ import mlx.core as mx
 
 from engine import caches as cache_ops
 from engine.rollback import CacheRollback
-from engine.sampler import SamplerParams, StepSampler, token_ids, top2_margins
+from engine.sampler import (
+    SamplerParams,
+    StepSampler,
+    margin_array,
+    margins_list,
+    token_ids,
+    top2_margins,
+)
 from engine.seam import (
     PREFILL_MODES,
     DraftProvider,
@@ -366,11 +373,12 @@ def spec_generate(
             logits, ctx = _forward(target_model, caches, window, taps)
             block = logits[0, -(d + 1) :, :]
             samples_arr = sampler.sample_window(block, req.history, window)
-            mx.eval(samples_arr)
+            margins_arr = margin_array(block)
+            mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []))
         if observer is not None:
             observer.after_verify(round_index, window, block, caches)
         samples_all = token_ids(samples_arr)
-        margins = top2_margins(block)
+        margins = margins_list(margins_arr, d + 1)
 
         walked: list[int] = []
         emitted: list[int] = []

@@ -116,10 +116,24 @@ def token_ids(a: mx.array) -> list[int]:
     return [int(t) for t in cast(list, a.reshape(-1).tolist())]
 
 
+def margin_array(logits: mx.array) -> mx.array | None:
+    """Lazy top-1 minus top-2 logit per row of an ``[m, V]`` block (None when V < 2).
+
+    Lazy so the executor can evaluate it together with the samples: one host
+    sync per verify round, as in the reference.
+    """
+    if logits.shape[-1] < 2:
+        return None
+    top = mx.topk(logits.astype(mx.float32), 2, axis=-1)
+    return mx.abs(top[:, 0] - top[:, 1])
+
+
+def margins_list(margins: mx.array | None, rows: int) -> list[float]:
+    if margins is None:
+        return [float("inf")] * rows
+    return [float(m) for m in cast(list, margins.tolist())]
+
+
 def top2_margins(logits: mx.array) -> list[float]:
     """Top-1 minus top-2 logit for every row of an ``[m, V]`` block."""
-    if logits.shape[-1] < 2:
-        return [float("inf")] * logits.shape[0]
-    top = mx.topk(logits.astype(mx.float32), 2, axis=-1)
-    margins = mx.abs(top[:, 0] - top[:, 1])
-    return [float(m) for m in cast(list, margins.tolist())]
+    return margins_list(margin_array(logits), logits.shape[0])
