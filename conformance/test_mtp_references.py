@@ -19,8 +19,9 @@ POST-final-norm hidden where §3 (and the engine) use the PRE-final-norm one
 That flips some draft tokens (both heads; e.g. self head nat-02 round 7), so
 a run must be identical round for round up to its first differing DRAFT
 (never a target sample), and the token streams must be identical (lossless
-on both sides). Not yet done: a rule-aligned run (pre-norm hidden into the
-unmodified loop) that would allow full round-for-round identity.
+on both sides). With the §3-aligned target adapter (``load_target(...,
+hidden="pre-norm")``: final norm moved into the target's head, loop and
+drafter unmodified) every run must be identical round for round.
 """
 
 from __future__ import annotations
@@ -43,25 +44,41 @@ def _loop_cases(head: str) -> list:
     return [Case("qwen35", head, p, g, LOOP_N, source="mtp") for p in LOOP_PROMPTS for g in (1, 2)]
 
 
-_VLM_TARGET: list = []
+_VLM_TARGET: dict = {}
 
 
-def _vlm_trace(case, eng):  # noqa: ANN001, ANN202
+def _vlm_trace(case, eng, hidden: str = "native"):  # noqa: ANN001, ANN202
     """mlx-vlm's round loop on ``case``, as a trace carrying the engine trace's header (runner swapped)."""
     from engine import zoo
     from engine.zoo.heads import head_dir
     from oracles.mlx_vlm import load_target, run_mtp, version
     from traces.io import Trace
 
-    if not _VLM_TARGET:
-        _VLM_TARGET.append(load_target(zoo.model_dir(case.target)))
+    if hidden not in _VLM_TARGET:
+        _VLM_TARGET[hidden] = load_target(zoo.model_dir(case.target), hidden=hidden)
     header = dict(eng.records()[0])
     body, _ = run_mtp(
         zoo.model_dir(case.target), head_dir(case.drafter), list(header["prompt"]["token_ids"]),
-        gamma=case.gamma, max_tokens=case.max_tokens, eos_ids=list(header["eos_ids"]), model=_VLM_TARGET[0],
+        gamma=case.gamma, max_tokens=case.max_tokens, eos_ids=list(header["eos_ids"]), model=_VLM_TARGET[hidden],
     )  # fmt: skip
     header["runner"] = {"name": "mlx_vlm", "package": "mlx-vlm", "version": version()}
     return Trace.from_records([header, *body])
+
+
+ALL_LOOP_CASES = _loop_cases("qwen35-mtp-self") + _loop_cases("qwen35-mtp")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", ALL_LOOP_CASES, ids=lambda c: c.case_id)
+def test_mtp_round_for_round_vs_mlx_vlm_prenorm(case) -> None:  # noqa: ANN001
+    """mlx-vlm's loop and drafter unmodified on the §3-aligned target adapter (pre-norm hidden): identical."""
+    require_oracle("mlx_vlm")
+    from conformance.conftest import run_trace
+    from traces.reference import compare_with_reference
+
+    eng = run_trace("engine", case)
+    verdict = compare_with_reference(eng, _vlm_trace(case, eng, "pre-norm"), "mlx_vlm")
+    assert verdict.status == "identical", f"{case.case_id}: engine vs mlx-vlm (pre-norm)\n{verdict.format()}"
 
 
 @pytest.mark.oracle
@@ -74,17 +91,17 @@ def test_mlx_vlm_mtp_loop_partial_accepts_and_rollbacks() -> None:
     partial = rejected = identical = 0
     for case in _loop_cases("qwen35-mtp-self"):
         eng = run_trace("engine", case)
-        ref = _vlm_trace(case, eng)
+        ref = _vlm_trace(case, eng, "pre-norm")
         identical += diff_traces(eng, ref, level="round") is None
         partial += sum(1 for r in ref.rounds if 0 < r["k_accept"] < len(r["drafts"]))
         rejected += ref.footer["speculation"]["rejected"]
-    print(f"\nmlx-vlm MTP loop, self head: {identical}/{len(_loop_cases('qwen35-mtp-self'))} runs identical round for round")
+    print(f"\nmlx-vlm MTP loop (pre-norm), self head: {identical}/10 identical, {partial} partial-accept rounds")
     assert partial > 0 and rejected > 0 and identical > 0, (partial, rejected, identical)
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("case", _loop_cases("qwen35-mtp-self") + _loop_cases("qwen35-mtp"), ids=lambda c: c.case_id)
-def test_mtp_rounds_vs_mlx_vlm(case) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("case", ALL_LOOP_CASES, ids=lambda c: c.case_id)
+def test_mtp_rounds_vs_mlx_vlm_native(case) -> None:  # noqa: ANN001
     """Round for round up to the first draft that the documented ``mlx-vlm-mtp-post-norm-hidden``
     flips; that difference must be a draft (target samples agree), and the token streams identical."""
     require_oracle("mlx_vlm")

@@ -12,7 +12,9 @@ Two entry points:
 
 - ``draft_logits``: per-position draft logits on inputs the caller supplies
   (token ids, target hidden rows), for the draft-logit parity check;
-- ``run_mtp``: mlx-vlm's own MTP round loop, UNMODIFIED: ``generate/ar.py``
+- ``run_mtp``: mlx-vlm's own MTP round loop, UNMODIFIED (target from
+  ``load_target``: mlx-vlm's native model, or the §3-aligned ``pre-norm``
+  adapter, see there): ``generate/ar.py``
   ``generate_step(..., draft_kind="mtp", draft_block_size=γ+1,
   temperature=0.0)`` → ``speculative/utils.py`` ``run_speculative_rounds`` →
   ``speculative/mtp.py`` ``_mtp_rounds`` (greedy path:
@@ -114,9 +116,25 @@ def draft_logits(
 # ----------------------------------------------------------------- MTP round loop
 
 
-def load_target(target_dir: str | Path) -> Any:
-    """mlx-vlm ``qwen3_5.Model`` carrying the zoo target's weights (see module doc)."""
+def load_target(target_dir: str | Path, hidden: str = "native") -> Any:
+    """mlx-vlm ``qwen3_5.Model`` carrying the zoo target's weights (see module doc).
+
+    ``hidden="native"``: mlx-vlm's model as is; its ``hidden_states[-1]`` (what the
+    MTP loop hands the drafter) is the POST-final-norm output
+    (``mlx-vlm-mtp-post-norm-hidden``). ``hidden="pre-norm"``: the §3-aligned
+    target adapter: the final norm moves from the trunk into the target's head
+    (``language_model.model.norm`` -> identity, ``language_model.lm_head`` ->
+    norm then linear), so target logits are unchanged and ``hidden_states[-1]``
+    is the PRE-final-norm last-layer output. The drafter still borrows the plain
+    linear head (``Model.lm_head``, which ``bind`` looks up first), and
+    ``speculative_argmax_from_hidden`` is hidden (``None``) so that neither the
+    drafter nor the loop reads a head through it: the loop then verifies through
+    ``speculative_verify_logits`` (the same DeltaNet transaction + commit). The
+    loop and the drafter code run unmodified.
+    """
     require()
+    if hidden not in ("native", "pre-norm"):
+        raise ValueError(f"hidden must be 'native' or 'pre-norm', not {hidden!r}")
     import json
 
     import mlx.core as mx
@@ -143,6 +161,24 @@ def load_target(target_dir: str | Path) -> Any:
     src, _ = load_model(target_dir)
     weights = [(k.removeprefix("language_model."), v) for k, v in tree_flatten(src.parameters())]
     model.language_model.load_weights(weights, strict=True)
+    if hidden == "pre-norm":
+        import mlx.nn as nn
+
+        class _NormThenHead(nn.Module):
+            def __init__(self, norm: Any, head: Any) -> None:
+                super().__init__()
+                self.norm, self.head = norm, head
+
+            def __call__(self, x: Any) -> Any:
+                return self.head(self.norm(x))
+
+        lm = model.language_model
+        norm, head = lm.model.norm, lm.lm_head
+        lm.model.norm = nn.Identity()
+        lm.lm_head = _NormThenHead(norm, head)
+        model.lm_head = head
+        lm.speculative_argmax_from_hidden = None
+        lm.speculative_logits_from_hidden = lambda h: lm.lm_head(h)
     mx.eval(model.parameters())
     model.eval()
     return model
