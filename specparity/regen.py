@@ -61,7 +61,7 @@ def _pool_init() -> None:
 @dataclass
 class Outcome:
     key: str
-    status: str  # unchanged | new | updated | numerics | logic-accepted | logic-refused | error
+    status: str  # unchanged | new | updated | numerics | logic-accepted | logic-refused | error | unavailable
     reasons: list[str] = field(default_factory=list)
     where: str | None = None
     field: str | None = None
@@ -70,7 +70,7 @@ class Outcome:
 
     @property
     def changed(self) -> bool:
-        return self.status not in ("unchanged",)
+        return self.status not in ("unchanged", "unavailable")
 
 
 @dataclass
@@ -79,10 +79,19 @@ class RegenResult:
     selected: int
     skipped_done: int
     wall_s: float
+    required: tuple[str, ...] = ()  # runners asked for by name: unavailable is then a failure
 
     @property
     def refused(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.status in ("logic-refused", "error")]
+        return [
+            o for o in self.outcomes
+            if o.status in ("logic-refused", "error")
+            or (o.status == "unavailable" and o.key.split("/")[0] in self.required)
+        ]
+
+    @property
+    def regenerated(self) -> int:
+        return sum(1 for o in self.outcomes if o.status not in ("error", "unavailable", "logic-refused"))
 
     @property
     def exit_code(self) -> int:
@@ -233,7 +242,12 @@ def regen(
     entries = manifest.setdefault("goldens", {})
     skipped = 0
     jobs: list[tuple[str, Any]] = []
+    unavailable = _unavailable_runners({r for r, _ in chosen.values()})
     for key, (runner, case) in chosen.items():
+        if runner in unavailable:
+            # Never a raw import error per golden: one clear reason, golden left as it is.
+            journal["done"][key] = asdict(Outcome(key, "unavailable", message=unavailable[runner]))
+            continue
         entry, path = entries.get(key), g.golden_path(golden_dir, key)
         if (key in journal["done"] and entry is not None and path.exists()
                 and entry.get("sha256") == g.file_sha256(path)
@@ -292,7 +306,20 @@ def regen(
                 _run_pool(jobs, workers if workers is not None else os.cpu_count() or 1, on_result)
     outcomes = [Outcome(**journal["done"][k]) for k in sorted(journal["done"])]
     (golden_dir / JOURNAL_NAME).unlink(missing_ok=True)
-    return RegenResult(outcomes, len(chosen), skipped, time.perf_counter() - t0)
+    return RegenResult(outcomes, len(chosen), skipped, time.perf_counter() - t0, tuple(runners or ()))
+
+
+def _unavailable_runners(names: Iterable[str]) -> dict[str, str]:
+    """``{runner: why}`` for oracle runners whose reference is not installed here."""
+    from oracles import RUNNERS, availability
+
+    out = {}
+    for name in names:
+        if name in RUNNERS:
+            ok, why = availability(name)
+            if not ok:
+                out[name] = f"oracle unavailable: {why}"
+    return out
 
 
 class _NoBar:
@@ -312,7 +339,7 @@ def drift_report(result: RegenResult) -> str:
         "# Golden regeneration: drift report",
         "",
         f"{result.selected} selected, {result.skipped_done} already done (resumed), "
-        f"{len(result.outcomes)} regenerated in {result.wall_s:.1f} s.",
+        f"{result.regenerated} regenerated in {result.wall_s:.1f} s.",
         "",
     ]
     counts: dict[str, int] = {}
@@ -339,6 +366,13 @@ def drift_report(result: RegenResult) -> str:
     if errors:
         lines += ["", "Failed (no golden written):", ""]
         lines += [f"- {o.key}: {o.message}" for o in errors]
+    missing: dict[str, list[str]] = {}
+    for o in result.outcomes:
+        if o.status == "unavailable":
+            missing.setdefault(o.message or "", []).append(o.key)
+    for why, keys in missing.items():
+        runner = keys[0].split("/")[0]
+        lines += ["", f"Not regenerated ({len(keys)} {runner} goldens left as they are): {why}"]
     return "\n".join(lines) + "\n"
 
 

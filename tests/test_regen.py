@@ -190,3 +190,22 @@ def test_ray_matches_process_pool_byte_for_byte(tmp_path: Path) -> None:
         assert (pool / f).read_bytes() == (ray_dir / f).read_bytes(), f
     mp, mr = g.load_manifest(pool)["goldens"], g.load_manifest(ray_dir)["goldens"]
     assert {k: e["sha256"] for k, e in mp.items()} == {k: e["sha256"] for k, e in mr.items()}
+
+
+def test_unavailable_oracle_is_one_clear_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An absent reference leaves its goldens alone with one reason, never per-golden import errors;
+    it fails the run only when that runner was asked for by name."""
+    import oracles
+
+    monkeypatch.setattr(oracles, "availability", lambda name: (name != "mlx_lm", "not installed here"))
+    from specparity.regen import drift_report
+
+    res = regen(tmp_path, case_glob=CASE.case_id, workers=0, progress=False)
+    by = {o.key: o.status for o in res.outcomes}
+    assert by[KEY_O] == "unavailable" and by[KEY_E] == "new", by
+    assert res.exit_code == 0 and res.regenerated == 1
+    assert "Not regenerated (1 mlx_lm goldens left as they are): oracle unavailable: not installed here" \
+        in drift_report(res)
+    assert not (tmp_path / "mlx_lm").exists()
+    named = regen(tmp_path, runners=["mlx_lm"], case_glob=CASE.case_id, workers=0, progress=False)
+    assert named.exit_code == 1 and [o.status for o in named.outcomes] == ["unavailable"]
