@@ -8,7 +8,7 @@ target's own ``embed_tokens`` and ``lm_head`` tensors (``bind`` looks up
 exactly those two), so the reference computes its rows with its own decoder
 layer, norms and ``fc``.
 
-Two entry points:
+Entry points (gemma4 assistant ones at the end of the file):
 
 - ``draft_logits``: per-position draft logits on inputs the caller supplies
   (token ids, target hidden rows), for the draft-logit parity check;
@@ -332,3 +332,72 @@ def _rebuild_mtp(
     records.append({"type": "footer", "usage": usage, "speculation": counters_from_rounds(rounds, n_plain=1),
                     "output_ids": list(produced), "wall_s": wall})  # fmt: skip
     return records
+
+
+# ----------------------------------------------------------------- gemma4 assistant drafter
+# mlx-vlm 0.7.10 ``speculative/drafters/gemma4_assistant/gemma4_assistant.py``
+# ``Gemma4AssistantDraftModel`` (its own gemma4 ``DecoderLayer``s with
+# ``kv_shared_only=True``, ``make_drafter_masks``, ``pre_/post_projection``,
+# masked-embedding centroid head). mlx-vlm drives it from the same
+# ``_mtp_rounds`` loop, which calls ``set_shared_kv(kv, kv_offset,
+# position=_mtp_draft_position(kv_offset) = kv_offset - 1)``; ``draft_block``
+# then holds that position for EVERY draft step (HF
+# ``SinglePositionMultiTokenCandidateGenerator``), where optiq (§3's L2 oracle
+# for this row) and the engine query step k at ``kv_offset + k``
+# (documented behaviour ``mlx-vlm-assistant-fixed-draft-position``). The
+# drafter borrows only the target's ``embed_tokens`` / ``embed_scale`` (``bind``)
+# and the K/V the caller passes; any target object with those works.
+
+
+def assistant_draft_block(
+    head_path: str | Path, target: Any, kv: dict, kv_offset: int, hidden: Any, token: int, block_size: int
+) -> tuple[list[int], list[int]]:
+    """mlx-vlm's unmodified ``draft_block`` (greedy) with the loop's own position rule.
+
+    Returns ``(drafts, positions)``: the ``block_size - 1`` greedy drafts and the
+    query position of every drafter forward (recorded by wrapping the instance's
+    ``_forward_hidden`` from outside).
+    """
+    require()
+    import mlx.core as mx
+    from mlx_vlm.speculative.drafters import load_drafter
+    from mlx_vlm.speculative.mtp import _mtp_draft_position
+
+    draft, kind = load_drafter(str(head_path))
+    if kind != "mtp" or not hasattr(draft, "masked_embedding"):
+        raise RuntimeError(f"mlx-vlm resolved {type(draft).__name__}/{kind} for {head_path}, expected a gemma4 assistant")
+    draft.reset(target)
+    positions: list[int] = []
+    inner = draft._forward_hidden
+
+    def forward_hidden(inputs_embeds: Any, shared_kv: Any, position_ids: Any, cache: Any = None) -> Any:
+        positions.append(int(position_ids.reshape(-1)[0]))
+        return inner(inputs_embeds, shared_kv, position_ids, cache=cache)
+
+    draft._forward_hidden = forward_hidden
+    draft.set_shared_kv(kv, kv_offset, position=_mtp_draft_position(kv_offset), kv_valid_len=kv_offset)
+    toks = draft.draft_block(token, hidden, None, block_size, lambda lg: mx.argmax(lg, axis=-1), greedy=True)
+    return [int(t) for t in toks.reshape(-1).tolist()], positions
+
+
+def assistant_step_logits(
+    head_path: str | Path, target: Any, kv: dict, kv_offset: int, hidden: Any, token: int, positions: list[int]
+) -> list[Any]:
+    """mlx-vlm's drafter forward (``__call__``: its own layers, masks and head) chained greedily,
+    step ``i`` querying at ``positions[i]``; the ``[V]`` logits of every step."""
+    require()
+    import mlx.core as mx
+    from mlx_vlm.speculative.drafters import load_drafter
+
+    draft, _ = load_drafter(str(head_path))
+    draft.reset(target)
+    draft.set_shared_kv(kv, kv_offset, position=kv_offset - 1, kv_valid_len=kv_offset)
+    out = []
+    h, tok = hidden, token
+    for pos in positions:
+        emb = draft._input_embed(mx.array([[tok]])) * draft._input_embed_scale
+        h, logits = draft(mx.concatenate([emb, h], axis=-1), kv, mx.array([[pos]]))
+        logits = logits.reshape(-1)
+        out.append(logits)
+        tok = int(mx.argmax(logits))
+    return out
