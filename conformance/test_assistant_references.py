@@ -20,7 +20,7 @@ from conformance.conftest import require_oracle, run_trace
 from specparity.cases import Case
 from traces.diff import diff_traces
 from traces.io import Trace
-from traces.normalize import optiq_spec_budget_drafts, optiq_stopping_eos
+from traces.normalize import mlx_vlm_stopping_eos, optiq_spec_budget_drafts, optiq_stopping_eos
 from traces.reference import compare_with_reference
 
 PROMPTS = ("nat-03", "nat-09", "nat-22", "rnd-15", "rnd-14")
@@ -90,8 +90,7 @@ def test_budget_normalization_can_fail() -> None:
 # step k at kv_offset+k (documented behaviour ``mlx-vlm-assistant-fixed-draft-position``).
 # Compared exactly where the rule agrees: mlx-vlm's own forward at the engine's positions
 # must give the engine's draft logits (|Δ log-prob| <= VLM_BOUND) and greedy drafts.
-# The round loop itself is not driven (mlx-vlm's gemma4 LanguageModel ties the lm-head;
-# the zoo target does not), see README.
+# Below, mlx-vlm's round loop too (``test_assistant_rounds_vs_mlx_vlm_loop``).
 
 VLM_BOUND = 1e-4
 VLM_STEPS = 3  # the zoo heads' block_size - 1
@@ -211,3 +210,54 @@ def test_mlx_vlm_assistant_fixed_draft_position() -> None:
     print(f"\nmlx-vlm fixed-position drafts differ from the engine's on {differ}/{len(VLM_STATES)} states; "
           f"step-0 |dlogprob| min {min(step0):.3g}")  # fmt: skip
     assert differ > 0 and min(step0) > 1e-3
+
+
+# The round loop: mlx-vlm's own ``_mtp_rounds`` on the zoo gemma4 target (weights in mlx-vlm's
+# gemma4.Model, untied head + mlx-lm's RoPE parameters mapped; ``oracles.mlx_vlm.run_mtp``).
+# Its fixed draft position flips drafts (documented), so: token streams identical (lossless on both
+# sides), and the first round-level difference must be a DRAFT with the target samples agreeing.
+VLM_LOOP_CASES = [Case("gemma4", h, p, g, 40, source="assistant") for h in HEADS for p in PROMPTS for g in (1, 3)]
+_VLM_G4: dict = {}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", VLM_LOOP_CASES, ids=lambda c: c.case_id)
+def test_assistant_rounds_vs_mlx_vlm_loop(case: Case) -> None:
+    require_oracle("mlx_vlm")
+    from engine import zoo
+    from engine.zoo.heads import head_dir
+    from oracles.mlx_vlm import load_target, run_mtp, version
+
+    eng = run_trace("engine", case)
+    header = dict(eng.records()[0])
+    if "m" not in _VLM_G4:
+        _VLM_G4["m"] = load_target(zoo.model_dir("gemma4"))
+    body, _ = run_mtp(
+        zoo.model_dir("gemma4"), head_dir(case.drafter), list(header["prompt"]["token_ids"]), gamma=case.gamma,
+        max_tokens=case.max_tokens, eos_ids=list(header["eos_ids"]), model=_VLM_G4["m"],
+    )  # fmt: skip
+    header["runner"] = {"name": "mlx_vlm", "package": "mlx-vlm", "version": version()}
+    ref = Trace.from_records(mlx_vlm_stopping_eos([header, *body]))
+    assert diff_traces(eng, ref, level="tokens") is None, f"{case.case_id}: token streams differ"
+    if compare_with_reference(eng, ref, "mlx_vlm").status == "identical":
+        print(f"\n{case.case_id}: identical round for round")
+        return
+    div = diff_traces(eng, ref, level="round")
+    print(f"\n{case.case_id}: first difference {div and div.where} drafts")
+    assert div is not None and div.where.startswith("round") and div.field == "drafts", div and div.message
+    assert "samples agree" in div.message, div.message
+
+
+def test_mlx_vlm_stopping_eos_normalization_can_fail() -> None:
+    """``mlx-vlm-stopping-eos`` drops exactly one trailing stopping EOS; anything else is refused."""
+    from traces.normalize import NotApplicable, apply
+
+    header = {"type": "header", "eos_ids": [1]}
+    rnd = {"type": "round", "index": 0, "drafts": [7], "window": [5, 7], "k_accept": 1, "emitted": [7, 1], "end": "eos"}
+    footer = {"type": "footer", "usage": {"finish_reason": "stop", "generation_tokens": 3}, "output_ids": [5, 7, 1]}
+    out = apply("mlx-vlm-stopping-eos", [header, rnd, footer])
+    assert out[1]["emitted"] == [7] and out[2]["output_ids"] == [5, 7] and out[2]["usage"]["generation_tokens"] == 3
+    with pytest.raises(NotApplicable):  # the last token is not an EOS id
+        apply("mlx-vlm-stopping-eos", [header, {**rnd, "emitted": [7, 9]}, {**footer, "output_ids": [5, 7, 9]}])
+    with pytest.raises(NotApplicable):  # stopped, but the last record did not end on EOS
+        apply("mlx-vlm-stopping-eos", [header, {**rnd, "end": "budget"}, footer])

@@ -30,11 +30,15 @@ Entry points (gemma4 assistant ones at the end of the file):
   re-sanitizing) and ``mrope_section = [rotary_dim/2, 0, 0]`` (text-only
   positions are identical on all three mRoPE axes, so this is plain RoPE).
   Instrumentation from outside: the module globals ``mtp._mtp_verify_target``
-  (window = verify input, target greedy tokens, margins from
-  ``speculative_logits_from_hidden``) and ``mtp._speculative_walk``
-  (accepted count, new tokens) are wrapped for the duration of one run and
+  (window = verify input, margins from ``speculative_logits_from_hidden``)
+  and ``mtp._mtp_acceptance_walk`` (accepted count, new tokens; it
+  dispatches to ``common._speculative_walk`` or the deferred greedy walk) are wrapped for the duration of one run and
   restored. EOS is the consumer's business in mlx-vlm (``stream_generate``
   stops on it); the runner stops where the engine does (first EOS emitted).
+
+The same ``run_mtp`` drives mlx-vlm's gemma4 ``-assistant`` drafter (kind
+``mtp`` in mlx-vlm) on the zoo gemma4 target (``load_target`` maps it into
+mlx-vlm's ``gemma4.Model``; see ``_load_gemma4_target``).
 
 Test-only runner: ``specparity run`` / ``specparity.runners.run_case`` does
 not dispatch it (mlx-vlm lives in its own tox env, ``tox -e vlm``).
@@ -144,6 +148,10 @@ def load_target(target_dir: str | Path, hidden: str = "native") -> Any:
 
     target_dir = Path(target_dir)
     cfg = json.loads((target_dir / "config.json").read_text())
+    if cfg.get("model_type") == "gemma4_text":
+        if hidden != "native":
+            raise ValueError("the pre-norm adapter is for qwen3_5 targets only")
+        return _load_gemma4_target(target_dir, cfg)
     if cfg.get("model_type") != "qwen3_5":
         raise ValueError(f"mlx_vlm MTP runner: target model_type {cfg.get('model_type')!r}, expected 'qwen3_5'")
     rope = dict(cfg.get("rope_parameters") or {})
@@ -179,6 +187,51 @@ def load_target(target_dir: str | Path, hidden: str = "native") -> Any:
         model.lm_head = head
         lm.speculative_argmax_from_hidden = None
         lm.speculative_logits_from_hidden = lambda h: lm.lm_head(h)
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def _load_gemma4_target(target_dir: Path, cfg: dict) -> Any:
+    """mlx-vlm ``gemma4.Model`` carrying the zoo gemma4_text target's weights.
+
+    Same module tree as mlx-lm's ``gemma4_text`` (``strict=True``), with two
+    mappings: the RoPE parameters are the ones mlx-lm resolved for the target
+    (mlx-vlm's defaults for a config without ``rope_parameters`` differ: full
+    attention ``partial_rotary_factor`` 1.0 vs mlx-lm's 0.25), and the zoo
+    target's UNTIED ``lm_head`` (mlx-vlm's gemma4 ``LanguageModel`` always ties)
+    is installed as the instance's ``logits_from_hidden`` (softcap kept), which
+    ``__call__`` and ``speculative_logits_from_hidden`` go through. A 1-layer,
+    16-wide vision tower that text-only prompts never touch.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+    from mlx_vlm.models import gemma4
+    from mlx_vlm.models.gemma4.language import logit_softcap
+    from mlx_vlm.utils import update_module_configs
+
+    src, _ = load_model(target_dir)
+    args = getattr(src, "args", None) or src.model.args
+    text = {**cfg, "rope_parameters": args.rope_parameters}
+    vision = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=8, global_head_dim=8, patch_size=2,
+                  position_embedding_size=4, pooling_kernel_size=1, layer_types=["full_attention"])  # fmt: skip
+    conf = dict(model_type="gemma4", text_config=text, vision_config=vision, audio_config=None,
+                vocab_size=cfg["vocab_size"])  # fmt: skip
+    model = gemma4.Model(update_module_configs(gemma4.ModelConfig.from_dict(conf), gemma4, conf, ["text", "vision", "audio"]))
+    params = dict(tree_flatten(src.parameters()))
+    head = src.lm_head if "lm_head.weight" in params else None
+    model.language_model.load_weights([(k, v) for k, v in params.items() if k != "lm_head.weight"], strict=True)
+    lm = model.language_model
+    if head is not None:
+        cap = lm.final_logit_softcapping
+
+        def logits_from_hidden(h: Any) -> Any:
+            out = head(h)
+            return logit_softcap(cap, out) if cap is not None else out
+
+        lm.logits_from_hidden = logits_from_hidden
     mx.eval(model.parameters())
     model.eval()
     return model
@@ -222,9 +275,10 @@ def run_mtp(
     draft, kind = load_drafter(str(head_path))
     if kind != "mtp":
         raise RuntimeError(f"mlx-vlm resolved draft kind {kind!r} for {head_path}, expected 'mtp'")
+    prefill_rows = hasattr(draft, "prefill_from_target_hidden")  # qwen3_5_mtp: own KV rows; assistant: none
 
     log: list[tuple] = []
-    orig_verify, orig_walk = vmtp._mtp_verify_target, vmtp._speculative_walk
+    orig_verify, orig_walk = vmtp._mtp_verify_target, vmtp._mtp_acceptance_walk
 
     def verify(lm: Any, verify_input: Any, *a: Any, **k: Any) -> Any:
         res = orig_verify(lm, verify_input, *a, **k)
@@ -233,16 +287,16 @@ def run_mtp(
         log.append(("verify", [int(t) for t in verify_input[0].tolist()], margins))
         return res
 
-    def walk(draft_tokens: Any, target_tokens: Any, budget: int) -> Any:
-        accepted, new = orig_walk(draft_tokens, target_tokens, budget)
-        log.append(("walk", int(accepted), [int(t) for t in new], [int(t) for t in target_tokens.reshape(-1).tolist()]))
+    def walk(*a: Any, **k: Any) -> Any:
+        accepted, new = orig_walk(*a, **k)
+        log.append(("walk", int(accepted), [int(t) for t in new], None))
         return accepted, new
 
     eos = set(int(e) for e in eos_ids)
     produced: list[int] = []
     first_margin = None
     t0 = time.perf_counter()
-    vmtp._mtp_verify_target, vmtp._speculative_walk = verify, walk
+    vmtp._mtp_verify_target, vmtp._mtp_acceptance_walk = verify, walk
     try:
         gen = generate_step(
             mx.array([prompt_ids], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
@@ -259,23 +313,23 @@ def run_mtp(
                 break
         gen.close()
     finally:
-        vmtp._mtp_verify_target, vmtp._speculative_walk = orig_verify, orig_walk
+        vmtp._mtp_verify_target, vmtp._mtp_acceptance_walk = orig_verify, orig_walk
     wall = time.perf_counter() - t0
-    records = _rebuild_mtp(log, prompt_ids, produced, first_margin, eos, wall, prefill_step_size is None)
+    records = _rebuild_mtp(log, prompt_ids, produced, first_margin, eos, wall, prefill_step_size is None, prefill_rows)
     info = {"accept_lens": list(getattr(draft, "accept_lens", []) or []), "block_size": gamma + 1}
     return records, info
 
 
 def _rebuild_mtp(
     log: list[tuple], prompt_ids: list[int], produced: list[int], first_margin: float | None, eos: set[int],
-    wall: float, full_prefill: bool = True,
+    wall: float, full_prefill: bool = True, drafter_rows: bool = True,
 ) -> list[dict[str, Any]]:
     from traces.records import counters_from_rounds
 
     stop = "eos" if produced and produced[-1] in eos else "budget"
     # the drafter rows the prefill leaves in its cache: (token_{p+1}, hidden_p) for p < L-1
     # (the last prompt row needs the first sampled token; it is written with the first draft)
-    drafter_tokens = list(prompt_ids[1:]) if full_prefill else []
+    drafter_tokens: list[int] | None = (list(prompt_ids[1:]) if full_prefill else []) if drafter_rows else []
     records: list[dict[str, Any]] = [
         {"type": "prefill", "target_tokens": list(prompt_ids), "drafter_tokens": drafter_tokens,
          "target_cache_digest": None, "drafter_cache_digest": None},

@@ -17,6 +17,14 @@ rather than guessing.
 ``optiq-spec-budget-drafts``
     mlx-optiq 0.7.7 ``spec_generate`` (the Gemma assistant loop) drafts γ every
     round even when fewer tokens are left; see ``optiq_spec_budget_drafts``.
+
+``mlx-vlm-stopping-eos``
+    mlx-vlm 0.7.10 ``generate_step`` / ``_mtp_rounds`` yield the stopping EOS
+    like any token (EOS is ``stream_generate``'s business), so the
+    ``oracles.mlx_vlm.run_mtp`` recorder, which stops at the first EOS as the
+    engine does, sees it emitted. Same mapping, same refusals as
+    ``optiq-stopping-eos`` (one trailing EOS dropped from ``output_ids`` and
+    the last record's ``emitted``; ``generation_tokens`` kept).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-NORMALIZATIONS = ("optiq-stopping-eos", "optiq-spec-budget-drafts")
+NORMALIZATIONS = ("optiq-stopping-eos", "optiq-spec-budget-drafts", "mlx-vlm-stopping-eos")
 
 
 class NotApplicable(ValueError):
@@ -56,7 +64,14 @@ def optiq_stopping_eos(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
+def mlx_vlm_stopping_eos(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``mlx-vlm-stopping-eos``: a copy of ``records`` with mlx-vlm's stopping EOS removed (module doc)."""
+    return optiq_stopping_eos(records)
+
+
 def apply(name: str, records: Sequence[dict[str, Any]], **kw: Any) -> list[dict[str, Any]]:
+    if name == "mlx-vlm-stopping-eos":
+        return mlx_vlm_stopping_eos(records)
     if name == "optiq-stopping-eos":
         return optiq_stopping_eos(records)
     if name == "optiq-spec-budget-drafts":
