@@ -20,9 +20,9 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from fakes import FakeProvider, FakeSource, scripted
 
 from engine.executor import GenerationParams, spec_generate
-from engine.seam import TapContext, TargetView
 
 V = 64
 PROMPT = [40, 41, 42, 43]
@@ -94,48 +94,11 @@ class FakeTarget:
 Script = Callable[[int, int, int], list[int]]  # (round, n, step_base) -> drafts
 
 
-class ScriptedSource:
-    prefill_mode = "tail-split"
-    tap_layers: tuple[int, ...] = ()
-    wants_anchor_hidden = False
-    weights_bytes = 0
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.round = 0
-        self.commits: list[tuple[int, int, list[int] | None]] = []
-        self.feeds: list[list[int]] = []
-
-    def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
-        return list(prompt_ids)
-
-    def draft(self, feed: list[int], n: int, step_base: int, anchor: mx.array | None) -> list[int]:
-        self.feeds.append(list(feed))
-        return self.script(self.round, n, step_base)
-
-    def commit(
-        self,
-        d: int,
-        k_accept: int,
-        ctx: TapContext | None = None,
-        verified_hidden: mx.array | None = None,
-        accepted_tokens: list[int] | None = None,
-    ) -> None:
-        self.commits.append((d, k_accept, accepted_tokens))
-        self.round += 1
-
-    def cache_digest(self) -> dict[str, Any] | None:
-        return None
+def ScriptedSource(script: Script) -> FakeSource:  # noqa: N802 - reads as the class it builds
+    return scripted(script)
 
 
-class ScriptedProvider:
-    kind = "scripted"
-
-    def __init__(self, source: ScriptedSource) -> None:
-        self.source = source
-
-    def open(self, sampler: Any, target: TargetView) -> ScriptedSource:
-        return self.source
+ScriptedProvider = FakeProvider
 
 
 # ---------------------------------------------------------------- scripts
@@ -184,8 +147,8 @@ def check_rollback(result: Any, target: FakeTarget, src: ScriptedSource) -> None
     want_trims = [len(r["drafts"]) - r["k_accept"] for r in rs if len(r["drafts"]) > r["k_accept"]]
     for i, c in enumerate(target.caches):
         assert c.trims == want_trims, f"layer {i}: trims {c.trims} != d - k per round {want_trims}"
-    assert [(d, k) for d, k, _ in src.commits] == [(len(r["drafts"]), r["k_accept"]) for r in rs]
-    assert [a for _, _, a in src.commits] == [r["drafts"][: r["k_accept"]] for r in rs]
+    assert [(c["d"], c["k"]) for c in src.commits] == [(len(r["drafts"]), r["k_accept"]) for r in rs]
+    assert [c["accepted"] for c in src.commits] == [r["drafts"][: r["k_accept"]] for r in rs]
     kept = len(PROMPT) - 1 + sum(r["k_accept"] + 1 for r in rs)
     assert target.caches[0].offset == kept
     assert target.caches[0].tokens == (PROMPT + CONT)[:kept]
@@ -220,7 +183,7 @@ def test_perfect_match_all_accepted_plus_bonus() -> None:
         "drafted": 6, "accepted": 6, "rejected": 0, "target_calls": 2, "rounds": 2,
         "acceptance_lengths": [3, 3],
     }  # fmt: skip
-    assert src.feeds == [[PROMPT[-1]], [3, 4]]  # re-feed [last draft, bonus]
+    assert [d["feed"] for d in src.drafts] == [[PROMPT[-1]], [3, 4]]  # re-feed [last draft, bonus]
     check_rollback(r, target, src)
 
 
@@ -245,7 +208,7 @@ def test_mismatch_at_each_position_emits_correction(p: int) -> None:
     assert first["samples"] == CONT[: p + 1], "the walk must stop at the first mismatch"
     assert (first["k_accept"], first["emitted"], first["end"]) == (p, CONT[: p + 1], "correction")
     assert target.caches[0].trims[0] == 4 - p
-    assert src.feeds[1] == [CONT[p]]  # re-feed [correction]
+    assert src.drafts[1]["feed"] == [CONT[p]]  # re-feed [correction]
     assert r.output_ids == CONT[:10]
     assert usage(r) == (10, "length")
     check_rollback(r, target, src)

@@ -8,7 +8,8 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from test_engine_executor import FakeProvider, FakeSource, zero_policy
+from fakes import FakeProvider, FakeSource
+from test_engine_executor import zero_policy
 
 from engine import caches as cache_ops
 from engine import zoo
