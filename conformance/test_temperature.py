@@ -76,15 +76,15 @@ def test_seed_mismatch_is_caught() -> None:
 
 
 def test_recorder_consumes_no_randomness() -> None:
-    """``oracles.mlx_lm._Recorder`` (mx.topk on the logits) leaves the PRNG key alone."""
+    """``oracles.recording.CallRecorder`` (mx.topk on the logits) leaves the PRNG key alone."""
     import mlx.core as mx
 
     from engine import zoo
-    from oracles.mlx_lm import _Recorder
+    from oracles.recording import CallRecorder
     from specparity.runners import load_model
 
     model = load_model(str(zoo.model_dir("llama"))).model
-    proxy = _Recorder(model, "target", [])
+    proxy = CallRecorder(model, [])
     x = mx.array([[1, 2, 3]], mx.uint32)
     mx.random.seed(3)
     want = mx.random.uniform(shape=(4,))

@@ -26,6 +26,7 @@ from importlib import metadata
 from typing import Any
 
 from oracles import OracleUnavailable
+from oracles.recording import CallRecorder
 from traces.digest import cache_digest
 from traces.records import counters_from_rounds
 from traces.reference import ReferenceRefused
@@ -44,32 +45,6 @@ def require() -> None:
 
 def version() -> str:
     return metadata.version("mlx-lm")
-
-
-class _Recorder:
-    """Transparent proxy over an mlx-lm model that logs each forward."""
-
-    def __init__(self, model: Any, role: str, log: list[tuple], before: Any = None) -> None:
-        self._model = model
-        self._role = role
-        self._log = log
-        self._before = before
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        import mlx.core as mx
-
-        tokens = [int(t) for t in inputs[0].tolist()]
-        if self._before is not None:
-            self._before(self._role, tokens)
-        out = self._model(inputs, *args, **kwargs)
-        block = out[0].astype(mx.float32)
-        top = mx.topk(block, 2, axis=-1)
-        margins = [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
-        self._log.append(("call", self._role, tokens, margins))
-        return out
 
 
 def run(
@@ -124,13 +99,13 @@ def run(
         if spec and role == "draft" and decoding and (last_call is None or last_call[1] == "target"):
             snaps.append(snapshot())
 
-    t_proxy = _Recorder(target, "target", log, before)
+    t_proxy = CallRecorder(target, log, "target", before)
     kwargs: dict[str, Any] = {
         "sampler": make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k),
         "prompt_cache": t_cache + d_cache,
     }
     if spec:
-        kwargs["draft_model"] = _Recorder(draft, "draft", log, before)
+        kwargs["draft_model"] = CallRecorder(draft, log, "draft", before)
         kwargs["num_draft_tokens"] = gamma
     if seed is not None:
         mx.random.seed(seed)

@@ -31,6 +31,7 @@ from importlib import metadata
 from typing import Any
 
 from oracles import OracleUnavailable
+from oracles.recording import CallRecorder, top2_margins
 from traces.records import counters_from_rounds
 
 NAME = "optiq"
@@ -50,28 +51,6 @@ def require() -> None:
 
 def version() -> str:
     return metadata.version("mlx-optiq")
-
-
-class _Recorder:
-    """Transparent proxy over an mlx-lm model that logs each forward."""
-
-    def __init__(self, model: Any, log: list[tuple]) -> None:
-        self._model = model
-        self._log = log
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        import mlx.core as mx
-
-        tokens = [int(t) for t in inputs[0].tolist()]
-        out = self._model(inputs, *args, **kwargs)
-        logits = out[0] if isinstance(out, tuple) else out
-        top = mx.topk(logits[0].astype(mx.float32), 2, axis=-1)
-        margins = [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
-        self._log.append(("call", tokens, margins))
-        return out
 
 
 def run(target: Any, tokenizer: Any, prompt_ids: list[int], **kwargs: Any) -> list[dict[str, Any]]:
@@ -140,7 +119,7 @@ def run_detailed(
     responses = []
     try:
         stream = stream_generate(
-            _Recorder(target, log),
+            CallRecorder(target, log),
             tokenizer,
             mx.array(prompt_ids),
             max_tokens=max_tokens,
@@ -175,7 +154,7 @@ def _rebuild(
     for entry in log:
         if entry[0] != "call":
             continue
-        tokens, margins = entry[1], entry[2]
+        tokens, margins = entry[2], entry[3]
         take = min(len(tokens), n_prefill - len(prefill))
         prefill.extend(tokens[:take])
         if len(tokens) > take:
@@ -302,14 +281,11 @@ class _InnerRecorder:
         return getattr(self._inner, name)
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        import mlx.core as mx
-
         out = self._inner(inputs, *args, **kwargs)
         # Margins (diagnostic, never compared) from the model's own head over this hidden.
         head = getattr(self._owner, "lm_head", None) or self._inner.embed_tokens.as_linear
-        top = mx.topk(head(out)[0].astype(mx.float32), 2, axis=-1)
-        margins = [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
-        self._log.append(("call", [int(t) for t in inputs[0].tolist()], margins))
+        tokens = [int(t) for t in inputs[0].tolist()]
+        self._log.append(("call", "target", tokens, top2_margins(head(out)[0])))
         return out
 
 
@@ -369,8 +345,8 @@ def run_assistant(
 def _rebuild_assistant(
     log: list[tuple], prompt_ids: list[int], eos_id: int, max_tokens: int, wall: float
 ) -> list[dict[str, Any]]:
-    calls = [e[1] for e in log if e[0] == "call"]
-    margins = [e[2] for e in log if e[0] == "call"]
+    calls = [e[2] for e in log if e[0] == "call"]
+    margins = [e[3] for e in log if e[0] == "call"]
     if not calls or calls[0] != list(prompt_ids):
         raise RuntimeError(f"optiq assistant: first forward {calls[:1]} is not the full prompt prefill")
     groups: list[list[tuple[int, bool]]] = [[]]

@@ -135,7 +135,7 @@ GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
     "engine": GoldenRunner(
         "engine", "specparity", ("engine",), code_exclude=("engine.zoo",), oracle=False
     ),
-    "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.mlx_lm"),
+    "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.recording", "oracles.mlx_lm"),
                            supports=lambda case: case.drafter is None or _trimmable(case.target)),  # type: ignore[has-type]
 }
 GOLDEN_RUNNERS["deepspec"] = GoldenRunner(
