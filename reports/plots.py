@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -35,16 +36,24 @@ def _grid(n: int, width: float = 3.6, height: float = 2.8):  # type: ignore[no-u
     return fig, list(axes.flat)
 
 
+def _pair_panels(df: pd.DataFrame) -> tuple[Any, list[tuple[Any, pd.DataFrame]]]:
+    """One titled panel per (target, drafter) pair, with that pair's rows."""
+    pairs = list(df.groupby(["target", "drafter"]).groups)
+    fig, axes = _grid(len(pairs))
+    panels = []
+    for ax, (t, d) in zip(axes, pairs, strict=False):
+        ax.set_title(f"{t} / {d}", fontsize=10)
+        panels.append((ax, df[(df["target"] == t) & (df["drafter"] == d)]))
+    return fig, panels
+
+
 def acceptance_by_position(df: pd.DataFrame) -> bytes | None:
     if df.empty:
         return None
-    pairs = list(df.groupby(["target", "drafter"]).groups)
-    fig, axes = _grid(len(pairs))
-    for ax, (t, d) in zip(axes, pairs, strict=False):
-        sub = df[(df["target"] == t) & (df["drafter"] == d)]
+    fig, panels = _pair_panels(df)
+    for ax, sub in panels:
         for g, gd in sub.groupby("gamma"):
             ax.plot(gd["position"], gd["acceptance"], marker="o", label=f"γ={g}")
-        ax.set_title(f"{t} / {d}", fontsize=10)
         ax.set_ylim(-0.05, 1.05)
         ax.set_xticks(range(1, int(sub["position"].max()) + 1))
         ax.set_xlabel("draft position")
@@ -57,17 +66,14 @@ def acceptance_by_position(df: pd.DataFrame) -> bytes | None:
 def acceptance_lengths(df: pd.DataFrame) -> bytes | None:
     if df.empty:
         return None
-    pairs = list(df.groupby(["target", "drafter"]).groups)
-    fig, axes = _grid(len(pairs))
-    for ax, (t, d) in zip(axes, pairs, strict=False):
-        sub = df[(df["target"] == t) & (df["drafter"] == d)]
+    fig, panels = _pair_panels(df)
+    for ax, sub in panels:
         gammas = sorted(sub["gamma"].unique())
         width = 0.8 / len(gammas)
         for j, g in enumerate(gammas):
             gd = sub[sub["gamma"] == g]
             ax.bar(gd["k_accept"] + (j - (len(gammas) - 1) / 2) * width, gd["share"], width,
                    label=f"γ={g}")
-        ax.set_title(f"{t} / {d}", fontsize=10)
         ax.set_xticks(range(0, int(max(gammas)) + 1))
         ax.set_xlim(-0.6, int(max(gammas)) + 0.6)
         ax.set_xlabel("accepted drafts per round (k)")
