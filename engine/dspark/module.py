@@ -263,10 +263,9 @@ def save_thresholds(path: Path | str, thresholds: list[float]) -> None:
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
-    import hashlib
+    from engine.zoo.build import seeded_rng
 
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return np.random.default_rng([int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)])
+    return seeded_rng(seed, name)
 
 
 def zoo_dspark_json(target_cfg: dict[str, Any], tap_layers: list[int]) -> dict[str, Any]:
@@ -340,18 +339,11 @@ def zoo_dspark_weights(d: dict[str, Any], bigrams: list[list[int]], seed: int) -
         w[p + "mlp.down_proj.weight"] = lin(p + "d", h, inter)
         w[p + "input_layernorm.weight"] = norm(p + "iln", h)
         w[p + "post_attention_layernorm.weight"] = norm(p + "paln", h)
+    from engine.zoo.dspark import bigram_heads
+
     codes = _rng(seed, "codes").standard_normal((v, r))
     codes /= np.linalg.norm(codes, axis=1, keepdims=True)
-    w2 = np.zeros((v, r))
-    for a, nxt in bigrams:
-        w2[nxt] += 8.0 * codes[a]
-    w["markov_head.markov_w1.weight"] = codes
-    w["markov_head.markov_w2.weight"] = w2
-    y = np.full(v, -2.0)
-    y[[a for a, _ in bigrams]] = 2.0
-    read_out = np.linalg.lstsq(codes, y, rcond=None)[0]
-    w["confidence_head.proj.weight"] = np.concatenate([0.5 * _rng(seed, "ch").standard_normal(h) / np.sqrt(h), read_out])[None]
-    w["confidence_head.proj.bias"] = np.array([0.3])
+    w.update(bigram_heads(codes, bigrams, _rng(seed, "ch").standard_normal(h)))
     return {k: np.asarray(a, np.float32) for k, a in sorted(w.items())}
 
 

@@ -184,9 +184,14 @@ def _param_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return parameter_shapes(model)
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
+def seeded_rng(seed: int, name: str) -> np.random.Generator:
+    """A generator seeded from ``sha256(f"{seed}:{name}")``: each tensor's bytes depend only
+    on (seed, name), never on build order. Shared by every zoo artifact builder."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return np.random.default_rng([int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)])
+
+
+_rng = seeded_rng
 
 
 def _init_tensor(r: Recipe, name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -89,8 +89,9 @@ def bigram_table(target: str) -> list[list[int]]:
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return np.random.default_rng([int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)])
+    from engine.zoo.build import seeded_rng
+
+    return seeded_rng(seed, name)
 
 
 def _target_config(target: str) -> dict[str, Any]:
@@ -156,6 +157,26 @@ def _unit_codes(seed: int, vocab: int, rank: int) -> np.ndarray:
     return u / np.linalg.norm(u, axis=1, keepdims=True)
 
 
+def bigram_heads(codes: np.ndarray, bigrams: list[list[int]], conf_noise: np.ndarray) -> dict[str, np.ndarray]:
+    """Markov and confidence heads seeded with the target's greedy bigrams (untrained drafters
+    that still accept): ``markov_w2[next] += 8 · code[prev]``; the confidence read-out is the
+    least-squares linear fit of "prev has a table entry" from its code (random codes are not
+    separable, so it is informative, not exact), beside ``0.5 · conf_noise / √h`` on the hidden."""
+    w2 = np.zeros(codes.shape)
+    for a, b in bigrams:
+        w2[b] += 8.0 * codes[a]
+    y = np.full(codes.shape[0], -2.0)
+    y[[a for a, _ in bigrams]] = 2.0
+    read_out = np.linalg.lstsq(codes, y, rcond=None)[0]
+    conf = np.concatenate([0.5 * conf_noise / math.sqrt(conf_noise.shape[0]), read_out])
+    return {
+        "markov_head.markov_w1.weight": codes,
+        "markov_head.markov_w2.weight": w2,
+        "confidence_head.proj.weight": conf[None, :],
+        "confidence_head.proj.bias": np.array([0.3]),
+    }
+
+
 def deepspec_weights(target: str, bigrams: list[list[int]], target_layer_ids: tuple[int, ...] = (-1, 0),
                      k_eq_v: bool = True) -> dict[str, np.ndarray]:
     """Seeded float32 tensors in DeepSpec's key layout (no prefix)."""
@@ -194,20 +215,7 @@ def deepspec_weights(target: str, bigrams: list[list[int]], target_layer_ids: tu
         for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
             w[p + n + ".weight"] = norm(p + n, h)
         w[p + "layer_scalar"] = _rng(seed, p + "scalar").uniform(0.6, 1.4, (1,))
-    codes = _unit_codes(seed, v, r)
-    w2 = np.zeros((v, r))
-    for a, b in bigrams:
-        w2[b] += 8.0 * codes[a]
-    w["markov_head.markov_w1.weight"] = codes
-    w["markov_head.markov_w2.weight"] = w2
-    # Confidence: the least-squares linear read-out of "prev has a table entry"
-    # from its code (random codes are not separable, so it is informative, not exact).
-    y = np.full(v, -2.0)
-    y[[a for a, _ in bigrams]] = 2.0
-    read_out = np.linalg.lstsq(codes, y, rcond=None)[0]
-    conf = np.concatenate([0.5 * _rng(seed, "conf_h").standard_normal(h) / math.sqrt(h), read_out])
-    w["confidence_head.proj.weight"] = conf[None, :]
-    w["confidence_head.proj.bias"] = np.array([0.3])
+    w.update(bigram_heads(_unit_codes(seed, v, r), bigrams, _rng(seed, "conf_h").standard_normal(h)))
     return {k: np.asarray(a, np.float32) for k, a in sorted(w.items())}
 
 

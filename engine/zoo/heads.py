@@ -30,7 +30,6 @@ and re-measures (developer-only).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import tempfile
 from dataclasses import asdict, dataclass
@@ -81,8 +80,9 @@ class HeadDriftError(RuntimeError):
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return np.random.default_rng([int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)])
+    from engine.zoo.build import seeded_rng
+
+    return seeded_rng(seed, name)
 
 
 def _target_cfg(target: str) -> dict[str, Any]:
