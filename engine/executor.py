@@ -188,6 +188,7 @@ class _Request:
         self.stream = _Stream(params, len(prompt_ids), on_token)
         self.counters = SpecCounters()
         self.records: list[dict[str, Any]] = []
+        self.plain_steps = 0  # index of the next ``plain`` record
         self.history = mx.array(prompt_ids, mx.uint32) if self.sampler.has_processors else None
 
     def drained(self, mode: PrefillMode) -> list[int]:
@@ -214,7 +215,7 @@ class _Request:
         y = token_ids(self.sampler.sample_plain(row, self.history))[0]
         self.counters.record_plain()
         stop = self.stream.offer(y)
-        index = sum(1 for r in self.records if r["type"] == "plain")
+        index, self.plain_steps = self.plain_steps, self.plain_steps + 1
         rec = _plain_record(index, inp, y, top2_margins(row)[0], stop, reason, self.caches, self.params, ts)
         if detail is not None:
             rec["detail"] = detail
