@@ -18,23 +18,6 @@ class CacheRollbackError(RuntimeError):
     """A cache cannot be rolled back the way the verify round needs."""
 
 
-def describe(caches: list[Any]) -> str:
-    return ", ".join(sorted({type(c).__name__ for c in caches}))
-
-
-def can_trim(caches: list[Any]) -> bool:
-    return all(c.is_trimmable() for c in caches)
-
-
-def require_trimmable(caches: list[Any], who: str) -> None:
-    bad = sorted({type(c).__name__ for c in caches if not c.is_trimmable()})
-    if bad:
-        raise CacheRollbackError(
-            f"{who}: speculative decoding needs caches that can roll back; "
-            f"these cannot be trimmed: {', '.join(bad)}"
-        )
-
-
 def trim(caches: list[Any], n: int, who: str = "cache") -> None:
     """Trim ``n`` positions from every cache, or raise ``CacheRollbackError``."""
     if n <= 0:

@@ -165,13 +165,6 @@ def test_non_rollbackable_target_falls_back_to_plain_with_reason(target: Any) ->
     assert r.speculation is not None and r.speculation.rounds == 0
 
 
-def test_require_trimmable_message() -> None:
-    with pytest.raises(CacheRollbackError, match=r"^target: .*_FakeCache"):
-        cache_ops.require_trimmable([_FakeCache(), _FakeCache(trimmable=False)], "target")
-    cache_ops.require_trimmable([_FakeCache()], "target")
-    assert cache_ops.can_trim([_FakeCache()]) and not cache_ops.can_trim([_FakeCache(False)])
-
-
 def test_trim_raises_on_short_trim() -> None:
     good, short = _FakeCache(), _FakeCache(short=1)
     with pytest.raises(CacheRollbackError, match=r"layer 1 \(_FakeCache\) trimmed 2 of 3"):
