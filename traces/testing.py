@@ -26,7 +26,6 @@ __all__ = [
     "make_plain_trace",
     "make_spec_trace",
     "clone",
-    "speculation_counters",
 ]
 
 RoundSpec = tuple[
@@ -99,11 +98,6 @@ def make_header(
     return header
 
 
-def speculation_counters(rounds: Sequence[Record], n_plain: int = 0) -> dict[str, Any]:
-    """Alias of :func:`traces.records.counters_from_rounds`."""
-    return counters_from_rounds(rounds, n_plain)
-
-
 def make_footer(
     events: Sequence[Record],
     *,
@@ -131,7 +125,7 @@ def make_footer(
             "generation_tokens": len(output) + (1 if last_end == "eos" else 0),
             "finish_reason": "length" if last_end == "budget" else "stop",
         },
-        "speculation": speculation_counters(rounds, n_plain) if spec else None,
+        "speculation": counters_from_rounds(rounds, n_plain) if spec else None,
         "output_ids": output,
         "wall_s": None,
     }
