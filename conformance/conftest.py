@@ -15,7 +15,7 @@ from traces.io import Trace
 
 
 def matrix_prompt_ids(default: int = 6) -> list[str]:
-    from engine import zoo
+    import zoo
     from specparity.cases import pick_prompts
 
     ids = [p.id for p in zoo.prompts()]

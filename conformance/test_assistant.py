@@ -24,7 +24,7 @@ TIE_EPS = 1e-3
 
 @pytest.fixture(scope="module")
 def target():
-    from engine import zoo
+    import zoo
     from specparity.runners import load_model
 
     return load_model(str(zoo.model_dir("gemma4"))).model
@@ -32,13 +32,13 @@ def target():
 
 def _provider(name: str):
     from engine.sources import make_provider
-    from engine.zoo.heads import head_dir
+    from zoo.heads import head_dir
 
     return make_provider("assistant", path=head_dir(name))
 
 
 def _ids(pid: str) -> list[int]:
-    from engine import zoo
+    import zoo
 
     return list(zoo.prompt(pid).token_ids)
 
@@ -69,7 +69,7 @@ def test_head_is_picked_by_tensor_presence(tmp_path) -> None:
     """A centroid checkpoint whose config says ``use_ordered_embeddings: false`` keeps its centroid
     head; a tied checkpoint whose config claims centroids stays tied (optiq reads the flags)."""
     from engine.sources.assistant import load_drafter
-    from engine.zoo.heads import head_dir
+    from zoo.heads import head_dir
 
     for name, flag, want in (("gemma4-assistant-centroid-self", False, "centroid"),
                              ("gemma4-assistant-self", True, "tied")):

@@ -102,7 +102,7 @@ def _vlm_state(pid: str, extra: int):  # noqa: ANN202
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from engine import zoo
+    import zoo
     from engine.sources.assistant import _read_kv, donor_layers
     from engine.taps import capture_layers
     from specparity.runners import load_model
@@ -130,7 +130,7 @@ def _engine_steps(head: str, t, kv, offset: int, anchor, tok: int, positions):  
     import mlx.core as mx
 
     from engine.sources.assistant import load_drafter
-    from engine.zoo.heads import head_dir
+    from zoo.heads import head_dir
 
     drafter = load_drafter(head_dir(head))
     inner = getattr(t, "language_model", t).model
@@ -169,8 +169,8 @@ def test_assistant_draft_logits_vs_mlx_vlm_at_engine_positions(head: str, pid: s
     require_oracle("mlx_vlm")
     import mlx.core as mx
 
-    from engine.zoo.heads import head_dir
     from oracles.mlx_vlm import assistant_step_logits
+    from zoo.heads import head_dir
 
     t, kv, off, anchor, tok = _vlm_state(pid, extra)
     positions = [off + k for k in range(VLM_STEPS)]
@@ -190,8 +190,8 @@ def test_mlx_vlm_assistant_fixed_draft_position() -> None:
     require_oracle("mlx_vlm")
     import mlx.core as mx
 
-    from engine.zoo.heads import head_dir
     from oracles.mlx_vlm import assistant_draft_block, assistant_step_logits
+    from zoo.heads import head_dir
 
     differ = 0
     step0 = []
@@ -224,9 +224,9 @@ _VLM_G4: dict = {}
 @pytest.mark.parametrize("case", VLM_LOOP_CASES, ids=lambda c: c.case_id)
 def test_assistant_rounds_vs_mlx_vlm_loop(case: Case) -> None:
     require_oracle("mlx_vlm")
-    from engine import zoo
-    from engine.zoo.heads import head_dir
+    import zoo
     from oracles.mlx_vlm import load_target, run_mtp, version
+    from zoo.heads import head_dir
 
     eng = run_trace("engine", case)
     header = dict(eng.records()[0])

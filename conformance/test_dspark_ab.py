@@ -1,7 +1,7 @@
 """Quantized-drafter acceptance A/B (§4.3, §4.5 phases 1c/1d): bf16 vs 8-bit vs 4-bit.
 
 The DeepSpec-format zoo drafter and its mlx affine siblings draft for the same
-target through the paired A/B protocol (``engine.dspark.quantize.run_drafter_ab``
+target through the paired A/B protocol (``specparity.drafter_ab.run_drafter_ab``
 over ``specparity.ab`` / ``reports.stats``). A drafter never changes what is
 emitted, so every arm must emit the same stream; the question is acceptance,
 reported per weight byte. A drafter whose Markov head is zeroed must be flagged
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import zoo
-from engine.dspark.quantize import deepspec_arms, run_drafter_ab
+import zoo
 from specparity.cases import pick_prompts
+from specparity.drafter_ab import deepspec_arms, run_drafter_ab
 from specparity.runners import load_model
 
 
@@ -46,7 +46,7 @@ def test_a_broken_drafter_is_flagged_as_a_drop() -> None:
 
     from engine.dspark import deepspec_module as dsm
     from engine.sources.deepspec import DeepSpecProvider
-    from engine.zoo.dspark import artifact_dir
+    from zoo.dspark import artifact_dir
 
     broken = dsm.load(artifact_dir("qwen3-deepspec"))
     broken.markov_head.markov_w2.weight = mx.zeros_like(broken.markov_head.markov_w2.weight)

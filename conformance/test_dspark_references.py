@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+import zoo
 from conformance.conftest import run_trace
-from engine import zoo
 from specparity.cases import Case
 from traces.diff import diff_traces
 from traces.io import Trace
@@ -52,7 +52,7 @@ def target() -> Any:
 
 
 def _reference(vlm: Any, target: Any, header: dict, art: str, pid: str) -> Trace:
-    from engine.zoo.dspark import artifact_dir
+    from zoo.dspark import artifact_dir
 
     recs = vlm.run(target.model, artifact_dir(art), list(zoo.prompt(pid).token_ids), max_tokens=MAX_TOKENS,
                    eos_ids=list(target.eos_ids))
@@ -84,7 +84,7 @@ def test_mlx_vlm_gemma4_dspark_omits_deepspecs_v_norm(vlm: Any, target: Any) -> 
 
     from engine.dspark import deepspec_module as dsm
     from engine.taps import capture_layers
-    from engine.zoo.dspark import artifact_dir
+    from zoo.dspark import artifact_dir
 
     art = artifact_dir("gemma4-deepspec-kv")
     worst = {}
@@ -117,7 +117,7 @@ def test_mlx_vlm_gemma4_dspark_cannot_run_k_eq_v_checkpoints(vlm: Any, target: A
 def test_planted_context_row_for_a_rejected_draft_is_caught(vlm: Any, target: Any) -> None:
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.dspark import DSparkProvider, DSparkSource
-    from engine.zoo.dspark import artifact_dir
+    from zoo.dspark import artifact_dir
 
     class Leaky(DSparkSource):
         def commit(self, d, k_accept, ctx=None, verified_hidden=None, accepted_tokens=None):  # noqa: ANN001

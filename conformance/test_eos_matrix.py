@@ -117,7 +117,7 @@ def test_several_eos_ids_first_one_to_arrive_stops(oracle_ok: None, kind: str) -
 def _full_prefill_runs(
     drafter: str, gamma: int, j: int, budget: str
 ) -> tuple[Trace, Trace, tuple[int, ...]]:
-    from engine import zoo
+    import zoo
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from specparity.runners import load_model

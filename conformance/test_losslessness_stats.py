@@ -35,7 +35,7 @@ PROMPT = "nat-00"
 
 
 def _draws(spec: bool, seeds: range) -> Counter:
-    from engine import zoo
+    import zoo
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sampler import SamplerParams
     from engine.sources.two_model import TwoModelProvider

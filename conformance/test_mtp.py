@@ -21,7 +21,7 @@ TIE_EPS = 1e-3
 
 @pytest.fixture(scope="module")
 def target():
-    from engine import zoo
+    import zoo
     from specparity.runners import load_model
 
     return load_model(str(zoo.model_dir("qwen35"))).model
@@ -30,13 +30,13 @@ def target():
 @pytest.fixture(scope="module")
 def provider():
     from engine.sources import make_provider
-    from engine.zoo.heads import head_dir
+    from zoo.heads import head_dir
 
     return make_provider("mtp", path=head_dir("qwen35-mtp-self"))
 
 
 def _ids(pid: str) -> list[int]:
-    from engine import zoo
+    import zoo
 
     return list(zoo.prompt(pid).token_ids)
 

@@ -49,10 +49,10 @@ _VLM_TARGET: dict = {}
 
 def _vlm_trace(case, eng, hidden: str = "native"):  # noqa: ANN001, ANN202
     """mlx-vlm's round loop on ``case``, as a trace carrying the engine trace's header (runner swapped)."""
-    from engine import zoo
-    from engine.zoo.heads import head_dir
+    import zoo
     from oracles.mlx_vlm import load_target, run_mtp, version
     from traces.io import Trace
+    from zoo.heads import head_dir
 
     if hidden not in _VLM_TARGET:
         _VLM_TARGET[hidden] = load_target(zoo.model_dir(case.target), hidden=hidden)
@@ -124,7 +124,7 @@ def test_mlx_vlm_mtp_feeds_post_norm_hidden() -> None:
     require_oracle("mlx_vlm")
     import mlx.core as mx
 
-    from engine import zoo
+    import zoo
     from engine.taps import capture_layers
     from oracles.mlx_vlm import load_target
     from specparity.runners import load_model
@@ -163,12 +163,12 @@ def test_mtp_draft_logit_parity_vs_mlx_vlm(head: str, pid: str) -> None:
     require_oracle("mlx_vlm")
     import mlx.core as mx
 
-    from engine import zoo
+    import zoo
     from engine.sources.mtp import load_head, target_parts
     from engine.taps import capture_layers
-    from engine.zoo.heads import head_dir
     from oracles.mlx_vlm import draft_logits
     from specparity.runners import load_model
+    from zoo.heads import head_dir
 
     target = load_model(str(zoo.model_dir("qwen35"))).model
     ids = list(zoo.prompt(pid).token_ids)

@@ -24,7 +24,7 @@ GAMMAS = (1, 3, 10)
 
 
 def _targets() -> tuple[str, ...]:
-    from engine import zoo
+    import zoo
 
     return tuple(zoo.TARGETS)
 

@@ -79,7 +79,7 @@ def test_recorder_consumes_no_randomness() -> None:
     """``oracles.recording.CallRecorder`` (mx.topk on the logits) leaves the PRNG key alone."""
     import mlx.core as mx
 
-    from engine import zoo
+    import zoo
     from oracles.recording import CallRecorder
     from specparity.runners import load_model
 

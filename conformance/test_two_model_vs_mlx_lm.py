@@ -27,7 +27,7 @@ GAMMAS = (1, 2, 3, 5)
 
 
 def _pairs() -> list[tuple[str, str]]:
-    from engine import zoo
+    import zoo
 
     return zoo.pairs()
 

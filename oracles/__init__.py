@@ -1,6 +1,6 @@
 """Oracle runners: drive a reference implementation unmodified and record traces.
 
-Runners import nothing from ``engine`` except ``engine.zoo`` (to build cases);
+Runners import nothing from ``engine`` except ``zoo`` (to build cases);
 ``engine`` imports nothing from here. A runner whose package is missing
 reports itself unavailable with an install hint and never fakes a result.
 """

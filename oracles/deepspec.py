@@ -30,7 +30,7 @@ DeepSpec's ``accepted_draft_tokens`` / ``next_token`` (else the runner raises).
 The documented reference behaviour is ``deepspec-block-past-budget`` in
 ``traces/known_divergences.toml``.
 
-The target is the zoo target in Hugging Face format (``engine.zoo.dspark``
+The target is the zoo target in Hugging Face format (``zoo.dspark``
 ``<target>-hf``: the same weights); the drafter is the DeepSpec-format zoo
 artifact, loaded with ``Gemma4DSparkModel.from_pretrained``.
 """

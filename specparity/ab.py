@@ -40,7 +40,7 @@ class Arm:
 
 def resolve_target(target: str) -> tuple[str, Path]:
     """A zoo target name, a trained-pair name, or a local model directory."""
-    from engine import zoo
+    import zoo
 
     if target in zoo.TARGETS:
         return target, zoo.model_dir(target)
@@ -56,7 +56,7 @@ def resolve_target(target: str) -> tuple[str, Path]:
 
 def resolve_drafter(target: str, drafter: str) -> Path:
     """A zoo drafter name (``self``/``twin``/``small``) for a zoo target, a trained name, or a path."""
-    from engine import zoo
+    import zoo
 
     if drafter in zoo.DRAFTERS:
         if target not in zoo.TARGETS:
@@ -76,7 +76,7 @@ def resolve_drafter(target: str, drafter: str) -> Path:
 
 
 def _trained(name: str) -> Path | None:
-    from engine.zoo import train
+    from zoo import train
 
     try:
         if name in train.trained_manifest()["models"]:
@@ -108,7 +108,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _pick_prompts(n: int) -> list[Any]:
-    from engine import zoo
+    import zoo
     from specparity.cases import pick_prompts
 
     all_ids = [p.id for p in zoo.prompts()]

@@ -1,6 +1,6 @@
 """Regenerate golden traces (``specparity regen``).
 
-The matrix is the registry of ``traces/golden.py`` (runner × case), optionally
+The matrix is the registry of ``specparity/goldens.py`` (runner × case), optionally
 narrowed by runner, by a glob on the case id / file stem, or to the goldens
 that are stale, corrupt or missing (``--stale-only``). Each (runner, case) is
 one task, :func:`regen_task`, run on a local process pool (``spawn``; each
@@ -38,7 +38,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from traces import golden as g
+from specparity import goldens as g
 
 JOURNAL_NAME = ".regen-journal.json"
 

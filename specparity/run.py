@@ -106,7 +106,7 @@ def run(
     max_tokens: int = 32,
     runners: list[str] | None = None,
 ) -> RunResult:
-    from engine import zoo
+    import zoo
     from oracles import RUNNERS, availability
 
     t0 = time.perf_counter()

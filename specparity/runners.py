@@ -16,8 +16,8 @@ from specparity.cases import Case
 from traces.records import make_header
 
 RUNNER_NAMES = ("engine", "mlx_lm", "optiq", "mlx_vlm", "deepspec")
-HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (engine/zoo/heads.py)
-DSPARK_SOURCES = ("deepspec", "dspark")  # block drafters (engine/zoo/dspark.py artifacts)
+HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (zoo/heads.py)
+DSPARK_SOURCES = ("deepspec", "dspark")  # block drafters (zoo/dspark.py artifacts)
 
 
 def dspark_drafter(case: Case) -> tuple[str, float]:
@@ -41,16 +41,16 @@ def load_model(path: str) -> Any:
 
 
 def _zoo_dir(name: str) -> Path:
-    from engine import zoo
+    import zoo
 
     return zoo.model_dir(name)
 
 
 def model_identity(path: Path) -> dict[str, Any]:
-    from engine import zoo
+    import zoo
 
     if not (path / "model.safetensors").exists() or (path / "dspark.json").exists() or '"Gemma4DSparkModel"' in (path / "config.json").read_text():
-        from engine.zoo.dspark import _config_sha, tensors_digest
+        from zoo.dspark import _config_sha, tensors_digest
 
         return {"path": str(path), "weights_sha256": tensors_digest(path), "config_sha256": _config_sha(path)}
     return {
@@ -66,14 +66,14 @@ def _identity(path: str) -> dict[str, Any]:
 
 
 def case_paths(case: Case) -> tuple[Path, Path | None]:
-    from engine import zoo
+    import zoo
 
     if case.drafter is not None and case.source in HEAD_SOURCES:
-        from engine.zoo.heads import head_dir
+        from zoo.heads import head_dir
 
         return _zoo_dir(case.target), head_dir(case.drafter)
     if case.drafter is not None and case.source in DSPARK_SOURCES:
-        from engine.zoo.dspark import artifact_dir
+        from zoo.dspark import artifact_dir
 
         return _zoo_dir(case.target), artifact_dir(dspark_drafter(case)[0])
     if case.drafter is None or case.source != "two-model":
@@ -83,7 +83,7 @@ def case_paths(case: Case) -> tuple[Path, Path | None]:
 
 def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
     if case.drafter is not None and case.source in DSPARK_SOURCES:
-        from engine.zoo.dspark import _manifest
+        from zoo.dspark import _manifest
 
         name, threshold = dspark_drafter(case)
         entry = _manifest().get("artifacts", {}).get(name, {})
@@ -125,7 +125,7 @@ def _runner_info(name: str) -> dict[str, Any]:
 
 def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
     """All records (header to footer) of ``case`` run by ``runner``."""
-    from engine import zoo
+    import zoo
 
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
@@ -176,8 +176,8 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
             eos_id=(case.eos_ids or target.eos_ids)[0],
         )
     elif runner == "deepspec":
-        from engine.zoo.dspark import artifact_dir
         from oracles import deepspec
+        from zoo.dspark import artifact_dir
 
         if case.source != "deepspec" or dpath is None:
             raise ValueError(f"the deepspec runner runs deepspec cases only, not {case.case_id}")
@@ -245,7 +245,7 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int], dpath: Path
         result = spec_generate(target.model, make_provider("ngram", gamma=case.gamma), ids, params)
     elif case.source in HEAD_SOURCES:
         from engine.sources import make_provider
-        from engine.zoo.heads import head_dir
+        from zoo.heads import head_dir
 
         provider = make_provider(case.source, path=head_dir(case.drafter))
         result = spec_generate(target.model, provider, ids, params)

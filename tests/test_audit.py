@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import zoo
+import zoo
 from engine.audit import SerialReplayAudit, clone_caches, compare_arrays
 from engine.executor import GenerationParams, plain_generate, spec_generate
 from engine.sources.two_model import TwoModelProvider

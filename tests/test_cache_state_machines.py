@@ -111,7 +111,7 @@ class ArraysMachine(RuleBasedStateMachine):
     @classmethod
     def _mixer(cls) -> Any:
         if cls.mixer is None:
-            from engine import zoo
+            import zoo
             from specparity.runners import load_model
 
             model = load_model(str(zoo.model_dir("qwen35"))).model

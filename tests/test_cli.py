@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import zoo
+import zoo
 from specparity.cli import main
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -141,9 +141,9 @@ def test_known_lists_entries_and_hits(tmp_path, capsys) -> None:  # noqa: ANN001
 
 def test_generate_detects_the_source_and_reports_fallback(capsys) -> None:  # noqa: ANN001
     """--draft alone picks the source by the §3 detection order; ngram needs none."""
-    from engine import zoo
-    from engine.zoo.heads import head_dir
+    import zoo
     from specparity.cli import main
+    from zoo.heads import head_dir
 
     q35 = zoo.model_dir("qwen35")
     assert main(["generate", "--target", str(q35), "--draft", str(head_dir("qwen35-mtp-self")),

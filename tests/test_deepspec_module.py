@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import zoo
+import zoo
 from engine.dspark import deepspec_module as dsm
-from engine.zoo.dspark import artifact_dir
 from specparity.runners import load_model
+from zoo.dspark import artifact_dir
 
 
 def test_config_requires_the_architecture_stamp(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_quantized_siblings_load_and_track_bf16(bits: int, min_agree: float) -> 
 
 
 def test_validate_accepts_the_cut_position_confidence_only_below_threshold() -> None:
-    from traces.golden import GOLDEN_DIR
+    from specparity.goldens import GOLDEN_DIR
     from traces.io import read_trace
     from traces.validate import validate_records
 

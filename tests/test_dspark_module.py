@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import zoo
+import zoo
 from engine.dspark import calibration, loader
 from engine.dspark import module as dsm
-from engine.zoo.dspark import artifact_dir
 from specparity.runners import load_model
+from zoo.dspark import artifact_dir
 
 
 @pytest.fixture()

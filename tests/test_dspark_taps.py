@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import zoo
+import zoo
 from engine.caches import cache_digest
 from engine.taps import capture_layers
 from specparity.runners import load_model
@@ -62,7 +62,7 @@ def test_taps_change_no_output_byte(target: str) -> None:
 def test_tapped_dspark_run_equals_plain_decode(target: str) -> None:
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.dspark import DSparkProvider
-    from engine.zoo.dspark import artifact_dir
+    from zoo.dspark import artifact_dir
 
     model = load_model(str(zoo.model_dir(target))).model
     provider = DSparkProvider(artifact_dir(f"{target}-dspark"), confidence_threshold=0.5)

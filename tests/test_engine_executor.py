@@ -17,7 +17,7 @@ import mlx.core as mx
 import pytest
 from fakes import FakeProvider, FakeSource, Policy
 
-from engine import zoo
+import zoo
 from engine.executor import GenerationParams, plain_generate, refeed, spec_generate
 from engine.seam import DraftSource
 from engine.sources.two_model import TwoModelProvider

@@ -11,8 +11,8 @@ import pytest
 from fakes import FakeProvider, FakeSource
 from test_engine_executor import zero_policy
 
+import zoo
 from engine import caches as cache_ops
-from engine import zoo
 from engine.caches import CacheRollbackError
 from engine.executor import GenerationParams, spec_generate
 from engine.sampler import SamplerParams, StepSampler

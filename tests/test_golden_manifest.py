@@ -1,4 +1,4 @@
-"""The golden manifest and its staleness / corruption check (``traces/golden.py``)."""
+"""The golden manifest and its staleness / corruption check (``specparity/goldens.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from specparity import goldens as g
 from specparity.cases import Case
-from traces import golden as g
 from traces.io import write_trace
 from traces.validate import validate_file
 
@@ -36,7 +36,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_normalize_nulls_timing_and_relativises_zoo_paths() -> None:
-    from engine import zoo
+    import zoo
     from specparity.runners import run_case
 
     recs = g.normalize_records(run_case("engine", CASE))
@@ -123,9 +123,9 @@ def test_input_changes_names_each_input() -> None:
 
 
 def test_engine_code_digest_covers_engine_not_zoo() -> None:
-    files = g._module_files("engine", ("engine.zoo",))
+    files = g._module_files("engine", ("zoo",))
     assert "engine/executor.py" in files and "engine/sources/two_model.py" in files
-    assert not any(f.startswith("engine/zoo/") for f in files)
+    assert not any(f.startswith("zoo/") for f in files)
     assert list(g._module_files("oracles.__init__")) == ["oracles/__init__.py"]
 
 

@@ -151,7 +151,7 @@ def test_history_follows_feed_and_commit() -> None:
 
 @pytest.fixture(scope="module")
 def llama():
-    from engine import zoo
+    import zoo
     from specparity.runners import load_model
 
     return load_model(str(zoo.model_dir("llama")))
@@ -180,7 +180,7 @@ class _Probe(NgramProvider):
 @pytest.mark.parametrize("prefill", ["tail-split", "full"])
 @pytest.mark.parametrize("gamma", [1, 3, 10])
 def test_history_is_prompt_plus_emitted(llama, prefill: str, gamma: int) -> None:
-    from engine import zoo
+    import zoo
     from engine.executor import GenerationParams, spec_generate
 
     prompt = list(zoo.prompts()[0].token_ids)

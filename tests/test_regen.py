@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from specparity import goldens as g
 from specparity.cases import Case
 from specparity.regen import regen
-from traces import golden as g
 from traces.io import Trace
 from traces.validate import validate_file
 

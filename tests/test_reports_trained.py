@@ -1,4 +1,4 @@
-"""The committed trained pair (``engine/zoo/train.py``): pinned digests, drift, loadability."""
+"""The committed trained pair (``zoo/train.py``): pinned digests, drift, loadability."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.zoo import ZooDriftError, train
+from zoo import ZooDriftError, train
 
 
 def test_trained_pair_verifies_and_loads() -> None:

@@ -36,7 +36,7 @@ def test_detection_order(tmp_path: Path, cfg: dict, dspark: bool, kind: str) -> 
 
 
 def test_zoo_artifacts(tmp_path: Path) -> None:
-    from engine import zoo
+    import zoo
 
     assert detect_kind(zoo.model_dir("llama-twin")) == "two-model"
 

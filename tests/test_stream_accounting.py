@@ -20,7 +20,7 @@ from traces.diff import diff_traces
 
 
 def _models(drafter: str) -> tuple[Any, Any]:
-    from engine import zoo
+    import zoo
     from specparity.runners import load_model
 
     tpath, dpath = zoo.pair("llama", drafter)
@@ -39,7 +39,7 @@ def _stop_after(count: int, seen: list[int]) -> Any:
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_on_token_false_mid_burst_excludes_rest_of_round(gamma: int, offset: int) -> None:
     """Self drafter: every round emits a burst of gamma + 1; stop inside the second one."""
-    from engine import zoo
+    import zoo
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
 

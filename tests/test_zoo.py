@@ -1,4 +1,4 @@
-"""Tests for the tiny zoo (engine/zoo): pinning, tamper detection, loading, prompts,
+"""Tests for the tiny zoo (zoo): pinning, tamper detection, loading, prompts,
 and greedy acceptance bands measured with mlx-lm 0.32.2 speculative_generate_step."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import engine.zoo as zoo
-from engine.zoo import build
+import zoo
+from zoo import build
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -201,7 +201,7 @@ def test_import_is_light() -> None:
     import subprocess
     import sys
 
-    code = "import sys, engine.zoo; print('mlx_lm' in sys.modules, 'mlx.core' in sys.modules)"
+    code = "import sys, zoo; print('mlx_lm' in sys.modules, 'mlx.core' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

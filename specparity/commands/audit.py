@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _runs(args: argparse.Namespace) -> list[tuple[str, Any, Any, str, list[int]]]:
-    from engine import zoo
+    import zoo
     from engine.models import load
 
     if args.target:

@@ -40,8 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from specparity.goldens import GOLDEN_DIR
     from specparity.regen import drift_report, regen, write_report
-    from traces.golden import GOLDEN_DIR
 
     result = regen(
         args.golden_dir or GOLDEN_DIR,

@@ -18,7 +18,7 @@ def add_arguments(z: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine import zoo
+    import zoo
     from specparity.runners import load_model
 
     print(f"{'target':8} {'drafter':8} {'acceptance':>10} {'tau':>6}   (greedy, gamma={args.gamma}, "

@@ -1,6 +1,6 @@
 """Build the shared zoo tokenizer (``tokenizer.json``) and the prompt set (``prompts.json``).
 
-Developer-only: run ``python -m engine.zoo.build_tokenizer``.  Both outputs are
+Developer-only: run ``python -m zoo.build_tokenizer``.  Both outputs are
 committed; nothing here runs at test time.
 
 References mirrored:

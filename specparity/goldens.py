@@ -9,7 +9,7 @@ golden file's bytes:
 - ``runner``: name, package, package version and commit (from the package's
   PEP 610 ``direct_url.json`` when it was installed from VCS, else null);
 - ``code_sha256``: sha256 over the runner's own code. For ``engine`` that is
-  every ``engine/**/*.py`` except ``engine/zoo/**`` (the zoo's outputs —
+  every ``engine/**/*.py`` except ``zoo/**`` (the zoo's outputs —
   weights, config, tokenizer, prompt tokens — are recorded as digests of their
   own, so a zoo refactor that builds the same models does not stale anything);
   for an oracle, its ``oracles/<runner>.py`` module and ``oracles/__init__.py``;
@@ -76,7 +76,8 @@ __all__ = [
     "save_manifest",
 ]
 
-GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+# Golden traces are data of the trace format package; this job module reads and writes them.
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "traces" / "golden"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 GOLDEN_GAMMAS = (1, 3)
@@ -95,7 +96,7 @@ NORMALIZATION = (
 def default_cases() -> list[Any]:
     """Every zoo pair × γ ∈ {1, 3} × 2 prompts (one natural, one random), 32
     tokens, greedy, plus the plain decode of each (target, prompt)."""
-    from engine import zoo
+    import zoo
     from specparity.cases import pick_prompts, spec_matrix
 
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], GOLDEN_PROMPTS)
@@ -133,7 +134,7 @@ class GoldenRunner:
 
 GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
     "engine": GoldenRunner(
-        "engine", "specparity", ("engine",), code_exclude=("engine.zoo",), oracle=False
+        "engine", "specparity", ("engine",), oracle=False
     ),
     "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.recording", "oracles.mlx_lm"),
                            supports=lambda case: case.drafter is None or _trimmable(case.target)),  # type: ignore[has-type]
@@ -175,7 +176,7 @@ def _trimmable(target: str) -> bool:
     ``speculative_generate_step`` refuses a target whose cache cannot)."""
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-    from engine import zoo
+    import zoo
     from specparity.runners import load_model
 
     return bool(can_trim_prompt_cache(make_prompt_cache(load_model(str(zoo.model_dir(target))).model)))
@@ -265,7 +266,7 @@ def file_sha256(path: Path | str) -> str:
 
 @cache
 def _model_identity(name: str) -> dict[str, Any]:
-    from engine import zoo
+    import zoo
 
     d = zoo.model_dir(name)
     return {"name": name, "weights_sha256": zoo.weights_digest(d), "config_sha256": zoo.config_digest(d)}
@@ -290,7 +291,7 @@ class InputsContext:
         return self._harness
 
     def inputs(self, runner: str, case: Any) -> dict[str, Any]:
-        from engine import zoo
+        import zoo
         from specparity.runners import case_params
 
         info = GOLDEN_RUNNERS[runner]
@@ -425,13 +426,12 @@ def manifest_entry(key: str, inputs: dict[str, Any], path: Path) -> dict[str, An
 def normalize_records(records: Iterable[Record]) -> list[Record]:
     """Records as a golden stores them: timing fields null, zoo-relative paths."""
     out = [copy.deepcopy(r) for r in records]
-    root: Path | None
-    try:
-        from engine import zoo
+    import zoo
+    from zoo.train import TRAINED_ROOT
 
-        root = zoo.cache_root().resolve()
-    except Exception:  # pragma: no cover - zoo always importable in the project
-        root = None
+    # Built zoo models live under the cache root; the committed trained pair inside
+    # the zoo package: both are recorded as zoo/<model dir>, wherever the checkout is.
+    roots = {zoo.cache_root().resolve(), TRAINED_ROOT.resolve()}
     for r in out:
         t = r.get("type")
         if t in ("round", "plain") and "time_s" in r:
@@ -443,7 +443,7 @@ def normalize_records(records: Iterable[Record]) -> list[Record]:
                 ident = r.get(role)
                 if isinstance(ident, dict) and isinstance(ident.get("path"), str):
                     p = Path(ident["path"])
-                    if root is not None and p.resolve().parent == root:
+                    if p.resolve().parent in roots:
                         ident["path"] = f"zoo/{p.name}"
     return out
 

@@ -4,17 +4,17 @@ Both are mlx-lm 0.32.2 ``mlx_lm/models/llama.py`` ``Model``s trained with MLX on
 CPU (next-token cross-entropy, Adam, fixed seeds) on text that exists offline:
 the docstrings of a fixed list of CPython 3.11 standard-library modules
 (``inspect.getdoc`` of each module and its public classes and functions),
-tokenized with the zoo tokenizer (``engine/zoo/tokenizer.json``), one
+tokenized with the zoo tokenizer (``zoo/tokenizer.json``), one
 ``<|eos|>`` after each docstring.
 
-The weights are committed under ``engine/zoo/trained/<name>/`` (config.json +
+The weights are committed under ``zoo/trained/<name>/`` (config.json +
 model.safetensors + tokenizer files, loadable with ``mlx_lm.load``), pinned in
-``engine/zoo/trained/manifest.json`` (``engine.zoo.weights_digest`` /
+``zoo/trained/manifest.json`` (``zoo.weights_digest`` /
 ``config_digest``) with the training settings, the final losses and the greedy
 acceptance measured with the engine (γ=3, 32 tokens, the zoo prompts).
 :func:`trained_dir` verifies the pins and returns the committed directory.
 
-``python -m engine.zoo.train`` regenerates everything (a few minutes on 2
+``python -m zoo.train`` regenerates everything (a few minutes on 2
 cores); tests and CI never train.
 """
 
@@ -88,7 +88,7 @@ SPECS: dict[str, Spec] = {
 
 
 def _zoo_drift(msg: str) -> Exception:
-    from engine.zoo import ZooDriftError
+    from zoo import ZooDriftError
 
     return ZooDriftError(f"zoo drift: {msg}")
 
@@ -100,10 +100,10 @@ def trained_manifest() -> dict[str, Any]:
 def trained_dir(name: str) -> Path:
     """The committed directory of trained model ``name``, verified against the manifest.
 
-    Raises ``ValueError`` for an unknown name and ``engine.zoo.ZooDriftError``
+    Raises ``ValueError`` for an unknown name and ``zoo.ZooDriftError``
     ("zoo drift: ...") when a committed file no longer matches its pinned sha256.
     """
-    from engine.zoo import config_digest, weights_digest
+    from zoo import config_digest, weights_digest
 
     models = trained_manifest()["models"]
     if name not in models:
@@ -123,7 +123,7 @@ def trained_dir(name: str) -> Path:
                              f"expected sha256 {entry[key]}") from exc
         if got != entry[key]:
             raise _zoo_drift(f"{name}: {fname} in {d} has sha256 {got}, manifest expects "
-                             f"{entry[key]} (regenerate with `python -m engine.zoo.train`)")
+                             f"{entry[key]} (regenerate with `python -m zoo.train`)")
     return d
 
 
@@ -181,7 +181,7 @@ def _json_bytes(obj: Any) -> bytes:
 
 
 def _tokenizer_files() -> dict[str, bytes]:
-    """Same tokenizer files as the seed-built zoo (``engine/zoo/build.py``)."""
+    """Same tokenizer files as the seed-built zoo (``zoo/build.py``)."""
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TOKEN,
         "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN, "unk_token": None,
@@ -253,7 +253,7 @@ def train_one(s: Spec, data: Any, val: Any, out_dir: Path, log: Any = print) -> 
 def measure_engine_acceptance(target_dir: Path, drafter_dir: Path, gamma: int = 3,
                               max_tokens: int = 32) -> dict[str, Any]:
     """Greedy acceptance (accepted / drafted) of the pair with the engine over the zoo prompts."""
-    from engine import zoo
+    import zoo
     from engine.executor import GenerationParams, spec_generate
     from engine.models import load
     from engine.sources.two_model import TwoModelProvider
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     import numpy as np
 
-    from engine.zoo import config_digest, weights_digest
+    from zoo import config_digest, weights_digest
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=TRAINED_ROOT)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine greedy acceptance: {acc}", file=sys.stderr)
     tok_sha = hashlib.sha256(TOKENIZER_FILE.read_bytes()).hexdigest()
     manifest = {
-        "about": "Trained pair (engine/zoo/train.py); regenerate with `python -m engine.zoo.train`.",
+        "about": "Trained pair (zoo/train.py); regenerate with `python -m zoo.train`.",
         "corpus": {"source": "inspect.getdoc of CPython stdlib modules and their public "
                              "classes/functions", "python": sys.version.split()[0],
                    "modules": list(MODULES), "tokens": int(len(ids)), "val_fraction": 0.05,

@@ -23,7 +23,7 @@ Variants: ``random`` (seeded; accepts ~nothing) and ``self`` (initialised
 from the target's own layers, final norm and lm-head so that drafts are
 accepted sometimes). Each head is pinned by sha256 in ``heads_manifest.json``
 with its measured greedy acceptance (engine source, γ = 3, 32 tokens, the
-first 8 prompts). ``python -m engine.zoo.heads --update-manifest`` rebuilds
+first 8 prompts). ``python -m zoo.heads --update-manifest`` rebuilds
 and re-measures (developer-only).
 """
 
@@ -80,20 +80,20 @@ class HeadDriftError(RuntimeError):
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
-    from engine.zoo.build import seeded_rng
+    from zoo.build import seeded_rng
 
     return seeded_rng(seed, name)
 
 
 def _target_cfg(target: str) -> dict[str, Any]:
-    from engine.zoo.build import RECIPES as TARGETS
-    from engine.zoo.build import model_config
+    from zoo.build import RECIPES as TARGETS
+    from zoo.build import model_config
 
     return model_config(TARGETS[target])
 
 
 def _target_weights(target: str) -> dict[str, np.ndarray]:
-    from engine.zoo.build import model_weights
+    from zoo.build import model_weights
 
     return model_weights(target)
 
@@ -305,14 +305,14 @@ def manifest() -> dict[str, Any]:
 
 
 def _verify(name: str, d: Path) -> None:
-    from engine.zoo import config_digest, weights_digest
+    from zoo import config_digest, weights_digest
 
     entry = manifest()["heads"].get(name)
     if entry is None:
         raise HeadDriftError(f"zoo drift: head {name}: no entry in {MANIFEST_FILE}")
     if entry["recipe"] != RECIPES[name].to_json():
         raise HeadDriftError(f"zoo drift: head {name}: recipe differs from the manifest; "
-                             "run `python -m engine.zoo.heads --update-manifest` if intended")
+                             "run `python -m zoo.heads --update-manifest` if intended")
     for fname, key, fn in (("model.safetensors", "weights_sha256", weights_digest),
                            ("config.json", "config_sha256", config_digest)):
         try:
@@ -326,13 +326,13 @@ def _verify(name: str, d: Path) -> None:
 
 def head_dir(name: str) -> Path:
     """Path of zoo head ``name``, built into the zoo cache on first use and verified."""
-    from engine.zoo import cache_root
+    from zoo import cache_root
 
     _recipe(name)
     entry = manifest()["heads"].get(name)
     if entry is None:
         raise HeadDriftError(f"zoo drift: head {name}: no entry in {MANIFEST_FILE}")
-    from engine.zoo import pinned
+    from zoo import pinned
 
     d = pinned.build(cache_root(), f"head-{name}-{entry['weights_sha256'][:8]}{entry['config_sha256'][:4]}",
                      lambda tmp: write_head(name, tmp))
@@ -350,7 +350,7 @@ def measure(name: str, path: Path, gamma: int = 3, max_tokens: int = 32, n_promp
     """Greedy acceptance and tokens per target forward of head ``name`` with the engine source."""
     from mlx_lm.utils import load_model
 
-    from engine import zoo
+    import zoo
     from engine.executor import GenerationParams, spec_generate
     from engine.sources import make_provider
 
@@ -373,7 +373,7 @@ def measure(name: str, path: Path, gamma: int = 3, max_tokens: int = 32, n_promp
 
 
 def build_manifest() -> dict[str, Any]:
-    from engine.zoo import config_digest, weights_digest
+    from zoo import config_digest, weights_digest
 
     heads = {}
     with tempfile.TemporaryDirectory(prefix="specparity-heads-") as tmp:

@@ -15,7 +15,7 @@ References mirrored:
 Every tensor is drawn from ``numpy.random.default_rng`` seeded from
 ``sha256(f"{seed}:{tensor_name}")``, so bytes do not depend on iteration order.
 
-``python -m engine.zoo.build --update-manifest`` rebuilds all models into a temp
+``python -m zoo.build --update-manifest`` rebuilds all models into a temp
 dir and rewrites ``manifest.json`` (developer-only).
 """
 
@@ -275,7 +275,7 @@ def write_model(name: str, out_dir: Path) -> Path:
 
 
 def manifest_entry(name: str, model_path: Path) -> dict[str, Any]:
-    from engine.zoo import config_digest, tokenizer_digest, weights_digest
+    from zoo import config_digest, tokenizer_digest, weights_digest
 
     return {
         "recipe": RECIPES[name].to_json(),
@@ -286,7 +286,7 @@ def manifest_entry(name: str, model_path: Path) -> dict[str, Any]:
 
 
 def build_manifest() -> dict[str, Any]:
-    from engine.zoo import tokenizer_digest
+    from zoo import tokenizer_digest
 
     models = {}
     with tempfile.TemporaryDirectory(prefix="specparity-zoo-") as tmp:
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             tmp.rename(args.out / name)
             print(f"built {args.out / name}")
     if not (args.update_manifest or args.out):
-        from engine.zoo import model_dir
+        from zoo import model_dir
 
         for name in MODEL_NAMES:
             print(f"{name}: {model_dir(name)}")

@@ -26,7 +26,7 @@ each token over the zoo prompts' 24-token greedy continuations), with random
 unit codes of rank r (so crosstalk and the random backbone still move the
 argmax), and the confidence head scores whether the previous token is in that
 table. The table is part of the pinned recipe; ``python -m
-engine.zoo.dspark --update-manifest`` recomputes it and the digests.
+zoo.dspark --update-manifest`` recomputes it and the digests.
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
-from engine import zoo
+import zoo
+from engine.dspark import module as dspark_module
 
 _HERE = Path(__file__).resolve().parent
 MANIFEST_FILE = _HERE / "dspark_manifest.json"
@@ -75,9 +77,9 @@ WITH_BIGRAMS = ("deepspec", "deepspec-l0", "deepspec-kv", "dspark")
 def bigram_table(target: str) -> list[list[int]]:
     """``[[prev, next], ...]``: the most frequent greedy successor of each token."""
     from engine.executor import GenerationParams, plain_generate
-    from specparity.runners import load_model
+    from engine.models import load
 
-    model = load_model(str(zoo.model_dir(target))).model
+    model = load(zoo.model_dir(target)).model
     counts: dict[int, Counter[int]] = defaultdict(Counter)
     for p in zoo.prompts():
         ids = list(p.token_ids)
@@ -89,7 +91,7 @@ def bigram_table(target: str) -> list[list[int]]:
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
-    from engine.zoo.build import seeded_rng
+    from zoo.build import seeded_rng
 
     return seeded_rng(seed, name)
 
@@ -285,7 +287,6 @@ def write_artifact(name: str, out_dir: Path, bigrams: list[list[int]] | None = N
                 shutil.copyfile(f, out_dir / f.name)
         (out_dir / "config.json").write_bytes(_json_bytes(cfg))
     elif kind == "dspark":
-        from engine.dspark.module import write_zoo_dspark
 
         table = bigrams if bigrams is not None else rec["bigrams"]
         if table is None:
@@ -325,7 +326,7 @@ def artifact_dir(name: str) -> Path:
     entry = _manifest().get("artifacts", {}).get(name)
     if entry is None:
         raise zoo.ZooDriftError(f"zoo drift: {name}: no entry in {MANIFEST_FILE}")
-    from engine.zoo import pinned
+    from zoo import pinned
 
     def verify() -> None:
         got_w, got_c = tensors_digest(d), _config_sha(d)
@@ -333,7 +334,7 @@ def artifact_dir(name: str) -> Path:
             raise zoo.ZooDriftError(
                 f"zoo drift: {name}: {d} has weights {got_w[:12]} config {got_c[:12]}, manifest expects "
                 f"{entry['weights_sha256'][:12]} / {entry['config_sha256'][:12]} (delete {d} to rebuild, or "
-                "`python -m engine.zoo.dspark --update-manifest` if the recipe changed on purpose)"
+                "`python -m zoo.dspark --update-manifest` if the recipe changed on purpose)"
             )
 
     d = pinned.build(zoo.cache_root(), f"{name}-{entry['weights_sha256'][:12]}", lambda tmp: write_artifact(name, tmp))
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.update_manifest:
         m = build_manifest()
         MANIFEST_FILE.write_text(json.dumps(m, sort_keys=True) + "\n")
-        from engine.zoo import pinned
+        from zoo import pinned
 
         pinned.clear()
     for name in args.only if args.only is not None else ARTIFACTS:
@@ -381,3 +382,95 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------- our DSpark drafter (engine.dspark.module format)
+
+
+def zoo_dspark_json(target_cfg: dict[str, Any], tap_layers: list[int]) -> dict[str, Any]:
+    h = int(target_cfg["hidden_size"])
+    return {
+        "variant": dspark_module.VARIANT,
+        "format": dspark_module.FORMAT,
+        "gamma": 4,
+        "tap_layers": tap_layers,
+        "mask_token_id": 511,
+        "vocab_size": int(target_cfg["vocab_size"]),
+        "seq_head": "markov",
+        "markov_rank": 64,
+        "confidence_with_markov": True,
+        "share_target_embeddings": True,
+        "final_logit_softcapping": target_cfg.get("final_logit_softcapping"),
+        "thresholds": None,
+        "min_conf": None,
+        "backbone": {
+            "hidden_size": h, "intermediate_size": 2 * h, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        },
+        "target": {"model_type": target_cfg["model_type"], "num_hidden_layers": int(target_cfg["num_hidden_layers"])},
+    }
+
+
+def mlx_vlm_config(d: dict[str, Any]) -> dict[str, Any]:
+    """The same drafter described for mlx-vlm's generic DSpark loader (``Qwen3DSparkModel``)."""
+    b = d["backbone"]
+    return {
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+        "hidden_size": b["hidden_size"], "intermediate_size": b["intermediate_size"],
+        "num_hidden_layers": b["num_hidden_layers"], "num_attention_heads": b["num_attention_heads"],
+        "num_key_value_heads": b["num_key_value_heads"], "head_dim": b["head_dim"], "hidden_act": "silu",
+        "rms_norm_eps": b["rms_norm_eps"], "vocab_size": d["vocab_size"], "max_position_embeddings": 2048,
+        "rope_theta": b["rope_theta"], "tie_word_embeddings": True,
+        "final_logit_softcapping": d["final_logit_softcapping"],
+        "dflash_config": {
+            "projector_type": "dspark", "block_size": d["gamma"], "mask_token_id": d["mask_token_id"],
+            "target_layer_ids": d["tap_layers"], "num_target_layers": d["target"]["num_hidden_layers"],
+            "markov_rank": d["markov_rank"], "markov_head_type": "vanilla", "enable_confidence_head": True,
+            "confidence_head_with_markov": d["confidence_with_markov"], "block_size_policy": "fixed",
+            "sample_from_anchor": True,
+        },
+    }
+
+
+def zoo_dspark_weights(d: dict[str, Any], bigrams: list[list[int]], seed: int) -> dict[str, np.ndarray]:
+    b = d["backbone"]
+    h, inter, hd, nh, nkv = b["hidden_size"], b["intermediate_size"], b["head_dim"], b["num_attention_heads"], b["num_key_value_heads"]
+    v, r, m = d["vocab_size"], d["markov_rank"], len(d["tap_layers"])
+
+    def lin(name: str, o: int, i: int, gain: float = 1.0) -> np.ndarray:
+        return gain * _rng(seed, name).standard_normal((o, i)) / np.sqrt(i)
+
+    def norm(name: str, n: int) -> np.ndarray:
+        return 1.0 + 0.1 * _rng(seed, name).standard_normal(n)
+
+    w: dict[str, np.ndarray] = {"fc.weight": lin("fc", h, m * h), "hidden_norm.weight": norm("hn", h), "norm.weight": norm("n", h)}
+    for i in range(b["num_hidden_layers"]):
+        p = f"layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = lin(p + "q", nh * hd, h)
+        w[p + "self_attn.k_proj.weight"] = lin(p + "k", nkv * hd, h)
+        w[p + "self_attn.v_proj.weight"] = lin(p + "v", nkv * hd, h)
+        w[p + "self_attn.o_proj.weight"] = lin(p + "o", h, nh * hd)
+        w[p + "self_attn.q_norm.weight"] = norm(p + "qn", hd)
+        w[p + "self_attn.k_norm.weight"] = norm(p + "kn", hd)
+        w[p + "mlp.gate_proj.weight"] = lin(p + "g", inter, h)
+        w[p + "mlp.up_proj.weight"] = lin(p + "u", inter, h)
+        w[p + "mlp.down_proj.weight"] = lin(p + "d", h, inter)
+        w[p + "input_layernorm.weight"] = norm(p + "iln", h)
+        w[p + "post_attention_layernorm.weight"] = norm(p + "paln", h)
+    codes = _rng(seed, "codes").standard_normal((v, r))
+    codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+    w.update(bigram_heads(codes, bigrams, _rng(seed, "ch").standard_normal(h)))
+    return {k: np.asarray(a, np.float32) for k, a in sorted(w.items())}
+
+
+def write_zoo_dspark(target: str, out_dir: Path, bigrams: list[list[int]], seed: int) -> Path:
+    tcfg = json.loads((zoo.model_dir(target) / "config.json").read_text())
+    n = int(tcfg["num_hidden_layers"])
+    d = zoo_dspark_json(tcfg, list(range(n)))
+    w = zoo_dspark_weights(d, bigrams, seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(w[k]) for k in sorted(w)}, metadata={"format": "mlx"})
+    (out_dir / "dspark.json").write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(mlx_vlm_config(d), indent=2, sort_keys=True) + "\n")
+    return out_dir

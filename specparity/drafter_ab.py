@@ -121,7 +121,7 @@ def deepspec_arms(target: str, variants: tuple[str, ...] = ("", "-q8", "-q4"),
     import mlx.core as mx
 
     from engine.sources.deepspec import DeepSpecProvider
-    from engine.zoo.dspark import artifact_dir
+    from zoo.dspark import artifact_dir
 
     out = {}
     for v in variants:

@@ -27,7 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
-from engine.zoo import pinned
+from zoo import pinned
 
 __all__ = [
     "DRAFTERS",
@@ -81,14 +81,14 @@ class Prompt:
 
 
 # The trained pair (issue "realistic zoo pair"): committed weights, not built
-# from seeds; see engine/zoo/train.py. Its drafter is named ``trained``.
+# from seeds; see zoo/train.py. Its drafter is named ``trained``.
 TRAINED_TARGET = "llama-trained"
 TRAINED_DRAFTER = "trained"
 
 
 def model_names() -> tuple[str, ...]:
     """All model names: the seeded ones (``llama``, ``llama-twin``, ...) and the trained pair."""
-    from engine.zoo.train import PAIR
+    from zoo.train import PAIR
 
     return tuple(n for t in TARGETS for n in (t, f"{t}-twin", f"{t}-small")) + PAIR
 
@@ -96,7 +96,7 @@ def model_names() -> tuple[str, ...]:
 def model_name(target: str, drafter: str) -> str:
     """The zoo model name for ``(target, drafter)``; ``self`` maps to the target."""
     if target == TRAINED_TARGET:
-        from engine.zoo.train import DRAFTER_NAME
+        from zoo.train import DRAFTER_NAME
 
         if drafter not in ("self", TRAINED_DRAFTER):
             raise ValueError(f"the trained target pairs with 'self' or {TRAINED_DRAFTER!r}, not {drafter!r}")
@@ -195,7 +195,7 @@ def _stamp(d: Path) -> tuple[Any, ...]:
 
 
 def _verify(name: str, d: Path) -> None:
-    from engine.zoo.build import RECIPES
+    from zoo.build import RECIPES
 
     entry = manifest()["models"].get(name)
     if entry is None:
@@ -205,7 +205,7 @@ def _verify(name: str, d: Path) -> None:
         raise ZooDriftError(
             f"zoo drift: {name}: build recipe differs from manifest "
             f"(manifest {entry['recipe']}, code {recipe}); "
-            "run `python -m engine.zoo.build --update-manifest` if intended"
+            "run `python -m zoo.build --update-manifest` if intended"
         )
     checks = (
         ("model.safetensors", "weights_sha256", lambda: weights_digest(d)),
@@ -240,7 +240,7 @@ def model_dir(name: str) -> Path:
     """
     if name not in model_names():
         raise ValueError(f"unknown zoo model {name!r}; valid: {', '.join(model_names())}")
-    from engine.zoo.train import PAIR, trained_dir
+    from zoo.train import PAIR, trained_dir
 
     if name in PAIR:
         return trained_dir(name)  # committed weights, verified against trained/manifest.json
@@ -250,7 +250,7 @@ def model_dir(name: str) -> Path:
     entry = manifest()["models"].get(name)
     if entry is None:
         raise ZooDriftError(f"zoo drift: {name}: no entry in {_MANIFEST_FILE}")
-    from engine.zoo.build import write_model
+    from zoo.build import write_model
 
     d = pinned.build(root, f"{name}-{entry['weights_sha256'][:12]}", lambda tmp: write_model(name, tmp))
     pinned.verify_once(

@@ -1,8 +1,8 @@
 """Pinned zoo artifacts in the cache dir: atomic build, then verify once per file state.
 
-Shared by the seeded models (``engine.zoo.model_dir``), the MTP/assistant
-heads (``engine.zoo.heads.head_dir``) and the DSpark/DeepSpec drafters
-(``engine.zoo.dspark.artifact_dir``). An artifact is built into a temp dir
+Shared by the seeded models (``zoo.model_dir``), the MTP/assistant
+heads (``zoo.heads.head_dir``) and the DSpark/DeepSpec drafters
+(``zoo.dspark.artifact_dir``). An artifact is built into a temp dir
 beside its final name and renamed into place (a killed build leaves nothing
 under the final name; a concurrent build's result is kept), then its files
 are checked against the pinned digests. The check is repeated whenever a

@@ -1,0 +1,69 @@
+"""The package layers (README "What is here", pyproject ``[tool.importlinter]``).
+
+``lint-imports`` runs in ``.ci/run`` and ``tox -e lint``; these tests show that
+the contracts hold on the tree and that each one fails, with a message naming
+the import, when a forbidden import is planted in a copy of the tree.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("traces", "engine", "zoo", "oracles", "reports", "specparity")
+LINT = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+
+pytestmark = pytest.mark.skipif(not Path(LINT).exists(), reason="import-linter not installed (pip install import-linter)")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([LINT, "--config", str(root / "pyproject.toml")], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the packages' sources (no data) and pyproject.toml."""
+    root = tmp_path_factory.mktemp("layers")
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    for pkg in PACKAGES:
+        for src in (ROOT / pkg).rglob("*.py"):
+            dst = root / src.relative_to(ROOT)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    return root
+
+
+def test_the_tree_keeps_every_contract(tree: Path) -> None:
+    res = _lint(tree)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "0 broken" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "message"),
+    [
+        ("engine/telemetry.py", "import specparity.goldens", "engine is not allowed to import specparity"),
+        ("engine/seam.py", "import zoo", "engine is not allowed to import zoo"),
+        ("oracles/recording.py", "import engine.executor", "oracles is not allowed to import engine"),
+        ("traces/records.py", "import reports.stats", "traces is not allowed to import reports"),
+        ("zoo/pinned.py", "import oracles.mlx_lm", "zoo is not allowed to import oracles"),
+        ("reports/stats.py", "import specparity.ab", "reports is not allowed to import specparity"),
+    ],
+)
+def test_a_planted_forbidden_import_is_named(tree: Path, module: str, planted: str, message: str) -> None:
+    path = tree / module
+    original = path.read_text()
+    try:
+        path.write_text(original + f"\n{planted}  # planted\n")
+        res = _lint(tree)
+    finally:
+        path.write_text(original)
+    assert res.returncode != 0, f"{planted} in {module} was not caught:\n{res.stdout}"
+    assert message in res.stdout, res.stdout
+    assert module.removesuffix(".py").replace("/", ".") in res.stdout, res.stdout
