@@ -1,0 +1,57 @@
+"""``specparity grade DIR``: grade traces written by any engine.
+
+``DIR`` holds traces (``*.jsonl``, any depth) written by an engine — ours,
+another Python engine through the writer API (``traces/writer.py``), or an
+engine in another language that follows ``traces/schema.json`` and
+``traces/INTERPRETING.md``. Each trace is validated; the cases their headers
+name are re-run (plain decode and every available live reference, models by
+the header's paths, checked against the header's digests) and compared with
+the same verdict table, diffs and report as ``specparity run``.
+
+``--engine NAME`` grades a registered third-party engine instead: it is run on
+the cases first and its traces graded (``specparity.engines.grade_engine_main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specparity.commands import str_list
+
+NAME = "grade"
+HELP = "grade a folder of traces from any engine (or --engine NAME) against plain decode and the references"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, nargs="?", default=None,
+                   help="folder of engine traces (*.jsonl, searched recursively)")
+    p.add_argument("--engine", default=None, metavar="NAME",
+                   help="run the registered third-party engine NAME on the cases and grade it "
+                        "(see specparity.engines)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output dir for references, verdicts and report (default DIR/graded)")
+    p.add_argument("--runners", type=str_list, default=None,
+                   help="references to re-run (default: all available)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="process-pool size for the re-runs (0: in this process)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the re-runs on Ray (local when no ADDRESS)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.engine is not None:
+        try:
+            from specparity.engines import grade_engine_main
+        except ImportError as exc:
+            print(f"specparity grade: --engine needs specparity.engines, which is not available "
+                  f"here ({exc})", file=sys.stderr)
+            return 2
+        return int(grade_engine_main(args))
+    if args.dir is None:
+        print("specparity grade: give a folder of traces (DIR) or --engine NAME", file=sys.stderr)
+        return 2
+    from specparity.grade import grade_main
+
+    return grade_main(args)
