@@ -7,6 +7,16 @@ truncated file under the final name.  :func:`iter_records` streams records
 with their line numbers; :func:`read_trace` loads a whole file into a
 :class:`Trace`.
 
+Hostile input is bounded here, once, for every reader: :func:`iter_lines`
+reads at most :data:`MAX_LINE_BYTES` per line (``SPECPARITY_MAX_LINE_BYTES``
+overrides), refuses non-regular files (``/dev/zero``, FIFOs), non-UTF-8 lines
+and over-deep JSON nesting with a ``FILE:LINE`` error, and never holds more than
+one line in memory. Every published file (traces and the atomic text/JSON
+writers :func:`atomic_write_text` / :func:`atomic_write_json` used by the
+reports and jobs) is written to a hidden temp file, fsynced and renamed, with
+the mode an ordinary ``open()`` would give (``0666 & ~umask``, not mkstemp's
+``0600``).
+
 Full validation (schema + cross-record invariants) lives in
 :mod:`traces.validate`; this module only checks what it needs to do its job.
 """
@@ -15,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +40,12 @@ __all__ = [
     "Trace",
     "TraceFormatError",
     "TraceWriter",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
     "dumps_record",
+    "iter_lines",
+    "loads_line",
     "iter_records",
     "read_trace",
     "write_trace",
@@ -43,6 +59,16 @@ RECORD_TYPES = frozenset({"header", "prefill", "round", "plain", "footer"})
 
 Record = dict[str, Any]
 """One decoded trace line."""
+
+MAX_LINE_BYTES = int(os.environ.get("SPECPARITY_MAX_LINE_BYTES", 4 << 20))
+"""Longest trace line read (bytes). A header with a 100k-token prompt is < 1 MiB."""
+
+
+def _file_mode() -> int:
+    """The mode ``open(path, "w")`` would create: 0666 minus the process umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 class TraceFormatError(ValueError):
@@ -126,6 +152,7 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         directory = self.path.parent
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{self.path.name}.", suffix=".tmp")
+        os.fchmod(fd, _file_mode())
         self._tmp = Path(tmp)
         self._fh = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
         return self
@@ -211,6 +238,40 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Publish ``data`` at ``path`` atomically: hidden temp file, fsync, rename.
+
+    A crash or a full disk leaves either the old file or none under ``path``,
+    never a partial or 0-byte one; the temp file is removed on failure.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, _file_mode())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """:func:`atomic_write_bytes` of UTF-8 ``text``."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1,
+                      sort_keys: bool = False) -> None:
+    """Strict JSON (NaN/inf refused before anything is written), published atomically."""
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False,
+                      default=_json_default, ensure_ascii=False)
+    atomic_write_text(path, text + "\n")
+
+
 def write_trace(path: str | os.PathLike[str], records: Iterable[Record]) -> None:
     """Write ``records`` to ``path`` atomically with :class:`TraceWriter`.
 
@@ -223,8 +284,54 @@ def write_trace(path: str | os.PathLike[str], records: Iterable[Record]) -> None
             writer.write(record)
 
 
+def iter_lines(path: str | os.PathLike[str], *,
+               max_line_bytes: int | None = None) -> Iterator[tuple[int, str]]:
+    """Stream the lines of a text file with bounded memory.
+
+    Yields:
+        ``(line_no, text)`` with 1-based line numbers (newline stripped).
+
+    Raises:
+        TraceFormatError: On a non-regular file, a line longer than
+            ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`) or a line that is
+            not UTF-8. The file is never read past the offending line.
+        OSError: If the file cannot be opened.
+    """
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    with open(path, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise TraceFormatError(path, None, "not a regular file (a device, FIFO or directory); "
+                                               "give a trace file")
+        line_no = 0
+        while True:
+            raw = fh.readline(limit + 1)
+            if not raw:
+                return
+            line_no += 1
+            if len(raw) > limit:
+                raise TraceFormatError(
+                    path, line_no, f"line longer than {limit} bytes; refused (a trace line is a "
+                    "few KiB; raise SPECPARITY_MAX_LINE_BYTES if this is a genuine trace)")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise TraceFormatError(path, line_no, f"not UTF-8 text (byte {err.start}): "
+                                                      "is this a trace file?") from None
+            yield line_no, text.rstrip("\r\n")
+
+
+def loads_line(path: str | os.PathLike[str], line_no: int, text: str) -> Any:
+    """``json.loads`` of one line, every failure as a ``FILE:LINE`` :class:`TraceFormatError`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceFormatError(path, line_no, f"invalid JSON: {err.msg} (column {err.colno})") from None
+    except RecursionError:
+        raise TraceFormatError(path, line_no, "JSON nested too deeply; refused") from None
+
+
 def iter_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, Record]]:
-    """Stream the records of a trace file.
+    """Stream the records of a trace file (bounded lines, see :func:`iter_lines`).
 
     Blank lines are skipped.  Records are not validated beyond being JSON
     objects.
@@ -236,20 +343,17 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, Record]]:
         ``(line_no, record)`` with 1-based line numbers.
 
     Raises:
-        TraceFormatError: On a line that is not a JSON object.
+        TraceFormatError: On a line that is not a JSON object (or is refused
+            by :func:`iter_lines`).
         OSError: If the file cannot be opened.
     """
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TraceFormatError(path, line_no, f"invalid JSON: {err.msg} (column {err.colno})") from err
-            if not isinstance(record, dict):
-                raise TraceFormatError(path, line_no, f"expected a JSON object, got {type(record).__name__}")
-            yield line_no, record
+    for line_no, line in iter_lines(path):
+        if not line.strip():
+            continue
+        record = loads_line(path, line_no, line)
+        if not isinstance(record, dict):
+            raise TraceFormatError(path, line_no, f"expected a JSON object, got {type(record).__name__}")
+        yield line_no, record
 
 
 @dataclass

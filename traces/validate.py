@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -26,7 +26,7 @@ from jsonschema import Draft202012Validator
 from jsonschema import ValidationError as SchemaError
 from jsonschema.exceptions import best_match
 
-from traces.io import RECORD_TYPES, Record, Trace
+from traces.io import RECORD_TYPES, Record, Trace, TraceFormatError, iter_lines, loads_line
 
 __all__ = [
     "ValidationError",
@@ -115,40 +115,66 @@ def _schema_errors(path: str, line: int, record: Any) -> list[ValidationError]:
     return out
 
 
+MAX_ERRORS = 200
+"""Problems reported per file before the rest are summarised in one line."""
+
+
+class _Capped(list[ValidationError]):
+    """Keeps the first ``cap`` problems and counts the rest (bounded memory on garbage)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap, self.dropped = cap, 0
+
+    def append(self, e: ValidationError) -> None:
+        if len(self) < self.cap:
+            super().append(e)
+        else:
+            self.dropped += 1
+
+    def extend(self, es: Iterable[ValidationError]) -> None:
+        for e in es:
+            self.append(e)
+
+
 def validate_records(
-    records: Iterable[tuple[int, Any]], *, path: str = "<memory>"
+    records: Iterable[tuple[int, Any]], *, path: str = "<memory>", max_errors: int | None = None,
 ) -> list[ValidationError]:
-    """Validate records given with their line numbers.
+    """Validate records given with their line numbers, streaming.
+
+    One pass, holding only the header, the footer and the emitted token ids
+    (never the records): a trace of any length validates in bounded memory.
 
     Args:
         records: ``(line_no, record)`` pairs in file order.
         path: Name used in the errors.
 
     Returns:
-        All problems found (empty when the trace is valid).
+        All problems found (empty when the trace is valid); with ``max_errors``,
+        at most that many plus one line counting the rest.
     """
-    errors: list[ValidationError] = []
+    errors: list[ValidationError] = _Capped(max_errors) if max_errors else []
 
     def err(line: int | None, rtype: str | None, fld: str, msg: str) -> None:
         errors.append(ValidationError(line, rtype, fld, msg, path))
-
-    items = list(records)
-    if not items:
-        err(None, None, "file", "empty trace (no records)")
-        return errors
 
     header: Record | None = None
     footer: Record | None = None
     footer_line: int | None = None
     eos: set[int] = set()
     n_round = n_plain = 0
-    seen_event = False
+    seen_event = seen_prefill = seen_header = False
     emitted_all: list[int] = []
     emitted_ok = True  # all events schema-valid, so emitted_all is meaningful
-    last_event: tuple[int, Record] | None = None
+    terminal: tuple[int, str, str] | None = None  # (line, type, end) of a terminal event
     mode: str | None = None
+    first_line: int | None = None
+    last_line: int | None = None
 
-    for pos, (line, record) in enumerate(items):
+    for pos, (line, record) in enumerate(records):
+        if first_line is None:
+            first_line = line
+        last_line = line
         schema_errs = _schema_errors(path, line, record)
         errors.extend(schema_errs)
         valid = not schema_errs
@@ -161,6 +187,7 @@ def validate_records(
         if footer is not None:
             err(line, rtype, rtype, f"record after the footer (footer is on line {footer_line})")
         if rtype == "header":
+            seen_header = True
             if pos != 0:
                 err(line, rtype, "header", "header must be the first record and appear once")
             elif valid:
@@ -173,8 +200,9 @@ def validate_records(
         if rtype == "prefill":
             if seen_event:
                 err(line, rtype, "prefill", "prefill must come before any round/plain record")
-            if any(isinstance(r, dict) and r.get("type") == "prefill" for _, r in items[:pos]):
+            if seen_prefill:
                 err(line, rtype, "prefill", "more than one prefill record")
+            seen_prefill = True
             continue
         if rtype == "footer":
             if footer is not None:
@@ -187,7 +215,12 @@ def validate_records(
 
         # --- events -------------------------------------------------------
         seen_event = True
-        last_event = (line, record)
+        if terminal is not None:
+            tl, tt, te = terminal
+            err(tl, tt, f"{tt}.end", f"{te!r} ends generation but this is not the last round/plain record")
+            terminal = None
+        if record.get("end") in TERMINAL_ENDS:
+            terminal = (line, rtype, record["end"])
         expected_index = n_round if rtype == "round" else n_plain
         if rtype == "round":
             n_round += 1
@@ -206,25 +239,13 @@ def validate_records(
             _check_plain(line, record, eos, err)
         emitted_all.extend(record["emitted"])
 
+    if first_line is None:
+        err(None, None, "file", "empty trace (no records)")
+        return errors
     if footer is None:
-        last_line = items[-1][0]
         err(last_line, None, "footer", "missing footer record (the trace must end with one)")
-    if header is None and not any(
-        isinstance(r, dict) and r.get("type") == "header" for _, r in items
-    ):
-        err(items[0][0], None, "header", "missing header record")
-
-    # terminal ends only on the last event
-    if last_event is not None:
-        for line, record in items:
-            if (
-                isinstance(record, dict)
-                and record.get("type") in ("round", "plain")
-                and record.get("end") in TERMINAL_ENDS
-                and record is not last_event[1]
-            ):
-                err(line, record["type"], f"{record['type']}.end",
-                    f"{record['end']!r} ends generation but this is not the last round/plain record")
+    if header is None and not seen_header:
+        err(first_line, None, "header", "missing header record")
 
     if footer is not None and emitted_ok and footer_line is not None:
         output = footer["output_ids"]
@@ -238,7 +259,9 @@ def validate_records(
                 f"output token {j} (len {len(output)} vs {len(emitted_all)} emitted)")
         if mode == "plain" and footer["speculation"] is not None:
             err(footer_line, "footer", "footer.speculation", "must be null in a mode 'plain' trace")
-    return errors
+    if isinstance(errors, _Capped) and errors.dropped:
+        list.append(errors, ValidationError(None, None, "file", f"... and {errors.dropped} more problems", path))
+    return list(errors)
 
 
 def _threshold(header: Any) -> float | None:
@@ -310,34 +333,44 @@ def validate_trace(trace: Trace) -> list[ValidationError]:
     return validate_records(enumerate(trace.records(), start=1), path=trace.path or "<memory>")
 
 
-def validate_file(path: str | os.PathLike[str]) -> list[ValidationError]:
-    """Validate a trace file, reporting every problem (bad JSON lines included).
+def validate_file(path: str | os.PathLike[str], *, max_errors: int = MAX_ERRORS) -> list[ValidationError]:
+    """Validate a trace file, streaming, reporting every problem (bad JSON lines included).
+
+    Lines are read with :func:`traces.io.iter_lines` (bounded length, UTF-8,
+    regular files only), so ``/dev/zero``, a 50 MB line or a binary file end
+    in one clear error instead of a hang or an out-of-memory.
 
     Args:
         path: The JSONL file.
+        max_errors: Problems kept before the rest are counted in one line.
 
     Returns:
-        All problems found; an unreadable file gives one ``file`` error.
+        All problems found (at most ``max_errors`` + 1); an unreadable file
+        gives one ``file`` error.
     """
     name = str(path)
+    errors: list[ValidationError] = _Capped(max_errors)
+
+    def parsed() -> Iterator[tuple[int, Any]]:
+        for line_no, text in iter_lines(path):
+            if not text.strip():
+                continue
+            try:
+                yield line_no, loads_line(name, line_no, text)
+            except TraceFormatError as exc:
+                # Unparsable lines are reported and skipped; the rest is still validated.
+                errors.append(ValidationError(line_no, None, "json", exc.message, name))
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.readlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        return [ValidationError(None, None, "file", f"cannot read: {exc}", name)]
-    records: list[tuple[int, Any]] = []
-    errors: list[ValidationError] = []
-    for line_no, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        try:
-            records.append((line_no, json.loads(text)))
-        except json.JSONDecodeError as exc:
-            errors.append(ValidationError(line_no, None, "json", f"invalid JSON: {exc.msg} (column {exc.colno})", name))
-    # Unparsable lines are reported and skipped; the rest is still validated.
-    errors.extend(validate_records(records, path=name))
-    errors.sort(key=lambda e: (e.line if e.line is not None else 1 << 62))
-    return errors
+        errors.extend(validate_records(parsed(), path=name, max_errors=max_errors))
+    except TraceFormatError as exc:
+        errors.append(ValidationError(exc.line_no, None, "file", exc.message, name))
+    except OSError as exc:
+        return [ValidationError(None, None, "file", f"cannot read: {exc.strerror or exc}", name)]
+    out = sorted(errors, key=lambda e: (e.line if e.line is not None else 1 << 62))
+    if isinstance(errors, _Capped) and errors.dropped:
+        out.append(ValidationError(None, None, "file", f"... and {errors.dropped} more problems", name))
+    return out
 
 
 def validate_main(argv: Sequence[str] | None = None) -> int:
