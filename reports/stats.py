@@ -11,8 +11,12 @@ Two instruments, both from scipy/statsmodels:
   ``b ~ Binomial(m, pi)`` and the drop is ``(m / n)(2 pi - 1)``; the one-sided
   95 % upper (lower) bound of ``pi`` from ``scipy.stats.binomtest(b, m)
   .proportion_ci(0.90, "exact")`` maps to the upper (lower) bound of the drop.
-  With ``m = 0`` the drop is 0 and both bounds are 0. The lower bound exceeds
-  0 exactly when the one-sided exact McNemar test rejects at ``alpha``.
+  With ``m = 0`` the drop is 0 and both bounds are 0. The one-sided p is the
+  upper tail ``P(X >= b)`` under ``pi = 1/2`` (exact binomial, or its
+  continuity-corrected normal approximation from ``b + c >= 25`` on), so a
+  table with one-sided p in (alpha/2, alpha) is a drop although the two-sided
+  test does not reject. The lower bound exceeds 0 exactly when the one-sided
+  exact McNemar test rejects at ``alpha``.
 - :func:`median_ratio` — the median of paired ratios with a two-sided 95 %
   percentile bootstrap interval (``scipy.stats.bootstrap``, 9999 resamples,
   fixed seed).
@@ -112,6 +116,25 @@ def _pi_bounds(b: int, m: int, alpha: float) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
+def _p_one_sided(b: int, c: int, exact: bool) -> float:
+    """One-sided McNemar p for H1 "A > B" (a drop): ``P(X >= b)``, ``X ~ Binomial(b + c, 1/2)``.
+
+    Exact: ``scipy.stats.binom.sf(b - 1, m, 1/2)``. Chi-square regime: the normal
+    approximation with the same continuity correction as statsmodels' statistic,
+    ``z = (b - c - 1) / sqrt(m)``. For ``b > c`` both are half of statsmodels'
+    two-sided p; for ``b <= c`` halving it is wrong (the tail is not symmetric
+    around the observed ``b``), so the tail is computed directly.
+    """
+    from scipy.stats import binom, norm
+
+    m = b + c
+    if m == 0:
+        return 1.0
+    if exact:
+        return float(binom.sf(b - 1, m, 0.5))
+    return float(norm.sf((b - c - 1) / np.sqrt(m)))
+
+
 def paired_drop(
     outcome_a: Sequence[bool] | PairedTable,
     outcome_b: Sequence[bool] | None = None,
@@ -143,12 +166,7 @@ def paired_drop(
     exact = m < EXACT_BELOW
     res = mcnemar(table.matrix(), exact=exact, correction=True)
     p_two = float(res.pvalue)
-    if m == 0:
-        p_one = 1.0
-    elif b > c:
-        p_one = min(1.0, p_two / 2)
-    else:
-        p_one = min(1.0, 1 - p_two / 2)
+    p_one = _p_one_sided(b, c, exact)
     if m == 0:
         lo_pts = hi_pts = 0.0
     else:
