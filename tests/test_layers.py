@@ -67,3 +67,20 @@ def test_a_planted_forbidden_import_is_named(tree: Path, module: str, planted: s
     assert res.returncode != 0, f"{planted} in {module} was not caught:\n{res.stdout}"
     assert message in res.stdout, res.stdout
     assert module.removesuffix(".py").replace("/", ".") in res.stdout, res.stdout
+
+
+def test_the_readme_layout_names_the_same_layers() -> None:
+    """README "What is here" lists the packages in the order the layers contract has."""
+    import re
+    import tomllib
+
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contract if c["type"] == "layers")["layers"]
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|", readme, flags=re.M)
+    by_level: dict[int, set[str]] = {}
+    for level, parts in rows:
+        by_level.setdefault(int(level), set()).update(re.findall(r"`(\w+)/`", parts))
+    readme_order = [by_level[k] for k in sorted(by_level)]
+    contract_order = [{p.strip() for p in layer.split("|")} for layer in reversed(layers)]
+    assert readme_order == contract_order, (readme_order, contract_order)
