@@ -1,9 +1,18 @@
-"""Conformance cases built from the tiny zoo: (pair, prompt, params)."""
+"""Conformance cases: (pair, prompt, params), on the tiny zoo or on any local model pair.
+
+A zoo case names its models and prompt by zoo name (``llama``/``twin``/``nat-00``);
+a case on the user's own models also carries the model paths and the prompt's
+token ids (:func:`model_label` names a path by directory name + short digest,
+so case ids stay stable when the folder moves and differ when the model does).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 DEFAULT_GAMMAS = (1, 2, 3, 5)
 
@@ -30,6 +39,16 @@ class Case:
     source: str = "two-model"
     top_p: float = 0.0
     top_k: int = 0
+    # Cases on the user's own models (None on zoo cases): model dirs and prompt tokens.
+    target_path: str | None = None
+    draft_path: str | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+    # Logits processors in engine.sampler.ProcessorParams.tag() form ('' = none).
+    processors: str = ""
+
+    @property
+    def on_zoo(self) -> bool:
+        return self.target_path is None
 
     @property
     def mode(self) -> str:
@@ -51,6 +70,8 @@ class Case:
             base += "/eos" + "-".join(str(t) for t in self.eos_ids)
         if self.stop_sequences:
             base += "/stop" + "+".join("-".join(str(t) for t in s) for s in self.stop_sequences)
+        if self.processors:
+            base += "/lp-" + self.processors
         return base
 
     @property
@@ -59,7 +80,23 @@ class Case:
 
     def plain(self) -> Case:
         """The plain-decode baseline of this case."""
-        return replace(self, drafter=None, gamma=0, source="two-model")
+        return replace(self, drafter=None, gamma=0, source="two-model", draft_path=None)
+
+
+def model_label(path: str | Path) -> str:
+    """A short stable name for a model directory: ``<dir name>-<8 hex>``.
+
+    The digest covers ``config.json`` and the names and sizes of the weight
+    files (cheap on large models; the full weight digest is in the trace header).
+    """
+    p = Path(path).expanduser()
+    h = hashlib.sha256()
+    cfg = p / "config.json"
+    h.update(cfg.read_bytes() if cfg.is_file() else b"")
+    for w in sorted(p.glob("*.safetensors")):
+        h.update(json.dumps([w.name, w.stat().st_size]).encode())
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in p.resolve().name) or "model"
+    return f"{name}-{h.hexdigest()[:8]}"
 
 
 def spec_matrix(

@@ -1,6 +1,9 @@
 """``specparity run``: the main job.
 
-Runs the engine and every available oracle on the zoo cases, writes one trace
+Runs the engine and every available oracle on the cases — the zoo matrix (the
+built-in default suite), a user's pair or a TOML suite (``specparity/suite.py``)
+— on one of the backends of ``specparity/regen.py`` (in process, a ``spawn``
+process pool, or Ray; the same task function, so identical traces), writes one trace
 per (runner, case) under ``OUT/traces/<runner>/``, compares them — engine vs
 each oracle round for round, engine speculative vs engine plain at the token
 level — and writes the summary (``OUT/summary.md``) and the report
@@ -12,13 +15,14 @@ knife-edge is ``numerics`` and is reported, not failed).
 from __future__ import annotations
 
 import json
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specparity.cases import DEFAULT_GAMMAS, Case, pick_prompts, spec_matrix
+from specparity.progress import Progress
 from specparity.runners import run_case
 from traces.diff import Divergence, diff_traces
 from traces.io import Trace, write_trace
@@ -89,11 +93,120 @@ class RunResult:
         return not any(c.fails for c in self.comparisons)
 
 
-def _progress(total: int, desc: str) -> Any:
-    from tqdm import tqdm
+def run_task(runner: str, case: Case) -> tuple[str, Any]:
+    """One (runner, case): ``("ok", records)`` or ``("refused", message)``.
 
-    return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, dynamic_ncols=True,
-                disable=None)
+    The one task function of every backend (in process, process pool, Ray), so
+    their traces are identical; a refusal travels as a value, not an exception.
+    """
+    try:
+        return "ok", run_case(runner, case)
+    except ReferenceRefused as exc:
+        return "refused", exc.message
+
+
+def _pool_init() -> None:
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+Job = tuple[str, Case]
+OnResult = Callable[[Job, tuple[str, Any]], None]
+
+
+def execute(jobs: list[Job], on_result: OnResult, *, workers: int = 0,
+            ray_address: str | None = None) -> None:
+    """Run ``run_task`` on every job and call ``on_result`` in this process as each finishes.
+
+    ``workers=0``: here, in order; ``workers=N``: a ``spawn`` process pool (each
+    worker loads its models once); ``ray_address`` not None: Ray ("" = a local
+    cluster). The first task error is raised (after the results already in).
+    """
+    if ray_address is not None:
+        _execute_ray(jobs, on_result, ray_address or None, workers)
+    elif workers <= 0:
+        for job in jobs:
+            on_result(job, run_task(*job))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                 initializer=_pool_init) as ex:
+            futs = {ex.submit(run_task, *job): job for job in jobs}
+            for fut in as_completed(futs):
+                on_result(futs[fut], fut.result())
+
+
+def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, workers: int) -> None:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ValueError("--ray needs Ray: pip install 'specparity[ray]'") from exc
+    started = not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers or None, include_dashboard=False, log_to_driver=False)
+    try:
+        task = ray.remote(run_task)
+        refs = {task.remote(*job): job for job in jobs}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                on_result(refs[ref], ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def available_runners(runners: list[str] | None) -> tuple[list[str], dict[str, str]]:
+    """``(["engine", available oracles...], {unavailable oracle: why})``."""
+    from oracles import RUNNERS, availability
+
+    names = runners if runners is not None else list(RUNNERS)
+    available, unavailable = [], {}
+    for name in names:
+        if name == "engine":
+            continue
+        if name not in RUNNERS:
+            raise ValueError(f"unknown runner {name!r}; known: {', '.join(RUNNERS)}")
+        ok, why = availability(name)
+        (available.append(name) if ok else unavailable.__setitem__(name, why))
+    return ["engine", *available], unavailable
+
+
+def zoo_cases(
+    *,
+    targets: list[str] | None = None,
+    drafters: list[str] | None = None,
+    gammas: tuple[int, ...] = DEFAULT_GAMMAS,
+    n_prompts: int = 8,
+    max_tokens: int = 32,
+) -> list[Case]:
+    """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts."""
+    import zoo
+
+    pairs = [(t, d) for (t, d) in zoo.pairs()
+             if (targets is None or t in targets) and (drafters is None or d in drafters)]
+    if not pairs:
+        raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
+    prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)
+    return spec_matrix(pairs, prompt_ids, gammas, max_tokens)
+
+
+def check_unique(cases: list[Case]) -> list[Case]:
+    """``cases`` without repeats; two different cases with one id are refused."""
+    seen: dict[str, Case] = {}
+    for c in dict.fromkeys(cases):
+        other = seen.setdefault(c.case_id, c)
+        if other is not c:
+            raise ValueError(f"two different cases share the id {c.case_id!r} (same prompt id "
+                             "with different tokens, or the same model under two paths?)")
+    return list(seen.values())
 
 
 def run(
@@ -105,46 +218,54 @@ def run(
     n_prompts: int = 8,
     max_tokens: int = 32,
     runners: list[str] | None = None,
+    cases: list[Case] | None = None,
+    workers: int = 0,
+    ray_address: str | None = None,
+    progress: bool = True,
 ) -> RunResult:
-    import zoo
-    from oracles import RUNNERS, availability
+    """Run ``cases`` (default: the zoo matrix) with the engine and every available oracle.
 
+    Speculative cases get their plain-decode baseline added; traces are written
+    by this process as each task finishes (``execute``), then compared.
+    """
     t0 = time.perf_counter()
-    oracle_names = runners if runners is not None else list(RUNNERS)
-    available, unavailable = [], {}
-    for name in oracle_names:
-        ok, why = availability(name)
-        (available.append(name) if ok else unavailable.__setitem__(name, why))
-    all_runners = ["engine", *available]
-    pairs = [(t, d) for (t, d) in zoo.pairs()
-             if (targets is None or t in targets) and (drafters is None or d in drafters)]
-    if not pairs:
-        raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
-    prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)
-    cases = spec_matrix(pairs, prompt_ids, gammas, max_tokens)
-    plains = list(dict.fromkeys(c.plain() for c in cases))
+    all_runners, unavailable = available_runners(runners)
+    available = all_runners[1:]
+    if cases is None:
+        cases = zoo_cases(targets=targets, drafters=drafters, gammas=gammas,
+                          n_prompts=n_prompts, max_tokens=max_tokens)
+    cases = check_unique(cases)
+    specs = [c for c in cases if c.drafter is not None]
+    plains = check_unique([*(c.plain() for c in specs), *(c for c in cases if c.drafter is None)])
     result = RunResult(out_dir=out_dir, runners=all_runners, unavailable=unavailable)
     traces: dict[tuple[str, str], Trace] = {}
     refusals: dict[tuple[str, str], ReferenceRefused] = {}
-    jobs = [(r, c) for c in [*plains, *cases] for r in all_runners]
-    with _progress(len(jobs), "running cases") as bar:
-        for runner, case in jobs:
-            try:
-                records = run_case(runner, case)
-            except ReferenceRefused as exc:
-                refusals[(runner, case.case_id)] = exc
-                bar.update(1)
-                continue
+    paths: dict[tuple[str, str], Path] = {}
+    jobs = [(r, c) for c in [*plains, *specs] for r in all_runners]
+
+    def on_result(job: Job, res: tuple[str, Any]) -> None:
+        runner, case = job
+        kind, payload = res
+        if kind == "refused":
+            refusals[(runner, case.case_id)] = ReferenceRefused(runner, case.case_id, payload)
+        else:
             path = out_dir / "traces" / runner / f"{case.file_stem}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_trace(path, records)
-            result.traces[(runner, case.case_id)] = path
-            traces[(runner, case.case_id)] = Trace.from_records(records)
-            bar.update(1)
+            write_trace(path, payload)
+            paths[(runner, case.case_id)] = path
+            traces[(runner, case.case_id)] = Trace.from_records(payload)
+        bar.update(1)
+
+    with Progress(len(jobs), "running cases", enabled=progress) as bar:
+        execute(jobs, on_result, workers=workers, ray_address=ray_address)
+    order = [(r, c.case_id) for r, c in jobs]
+    result.traces = {k: paths[k] for k in order if k in paths}
+    traces = {k: traces[k] for k in order if k in traces}
+
     def ref(oracle: str, case_id: str) -> Trace | ReferenceRefused:
         return refusals.get((oracle, case_id)) or traces[(oracle, case_id)]
 
-    for case in cases:
+    for case in specs:
         eng = traces[("engine", case.case_id)]
         for oracle in available:
             result.comparisons.append(_reference_comparison(oracle, case.case_id, eng, ref(oracle, case.case_id)))
@@ -156,8 +277,15 @@ def run(
             result.comparisons.append(_reference_comparison(
                 oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id)))
     result.wall_s = time.perf_counter() - t0
+    finish(result, traces)
+    return result
+
+
+def finish(result: RunResult, traces: dict[tuple[str, str], Trace]) -> None:
+    """Write ``summary.md``, ``comparisons.json`` and the report of a run or a grade."""
     from reports.summary import write_summary
 
+    out_dir = result.out_dir
     write_summary(result, traces)
     (out_dir / "comparisons.json").write_text(json.dumps([
         {"kind": c.kind, "case_id": c.case_id, "level": c.level, "verdict": c.verdict,
@@ -166,7 +294,6 @@ def run(
     from reports.report import build_report
 
     build_report(out_dir)  # raises ReportError: a report failure fails the run
-    return result
 
 
 def case_from_id(case_id: str) -> Case:

@@ -60,6 +60,17 @@ def model_identity(path: Path) -> dict[str, Any]:
     }
 
 
+def tokenizer_digest(model_dir: Path) -> str | None:
+    """sha256 of a model dir's tokenizer files (``tokenizer.json`` alone when present)."""
+    from engine.models import file_digest
+
+    tj = model_dir / "tokenizer.json"
+    files = [tj] if tj.is_file() else sorted(
+        p for p in model_dir.iterdir()
+        if p.is_file() and (p.name.startswith("tokenizer") or p.suffix in (".model", ".tiktoken")))
+    return file_digest(files) if files else None
+
+
 @cache
 def _identity(path: str) -> dict[str, Any]:
     return model_identity(Path(path))
@@ -68,6 +79,10 @@ def _identity(path: str) -> dict[str, Any]:
 def case_paths(case: Case) -> tuple[Path, Path | None]:
     import zoo
 
+    if not case.on_zoo:
+        assert case.target_path is not None
+        dpath = Path(case.draft_path) if case.drafter is not None and case.draft_path else None
+        return Path(case.target_path), dpath
     if case.drafter is not None and case.source in HEAD_SOURCES:
         from zoo.heads import head_dir
 
@@ -96,7 +111,23 @@ def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
     return _base_params(case, prefill)
 
 
+def processor_params(case: Case) -> Any:
+    """The case's logits processors (``engine.sampler.ProcessorParams``)."""
+    from engine.sampler import ProcessorParams
+
+    return ProcessorParams.parse(case.processors)
+
+
+def processors_header(case: Case) -> dict[str, Any]:
+    """The header's ``params.logits_processors`` block (only cases that have processors)."""
+    proc = processor_params(case)
+    kw = proc.kwargs()
+    kw["logit_bias"] = [[t, v] for t, v in (kw["logit_bias"] or {}).items()]
+    return {**kw, "history_prompt": proc.history_prompt}
+
+
 def _base_params(case: Case, prefill: str) -> dict[str, Any]:
+    extra = {"logits_processors": processors_header(case)} if case.processors else {}
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,
@@ -108,6 +139,7 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
         "prefill": prefill,
         "prefill_step_size": 512 if case.drafter is not None else 2048,
         "confidence_threshold": None,
+        **extra,
     }
 
 
@@ -130,8 +162,18 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
     draft = load_model(str(dpath)) if dpath is not None and case.source not in (*HEAD_SOURCES, *DSPARK_SOURCES) else None
-    prompt = zoo.prompt(case.prompt_id)
-    ids = list(prompt.token_ids)
+    if case.on_zoo:
+        ids = list(zoo.prompt(case.prompt_id).token_ids)
+        tokenizer_sha256: str | None = zoo.tokenizer_digest()
+    else:
+        from specparity.prompts import check_ids_for_model
+
+        if case.prompt_tokens is None:
+            raise ValueError(f"case {case.case_id}: a case on a model path needs its prompt's token ids")
+        # Never feed the model ids past its vocabulary (garbage or a segfault on MLX).
+        ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
+                                  prompt_id=case.prompt_id)
+        tokenizer_sha256 = tokenizer_digest(tpath)
     header = make_header(
         runner=_runner_info(runner),
         mode=case.mode,
@@ -139,12 +181,14 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         case_id=case.case_id,
         target=_identity(str(tpath)),
         drafter=_identity(str(dpath)) if dpath is not None else None,
-        tokenizer_sha256=zoo.tokenizer_digest(),
+        tokenizer_sha256=tokenizer_sha256,
         params=case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split"),
         prompt_id=case.prompt_id,
         prompt_ids=ids,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
     )
+    if case.processors and runner not in ("engine", "mlx_lm"):
+        raise ValueError(f"runner {runner!r} has no logits processors; {case.case_id} needs them")
     if runner == "engine":
         body = _run_engine(case, target, draft, ids, dpath)
     elif runner == "mlx_lm":
@@ -165,6 +209,8 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
                 seed=case.seed,
                 eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
                 stop_sequences=[list(s) for s in case.stop_sequences],
+                logits_processors=processor_params(case).kwargs() if case.processors else None,
+                processor_history=processor_params(case).history_prompt if case.processors else None,
             )
         except ReferenceRefused as exc:
             raise ReferenceRefused(runner, case.case_id, exc.message) from None
@@ -221,7 +267,8 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int], dpath: Path
     params = GenerationParams(
         max_tokens=case.max_tokens,
         gamma=case.gamma,
-        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k),
+        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
+                              processors=processor_params(case)),
         seed=case.seed,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
         stop_sequences=case.stop_sequences,
@@ -245,9 +292,8 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int], dpath: Path
         result = spec_generate(target.model, make_provider("ngram", gamma=case.gamma), ids, params)
     elif case.source in HEAD_SOURCES:
         from engine.sources import make_provider
-        from zoo.heads import head_dir
 
-        provider = make_provider(case.source, path=head_dir(case.drafter))
+        provider = make_provider(case.source, path=dpath)
         result = spec_generate(target.model, provider, ids, params)
     else:
         raise ValueError(f"the engine runner has no source {case.source!r} yet")

@@ -1,4 +1,17 @@
-"""``specparity run``: the main job on the tiny zoo (``specparity/run.py``)."""
+"""``specparity run``: the main job (``specparity/run.py``).
+
+Three ways to say what runs:
+
+- the zoo matrix (the built-in default suite): ``--targets``, ``--drafters``,
+  ``--prompts N`` (zoo prompts);
+- one pair of your own: ``--target PATH [--draft PATH] [--source KIND]
+  --prompts-file FILE`` (a zoo target name works too);
+- a TOML suite: ``--suite FILE`` (``specparity/suite.py`` documents the keys).
+
+``--gammas``, ``--max-tokens``, ``--temps``/``--top-p``/``--top-k``/``--seed``
+apply to the first two. Cases run in this process, on a process pool
+(``--workers N``) or on Ray (``--ray [ADDRESS]``), with identical traces.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +22,101 @@ from pathlib import Path
 from specparity.commands import int_list, positive, str_list
 
 NAME = "run"
-HELP = "run engine + every available oracle on the zoo and report"
+HELP = "run engine + every available oracle on the zoo, a pair of yours or a suite, and report"
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not (v >= 0) or v == float("inf") for v in vals):
+        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
+    return vals
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output dir (default runs/latest)")
-    p.add_argument("--targets", type=str_list, default=None, help="comma-separated zoo targets")
-    p.add_argument("--drafters", type=str_list, default=None, help="comma-separated drafters")
+    z = p.add_argument_group("the zoo matrix (default)")
+    z.add_argument("--targets", type=str_list, default=None, help="comma-separated zoo targets")
+    z.add_argument("--drafters", type=str_list, default=None, help="comma-separated drafters")
+    z.add_argument("--prompts", type=positive, default=8, help="zoo prompts per cell (default 8)")
+    u = p.add_argument_group("your own pair")
+    u.add_argument("--target", default=None, help="target: a local mlx-lm model dir (or a zoo target)")
+    u.add_argument("--draft", default=None, help="drafter model dir (omit for plain decode or --source ngram)")
+    u.add_argument("--source", default=None,
+                   help="draft source kind (default: detected from --draft, §3): two-model, ngram, mtp, "
+                        "assistant, deepspec, dspark")
+    u.add_argument("--prompts-file", type=Path, default=None,
+                   help="prompts: JSONL {\"id\",\"text\"} / {\"id\",\"token_ids\"} or one prompt per line")
+    u.add_argument("--temps", type=_floats, default=(0.0,), help="temperatures (default 0)")
+    u.add_argument("--top-p", type=float, default=0.0)
+    u.add_argument("--top-k", type=_nonneg, default=0)
+    u.add_argument("--seed", type=_nonneg, default=0)
+    u.add_argument("--eos-ids", type=str_list, default=None, help="EOS ids (default: the tokenizer's)")
+    u.add_argument("--truncate", action="store_true",
+                   help="keep the tail of prompts longer than the context (default: refuse them)")
+    p.add_argument("--suite", type=Path, default=None, help="a TOML suite file (see specparity/suite.py)")
     p.add_argument("--gammas", type=int_list, default=(1, 2, 3, 5), help="default 1,2,3,5")
-    p.add_argument("--prompts", type=positive, default=8, help="prompts per cell (default 8)")
     p.add_argument("--max-tokens", type=positive, default=32)
     p.add_argument("--runners", type=str_list, default=None, help="oracles to run (default: all available)")
+    p.add_argument("--workers", type=_nonneg, default=0,
+                   help="process-pool size (default 0: in this process)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run cases on Ray (a local cluster when no ADDRESS)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def cases_from_args(args: argparse.Namespace) -> list | None:
+    """The cases the flags select (None: the zoo matrix)."""
+    from specparity.suite import PairSpec, Sampling, load_suite, suite_cases
+
+    if args.suite is not None:
+        if args.target or args.draft or args.prompts_file:
+            raise ValueError("--suite names its own pairs and prompts; drop --target/--draft/--prompts-file")
+        return suite_cases(load_suite(args.suite))
+    if args.target is None:
+        if args.draft or args.source or args.prompts_file:
+            raise ValueError("--draft/--source/--prompts-file need --target")
+        return None
+    if args.targets or args.drafters:
+        raise ValueError("--target (one pair) and --targets/--drafters (the zoo matrix) exclude each other")
+    from specparity.suite import _model_ref
+
+    try:
+        eos = tuple(int(v) for v in args.eos_ids) if args.eos_ids else None
+    except ValueError:
+        raise ValueError(f"--eos-ids: expected integers, got {','.join(args.eos_ids)}") from None
+    spec = PairSpec(
+        target=_model_ref(args.target, Path.cwd()),
+        drafter=_model_ref(args.draft, Path.cwd()) if args.draft else None,
+        sources=(args.source,) if args.source else (),
+        gammas=tuple(args.gammas), max_tokens=args.max_tokens,
+        prompts_file=args.prompts_file, zoo_prompts=args.prompts,
+        sampling=tuple(Sampling(t, args.top_p, args.top_k, args.seed) for t in args.temps),
+        eos_ids=eos, truncate=args.truncate, where="--target",
+    )
+    return suite_cases([spec])
 
 
 def main(args: argparse.Namespace) -> int:
     from specparity.run import run
 
+    cases = cases_from_args(args)
     result = run(
         args.out, targets=args.targets, drafters=args.drafters, gammas=args.gammas,
         n_prompts=args.prompts, max_tokens=args.max_tokens, runners=args.runners,
+        cases=cases, workers=args.workers, ray_address=args.ray, progress=not args.quiet,
     )
     print((args.out / "summary.md").read_text())
     print(f"traces and report written to {args.out}/", file=sys.stderr)

@@ -1,0 +1,194 @@
+"""Prompts files and prompt-id validation against a model.
+
+A prompts file is one of:
+
+- JSONL, one object per line: ``{"id": "...", "text": "..."}`` (encoded with
+  the target's tokenizer, as mlx-lm ``stream_generate`` encodes a string
+  prompt: ``tokenizer.encode(text)``) or ``{"id": "...", "token_ids": [...]}``;
+  blank lines are skipped;
+- plain text: one prompt per line (blank lines skipped), ids ``line-N`` with N
+  the 1-based line number.
+
+A file is JSONL when its first non-blank line starts with ``{``. Ids are unique
+within a file. Token ids are checked against the model before anything runs
+(:func:`check_prompt`): every id must lie in ``[0, vocab_size)`` (id 0 is
+valid) — an id outside it indexes past the embedding table, which on MLX is
+nondeterministic garbage or a segfault — and the prompt plus the tokens to
+generate must fit the model's context (``max_position_embeddings``); a longer
+prompt is refused, or, with ``truncate=True``, its head dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Prompt",
+    "PromptError",
+    "check_prompt",
+    "encode_prompts",
+    "model_limits",
+    "read_prompts_file",
+]
+
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+
+
+class PromptError(ValueError):
+    """A prompts file or a prompt's token ids are unusable (one-line message)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt from a file: ``text`` (encoded later) or ``token_ids``."""
+
+    id: str
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+def read_prompts_file(path: str | Path) -> list[Prompt]:
+    """Parse a prompts file (JSONL or plain text, see the module doc)."""
+    p = Path(path)
+    if not p.is_file():
+        raise PromptError(f"prompts file {str(p)!r} does not exist or is not a file")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    first = next((ln for ln in lines if ln.strip()), None)
+    if first is None:
+        raise PromptError(f"{p}: no prompts (the file is empty)")
+    out: list[Prompt] = []
+    if first.lstrip().startswith("{"):
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                out.append(_jsonl_prompt(p, n, line))
+    else:
+        out = [Prompt(f"line-{n}", text=line) for n, line in enumerate(lines, 1) if line.strip()]
+    seen: dict[str, int] = {}
+    for i, pr in enumerate(out):
+        if pr.id in seen:
+            raise PromptError(f"{p}: prompt id {pr.id!r} appears twice (prompts {seen[pr.id] + 1} "
+                              f"and {i + 1}); ids must be unique")
+        seen[pr.id] = i
+    return out
+
+
+def _jsonl_prompt(p: Path, n: int, line: str) -> Prompt:
+    where = f"{p}:{n}"
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise PromptError(f"{where}: not a JSON object ({exc})") from None
+    if not isinstance(obj, dict):
+        raise PromptError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    extra = set(obj) - {"id", "text", "token_ids"}
+    if extra:
+        raise PromptError(f"{where}: unknown key(s) {sorted(extra)}; expected id and text or token_ids")
+    pid = obj.get("id")
+    if not isinstance(pid, str) or not pid or any(c in pid for c in "/\\\n") or pid in (".", ".."):
+        raise PromptError(f"{where}: 'id' must be a non-empty string without '/', got {pid!r}")
+    has_text, has_ids = "text" in obj, "token_ids" in obj
+    if has_text == has_ids:
+        raise PromptError(f"{where}: give exactly one of 'text' or 'token_ids'")
+    if has_text:
+        if not isinstance(obj["text"], str) or not obj["text"]:
+            raise PromptError(f"{where}: 'text' must be a non-empty string")
+        return Prompt(pid, text=obj["text"])
+    ids = obj["token_ids"]
+    if (not isinstance(ids, list) or not ids
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+        raise PromptError(f"{where}: 'token_ids' must be a non-empty list of integers")
+    return Prompt(pid, token_ids=tuple(ids))
+
+
+def model_limits(config: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``(vocab_size, context length)`` from a model's ``config.json`` (None: not stated)."""
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    vocab = cfg.get("vocab_size", config.get("vocab_size"))
+    ctx = next((cfg[k] for k in _CONTEXT_KEYS if isinstance(cfg.get(k), int)), None)
+    return (int(vocab) if isinstance(vocab, int) else None), ctx
+
+
+def _config(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PromptError(f"{path}: cannot read the model config ({exc})") from None
+
+
+def check_prompt(
+    ids: Sequence[int],
+    *,
+    vocab_size: int | None,
+    context: int | None = None,
+    max_tokens: int = 0,
+    prompt_id: str = "prompt",
+    truncate: bool = False,
+) -> list[int]:
+    """The prompt's ids, checked against the model; raises :class:`PromptError`.
+
+    ``truncate``: a prompt that does not leave room for ``max_tokens`` in the
+    context keeps its last tokens (a warning on stderr) instead of being refused.
+    """
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise PromptError(f"prompt {prompt_id!r}: no tokens")
+    if vocab_size is not None:
+        bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size]
+        if bad:
+            shown = ", ".join(f"{t} (position {i})" for i, t in bad[:3])
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise PromptError(f"prompt {prompt_id!r}: token id(s) {shown}{more} outside the "
+                              f"model's vocabulary [0, {vocab_size})")
+    if context is not None and len(ids) + max_tokens > context:
+        room = context - max_tokens
+        if not truncate or room < 1:
+            raise PromptError(f"prompt {prompt_id!r}: {len(ids)} tokens + {max_tokens} to generate "
+                              f"exceed the model's context of {context} tokens")
+        print(f"specparity: warning: prompt {prompt_id!r}: {len(ids)} tokens + {max_tokens} to "
+              f"generate exceed the context of {context}; keeping its last {room} tokens",
+              file=sys.stderr)
+        ids = ids[-room:]
+    return ids
+
+
+def check_ids_for_model(ids: Sequence[int], model_dir: str | Path, *, max_tokens: int = 0,
+                        prompt_id: str = "prompt", truncate: bool = False) -> list[int]:
+    """:func:`check_prompt` with the limits read from ``model_dir/config.json``."""
+    vocab, ctx = model_limits(_config(model_dir))
+    return check_prompt(ids, vocab_size=vocab, context=ctx, max_tokens=max_tokens,
+                        prompt_id=prompt_id, truncate=truncate)
+
+
+def encode_prompts(prompts: Sequence[Prompt], model_dir: str | Path, *, max_tokens: int = 0,
+                   truncate: bool = False, tokenizer: Any = None) -> list[tuple[str, tuple[int, ...]]]:
+    """``[(id, token ids)]``: text prompts encoded with the model's tokenizer, all checked.
+
+    ``tokenizer``: an already loaded tokenizer (otherwise loaded from ``model_dir``
+    only when a prompt has text).
+    """
+    vocab, ctx = model_limits(_config(model_dir))
+    out = []
+    for pr in prompts:
+        if pr.token_ids is not None:
+            ids: Sequence[int] = pr.token_ids
+        else:
+            if tokenizer is None:
+                from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+                tokenizer = load_tokenizer(Path(model_dir))
+            ids = list(tokenizer.encode(pr.text))
+            if not ids:
+                raise PromptError(f"prompt {pr.id!r}: the text encodes to zero tokens")
+        checked = check_prompt(ids, vocab_size=vocab, context=ctx, max_tokens=max_tokens,
+                               prompt_id=pr.id, truncate=truncate)
+        out.append((pr.id, tuple(checked)))
+    return out

@@ -1,0 +1,304 @@
+"""Suites: which cases ``specparity run`` runs, from flags or a TOML file.
+
+A suite is a list of pairs, each expanded over prompts x gammas x sampling
+settings into :class:`specparity.cases.Case` s. The zoo matrix is the built-in
+default suite (:func:`specparity.run.zoo_cases`); ``run --target/--draft`` is a
+one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
+
+    # top-level keys are defaults for every [[pair]]; a pair may override any
+    gammas = [1, 3]
+    max_tokens = 32
+    prompts_file = "prompts.jsonl"     # relative to the suite file; or zoo_prompts = 8 (zoo pairs)
+    sampling = [{temperature = 0.0}, {temperature = 0.8, top_p = 0.9, seed = 1}]
+    eos_ids = [1]                      # default: the tokenizer's own EOS set
+    stop_ids = [[5, 6]]                # stop sequences as token ids
+    stop_strings = ["la me"]           # stop sequences as text (target's tokenizer)
+    truncate = false                   # true: over-long prompts keep their tail (warning)
+
+    [[pair]]
+    target = "llama"                   # a zoo target, or a path to an mlx-lm model dir
+    drafter = "twin"                   # a zoo drafter, or a path; omit for plain / ngram
+    sources = ["two-model"]            # default: detected from the drafter (§3 order)
+
+Case ids: a zoo pair keeps its zoo ids; a model path is named by
+:func:`specparity.cases.model_label` (directory name + short digest), a
+non-two-model drafter path is prefixed by its source kind.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.cases import DEFAULT_GAMMAS, Case, model_label, pick_prompts
+
+__all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "suite_cases"]
+
+_SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling", "eos_ids",
+               "stop_ids", "stop_strings", "truncate"}
+_PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
+_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed"}
+SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
+
+
+class SuiteError(ValueError):
+    """A suite (file or flags) is malformed: one line naming the key."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+
+
+@dataclass
+class PairSpec:
+    """One pair of a suite, its settings resolved."""
+
+    target: str
+    drafter: str | None = None
+    sources: tuple[str, ...] = ()
+    gammas: tuple[int, ...] = DEFAULT_GAMMAS
+    max_tokens: int = 32
+    prompts_file: Path | None = None
+    zoo_prompts: int = 8
+    sampling: tuple[Sampling, ...] = (Sampling(),)
+    eos_ids: tuple[int, ...] | None = None
+    stop_ids: tuple[tuple[int, ...], ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    truncate: bool = False
+    confidence_threshold: float = 0.0
+    where: str = "pair"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_zoo_target(name: str) -> bool:
+    import zoo
+
+    return name in (*zoo.TARGETS, zoo.TRAINED_TARGET) and not Path(name).is_dir()
+
+
+def _ints(v: Any, where: str, minimum: int) -> tuple[int, ...]:
+    if (not isinstance(v, list) or not v
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in v)):
+        raise SuiteError(f"{where}: expected a non-empty list of integers >= {minimum}, got {v!r}")
+    return tuple(v)
+
+
+def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
+    if isinstance(v, dict):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise SuiteError(f"{where}: expected a list of tables like {{temperature = 0.0}}")
+    out = []
+    for i, s in enumerate(v):
+        w = f"{where}[{i}]"
+        if not isinstance(s, dict) or set(s) - _SAMPLING_KEYS:
+            raise SuiteError(f"{w}: expected a table with keys among {sorted(_SAMPLING_KEYS)}, got {s!r}")
+        t, p = s.get("temperature", 0.0), s.get("top_p", 0.0)
+        k, seed = s.get("top_k", 0), s.get("seed", 0)
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise SuiteError(f"{w}.temperature: must be a finite number >= 0, got {t!r}")
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+            raise SuiteError(f"{w}.top_p: must be between 0 and 1, got {p!r}")
+        for name, x in (("top_k", k), ("seed", seed)):
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise SuiteError(f"{w}.{name}: must be an integer >= 0, got {x!r}")
+        out.append(Sampling(float(t), float(p), int(k), int(seed)))
+    return tuple(out)
+
+
+def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> PairSpec:
+    s = PairSpec(**{**base.__dict__, "where": where})
+    for key, v in raw.items():
+        w = f"{where}.{key}"
+        if key == "gammas":
+            s.gammas = _ints(v, w, 1)
+        elif key in ("max_tokens", "zoo_prompts"):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SuiteError(f"{w}: expected an integer >= 1, got {v!r}")
+            setattr(s, key, v)
+        elif key == "prompts_file":
+            if not isinstance(v, str):
+                raise SuiteError(f"{w}: expected a path string, got {v!r}")
+            s.prompts_file = (root / Path(v).expanduser())
+        elif key == "sampling":
+            s.sampling = _sampling(v, w)
+        elif key == "eos_ids":
+            s.eos_ids = _ints(v, w, 0)
+        elif key == "stop_ids":
+            if not isinstance(v, list):
+                raise SuiteError(f"{w}: expected a list of token-id lists, got {v!r}")
+            s.stop_ids = tuple(_ints(x, f"{w}[{i}]", 0) for i, x in enumerate(v))
+        elif key == "stop_strings":
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise SuiteError(f"{w}: expected a list of non-empty strings, got {v!r}")
+            s.stop_strings = tuple(v)
+        elif key == "truncate":
+            if not isinstance(v, bool):
+                raise SuiteError(f"{w}: expected true or false, got {v!r}")
+            s.truncate = v
+    return s
+
+
+def load_suite(path: str | Path) -> list[PairSpec]:
+    """The pairs of a TOML suite file, defaults applied and every value checked."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SuiteError(f"suite {str(p)!r}: cannot read ({exc.strerror or exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"suite {p}: not valid TOML ({exc})") from None
+    unknown = set(data) - _SUITE_KEYS - {"pair"}
+    if unknown:
+        raise SuiteError(f"suite {p}: unknown key(s) {sorted(unknown)}; known: "
+                         f"{sorted(_SUITE_KEYS | {'pair'})}")
+    root = p.resolve().parent
+    base = _settings({k: v for k, v in data.items() if k != "pair"}, PairSpec(target=""), str(p), root)
+    pairs = data.get("pair")
+    if not isinstance(pairs, list) or not pairs:
+        raise SuiteError(f"suite {p}: no [[pair]] tables")
+    out = []
+    for i, raw in enumerate(pairs):
+        where = f"{p}: pair {i + 1}"
+        bad = set(raw) - _PAIR_KEYS
+        if bad:
+            raise SuiteError(f"{where}: unknown key(s) {sorted(bad)}; known: {sorted(_PAIR_KEYS)}")
+        target = raw.get("target")
+        if not isinstance(target, str) or not target:
+            raise SuiteError(f"{where}: 'target' (a zoo target or a model path) is required")
+        spec = _settings({k: v for k, v in raw.items() if k in _SUITE_KEYS}, base, where, root)
+        spec.target = _model_ref(target, root)
+        drafter = raw.get("drafter")
+        if drafter is not None and (not isinstance(drafter, str) or not drafter):
+            raise SuiteError(f"{where}: 'drafter' must be a zoo drafter name or a path")
+        spec.drafter = _model_ref(drafter, root) if drafter else None
+        src = raw.get("sources", raw.get("source"))
+        if src is not None:
+            src = [src] if isinstance(src, str) else src
+            if not isinstance(src, list) or not all(x in SOURCES for x in src):
+                raise SuiteError(f"{where}: sources must be among {', '.join(SOURCES)}, got {src!r}")
+            spec.sources = tuple(src)
+        out.append(spec)
+    return out
+
+
+def _model_ref(ref: str, root: Path) -> str:
+    """A zoo name as it is; a path made absolute (relative to the suite file)."""
+    import zoo
+
+    if ref in (*zoo.TARGETS, *zoo.DRAFTERS, zoo.TRAINED_TARGET, zoo.TRAINED_DRAFTER) \
+            and not (root / ref).is_dir():
+        return ref
+    p = (root / Path(ref).expanduser()).resolve()
+    if not p.is_dir():
+        raise SuiteError(f"model {ref!r} is neither a zoo name nor a directory (looked at {p})")
+    return str(p)
+
+
+def _sources(spec: PairSpec) -> tuple[str, ...]:
+    if spec.sources:
+        return spec.sources
+    if spec.drafter is None:
+        return ()
+    if _is_zoo_target(spec.target):
+        return ("two-model",)
+    from engine.sources.detect import resolve_kind
+
+    return (resolve_kind(None, spec.drafter),)
+
+
+def pair_cases(spec: PairSpec) -> list[Case]:
+    """Every case of one pair: sources x gammas x prompts x sampling (plus plain if no drafter)."""
+    from engine.models import check_model_dir
+
+    on_zoo = _is_zoo_target(spec.target)
+    if not on_zoo:
+        check_model_dir(spec.target)
+    if on_zoo and spec.drafter is not None and Path(spec.drafter).is_absolute():
+        raise SuiteError(f"{spec.where}: a zoo target pairs with a zoo drafter name, not a path "
+                         f"(give the target's path to pair it with {spec.drafter})")
+    if not on_zoo and spec.drafter is not None and not Path(spec.drafter).is_absolute():
+        raise SuiteError(f"{spec.where}: drafter {spec.drafter!r}: a target path needs a drafter path")
+    prompts = _prompts(spec, on_zoo)
+    stops = spec.stop_ids + tuple(_encode_stops(spec) if spec.stop_strings else ())
+    tlabel = spec.target if on_zoo else model_label(spec.target)
+    common: dict[str, Any] = {
+        "max_tokens": spec.max_tokens, "eos_ids": spec.eos_ids, "stop_sequences": stops,
+        "target_path": None if on_zoo else spec.target,
+    }
+    cases: list[Case] = []
+    sources = _sources(spec)
+    for s in spec.sampling:
+        smp = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed}
+        if not sources:
+            for pid, ids in prompts:
+                cases.append(Case(tlabel, None, pid, 0, **common, **smp, prompt_tokens=ids))
+        for source in sources:
+            dlabel, dpath = _drafter(spec, source, on_zoo)
+            gammas = spec.gammas
+            for g in gammas:
+                for pid, ids in prompts:
+                    cases.append(Case(tlabel, dlabel, pid, g, **common, **smp, source=source,
+                                      draft_path=dpath, prompt_tokens=ids))
+    return cases
+
+
+def _drafter(spec: PairSpec, source: str, on_zoo: bool) -> tuple[str, str | None]:
+    if source == "ngram":
+        if spec.drafter is not None:
+            raise SuiteError(f"{spec.where}: the ngram source is model-free; drop 'drafter'")
+        return "ngram", None
+    if spec.drafter is None:
+        raise SuiteError(f"{spec.where}: source {source!r} needs a 'drafter'")
+    if on_zoo:
+        return spec.drafter, None
+    label = model_label(spec.drafter)
+    if source in ("deepspec", "dspark"):
+        return f"{source}-{label}-t{spec.confidence_threshold:g}", spec.drafter
+    return (label if source == "two-model" else f"{source}-{label}"), spec.drafter
+
+
+def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | None]]:
+    from specparity.prompts import encode_prompts, read_prompts_file
+
+    if spec.prompts_file is None:
+        if not on_zoo:
+            raise SuiteError(f"{spec.where}: a model path needs a prompts file (prompts_file / "
+                             "--prompts-file); the zoo's prompts are in the zoo's vocabulary")
+        import zoo
+
+        return [(pid, None) for pid in pick_prompts([p.id for p in zoo.prompts()], spec.zoo_prompts)]
+    import zoo
+
+    model = zoo.model_dir(spec.target) if on_zoo else spec.target
+    return list(encode_prompts(read_prompts_file(spec.prompts_file), model,
+                               max_tokens=spec.max_tokens, truncate=spec.truncate))
+
+
+def _encode_stops(spec: PairSpec) -> list[tuple[int, ...]]:
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    import zoo
+
+    model = zoo.model_dir(spec.target) if _is_zoo_target(spec.target) else Path(spec.target)
+    tok = load_tokenizer(Path(model))
+    out = []
+    for text in spec.stop_strings:
+        ids = tuple(tok.encode(text, add_special_tokens=False))
+        if not ids:
+            raise SuiteError(f"{spec.where}: stop string {text!r} encodes to zero tokens")
+        out.append(ids)
+    return out
+
+
+def suite_cases(specs: Sequence[PairSpec]) -> list[Case]:
+    """All cases of a suite, in pair order."""
+    return [c for s in specs for c in pair_cases(s)]

@@ -1,0 +1,150 @@
+"""Out-of-zoo fixture models: architectures the zoo lacks, with their own tokenizer.
+
+Built inside the tests (never downloaded): ``phi3``, ``granite``, ``starcoder2``
+and ``olmo2`` targets of mlx-lm 0.32.2 (``mlx_lm/models/<arch>.py`` ``ModelArgs``
+/ ``Model``: parameter names come from instantiating ``Model``), each with a
+``twin`` drafter (target weights + seeded noise) and a word-level tokenizer
+built with ``tokenizers`` (``WordLevel`` + ``WhitespaceSplit``;
+(not ``qwen2``: transformers 5 loads any ``qwen2`` dir with its own byte-level
+``Qwen2Tokenizer`` pre-tokenizer, whatever ``tokenizer_class`` says); vocabulary of
+syllable words, ``<unk>`` = 0, ``</s>`` = 1 = EOS) — a different tokenizer,
+vocabulary size and context length (``max_position_embeddings`` 192) from the
+zoo's. Each model directory holds ``config.json`` + ``model.safetensors`` +
+``tokenizer.json`` / ``tokenizer_config.json`` so ``mlx_lm.load`` works.
+
+``python -m tests.foreign OUT_DIR`` writes them (and ``prompts.jsonl``) for a
+hand run of the README's "Your own models and engine" commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ARCHS = ("phi3", "granite", "starcoder2", "olmo2")
+CONTEXT = 192
+UNK, EOS = "<unk>", "</s>"
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+WORDS = [c + v for c in _CONSONANTS for v in _VOWELS] + [
+    c + v + "n" for c in _CONSONANTS[:8] for v in _VOWELS
+]  # 70 + 40 = 110 words
+VOCAB = [UNK, EOS, *WORDS]
+VOCAB_SIZE = len(VOCAB)
+TWIN_NOISE = 0.15
+
+_COMMON = {
+    "hidden_size": 48, "num_hidden_layers": 2, "intermediate_size": 96,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": CONTEXT, "rope_theta": 10000.0, "eos_token_id": 1,
+    "bos_token_id": None, "pad_token_id": None,
+    "torch_dtype": "float32",
+}
+_EXTRA: dict[str, dict[str, Any]] = {
+    "phi3": {"architectures": ["Phi3ForCausalLM"], "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+             "original_max_position_embeddings": CONTEXT},
+    "granite": {"architectures": ["GraniteForCausalLM"], "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+                "logits_scaling": 2.0, "attention_multiplier": 0.25, "embedding_multiplier": 1.0,
+                "residual_multiplier": 0.5, "attention_bias": False, "mlp_bias": False},
+    "starcoder2": {"architectures": ["Starcoder2ForCausalLM"], "norm_epsilon": 1e-5,
+                   "tie_word_embeddings": True},
+    "olmo2": {"architectures": ["Olmo2ForCausalLM"], "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+              "head_dim": 12},
+}
+PROMPTS = [
+    {"id": "p-zero", "token_ids": [0, 5, 9, 14, 22, 5, 9]},  # id 0 (<unk>) is a valid id
+    {"id": "p-words", "text": "ba de fi go ku la me ni po ru sa te"},
+    {"id": "p-repeat", "text": "ban den ban den ban den ba de ba de"},
+    {"id": "p-ids", "token_ids": [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]},
+]
+
+
+def _rng(seed: str) -> np.random.Generator:
+    d = hashlib.sha256(seed.encode()).digest()
+    return np.random.default_rng([int.from_bytes(d[i : i + 4], "little") for i in range(0, 32, 4)])
+
+
+def config(arch: str) -> dict[str, Any]:
+    return {"model_type": arch, **_COMMON, **_EXTRA[arch]}
+
+
+def _shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(cfg)
+    model = model_cls(args_cls.from_dict(cfg))
+    return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+
+
+def weights(arch: str, drafter: bool = False) -> dict[str, np.ndarray]:
+    out = {}
+    for name, shape in sorted(_shapes(config(arch)).items()):
+        rng = _rng(f"{arch}:{name}")
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            w = rng.standard_normal(shape)
+        elif name.endswith(".weight") and len(shape) == 2:
+            w = 1.5 * rng.standard_normal(shape) / math.sqrt(shape[-1])
+        else:
+            w = 0.02 * rng.standard_normal(shape)
+        if drafter:
+            scale = 0.1 * TWIN_NOISE if name.endswith("norm.weight") else TWIN_NOISE * float(w.std() or 1.0)
+            w = w + scale * _rng(f"{arch}:twin:{name}").standard_normal(shape)
+        out[name] = w.astype(np.float32)
+    return out
+
+
+def tokenizer_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok.add_special_tokens([EOS])
+    return tok.to_str()
+
+
+def write_model(arch: str, out: Path, *, drafter: bool = False) -> Path:
+    import mlx.core as mx
+
+    out.mkdir(parents=True, exist_ok=True)
+    w = weights(arch, drafter)
+    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(v) for k, v in w.items()},
+                        metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config(arch), indent=2, sort_keys=True) + "\n")
+    (out / "tokenizer.json").write_text(tokenizer_json())
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "unk_token": UNK,
+        "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+        "model_max_length": CONTEXT}, indent=2) + "\n")
+    return out
+
+
+def build(root: Path, archs: tuple[str, ...] = ARCHS) -> dict[str, tuple[Path, Path]]:
+    """``{arch: (target dir, twin drafter dir)}`` under ``root``, plus ``root/prompts.jsonl``."""
+    root = Path(root)
+    out = {}
+    for arch in archs:
+        t, d = root / f"{arch}-tiny", root / f"{arch}-tiny-twin"
+        if not (t / "model.safetensors").exists():
+            write_model(arch, t)
+        if not (d / "model.safetensors").exists():
+            write_model(arch, d, drafter=True)
+        out[arch] = (t, d)
+    (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return out
+
+
+if __name__ == "__main__":
+    dest = Path(sys.argv[1] if len(sys.argv) > 1 else "foreign-models")
+    for arch, (t, d) in build(dest).items():
+        print(f"{arch}: {t} {d}")
+    print(f"prompts: {dest / 'prompts.jsonl'}")
