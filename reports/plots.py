@@ -84,26 +84,19 @@ def acceptance_lengths(df: pd.DataFrame) -> bytes | None:
     return _png(fig)
 
 
-def tau_and_rate(df: pd.DataFrame) -> bytes | None:
+def tau_by_gamma(df: pd.DataFrame) -> bytes | None:
+    """τ per γ, one line per (target, drafter); no timings (see ``reports.tables``)."""
     if df.empty:
         return None
     plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
     for (t, d), sub in df.groupby(["target", "drafter"]):
-        ax1.plot(sub["gamma"], sub["tau"], marker="o", label=f"{t}/{d}")
-        ax2.plot(sub["gamma"], sub["tok_per_s"], marker="o", label=f"{t}/{d}")
-    for t, rate in df.groupby("target")["plain_tok_per_s"].first().items():
-        if pd.notna(rate):
-            ax2.axhline(rate, ls="--", lw=1, color="grey")
-            ax2.annotate(f"{t} plain", (df["gamma"].min(), rate), fontsize=7, color="grey",
-                         xytext=(0, 2), textcoords="offset points")
-    ax1.set_title("τ (tokens per target forward)")
-    ax2.set_title("tok/s (trace wall time; indicative)")
-    for ax in (ax1, ax2):
-        ax.set_xlabel("γ")
-        ax.grid(alpha=0.3)
-        ax.set_xticks(sorted(df["gamma"].unique()))
-    ax1.legend(fontsize=7)
+        ax.plot(sub["gamma"], sub["tau"], marker="o", label=f"{t}/{d}")
+    ax.set_title("τ (tokens per target forward)")
+    ax.set_xlabel("γ")
+    ax.grid(alpha=0.3)
+    ax.set_xticks(sorted(df["gamma"].unique()))
+    ax.legend(fontsize=7)
     return _png(fig)
 
 

@@ -1,6 +1,15 @@
 """``specparity report RUN_DIR``: Markdown + self-contained HTML from a run's traces.
 
-Reads ``RUN_DIR/traces/<runner>/*.jsonl`` (``traces.io.read_trace``),
+The headline verdict is CONFORMS only for a finished run whose every engine
+speculative case was compared and none failed; a run killed midway, one whose
+marker says it failed, or a folder without ``comparisons.json`` is INCOMPLETE
+(``reports.tables.incomplete_reasons``), never CONFORMS. Traces are validated
+before anything is read from them. Values from traces and file names are
+escaped (``reports/md.py``) in the Markdown; pandas escapes the HTML tables.
+Timings are not part of this report (single unpaired wall times); the paired
+figures of ``specparity bench`` / ``ab`` appear when their JSON is under RUN_DIR.
+
+Reads ``RUN_DIR/traces/<runner>/*.jsonl`` or any ``*.jsonl`` under RUN_DIR (``traces.io.read_trace``),
 ``RUN_DIR/comparisons.json`` and every ``ab.json`` / ``bench.json`` under
 ``RUN_DIR``; writes ``RUN_DIR/report.md`` (plots as ``RUN_DIR/report_files/*.png``)
 and ``RUN_DIR/report.html`` (the same plots embedded as base64 data URIs, so the
@@ -17,7 +26,8 @@ from typing import Any
 
 import pandas as pd
 
-from reports import plots, tables
+from reports import md, plots, tables
+from traces.io import atomic_write_bytes, atomic_write_text
 
 
 class ReportError(RuntimeError):
@@ -31,10 +41,16 @@ class Report:
     html: Path
     summary: pd.DataFrame
     sections: list[tuple[str, str, Any]] = field(default_factory=list)
+    status: str = "CONFORMS"  # CONFORMS | DIVERGES | INCOMPLETE
+    headline: str = ""
+
+    @property
+    def conforms(self) -> bool:
+        return self.status == "CONFORMS"
 
 
 def _md_table(df: pd.DataFrame) -> str:
-    return df.to_markdown(index=False, missingval="–") if not df.empty else "_none_"
+    return md.frame(df).to_markdown(index=False, missingval="–") if not df.empty else "_none_"
 
 
 def _html_table(df: pd.DataFrame) -> str:
@@ -47,15 +63,17 @@ def _ab_text(res: dict[str, Any]) -> tuple[str, pd.DataFrame]:
     """Headline + per-arm table of one A/B or bench result."""
     if res.get("kind") == "ab":
         acc = res["verdict"]["acceptance"]
-        head = (f"**{res['verdict']['verdict']}** — target `{res['target']}`, A `{res['drafter_a']}` "
-                f"vs B `{res['drafter_b']}`, γ={res['gamma']}, {res['n_prompts']} prompts. "
-                + " ".join(f"{r}." for r in res["verdict"]["reasons"])
+        head = (f"**{md.text(res['verdict']['verdict'])}** — target {md.code(res['target'])}, "
+                f"A {md.code(res['drafter_a'])} vs B {md.code(res['drafter_b'])}, "
+                f"γ={md.text(res['gamma'])}, {md.text(res['n_prompts'])} prompts. "
+                + " ".join(f"{md.text(r)}." for r in res["verdict"]["reasons"])
                 + f" McNemar table a/b/c/d = {acc['table']['a']}/{acc['table']['b']}/"
                 f"{acc['table']['c']}/{acc['table']['d']} ({acc['test']}, "
                 f"one-sided p={acc['p_one_sided']:.3g}).")
     else:
-        head = (f"bench — target `{res['target']}`, drafter `{res['drafter']}`, γ={res['gamma']}, "
-                f"{res['n_prompts']} prompts × {res['repeats']} repeats (interleaved). "
+        head = (f"bench — target {md.code(res['target'])}, drafter {md.code(res['drafter'])}, "
+                f"γ={md.text(res['gamma'])}, {md.text(res['n_prompts'])} prompts × "
+                f"{md.text(res['repeats'])} repeats (interleaved). "
                 "Figures only; timing never fails.")
     arms = pd.DataFrame(res.get("arms", [])).drop(columns=["path"], errors="ignore")
     return head, arms
@@ -66,7 +84,7 @@ def build_report(run_dir: Path | str) -> Report:
     run_dir = Path(run_dir)
     try:
         data = tables.load_run(run_dir)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         raise ReportError(f"report: cannot read run {run_dir}: {exc}") from exc
     try:
         return _build(run_dir, data)
@@ -86,23 +104,34 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
 
     sections: list[tuple[str, str, Any]] = []  # (title, prose, DataFrame | bytes | None)
     n_fail = int(verdicts["failing"].sum()) if not verdicts.empty else 0
-    status = "CONFORMS" if n_fail == 0 else f"DIVERGES ({n_fail} failing comparisons)"
-    intro = (f"**{status}** — {len(data.traces)} traces from runners {', '.join(runners)}; "
-             f"{len(data.comparisons)} comparisons.")
-    sections.append(("Summary: acceptance, τ and tok/s per (pair, γ)",
-                     "Engine, greedy. τ = generated tokens / target forwards; tok/s from trace "
-                     "wall times (recorded, never compared; indicative on the tiny zoo). "
-                     "`speedup_vs_plain` divides by the SAME target's plain decode (§4.4).", tau))
+    missing = tables.incomplete_reasons(data)
+    if n_fail:
+        status, word = "DIVERGES", f"DIVERGES ({n_fail} failing comparisons)"
+    elif missing:
+        status, word = "INCOMPLETE", "INCOMPLETE (not a conformance verdict)"
+    else:
+        status, word = "CONFORMS", "CONFORMS"
+    intro = (f"**{word}** — {len(data.traces)} traces from runners "
+             f"{', '.join(md.code(r) for r in runners)}; {len(data.comparisons)} comparisons.")
+    if missing:
+        intro += " Incomplete: " + "; ".join(md.text(r) for r in missing) + "."
+    sections.append(("Summary: acceptance and τ per (pair, γ)",
+                     "Engine traces. τ = generated tokens / target forwards. Timings are not in "
+                     "this report: a trace's wall time is one unpaired measurement, and a ratio "
+                     "of two of them is noise. For tok/s and speedup run `specparity bench` "
+                     "(interleaved, paired; its bench.json under this directory appears below).",
+                     tau))
     sections.append(("Identity verdicts",
                      "Engine vs each oracle round for round; engine spec vs plain at the token "
                      "level (`numerics` = a knife-edge flip, reported, not failed).", verdicts))
+    sections.append(("Cases", "One row per (runner, case) trace.", _cases(data.traces)))
     sections.append(("Acceptance by draft position", "", plots.acceptance_by_position(by_pos)))
     sections.append(("", "accepted_by_pos[i] / drafted_by_pos[i] per draft position (columns), "
                      "summed over a cell's cases.", _pivot(by_pos, "position", "acceptance")))
     sections.append(("Acceptance-length histogram", "", plots.acceptance_lengths(lengths)))
     sections.append(("", "Share of rounds with k accepted drafts (columns k), within the "
                      "(pair, γ) cell.", _pivot(lengths, "k_accept", "share")))
-    sections.append(("τ and tok/s per γ", "", plots.tau_and_rate(tau)))
+    sections.append(("τ per γ", "", plots.tau_by_gamma(tau)))
     if data.results:
         sections.append(("Paired A/B and bench",
                          "Median paired ratio with a two-sided 95 % percentile bootstrap interval "
@@ -111,7 +140,7 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
         sections.append(("", "", plots.ratio_intervals(ratios)))
         for res in data.results:
             head, arms = _ab_text(res)
-            sections.append((f"`{res['_path']}`", head, arms))
+            sections.append((md.code(res["_path"]), head, arms))
 
     md_lines = ["# specparity report", "", intro, ""]
     html_parts = [f"<h1>specparity report</h1><p>{_md_inline(intro)}</p>"]
@@ -131,8 +160,8 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
         elif isinstance(body, bytes):
             n_png += 1
             name = f"plot{n_png}.png"
-            (files / name).write_bytes(body)
-            md_lines += [f"![{title or name}](report_files/{name})", ""]
+            atomic_write_bytes(files / name, body)
+            md_lines += [f"![{md.text(title or name)}](report_files/{name})", ""]
             b64 = base64.b64encode(body).decode()
             html_parts.append(f'<img alt="{html.escape(title or name)}" '
                               f'src="data:image/png;base64,{b64}">')
@@ -141,9 +170,18 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
             html_parts.append("<p><em>no data</em></p>")
     md_path = run_dir / "report.md"
     html_path = run_dir / "report.html"
-    _atomic_write(md_path, "\n".join(md_lines) + "\n")
-    _atomic_write(html_path, _HTML.format(body="\n".join(html_parts)))
-    return Report(run_dir, md_path, html_path, tau, sections)
+    atomic_write_text(md_path, "\n".join(md_lines) + "\n")
+    atomic_write_text(html_path, _HTML.format(body="\n".join(html_parts)))
+    return Report(run_dir, md_path, html_path, tau, sections, status, intro)
+
+
+def _cases(traces: dict[tuple[str, str], Any]) -> pd.DataFrame:
+    cf = tables.cases_frame(traces)
+    if cf.empty:
+        return cf
+    cols = ["runner", "case_id", "mode", "target", "drafter", "gamma", "prompt_id", "tokens",
+            "target_calls", "drafted", "accepted"]
+    return cf[cols].sort_values(["case_id", "runner"]).reset_index(drop=True)
 
 
 def _pivot(df: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
@@ -159,15 +197,10 @@ def _md_inline(text: str) -> str:
     """Escape, then render the two inline Markdown forms we use (``code`` and **bold**)."""
     import re
 
+    text = html.unescape(re.sub(r"\\([\\`*_\[\]|~])", r"\1", text))
     out = html.escape(text)
     out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
     return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 _HTML = """<!doctype html>

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from reports import md
 from reports.tables import tau_table, verdict_table
+from traces.io import atomic_write_text
 
 
 def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
@@ -20,20 +22,20 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
     lines += [f"**{status}** — runners: {', '.join(result.runners)}; "
               f"{len(result.comparisons)} comparisons; wall {result.wall_s:.1f} s", ""]
     for name, why in sorted(result.unavailable.items()):
-        lines.append(f"- oracle `{name}` unavailable: {why}")
+        lines.append(f"- oracle {md.code(name)} unavailable: {md.text(why)}")
     lines += ["", "## Identity verdicts", "",
               "Engine vs each oracle is compared round for round; engine speculative vs "
               "engine plain at the token level (`numerics` = first flip on a knife-edge, "
               "reported, not failed).", ""]
     vt = verdict_table([{"kind": c.kind, "verdict": c.verdict, "case_id": c.case_id, "fails": c.fails}
                         for c in result.comparisons])
-    lines.append(vt.to_markdown(index=False) if not vt.empty else "_no comparisons_")
+    lines.append(md.frame(vt).to_markdown(index=False) if not vt.empty else "_no comparisons_")
     failing = [c for c in result.comparisons if c.fails]
     if failing:
         lines += ["", "## Divergences (failing)", ""]
         for c in failing[:20]:
-            lines += [f"### {c.kind} — `{c.case_id}` ({c.verdict})", "", "```",
-                      c.message or "", "```", ""]
+            lines += [f"### {md.text(c.kind)} — {md.code(c.case_id)} ({md.text(c.verdict)})", "",
+                      md.fenced(c.message or ""), ""]
         if len(failing) > 20:
             lines.append(f"... and {len(failing) - 20} more (see comparisons.json)")
     known = sorted({c.known for c in result.comparisons if c.known})
@@ -45,20 +47,20 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
         for kid in known:
             n = sum(1 for c in result.comparisons if c.known == kid)
             e = entries.get(kid)
-            lines += [f"- **{kid}** — {n} case(s). {e.reason.splitlines()[0] if e else ''}",
-                      f"  Reproduce: `{e.reproduce if e else '?'}`"]
+            lines += [f"- **{md.text(kid)}** — {n} case(s). {md.text(e.reason.splitlines()[0]) if e else ''}",
+                      f"  Reproduce: {md.code(e.reproduce if e else '?')}"]
     noted = [c for c in result.comparisons if c.divergence is not None and not c.fails and not c.known]
     if noted:
         lines += ["", "## Numerics flips (reported, not failed)", ""]
         for c in noted[:10]:
-            lines += [f"### {c.kind} — `{c.case_id}`", "", "```", c.message or "", "```", ""]
-    lines += ["", "## Acceptance and τ (engine, greedy)", ""]
+            lines += [f"### {md.text(c.kind)} — {md.code(c.case_id)}", "", md.fenced(c.message or ""), ""]
+    lines += ["", "## Acceptance and τ (engine)", ""]
     at = tau_table(traces)
-    lines.append(at.to_markdown(index=False) if not at.empty else "_no speculative cases_")
+    lines.append(md.frame(at).to_markdown(index=False) if not at.empty else "_no speculative cases_")
+    lines += ["", "Timings: `specparity bench` (paired, interleaved); single trace wall times "
+              "are not compared."]
     text = "\n".join(lines) + "\n"
     out = result.out_dir / "summary.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    atomic_write_text(out, text)
     return text

@@ -4,11 +4,17 @@
   summed over a (pair, γ) cell's cases (footer ``speculation``);
 - acceptance-length histogram: rounds per ``k_accept`` (footer
   ``acceptance_lengths``);
-- τ = tokens per target forward (``generation_tokens / target_calls``) and
-  tok/s (``generation_tokens / wall_s``) per (pair, γ), with the speedup
-  against the SAME target's plain decode (§4.4 denominator discipline).
-  Trace wall times are recorded, never compared (INTERPRETING.md); on the tiny
-  zoo they are indicative only — the paired figures come from ``ab``/``bench``.
+- τ = tokens per target forward (``generation_tokens / target_calls``) per
+  (pair, γ). No tok/s or speedup here: a trace's wall time is one unpaired
+  measurement (INTERPRETING.md: recorded, never compared) and a ratio of two
+  such timings is noise (γ 1 at τ 1.14 once showed a 2× "speedup"). Timings
+  come from ``specparity bench`` / ``ab``, which interleave and pair them.
+
+:func:`load_run` reads any folder of traces — a ``specparity run`` output
+(``traces/<runner>/*.jsonl``) or any mix of engine, reference and plain traces
+— validating every file first (``traces.validate``: a ``schema_version`` 99,
+a duplicated round index or a negative id is refused as ``FILE:LINE``), and
+keeps one row per case (colliding case ids get the file name appended).
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ import pandas as pd
 
 CELL = ["target", "drafter", "gamma"]
 
+RUN_MARKER = ".specparity-run.json"
+"""Written by ``specparity.outdir.claim_run_dir``: run id, pid, state (running/complete/failed)."""
+LOCK_NAME = ".specparity.lock"
+
 
 @dataclass
 class RunData:
@@ -29,30 +39,190 @@ class RunData:
     traces: dict[tuple[str, str], Any]  # (runner, case_id) -> traces.io.Trace
     comparisons: list[dict[str, Any]]
     results: list[dict[str, Any]]  # ab.json / bench.json found under run_dir
+    has_comparisons: bool = False
+    state: tuple[str, str] = ("unknown", "")
 
 
-def load_run(run_dir: Path) -> RunData:
-    """Read ``RUN_DIR/traces/<runner>/*.jsonl``, ``comparisons.json`` and any A/B/bench JSON."""
+def _lock_held(run_dir: Path) -> bool:
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def run_state(run_dir: Path) -> tuple[str, str]:
+    """``(state, detail)`` of the run that wrote ``run_dir`` from its marker.
+
+    ``complete``; ``failed`` (it raised); ``killed`` (marked running, its lock
+    no longer held: the process died); ``writing`` (another live process is
+    still writing it); ``self`` (this process is writing it: a report built
+    from inside the run); ``unknown`` (no marker: a folder of traces, or a run
+    from before markers).
+    """
+    import os
+
+    path = Path(run_dir) / RUN_MARKER
+    try:
+        m = json.loads(path.read_text())
+        state = str(m["state"])
+    except FileNotFoundError:
+        return "unknown", ""
+    except (OSError, ValueError, KeyError, TypeError):
+        return "killed", f"{path}: unreadable run marker"
+    who = f"`{m.get('command')}` (run {m.get('run_id')}, pid {m.get('pid')}, started {m.get('started')})"
+    if state == "complete":
+        return "complete", who
+    if state == "failed":
+        return "failed", f"the run {who} failed: {m.get('error', '?')}"
+    if m.get("pid") == os.getpid() and _lock_held(run_dir):
+        return "self", who
+    if _lock_held(run_dir):
+        return "writing", f"the run {who} is still writing this directory"
+    return "killed", f"the run {who} stopped before finishing (killed or crashed)"
+
+
+def _load_json(path: Path, what: str) -> Any:
+    from traces.io import MAX_LINE_BYTES
+
+    try:
+        if path.stat().st_size > 64 * MAX_LINE_BYTES:
+            raise ValueError(f"{path}: {path.stat().st_size} bytes is too large for {what}")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: not a valid {what} ({exc.__class__.__name__}: "
+                         f"{str(exc)[:120]})") from None
+
+
+def _check_comparisons(path: Path, data: Any) -> list[dict[str, Any]]:
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of comparisons, got {type(data).__name__}")
+    need = {"kind": str, "case_id": str, "verdict": str, "fails": bool}
+    for i, c in enumerate(data):
+        if not isinstance(c, dict):
+            raise ValueError(f"{path}: comparison {i} is not a JSON object")
+        for k, t in need.items():
+            if not isinstance(c.get(k), t):
+                raise ValueError(f"{path}: comparison {i}: {k!r} missing or not a {t.__name__}")
+    return data
+
+
+_RESULT_KEYS = {"ab": ("target", "drafter_a", "drafter_b", "gamma", "n_prompts", "verdict"),
+                "bench": ("target", "drafter", "gamma", "n_prompts", "repeats")}
+
+
+def _check_result(path: Path, data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    kind = data.get("kind", "bench" if path.name == "bench.json" else "ab")
+    missing = [k for k in _RESULT_KEYS.get(kind, ()) if k not in data]
+    if kind not in _RESULT_KEYS or missing:
+        raise ValueError(f"{path}: not an {path.stem} result (kind {kind!r}, missing {missing})")
+    ratios = data.get("ratios", {})
+    if not isinstance(ratios, dict) or not all(
+            isinstance(iv, dict) and {"n", "median", "low", "high", "confidence"} <= iv.keys()
+            for iv in ratios.values()):
+        raise ValueError(f"{path}: malformed 'ratios'")
+    return data
+
+
+def load_run(run_dir: Path, *, validate: bool = True) -> RunData:
+    """Read a run (or any folder of traces), its ``comparisons.json`` and any A/B/bench JSON.
+
+    Traces: ``RUN_DIR/traces/**/*.jsonl`` when ``traces/`` exists, else every
+    ``*.jsonl`` under ``RUN_DIR``; hidden files (a killed writer's temp files)
+    are skipped. Every trace is validated first (``validate``).
+
+    Raises:
+        FileNotFoundError: no such directory / no traces.
+        ValueError: an invalid trace or JSON file, naming it (``FILE:LINE: ...``).
+    """
     from traces.io import read_trace
+    from traces.validate import validate_file
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: " + ("not a directory" if run_dir.exists()
+                                                  else "no such directory"))
     tdir = run_dir / "traces"
-    if not tdir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no traces/ directory (is this a `specparity run` output?)")
+    root = tdir if tdir.is_dir() else run_dir
+    paths = sorted(p for p in root.rglob("*.jsonl")
+                   if not any(part.startswith(".") for part in p.relative_to(root).parts)
+                   and p.is_file())
     traces: dict[tuple[str, str], Any] = {}
-    for path in sorted(tdir.glob("*/*.jsonl")):
+    for path in paths:
+        if validate:
+            errs = validate_file(path)
+            if errs:
+                more = f" (+{len(errs) - 1} more; `specparity trace validate {path}`)" if len(errs) > 1 else ""
+                raise ValueError(f"invalid trace {errs[0].format()}{more}")
         tr = read_trace(path)
-        traces[(path.parent.name, tr.header["case_id"])] = tr
+        runner = (path.parent.name if root == tdir and path.parent != tdir
+                  else str((tr.header.get("runner") or {}).get("name", "?")))
+        case_id = str(tr.header["case_id"])
+        if (runner, case_id) in traces:
+            case_id = f"{case_id} [{path.relative_to(root).as_posix()}]"
+        traces[(runner, case_id)] = tr
     if not traces:
-        raise FileNotFoundError(f"{tdir}: no traces found")
+        raise FileNotFoundError(f"{root}: no traces found (no *.jsonl files)")
     cpath = run_dir / "comparisons.json"
-    comparisons = json.loads(cpath.read_text()) if cpath.is_file() else []
+    has = cpath.is_file()
+    comparisons = _check_comparisons(cpath, _load_json(cpath, "comparisons.json")) if has else []
     results = []
     for path in sorted([*run_dir.rglob("ab.json"), *run_dir.rglob("bench.json")]):
-        data = json.loads(path.read_text())
+        data = _check_result(path, _load_json(path, path.name))
         data["_path"] = str(path.relative_to(run_dir))
         results.append(data)
-    return RunData(run_dir, traces, comparisons, results)
+    return RunData(run_dir, traces, comparisons, results, has, run_state(run_dir))
+
+
+def incomplete_reasons(data: RunData) -> list[str]:
+    """Why ``data`` is not a finished run's full set of comparisons (empty: it is)."""
+    reasons = []
+    state, detail = data.state
+    if state in ("failed", "killed", "writing"):
+        reasons.append(detail)
+    if not data.has_comparisons:
+        reasons.append("no comparisons.json: nothing was compared (a run stopped before comparing, "
+                       "or a folder of traces; `specparity run` or `specparity grade` compares)")
+        return reasons
+    cases = {cid for (r, cid), tr in data.traces.items()
+             if r == "engine" and tr.header.get("mode") == "spec"}
+    compared = {c["case_id"] for c in data.comparisons}
+    missing = sorted(cases - compared)
+    if missing:
+        reasons.append(f"{len(missing)} of {len(cases)} engine speculative cases have no comparison "
+                       f"(first: {missing[0]})")
+    if data.comparisons and not cases and not any(r == "engine" for r, _ in data.traces):
+        reasons.append("comparisons.json names cases but no engine trace is present")
+    return reasons
+
+
+def _model_name(ident: Any) -> str | None:
+    if isinstance(ident, dict) and ident.get("path"):
+        return Path(str(ident["path"])).name
+    return None
+
+
+def case_cell(case_id: str, header: dict[str, Any]) -> tuple[str, str]:
+    """``(target, drafter)`` of a trace: from a zoo/suite case id, else from the header's models."""
+    parts = case_id.split(" [")[0].split("/")
+    spec = header.get("mode") == "spec"
+    if len(parts) >= 4:
+        return parts[0], parts[1] if spec else "plain"
+    target = _model_name(header.get("target")) or parts[0]
+    if not spec:
+        return target, "plain"
+    return target, _model_name(header.get("drafter")) or str(header.get("source") or "?")
 
 
 def cases_frame(traces: dict[tuple[str, str], Any]) -> pd.DataFrame:
@@ -61,11 +231,11 @@ def cases_frame(traces: dict[tuple[str, str], Any]) -> pd.DataFrame:
     for (runner, case_id), tr in traces.items():
         h, f = tr.header, tr.footer
         spec = f.get("speculation") or {}
-        parts = case_id.split("/")
+        target, drafter = case_cell(case_id, h)
         rows.append({
-            "runner": runner, "case_id": case_id, "mode": h["mode"], "target": parts[0],
-            "drafter": parts[1] if h["mode"] == "spec" else "plain",
-            "gamma": int(h["params"]["gamma"] or 0), "prompt_id": h["prompt"]["id"],
+            "runner": runner, "case_id": case_id, "mode": h["mode"], "target": target,
+            "drafter": drafter,
+            "gamma": int(h["params"].get("gamma") or 0), "prompt_id": h["prompt"]["id"],
             "tokens": int(f["usage"]["generation_tokens"]),
             "target_calls": int(spec.get("target_calls") or len(tr.plains)),
             "drafted": int(spec.get("drafted", 0)), "accepted": int(spec.get("accepted", 0)),
@@ -80,8 +250,8 @@ def _spec_cells(traces: dict[tuple[str, str], Any], runner: str) -> Any:
         spec = tr.footer.get("speculation")
         if r != runner or tr.header["mode"] != "spec" or not spec:
             continue
-        t, d = case_id.split("/")[:2]
-        yield t, d, int(tr.header["params"]["gamma"]), spec
+        t, d = case_cell(case_id, tr.header)
+        yield t, d, int(tr.header["params"].get("gamma") or 0), spec
 
 
 def acceptance_by_position(traces: dict[tuple[str, str], Any], runner: str = "engine") -> pd.DataFrame:
@@ -111,25 +281,20 @@ def acceptance_lengths(traces: dict[tuple[str, str], Any], runner: str = "engine
 
 
 def tau_table(traces: dict[tuple[str, str], Any], runner: str = "engine") -> pd.DataFrame:
-    """Per (pair, γ): acceptance, τ, tok/s and the speedup vs the same target's plain decode."""
+    """Per (pair, γ): cases, acceptance and τ (no timings: see the module doc)."""
     cf = cases_frame(traces)
+    cols = [*CELL, "cases", "drafted", "accepted", "acceptance", "tau"]
+    if cf.empty:
+        return pd.DataFrame(columns=cols)
     cf = cf[cf["runner"] == runner]
     spec = cf[cf["mode"] == "spec"]
-    cols = [*CELL, "cases", "drafted", "accepted", "acceptance", "tau", "tok_per_s",
-            "plain_tok_per_s", "speedup_vs_plain"]
     if spec.empty:
         return pd.DataFrame(columns=cols)
     agg = spec.groupby(CELL, as_index=False).agg(
         cases=("case_id", "count"), drafted=("drafted", "sum"), accepted=("accepted", "sum"),
-        tokens=("tokens", "sum"), target_calls=("target_calls", "sum"), wall_s=("wall_s", "sum"))
-    agg["acceptance"] = (agg["accepted"] / agg["drafted"]).round(3)
-    agg["tau"] = (agg["tokens"] / agg["target_calls"]).round(3)
-    agg["tok_per_s"] = (agg["tokens"] / agg["wall_s"]).round(1)
-    plain = cf[cf["mode"] == "plain"].groupby("target").agg(tokens=("tokens", "sum"),
-                                                            wall_s=("wall_s", "sum"))
-    plain_rate = (plain["tokens"] / plain["wall_s"]).round(1)
-    agg["plain_tok_per_s"] = agg["target"].map(plain_rate)
-    agg["speedup_vs_plain"] = (agg["tok_per_s"] / agg["plain_tok_per_s"]).round(3)
+        tokens=("tokens", "sum"), target_calls=("target_calls", "sum"))
+    agg["acceptance"] = (agg["accepted"] / agg["drafted"].where(agg["drafted"] > 0)).round(3)
+    agg["tau"] = (agg["tokens"] / agg["target_calls"].where(agg["target_calls"] > 0)).round(3)
     return agg[cols]
 
 

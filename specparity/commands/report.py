@@ -1,4 +1,10 @@
-"""``specparity report RUN_DIR``: Markdown + self-contained HTML report of a run (``reports/report.py``)."""
+"""``specparity report DIR``: Markdown + self-contained HTML report of a run (``reports/report.py``).
+
+DIR is a ``specparity run`` output or any folder of traces (engine, reference
+and plain, any mix). Exit status: 0 when the run CONFORMS, 1 when it diverges,
+is INCOMPLETE (killed midway, fewer comparisons than cases, or no
+comparisons at all) or cannot be read (one line naming the file).
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,27 @@ import argparse
 import sys
 from pathlib import Path
 
+from specparity.args import existing_dir
+
 NAME = "report"
-HELP = "write RUN_DIR/report.md and report.html from a run's traces (+ A/B and bench results)"
+HELP = "write DIR/report.md and report.html from a run's (or any folder's) traces"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="a `specparity run` output directory")
+    p.add_argument("run_dir", type=existing_dir, help="a `specparity run` output directory or a folder of traces")
 
 
 def main(args: argparse.Namespace) -> int:
     from reports.report import ReportError, build_report
 
     try:
-        rep = build_report(args.run_dir)
+        rep = build_report(Path(args.run_dir))
     except ReportError as exc:
         print(f"specparity: error: {exc}", file=sys.stderr)
         return 1
     print(rep.summary.to_markdown(index=False) if not rep.summary.empty else "(no speculative cases)")
     print(f"report written to {rep.markdown} and {rep.html}", file=sys.stderr)
+    if not rep.conforms:
+        print(f"specparity: report: {rep.status}: see {rep.markdown}", file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,302 @@
+"""Validated ``argparse`` types shared by every ``specparity`` command.
+
+Each type turns a bad value into one ``argparse.ArgumentTypeError`` line that
+says what was expected (argparse names the flag), so no command sees a NaN
+temperature, a negative seed, an absurd token budget or a file it cannot read.
+Checks here are syntax-level; what needs a model (prompt ids against the
+vocabulary, context length) is checked where the model is loaded
+(``specparity/prompts.py``) with the same error classes.
+
+Error classes the CLI boundary (``specparity/cli.py``) maps to exit statuses:
+:class:`UsageError` (exit 2: the user's input is wrong) and :class:`RunFailed`
+(exit 1: the input was fine, the run could not complete).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import stat
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+MAX_TOKENS_LIMIT = 1_000_000
+"""``--max-tokens`` above this is refused (no model here has that context)."""
+MAX_TOKENS_WARN = 32_768
+"""``--max-tokens`` above this is accepted with a warning on stderr."""
+
+
+class UsageError(ValueError):
+    """Bad input from the user (a flag, a file, a directory): exit status 2."""
+
+
+class RunFailed(RuntimeError):
+    """Valid input, but the run could not complete (a model produced NaN, ...): exit 1."""
+
+
+def _err(msg: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(msg)
+
+
+def finite_float(text: str) -> float:
+    """A finite float (``nan``, ``inf`` refused)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise _err(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise _err(f"must be a finite number, got {text!r}")
+    return v
+
+
+def nonneg_float(text: str) -> float:
+    """A finite float >= 0."""
+    v = finite_float(text)
+    if v < 0:
+        raise _err(f"must be >= 0, got {text!r}")
+    return v
+
+
+def probability(text: str) -> float:
+    """A finite float in [0, 1]."""
+    v = finite_float(text)
+    if not 0.0 <= v <= 1.0:
+        raise _err(f"must be between 0 and 1, got {text!r}")
+    return v
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except (ValueError, AttributeError):
+        raise _err(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    v = _int(text)
+    if v < 1:
+        raise _err(f"must be >= 1, got {v}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0 (seeds, top-k)."""
+    v = _int(text)
+    if v < 0:
+        raise _err(f"must be >= 0, got {v}")
+    return v
+
+
+def seed(text: str) -> int:
+    """A random seed: an integer in [0, 2**63)."""
+    v = nonneg_int(text)
+    if v >= 1 << 63:
+        raise _err(f"must be < 2**63, got {v}")
+    return v
+
+
+def max_tokens(text: str) -> int:
+    """A token budget: >= 1, refused above :data:`MAX_TOKENS_LIMIT`, warned above :data:`MAX_TOKENS_WARN`."""
+    v = positive_int(text)
+    if v > MAX_TOKENS_LIMIT:
+        raise _err(f"{v} is absurd (limit {MAX_TOKENS_LIMIT}); generation stops at the model's "
+                   "context anyway")
+    if v > MAX_TOKENS_WARN:
+        print(f"specparity: warning: --max-tokens {v} is large; decoding on CPU runs ~100 tok/s "
+              "at best and stops at the model's context", file=sys.stderr)
+    return v
+
+
+def _ints(text: str, minimum: int, what: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise _err(f"expected comma-separated {what} like 1,2,3, got {text!r}")
+    out = []
+    for p in parts:
+        try:
+            v = int(p)
+        except ValueError:
+            raise _err(f"expected comma-separated {what}, {p!r} is not an integer") from None
+        if v < minimum:
+            raise _err(f"{what} must be >= {minimum}, got {v}")
+        out.append(v)
+    return tuple(out)
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated integers >= 1 (γ values)."""
+    return _ints(text, 1, "positive integers")
+
+
+def token_id_list(text: str) -> tuple[int, ...]:
+    """Comma-separated token ids >= 0 (the vocabulary bound is checked with the model)."""
+    return _ints(text, 0, "token ids")
+
+
+def str_list(text: str) -> list[str]:
+    """Comma-separated names (at least one)."""
+    out = [v.strip() for v in text.split(",") if v.strip()]
+    if not out:
+        raise _err(f"expected comma-separated names, got {text!r}")
+    return out
+
+
+def choice_list(known: Callable[[], Iterable[str]], what: str) -> Callable[[str], list[str]]:
+    """Comma-separated names, each one of ``known()`` (evaluated lazily, at parse time)."""
+
+    def parse(text: str) -> list[str]:
+        names = str_list(text)
+        valid = list(known())
+        bad = [n for n in names if n not in valid]
+        if bad:
+            raise _err(f"unknown {what} {', '.join(map(repr, bad))}; known: {', '.join(valid)}")
+        return names
+
+    parse.__name__ = f"{what} list"
+    return parse
+
+
+def readable_file(text: str) -> Path:
+    """An existing, readable regular file."""
+    p = Path(text)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise _err(f"{text}: no such file") from None
+    except OSError as exc:
+        raise _err(f"{text}: cannot access ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _err(f"{text}: not a regular file")
+    if not os.access(p, os.R_OK):
+        raise _err(f"{text}: not readable (permission denied)")
+    return p
+
+
+def existing_dir(text: str) -> Path:
+    """An existing, readable directory."""
+    p = Path(text)
+    if not p.exists():
+        raise _err(f"{text}: no such directory")
+    if not p.is_dir():
+        raise _err(f"{text}: not a directory")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise _err(f"{text}: not readable (permission denied)")
+    return p
+
+
+def _nearest_existing(p: Path) -> Path:
+    q = p.absolute()
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    return q
+
+
+def writable_dir(text: str) -> Path:
+    """An output directory that exists and is writable, or can be created.
+
+    Nothing is created here; :func:`specparity.outdir.prepare_dir` creates it
+    and probes it with a real write before any work starts.
+    """
+    p = Path(text)
+    if p.exists():
+        if not p.is_dir():
+            raise _err(f"{text}: exists and is not a directory; give a directory")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise _err(f"{text}: not writable (permission denied); give a writable directory")
+        return p
+    base = _nearest_existing(p)
+    if not base.is_dir():
+        raise _err(f"{text}: cannot be created ({base} is not a directory)")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise _err(f"{text}: cannot be created ({base} is not writable)")
+    return p
+
+
+def writable_file(text: str) -> Path:
+    """An output file path whose directory is (or can be made) writable; not a directory."""
+    p = Path(text)
+    if p.is_dir():
+        raise _err(f"{text}: is a directory; give a file path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise _err(f"{text}: exists and is not writable")
+    writable_dir(str(p.parent) if str(p.parent) else ".")
+    return p
+
+
+def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
+    """A local model directory whose ``config.json`` parses and whose safetensors are whole.
+
+    Reads only the safetensors headers (8-byte length + JSON), so a truncated
+    download or a corrupt file is one clear line here instead of a loader
+    traceback (or a segfault) later.
+
+    Raises:
+        UsageError: naming the flag, the file and what is wrong with it.
+    """
+    import json
+
+    p = Path(path)
+    if not p.is_dir():
+        raise UsageError(f"{flag} {p}: " + ("not a directory" if p.exists() else "no such directory"))
+    cfg = p / "config.json"
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {p}: no config.json (not an mlx-lm model directory)") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{flag} {cfg}: unreadable config.json ({exc}); re-download or rebuild the model") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{flag} {cfg}: config.json is not a JSON object")
+    for f in sorted(p.glob("*.safetensors")):
+        _check_safetensors(f, flag)
+    return p
+
+
+def _check_safetensors(f: Path, flag: str) -> None:
+    import json
+
+    fix = "an incomplete download or a corrupt file; re-download or rebuild it"
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise UsageError(f"{flag} {f}: truncated safetensors file ({size} bytes): {fix}")
+            n = int.from_bytes(head, "little")
+            if n > min(size - 8, 100 << 20):
+                raise UsageError(f"{flag} {f}: safetensors header length {n} exceeds the file: {fix}")
+            header = json.loads(fh.read(n))
+    except OSError as exc:
+        raise UsageError(f"{flag} {f}: cannot read ({exc.strerror})") from None
+    except (ValueError, RecursionError):
+        raise UsageError(f"{flag} {f}: unreadable safetensors header: {fix}") from None
+    if not isinstance(header, dict):
+        raise UsageError(f"{flag} {f}: unreadable safetensors header: {fix}")
+    end = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        offs = t.get("data_offsets") if isinstance(t, dict) else None
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)):
+            raise UsageError(f"{flag} {f}: tensor {name!r} has no valid data_offsets: {fix}")
+        end = max(end, offs[1])
+    if 8 + n + end > size:
+        raise UsageError(f"{flag} {f}: truncated ({size} bytes, tensors need {8 + n + end}): {fix}")
+
+
+def model_dir(text: str) -> Path:
+    """argparse type: :func:`check_model_dir` of a local model directory."""
+    try:
+        return check_model_dir(text, "")
+    except UsageError as exc:
+        raise _err(str(exc).lstrip()) from None
+
+
+def model_ref(text: str) -> str:
+    """A zoo/trained model name, or a local model directory (checked like :func:`model_dir`)."""
+    if "/" in text or os.sep in text or Path(text).is_dir():
+        model_dir(text)
+    return text
