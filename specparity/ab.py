@@ -21,7 +21,6 @@ load drift lands on both arms (§4.7). After one untimed warm-up per arm:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +129,10 @@ def run_ab(
     progress: Any = None,
 ) -> dict[str, Any]:
     """Run the A/B and return its result (the ``ab.json`` content)."""
+    import math
+
+    if not (isinstance(max_drop, int | float) and math.isfinite(max_drop) and max_drop >= 0):
+        raise ValueError(f"--max-drop must be a finite number >= 0 (points), got {max_drop!r}")
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import ab_verdict, median_ratio, paired_drop
@@ -259,8 +262,11 @@ def ab_markdown(res: dict[str, Any]) -> str:
 
 
 def write_ab(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    """Write ``ab.json`` and ``ab.md`` atomically (never a partial file under either name)."""
+    from traces.io import atomic_write_json, atomic_write_text
+
     out.mkdir(parents=True, exist_ok=True)
     jp, mp = out / "ab.json", out / "ab.md"
-    jp.write_text(json.dumps(res, indent=1) + "\n")
-    mp.write_text(ab_markdown(res))
+    atomic_write_json(jp, res, nan_as_null=True)
+    atomic_write_text(mp, ab_markdown(res))
     return jp, mp

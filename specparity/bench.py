@@ -25,7 +25,6 @@ Each is reported as a median with a 95 % percentile bootstrap interval
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -155,8 +154,11 @@ def bench_markdown(res: dict[str, Any]) -> str:
 
 
 def write_bench(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    """Write ``bench.json`` and ``bench.md`` atomically (never a partial file under either name)."""
+    from traces.io import atomic_write_json, atomic_write_text
+
     out.mkdir(parents=True, exist_ok=True)
     jp, mp = out / "bench.json", out / "bench.md"
-    jp.write_text(json.dumps(res, indent=1) + "\n")
-    mp.write_text(bench_markdown(res))
+    atomic_write_json(jp, res, nan_as_null=True)
+    atomic_write_text(mp, bench_markdown(res))
     return jp, mp

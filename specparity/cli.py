@@ -2,34 +2,109 @@
 
 Each subcommand is a module of ``specparity.commands`` (``run``, ``generate``,
 ``zoo``, ``trace``, ``diff``, ...). Exit status: 0 success / conformance, 1
-divergence or invalid trace, 2 usage error.
+divergence, invalid trace or a run that could not complete, 2 usage error.
+
+This is the boundary where every expected failure becomes ONE line on stderr
+naming the flag or file and what to do (``specparity: error: ...``): argparse
+errors (without the usage dump), :class:`specparity.args.UsageError` and the
+other ``ValueError`` subclasses (bad files, JSON, traces) and missing files
+exit 2; :class:`specparity.args.RunFailed` and ``OSError`` while writing
+(disk full, permission) exit 1. Anything else is a bug: one ``internal error``
+line asking for ``--debug``. ``--debug`` (or ``SPECPARITY_DEBUG=1``) re-raises
+with the full traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import NoReturn
 
+from specparity.args import RunFailed, UsageError
 from specparity.commands import discover
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (the usage dump is what ``--help`` is for)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specparity", description="Conformance harness for speculative decoding on MLX.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="specparity", description="Conformance harness for speculative decoding on MLX.")
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for mod in discover():
         mod.add_arguments(sub.add_parser(mod.NAME, help=mod.HELP, description=mod.__doc__))
     return p
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    what = exc.strerror or _one_line(exc)
+    hint = {28: "; free some space and run again", 13: "; choose a writable location",
+            30: "; choose a writable location", 24: "; raise the open-file limit (ulimit -n)"}
+    return f"{where}{what}{hint.get(exc.errno or 0, '')}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("SPECPARITY_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or one error line (2)
+        return int(exc.code) if isinstance(exc.code, int) else 2
     commands = {m.NAME: m for m in discover()}
     try:
         return int(commands[args.command].main(args))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"specparity: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("specparity: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # stdout closed early (`specparity ... | head`): not an error worth a line.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
+        except OSError:
+            pass
+        return 0
+    except Exception as exc:
+        if debug:
+            raise
+        code, line = _classify(exc)
+        print(f"specparity: {line}", file=sys.stderr)
+        return code
+
+
+def _classify(exc: Exception) -> tuple[int, str]:
+    """(exit status, message) of an exception that reached the CLI boundary."""
+    if isinstance(exc, UsageError):
+        return 2, f"error: {_one_line(exc)}"
+    if isinstance(exc, RunFailed):
+        return 1, f"error: {_one_line(exc)}"
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+        return 2, f"error: {_os_error(exc)}"
+    if isinstance(exc, OSError):
+        return 1, f"error: {_os_error(exc)}"
+    if isinstance(exc, UnicodeDecodeError):
+        return 2, f"error: input is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    if isinstance(exc, ValueError):
+        # ValueError subclasses: bad values/files (TraceFormatError, JSONDecodeError, ...).
+        return 2, f"error: {_one_line(exc)}"
+    if isinstance(exc, RecursionError):
+        return 2, "error: input nested too deeply (refused)"
+    if isinstance(exc, MemoryError):
+        return 1, "error: out of memory (input too large?)"
+    return 1, (f"internal error: {type(exc).__name__}: {_one_line(exc)[:300]} "
+               "(run with --debug for the traceback, and please report it)")
 
 
 if __name__ == "__main__":

@@ -264,9 +264,25 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _nan_to_null(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: _nan_to_null(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_nan_to_null(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1,
-                      sort_keys: bool = False) -> None:
-    """Strict JSON (NaN/inf refused before anything is written), published atomically."""
+                      sort_keys: bool = False, nan_as_null: bool = False) -> None:
+    """Strict JSON, published atomically.
+
+    NaN/inf are refused before anything is written, or written as ``null``
+    with ``nan_as_null`` (measurements whose statistic is undefined).
+    """
+    if nan_as_null:
+        obj = _nan_to_null(obj)
     text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False,
                       default=_json_default, ensure_ascii=False)
     atomic_write_text(path, text + "\n")
