@@ -30,6 +30,16 @@ DeepSpec's ``accepted_draft_tokens`` / ``next_token`` (else the runner raises).
 The documented reference behaviour is ``deepspec-block-past-budget`` in
 ``traces/known_divergences.toml``.
 
+DeepSpec's own accounting is recorded too (``deepspec_log_of``: per round the
+drafts, accepted count, next token, committed tokens, stop flag and
+effective proposal length; ``verify_count``, ``acceptance_lengths`` etc.
+from the returned sample) and mapped by the four named DeepSpec
+normalizations of ``traces/normalize.py`` (``deepspec-extra-verify-round``,
+``deepspec-counters-count-discarded``, ``deepspec-eos-unused-next-token``,
+``deepspec-eos-proposal-cut``); each refuses any other shape, and the mapped
+counters must equal the rebuilt trace's (``check_counters``), so a DeepSpec
+behaviour outside those four fails the run instead of being dropped.
+
 The target is the zoo target in Hugging Face format (``zoo.dspark``
 ``<target>-hf``: the same weights); the drafter is the DeepSpec-format zoo
 artifact, loaded with ``Gemma4DSparkModel.from_pretrained``.
@@ -80,17 +90,31 @@ def require() -> None:
         raise OracleUnavailable(f"DeepSpec does not import here ({type(exc).__name__}: {exc}); " + INSTALL_HINT) from exc
 
 
+def checkout_commit() -> str | None:
+    """The commit of the checkout ``DEEPSPEC_PATH`` names: its ``.deepspec-commit`` file (a tree
+    that is not a clone), else ``git rev-parse HEAD``; None when unset, not a checkout, or unknown.
+    Needs neither torch nor DeepSpec's imports (the golden staleness check calls it)."""
+    try:
+        path = _path()
+    except OracleUnavailable:
+        return None
+    marker = path / ".deepspec-commit"
+    if marker.exists():
+        return marker.read_text().strip() or None
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except Exception:
+        return None
+    return out or None
+
+
 def version() -> str:
     """``<git commit>`` of the checkout (or ``unknown``), plus the torch/transformers versions."""
     import torch
     import transformers
 
-    path = _path()
-    try:
-        commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except Exception:
-        commit = (path / ".deepspec-commit").read_text().strip() if (path / ".deepspec-commit").exists() else "unknown"
+    commit = checkout_commit() or "unknown"
     return f"{commit} (torch {torch.__version__}, transformers {transformers.__version__})"
 
 
@@ -162,6 +186,7 @@ def run(
             "next": int(verification.next_token.reshape(-1)[0].item()),
             "committed": [int(t) for t in verification.committed_tokens[0].tolist()],
             "stop": bool(verification.terminated_by_stop_token),
+            "proposal_length": int(verification.effective_proposal_length),
             "confidence": full_conf[-1] if full_conf and len(full_conf) == len(raw_rounds) + 1 else None,
             "d": d,
         })
@@ -178,15 +203,18 @@ def run(
         draft_ops._confident_prefix_length = original_cut
         handle.remove()
     first_logits = forwards[0][0, -1]
+    reference_out = [int(t) for t in sample.output_ids[0, len(prompt_ids):].tolist()]
+    log = deepspec_log_of(raw_rounds, sample, max_tokens, list(eos_ids or []), reference_out)
     body = _rebuild(prompt_ids, first_logits, raw_rounds, block, max_tokens, float(confidence_threshold),
                     set(eos_ids or []))
     rounds = [r for r in body if r["type"] == "round"]
     out = [t for r in body if r["type"] in ("round", "plain") for t in r["emitted"]]
     gen = len(out) + (1 if body and body[-1].get("end") == "eos" else 0)
     finish = "stop" if body and body[-1].get("end") in ("eos", "stop") else "length"
-    reference_out = [int(t) for t in sample.output_ids[0, len(prompt_ids):].tolist()]
     if [t for t in reference_out if t not in (eos_ids or [])] != out:
         raise RuntimeError(f"deepspec: rebuilt output {out} differs from DeepSpec's own {reference_out}")
+    check_counters(log, rounds, gen)
+    LAST_APPLIED[:] = log["applied"]
     body.append({
         "type": "footer",
         "usage": {"prompt_tokens": len(prompt_ids), "generation_tokens": gen, "finish_reason": finish},
@@ -195,6 +223,50 @@ def run(
         "wall_s": time.perf_counter() - t0,
     })
     return body
+
+
+LAST_APPLIED: list[str] = []
+"""The DeepSpec normalizations (``traces/normalize.py``) the last :func:`run` applied."""
+
+
+def deepspec_log_of(raw_rounds: list[dict[str, Any]], sample: Any, max_tokens: int, eos_ids: list[int],
+                    output_ids: list[int]) -> dict[str, Any]:
+    """DeepSpec's own record of one run (the log ``traces.normalize`` defines), normalized.
+
+    Raises ``traces.normalize.NotApplicable`` when DeepSpec did anything the
+    four named DeepSpec normalizations do not describe exactly.
+    """
+    from traces.normalize import deepspec_log
+
+    acc = [int(x) for x in sample.acceptance_lengths]
+    log = {
+        "max_tokens": int(max_tokens),
+        "eos_ids": list(eos_ids),
+        "rounds": [{"drafts": list(r["drafts"]), "accepted": r["accepted"], "next": r["next"],
+                    "committed": list(r["committed"]), "stop": r["stop"],
+                    "proposal_length": r["proposal_length"]} for r in raw_rounds],
+        "counters": {
+            "verify_count": int(sample.verify_count),
+            "committed_total": sum(acc),
+            "acceptance_lengths": acc,
+            "proposal_lengths": [int(x) for x in sample.proposal_lengths],
+            "accepted_draft_lengths": [int(x) for x in sample.accepted_draft_lengths],
+        },
+        "output_ids": list(output_ids),
+    }
+    return deepspec_log(log)
+
+
+def check_counters(log: dict[str, Any], rounds: list[dict[str, Any]], generation_tokens: int) -> None:
+    """The normalized DeepSpec counters must be the rebuilt trace's: one verify per round, and
+    the rounds' committed tokens = ``generation_tokens - 1`` (the first token is the prefill's)."""
+    c = log["counters"]
+    if c["verify_count"] != len(rounds) or len(log["rounds"]) != len(rounds):
+        raise RuntimeError(f"deepspec: normalized verify_count {c['verify_count']} / {len(log['rounds'])} "
+                           f"kept rounds, but {len(rounds)} rebuilt rounds")
+    if c["committed_total"] != generation_tokens - 1:
+        raise RuntimeError(f"deepspec: normalized committed_total {c['committed_total']} != "
+                           f"generation_tokens - 1 = {generation_tokens - 1}")
 
 
 def _rebuild(

@@ -121,6 +121,10 @@ class GoldenRunner:
             has no golden for it, rather than a golden of an error).
         oracle: True for a reference runner (its goldens are what the live
             engine is compared against).
+        identity: For a reference that is not an installed distribution
+            (DeepSpec: a checkout named by ``DEEPSPEC_PATH``): returns its
+            ``{"version", "commit"}`` (None where unknown here) instead of the
+            package metadata.
     """
 
     name: str
@@ -130,6 +134,7 @@ class GoldenRunner:
     cases: Callable[[], list[Any]] = default_cases
     oracle: bool = True
     supports: Callable[[Any], bool] = lambda case: True
+    identity: Callable[[], dict[str, str | None]] | None = None
 
 
 GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
@@ -140,11 +145,24 @@ GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
                            supports=lambda case: case.drafter is None or _trimmable(case.target)),  # type: ignore[has-type]
 }
 GOLDEN_RUNNERS["deepspec"] = GoldenRunner(
-    "deepspec", "deepspec", ("oracles.deepspec",),
+    "deepspec", "deepspec", ("oracles.__init__", "oracles.recording", "oracles.deepspec", "traces.normalize"),
     cases=lambda: deepspec_cases(),
+    identity=lambda: deepspec_identity(),
 )
 """Which runners have goldens. Add e.g. ``"optiq": GoldenRunner("optiq",
 "mlx-optiq", ("oracles.__init__", "oracles.optiq"), cases=optiq_cases)``."""
+
+
+def deepspec_identity() -> dict[str, str | None]:
+    """DeepSpec's golden identity: the checkout's commit (``DEEPSPEC_PATH``: ``.deepspec-commit``
+    or ``git rev-parse HEAD``) and, as its version, the torch/transformers it runs on. None where
+    unknown here (no ``DEEPSPEC_PATH``, or no torch): such a field is not checked."""
+    from oracles.deepspec import checkout_commit
+
+    commit = checkout_commit()
+    torch, tf = package_version("torch"), package_version("transformers")
+    return {"version": f"torch {torch}, transformers {tf}" if commit and torch and tf else None,
+            "commit": commit}
 
 
 DEEPSPEC_PROMPTS = ("nat-03", "nat-09", "nat-22", "rnd-14", "rnd-15")
@@ -306,8 +324,8 @@ class InputsContext:
             "runner": {
                 "name": runner,
                 "package": info.package,
-                "version": package_version(info.package),
-                "commit": package_commit(info.package),
+                **({"version": package_version(info.package), "commit": package_commit(info.package)}
+                   if info.identity is None else info.identity()),
             },
             "code_sha256": self.runner_code(runner),
             "harness_sha256": self.harness(),
@@ -508,9 +526,14 @@ def check_goldens(
                 f"current inputs cannot be computed: {type(exc).__name__}: {exc}",)))
             continue
         recorded = entry.get("inputs") or {}
-        if current["runner"]["version"] is None:  # package absent: cannot check it
+        unknown: tuple[str, ...] = ()
+        if GOLDEN_RUNNERS[runner].identity is not None:  # a checkout: each field unknown on its own
+            unknown = tuple(k for k in ("version", "commit") if current["runner"][k] is None)
+        elif current["runner"]["version"] is None:  # package absent: cannot check it
+            unknown = ("version", "commit")
+        if unknown:
             current = {**current, "runner": {**current["runner"], **{
-                k: recorded.get("runner", {}).get(k) for k in ("version", "commit")}}}
+                k: recorded.get("runner", {}).get(k) for k in unknown}}}
         reasons = input_changes(recorded, current)
         if reasons:
             problems.append(GoldenProblem(key, "stale", tuple(reasons)))
