@@ -1,0 +1,250 @@
+"""``specparity grade DIR``: grade traces written by any engine.
+
+Every ``*.jsonl`` under ``DIR`` (recursively; the output folder excluded) is
+validated (``traces.validate.validate_file``; an invalid trace is reported as
+``FILE:LINE: field: message`` and fails the grade before anything runs). Each
+trace's header names its case: the target (and drafter) by path, the source,
+the prompt's token ids, the params and the EOS ids. For every case the models
+are found (a path as written, else relative to the trace's folder or ``DIR``;
+``zoo/<name>`` is the zoo cache), their digests checked against the header's
+(``specparity.runners.model_identity``; a mismatch is one clear error — grading
+against another model would be meaningless), and plain decode (the engine's
+``plain`` runner) and every available live reference re-run on it through the
+same task function and backends as ``specparity run`` (``--workers``,
+``--ray``). The graded traces go under ``OUT/traces/engine/`` (as the subject
+under test; their header keeps the engine's own runner name), the re-runs under
+``OUT/traces/<runner>/`` with the graded trace's case id, and the comparisons,
+summary and report are the run's (``specparity.run.finish``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specparity.cases import Case, model_label
+from specparity.run import (
+    Comparison,
+    Job,
+    RunResult,
+    _reference_comparison,
+    available_runners,
+    execute,
+    finish,
+)
+from traces.diff import diff_traces
+from traces.io import Trace, read_trace, write_trace
+from traces.reference import ReferenceRefused
+
+__all__ = ["GradeError", "Graded", "case_from_header", "grade", "grade_main"]
+
+
+class GradeError(ValueError):
+    """A traces folder cannot be graded (invalid trace, missing or different model)."""
+
+
+@dataclass
+class Graded:
+    path: Path
+    trace: Trace
+    case: Case  # the case re-run for the references (its own id)
+
+    @property
+    def case_id(self) -> str:
+        return str(self.trace.header["case_id"])
+
+
+def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: str) -> Path | None:
+    if ref is None:
+        return None
+    raw = str(ref.get("path") or "")
+    if not raw:
+        raise GradeError(f"{trace_path}: header {what}.path is empty")
+    cands = [Path(raw).expanduser(), trace_path.parent / raw, root / raw]
+    if raw.startswith("zoo/"):
+        import zoo
+
+        name = raw.split("/", 1)[1]
+        cands.insert(0, zoo.model_dir(name) if name in zoo.model_names() else zoo.cache_root() / name)
+    for c in cands:
+        if c.is_dir():
+            return c.resolve()
+    raise GradeError(f"{trace_path}: {what} model {raw!r} not found (looked at "
+                     f"{', '.join(str(c) for c in cands)})")
+
+
+def _check_identity(path: Path, ref: dict[str, Any], trace_path: Path, what: str) -> None:
+    from specparity.runners import _identity
+
+    mine = _identity(str(path))
+    for key in ("weights_sha256", "config_sha256"):
+        want = ref.get(key)
+        if want is not None and want != mine[key]:
+            raise GradeError(f"{trace_path}: {what} {path}: {key} {mine[key][:12]}… differs from the "
+                             f"header's {str(want)[:12]}… (the trace was written with another model)")
+
+
+def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Case:
+    """The case a trace's header names, its models found and checked."""
+    from specparity.runners import load_model
+
+    tpath = _find_model(header["target"], trace_path, root, "target")
+    assert tpath is not None
+    _check_identity(tpath, header["target"], trace_path, "target")
+    spec = header["mode"] == "spec"
+    source = header.get("source") or ("two-model" if spec else None)
+    dpath = _find_model(header.get("drafter"), trace_path, root, "drafter") if spec else None
+    if dpath is not None:
+        _check_identity(dpath, header["drafter"], trace_path, "drafter")
+    p = header["params"]
+    eos = tuple(int(t) for t in header["eos_ids"])
+    tok_eos = load_model(str(tpath)).eos_ids
+    drafter: str | None = None
+    if spec:
+        if source == "ngram":
+            drafter = "ngram"
+        elif dpath is None:
+            raise GradeError(f"{trace_path}: a {source} trace needs header.drafter (its model path)")
+        elif source in ("deepspec", "dspark"):
+            drafter = f"{source}-{model_label(dpath)}-t{p.get('confidence_threshold') or 0:g}"
+        else:
+            drafter = model_label(dpath) if source == "two-model" else f"{source}-{model_label(dpath)}"
+    return Case(
+        target=model_label(tpath), drafter=drafter, prompt_id=str(header["prompt"]["id"]),
+        gamma=int(p["gamma"] or 0) if spec else 0, max_tokens=int(p["max_tokens"]),
+        temperature=float(p["temperature"]), seed=int(p.get("seed") or 0),
+        eos_ids=None if tuple(sorted(eos)) == tuple(tok_eos) else eos,
+        stop_sequences=tuple(tuple(int(t) for t in s) for s in p.get("stop_sequences") or ()),
+        source=source if spec else "two-model", top_p=float(p.get("top_p") or 0.0),
+        top_k=int(p.get("top_k") or 0), target_path=str(tpath),
+        draft_path=str(dpath) if dpath is not None else None,
+        prompt_tokens=tuple(int(t) for t in header["prompt"]["token_ids"]),
+    )
+
+
+def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
+    """Validate and read every trace under ``trace_dir``; the cases they name."""
+    from traces.validate import validate_file
+
+    trace_dir = Path(trace_dir)
+    if not trace_dir.is_dir():
+        raise GradeError(f"{str(trace_dir)!r} is not a directory of traces")
+    skip = out_dir.resolve() if out_dir is not None else None
+    files = sorted(p for p in trace_dir.rglob("*.jsonl")
+                   if skip is None or skip not in p.resolve().parents)
+    if not files:
+        raise GradeError(f"{trace_dir}: no *.jsonl traces found")
+    problems = [f"{e.path}:{e.line or 0}: {e.field}: {e.message}"
+                for f in files for e in validate_file(f)]
+    if problems:
+        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise GradeError(f"{len(problems)} problem(s) in the traces:\n" + "\n".join(problems[:20]) + more)
+    graded: list[Graded] = []
+    seen: dict[str, Path] = {}
+    for f in files:
+        tr = read_trace(f)
+        cid = str(tr.header["case_id"])
+        if cid in seen:
+            raise GradeError(f"{f}: case id {cid!r} also in {seen[cid]}; one trace per case")
+        seen[cid] = f
+        graded.append(Graded(f, tr, case_from_header(tr.header, f, trace_dir)))
+    return graded
+
+
+def _relabel(records: list[dict[str, Any]], case_id: str) -> list[dict[str, Any]]:
+    return [{**records[0], "case_id": case_id}, *records[1:]]
+
+
+def grade(
+    trace_dir: Path | str,
+    out_dir: Path | str | None = None,
+    *,
+    runners: list[str] | None = None,
+    workers: int = 0,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Grade every trace under ``trace_dir``; see the module doc."""
+    from specparity.progress import Progress
+
+    t0 = time.perf_counter()
+    trace_dir = Path(trace_dir)
+    out = Path(out_dir) if out_dir is not None else trace_dir / "graded"
+    graded = collect(trace_dir, out)
+    all_runners, unavailable = available_runners(runners)
+    oracles = all_runners[1:]
+    result = RunResult(out_dir=out, runners=all_runners, unavailable=unavailable)
+    traces: dict[tuple[str, str], Trace] = {}
+    if (out / "traces").exists():
+        shutil.rmtree(out / "traces")
+    for g in graded:
+        stem = g.case_id.replace("/", "__")
+        path = out / "traces" / "engine" / f"{stem}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_trace(path, g.trace.records())
+        result.traces[("engine", g.case_id)] = path
+        traces[("engine", g.case_id)] = g.trace
+    # Re-runs: plain decode of every spec case (our engine), every oracle on every case.
+    by_job: dict[tuple[str, str], list[str]] = {}  # (runner, our case id) -> graded keys
+    jobs: list[Job] = []
+    for g in graded:
+        if g.case.drafter is not None:
+            jobs.append(("engine", g.case.plain()))
+            by_job.setdefault(("engine", g.case.plain().case_id), []).append(f"{g.case_id}#plain")
+        for r in oracles:
+            jobs.append((r, g.case))
+            by_job.setdefault((r, g.case.case_id), []).append(g.case_id)
+    refusals: dict[tuple[str, str], ReferenceRefused] = {}
+
+    def on_result(job: Job, res: tuple[str, Any]) -> None:
+        runner, case = job
+        kind, payload = res
+        for cid in dict.fromkeys(by_job[(runner, case.case_id)]):
+            if kind == "refused":
+                refusals[(runner, cid)] = ReferenceRefused(runner, cid, payload)
+                continue
+            key = "plain" if cid.endswith("#plain") else runner
+            records = _relabel(payload, cid.removesuffix("#plain"))
+            path = out / "traces" / key / f"{cid.removesuffix('#plain').replace('/', '__')}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_trace(path, records)
+            result.traces[(key, cid)] = path
+            traces[(key, cid)] = Trace.from_records(records)
+        bar.update(1)
+
+    unique_jobs = list(dict.fromkeys(jobs))
+    with Progress(len(unique_jobs), "grading (re-runs)", enabled=progress) as bar:
+        execute(unique_jobs, on_result, workers=workers, ray_address=ray_address)
+    for g in graded:
+        eng = g.trace
+        for oracle in oracles:
+            ref = refusals.get((oracle, g.case_id)) or traces[(oracle, g.case_id)]
+            result.comparisons.append(_reference_comparison(oracle, g.case_id, eng, ref))
+        if g.case.drafter is not None:
+            plain = traces[("plain", f"{g.case_id}#plain")]
+            result.comparisons.append(Comparison("spec-vs-plain", g.case_id, "tokens",
+                                                 diff_traces(eng, plain, level="tokens")))
+    # the report reads OUT/traces/<runner>/: the plain re-runs are plain-mode traces
+    report_traces = {(k[0], k[1].removesuffix("#plain")): v for k, v in traces.items()}
+    result.wall_s = time.perf_counter() - t0
+    finish(result, report_traces)
+    return result
+
+
+def grade_main(args: argparse.Namespace) -> int:
+    """``specparity grade DIR`` (see ``specparity/commands/grade.py``)."""
+    try:
+        result = grade(args.dir, args.out, runners=args.runners, workers=args.workers,
+                       ray_address=args.ray, progress=not getattr(args, "quiet", False))
+    except GradeError as exc:
+        print(f"specparity grade: {exc}", file=sys.stderr)
+        return 1
+    print((result.out_dir / "summary.md").read_text())
+    print(f"graded {sum(1 for k in result.traces if k[0] == 'engine')} traces; verdicts and report "
+          f"written to {result.out_dir}/", file=sys.stderr)
+    return 0 if result.ok else 1
