@@ -12,6 +12,7 @@ randomness is consumed in the same order as the reference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -32,6 +33,9 @@ class SamplerParams:
     repetition_penalty: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:
@@ -124,14 +128,28 @@ def margin_array(logits: mx.array) -> mx.array | None:
     """
     if logits.shape[-1] < 2:
         return None
-    top = mx.topk(logits.astype(mx.float32), 2, axis=-1)
-    return mx.abs(top[:, 0] - top[:, 1])
+    x = logits.astype(mx.float32)
+    top = mx.topk(x, 2, axis=-1)
+    # A row holding NaN or +inf has no meaningful sample (logsumexp is NaN, argmax
+    # picks a fixed id): its margin becomes NaN so margins_list refuses the round.
+    broken = mx.any(mx.isnan(x) | mx.isposinf(x), axis=-1)
+    return mx.where(broken, mx.array(float("nan")), mx.abs(top[:, 0] - top[:, 1]))
+
+
+class NonFiniteLogits(FloatingPointError):
+    """The model produced NaN/+inf logits: nothing sampled from them is meaningful."""
 
 
 def margins_list(margins: mx.array | None, rows: int) -> list[float]:
     if margins is None:
         return [float("inf")] * rows
-    return [float(m) for m in cast(list, margins.tolist())]
+    out = [float(m) for m in cast(list, margins.tolist())]
+    bad = [i for i, m in enumerate(out) if m != m]
+    if bad:
+        raise NonFiniteLogits(f"the model produced non-finite logits (NaN or +inf) in row {bad[0]} "
+                              "of a step: its weights or inputs are broken; no output is produced "
+                              "from them")
+    return out
 
 
 def top2_margins(logits: mx.array) -> list[float]:
