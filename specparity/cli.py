@@ -88,7 +88,8 @@ def _classify(exc: Exception) -> tuple[int, str]:
     """(exit status, message) of an exception that reached the CLI boundary."""
     if isinstance(exc, UsageError):
         return 2, f"error: {_one_line(exc)}"
-    if isinstance(exc, RunFailed):
+    if isinstance(exc, (RunFailed, ArithmeticError)):
+        # ArithmeticError: engine.sampler.NonFiniteLogits (a model producing NaN/inf).
         return 1, f"error: {_one_line(exc)}"
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
         return 2, f"error: {_os_error(exc)}"

@@ -42,8 +42,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -422,16 +420,10 @@ def save_manifest(manifest: dict[str, Any], golden_dir: Path | str = GOLDEN_DIR)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``traces.io.atomic_write_text``: temp file, fsync, rename, mode 0666 & ~umask (not 0600)."""
+    from traces.io import atomic_write_text as write
+
+    write(path, text)
 
 
 def manifest_entry(key: str, inputs: dict[str, Any], path: Path) -> dict[str, Any]:

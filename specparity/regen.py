@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -53,9 +52,41 @@ def regen_task(runner: str, case: Any) -> tuple[str, list[dict[str, Any]]]:
     return g.golden_key(runner, case), g.normalize_records(run_case(runner, case))
 
 
+def die_with_parent() -> None:
+    """Make this (worker) process end when its parent dies, even by ``kill -9``.
+
+    Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` through ctypes (prctl(2)), plus
+    a daemon thread that exits when the process is re-parented (other
+    platforms, or a parent that died before the prctl). Pool workers of a
+    killed ``regen``/``run`` thus never linger.
+    """
+    import signal
+    import threading
+
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def _pool_init() -> None:
     # Workers of a 2-core pool: keep each to one BLAS thread.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    die_with_parent()
 
 
 @dataclass
@@ -143,10 +174,9 @@ def _remove_leftovers(golden_dir: Path) -> None:
 
 
 def _progress(total: int) -> Any:
-    from tqdm import tqdm
+    from specparity.progress import progress
 
-    return tqdm(total=total, desc="regen goldens", unit="golden", file=sys.stderr,
-                dynamic_ncols=True, disable=None)
+    return progress(total, "regen goldens", "golden")
 
 
 def _run_pool(jobs: list[tuple[str, Any]], workers: int,
@@ -218,15 +248,36 @@ def regen(
     """Regenerate the selected goldens into ``golden_dir``; see the module doc.
 
     ``workers``: process-pool size (None: the CPU count; 0: in this process).
+    A second regen on the same directory is refused (``specparity.outdir.Busy``).
     """
+    from specparity.outdir import lock_dir
+
+    # One regen per golden directory: a second one is refused (its manifest
+    # entries would otherwise overwrite ours); the lock dies with the process.
+    with lock_dir(golden_dir, "specparity regen", flag="--golden-dir", what="golden directory"):
+        return _regen(Path(golden_dir), runners=runners, case_glob=case_glob,
+                      stale_only=stale_only, accept=accept, workers=workers, ray=ray,
+                      ray_address=ray_address, progress=progress)
+
+
+def _regen(
+    golden_dir: Path,
+    *,
+    runners: Iterable[str] | None,
+    case_glob: str | None,
+    stale_only: bool,
+    accept: bool,
+    workers: int | None,
+    ray: bool,
+    ray_address: str | None,
+    progress: bool,
+) -> RegenResult:
     from traces.diff import diff_traces
     from traces.io import Trace, read_trace, write_trace
 
     t0 = time.perf_counter()
-    golden_dir = Path(golden_dir)
-    golden_dir.mkdir(parents=True, exist_ok=True)
     runners = list(runners) if runners else None
-    _remove_leftovers(golden_dir)
+    _remove_leftovers(golden_dir)  # under the lock: no other writer's temp files
     ctx = g.InputsContext()
     args_id = {"runners": runners, "case": case_glob, "stale_only": stale_only, "accept": accept}
     journal = _load_journal(golden_dir, args_id)
@@ -377,11 +428,13 @@ def drift_report(result: RegenResult) -> str:
 
 
 def write_report(result: RegenResult, out_dir: Path) -> Path:
+    from traces.io import atomic_write_json, atomic_write_text
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "drift.json").write_text(json.dumps({
+    atomic_write_json(out_dir / "drift.json", {
         "selected": result.selected, "skipped_done": result.skipped_done,
         "wall_s": result.wall_s, "outcomes": [asdict(o) for o in result.outcomes],
-    }, indent=1))
+    })
     path = out_dir / "drift.md"
-    path.write_text(drift_report(result))
+    atomic_write_text(path, drift_report(result))
     return path
