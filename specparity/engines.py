@@ -1,0 +1,298 @@
+"""Grade a third-party MLX speculative engine (a subject) and write the scoreboard.
+
+``specparity grade --engine NAME [--out DIR]`` (``NAME``: one of
+``subjects.SUBJECTS``, or ``all``) runs every mode of the subject on zoo cases
+and the checks of ``subjects/checks.py`` against references computed here,
+independently of the subject:
+
+- plain decode: our engine's ``engine.executor.plain_generate`` on the same
+  target directory, on the same device (greedy, or sampled for the
+  distribution check with the same temperature/top-k);
+- mlx-lm speculative decoding: the committed mlx-lm 0.32.2 goldens
+  (``traces/golden/mlx_lm``, two-model pairs), so a subject that replaces the
+  ``mlx_lm`` module (mlx-lm-broomva) is still compared with the real one.
+
+Writes ``DIR/<engine>.json`` (one result per mode × check), the subject's
+traces under ``DIR/traces/<engine>/`` and regenerates ``DIR/scoreboard.md`` /
+``.html`` from every ``DIR/*.json`` (``reports/scoreboard.py``), so runs in
+separate environments (one per subject: their pins conflict) add up to one
+scoreboard. Exit 0 when nothing failed, 1 when a check failed, 2 on usage.
+
+Reproduce one case: ``python -m specparity.engines ENGINE --case CASE_ID``
+prints the subject's stream beside plain decode and the check verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from subjects import SUBJECTS, Mode, availability, load
+from subjects.base import SubjectCase, SubjectRun, to_trace
+from subjects.checks import (
+    CHECKS,
+    CheckResult,
+    check_budget,
+    check_counters,
+    check_distribution,
+    check_eos,
+    check_identity,
+    check_mlx_lm,
+    check_stop,
+    guarded,
+)
+from traces.io import read_trace, write_trace
+from traces.records import platform_info
+
+DEFAULT_OUT = Path("runs/grade-engines")
+PROMPTS = ("nat-00", "rnd-00")
+MAX_TOKENS = 24
+GOLDEN_MAX = 32
+
+
+def _log(msg: str) -> None:
+    print(f"[grade] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ references
+
+
+@cache
+def _target_model(target: str) -> Any:
+    import zoo
+    from specparity.runners import load_model
+
+    return load_model(str(zoo.model_dir(target))).model
+
+
+def _eos(case: SubjectCase) -> tuple[int, ...]:
+    import zoo
+
+    return (zoo.eos_id(),) if case.eos_ids is None else tuple(case.eos_ids)
+
+
+@cache
+def _plain_cached(target: str, prompt_id: str, max_tokens: int, eos: tuple[int, ...],
+                  temperature: float, top_k: int, seed: int) -> tuple[int, ...]:
+    import zoo
+    from engine.executor import GenerationParams, plain_generate
+    from engine.sampler import SamplerParams
+
+    params = GenerationParams(max_tokens=max_tokens, gamma=0, seed=seed, eos_ids=eos, cache_digests=False,
+                              sampler=SamplerParams(temperature=temperature, top_k=top_k))
+    res = plain_generate(_target_model(target), list(zoo.prompt(prompt_id).token_ids), params)
+    return tuple(res.output_ids)
+
+
+def plain(case: SubjectCase) -> list[int]:
+    """Greedy plain decode of the case's target (our engine), honouring EOS and budget."""
+    return list(_plain_cached(case.target, case.prompt_id, case.max_tokens, _eos(case), 0.0, 0, 0))
+
+
+def plain_sample(case: SubjectCase) -> list[int]:
+    return list(_plain_cached(case.target, case.prompt_id, case.max_tokens, _eos(case),
+                              case.temperature, case.top_k, case.seed))
+
+
+def golden_mlx_lm(case: SubjectCase) -> list[int]:
+    """mlx-lm 0.32.2's two-model output for the case, from the committed golden."""
+    name = f"{case.target}__{case.drafter}__{case.prompt_id}__g{case.gamma}__n{GOLDEN_MAX}.jsonl"
+    path = Path(__file__).resolve().parents[1] / "traces" / "golden" / "mlx_lm" / name
+    ids = list(read_trace(path).footer["output_ids"])
+    return ids[: case.max_tokens]
+
+
+def _golden_cases(mode: Mode, base: list[SubjectCase]) -> list[SubjectCase]:
+    out = []
+    for c in base:
+        if c.target in ("llama", "qwen3") and c.drafter == "twin" and c.gamma in (1, 3):
+            out.append(c.with_(max_tokens=GOLDEN_MAX, eos_ids=None))
+    return out
+
+
+# ------------------------------------------------------------------ grading
+
+
+class Recorder:
+    """Wraps a subject's ``generate``: caches runs and writes each as a trace."""
+
+    def __init__(self, name: str, mod: Any, trace_dir: Path) -> None:
+        self.name, self.mod, self.dir = name, mod, trace_dir
+        self.runs: dict[SubjectCase, SubjectRun] = {}
+        self.info = {"name": name, "package": SUBJECTS[name].package.split("==")[0], "version": mod.version()}
+
+    def __call__(self, case: SubjectCase) -> SubjectRun:
+        if case in self.runs:
+            return self.runs[case]
+        run = self.mod.generate(case)
+        self.runs[case] = run
+        if case.temperature == 0:
+            try:
+                self._write(case, run)
+            except (OSError, ValueError) as exc:  # a trace the harness cannot write is not the subject's fault
+                _log(f"{self.name}: trace of {case.case_id} not written: {exc}")
+        return run
+
+    def _write(self, case: SubjectCase, run: SubjectRun) -> None:
+        import zoo
+        from specparity.runners import model_identity
+
+        ids = list(zoo.prompt(case.prompt_id).token_ids)
+        target = model_identity(zoo.model_dir(case.target))
+        dpath = getattr(self.mod, "drafter_path", lambda c: None)(case)
+        drafter = {"path": dpath, "weights_sha256": None, "config_sha256": None} if dpath else None
+        recs = to_trace(self.info, case, run, ids, list(_eos(case)), target, drafter)
+        safe = case.case_id.replace(":", "__").replace("/", "__")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_trace(self.dir / f"{safe}.jsonl", recs)
+
+
+def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: str, mode: Mode,
+               plain_ref: Callable[[SubjectCase], list[int]] = plain,
+               sample_ref: Callable[[SubjectCase], list[int]] = plain_sample,
+               mlx_lm_ref: Callable[[SubjectCase], list[int]] = golden_mlx_lm,
+               dist_n: int | None = None) -> dict[str, CheckResult]:
+    """Every check on one mode of a subject."""
+    base = [SubjectCase(target=t, mode=mode_name, drafter=mode.drafter, prompt_id=p, max_tokens=MAX_TOKENS)
+            for t in mode.targets[:2] for p in PROMPTS]
+    out: dict[str, CheckResult] = {}
+
+    def run(check: str, fn: Callable[[], CheckResult]) -> None:
+        if check in mode.unsupported:
+            out[check] = CheckResult(check, "unsupported", mode.unsupported[check])
+            return
+        t0 = time.perf_counter()
+        out[check] = guarded(check, fn)
+        _log(f"{name}/{mode_name}: {check}: {out[check].status} ({time.perf_counter() - t0:.1f}s)"
+             + ("" if out[check].status == "pass" else f" - {out[check].detail}"))
+
+    run("identity", lambda: check_identity(gen, plain_ref, base))
+    golden = _golden_cases(mode, base)
+    run("mlx_lm", lambda: check_mlx_lm(
+        gen, mlx_lm_ref if (mode.two_model and golden) else None, golden,
+        why_not="not a two-model mode" if not mode.two_model else "no mlx-lm golden for this pair"))
+    run("budget", lambda: check_budget(gen, plain_ref, base[:2]))
+    run("eos", lambda: check_eos(gen, plain_ref, base))
+    run("stop", lambda: check_stop(gen, plain_ref, base[:2]))
+    run("counters", lambda: check_counters(gen, base + [c.with_(max_tokens=m, eos_ids=()) for c in base[:1]
+                                                         for m in (2, 5, 9)]))
+    if mode.samples:
+        dcase = SubjectCase(target=mode.targets[0], mode=mode_name, drafter=mode.drafter, prompt_id="nat-00",
+                            max_tokens=2, temperature=0.7, top_k=mode.top_k)
+        kw = {} if dist_n is None else {"n": dist_n}
+        run("distribution", lambda: check_distribution(gen, sample_ref, dcase, **kw))
+    else:
+        run("distribution", lambda: check_distribution(gen, None, None, why_not=mode.unsupported.get(
+            "distribution", "greedy only: the speculative path takes no temperature")))
+    return out
+
+
+def grade_engine(name: str, out: Path) -> dict[str, Any]:
+    """Grade subject ``name`` here; returns (and writes) its result document."""
+    info = SUBJECTS[name]
+    doc: dict[str, Any] = {"engine": name, "package": info.package.split("==")[0], "pinned": info.package,
+                           "tox_env": info.tox_env, "platform": platform_info(), "modes": {}}
+    ok, why = availability(name)
+    if not ok:
+        doc.update(available=False, reason=why, version=None)
+        _log(f"{name}: not available: {why}")
+        return doc
+    mod = load(name)
+    doc.update(available=True, reason="ok", version=mod.version())
+    rec = Recorder(name, mod, out / "traces" / name)
+    for mode_name, mode in mod.MODES.items():
+        _log(f"{name}: mode {mode_name} ({mode.note})")
+        results = grade_mode(name, rec, mode_name, mode)
+        doc["modes"][mode_name] = {
+            "note": mode.note, "drafter": mode.drafter, "targets": list(mode.targets[:2]),
+            "checks": {c: results[c].to_dict() for c in CHECKS if c in results},
+        }
+    return doc
+
+
+def _failed(doc: dict[str, Any]) -> bool:
+    return any(r["status"] == "fail" for m in doc.get("modes", {}).values() for r in m["checks"].values())
+
+
+def grade_engine_main(args: argparse.Namespace) -> int:
+    """``specparity grade --engine NAME|all [--out DIR]``."""
+    names = list(SUBJECTS) if args.engine == "all" else [args.engine]
+    for n in names:
+        if n not in SUBJECTS:
+            print(f"specparity grade: unknown engine {n!r}; known: {', '.join(SUBJECTS)}, all", file=sys.stderr)
+            return 2
+    out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
+    out.mkdir(parents=True, exist_ok=True)
+    failed = False
+    for n in names:
+        path = out / f"{n}.json"
+        doc = grade_engine(n, out)
+        if not doc["available"] and path.exists() and args.engine == "all":
+            _log(f"{n}: kept {path} (graded in its own environment)")
+            continue
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+        failed |= _failed(doc)
+    from reports.scoreboard import write_scoreboard
+
+    md, html = write_scoreboard(out)
+    print(f"scoreboard: {md} {html}")
+    return 1 if failed else 0
+
+
+# ------------------------------------------------------------------ reproduction
+
+
+def reproduce(name: str, case_id: str) -> int:
+    case = SubjectCase.from_id(case_id)
+    ok, why = availability(name)
+    if not ok:
+        print(f"{name}: not available here: {why}", file=sys.stderr)
+        return 2
+    mod = load(name)
+    run = mod.generate(case)
+    ref = plain(case)
+    print(f"engine {name} {mod.version()} case {case.case_id}")
+    print(f"  subject stream ({len(run.stream)}): {run.stream}  finish_reason={run.finish_reason!r}")
+    print(f"  plain decode   ({len(ref)}): {ref}")
+    print(f"  eos ids {list(_eos(case))}, stop ids {list(case.stop_ids)}, max_tokens {case.max_tokens}")
+    if run.rounds is not None:
+        print(f"  rounds (drafted, accepted, committed): {[(r.drafted, r.accepted, r.committed) for r in run.rounds]}")
+    if run.counters:
+        print(f"  engine counters: {run.counters}")
+    from subjects.checks import counter_problems, first_divergence
+
+    i = first_divergence(run.stream, ref)
+    print("  identical to plain decode" if i is None else f"  first difference at output token {i}")
+    for p in counter_problems(run):
+        print(f"  counters: {p}")
+    return 0 if i is None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specparity.engines",
+                                description="grade a subject, or reproduce one of its cases")
+    p.add_argument("engine")
+    p.add_argument("--case", default=None, help="a case id from the scoreboard: run it and show the difference")
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args(argv)
+    if a.engine not in SUBJECTS and a.engine != "all":
+        p.error(f"unknown engine {a.engine!r}; known: {', '.join(SUBJECTS)}")
+    if a.case is not None:
+        try:
+            return reproduce(a.engine, a.case)
+        except ValueError as exc:
+            print(f"specparity.engines: error: {exc}", file=sys.stderr)
+            return 2
+    return grade_engine_main(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The checks a subject (a third-party speculative engine) is graded on.
+
+Every check takes the subject's ``generate(case) -> SubjectRun`` and the
+references as plain callables, so each one is exercised model-free on fake
+subjects with planted bugs (``tests/test_subjects_checks.py``). The contract is
+``../shared/reference/speculative-decoding.md`` §2 (exact-match greedy verify is
+token-identical to plain decode; EOS is never emitted as content, ends
+generation, is counted once, finish reason ``stop``; the budget is exact,
+finish reason ``length``) and the footer counter definitions of
+``traces/INTERPRETING.md``.
+
+- ``identity``: greedy output equals plain greedy decode of the same target on
+  the same device (our engine's ``plain_generate``), token for token over the
+  tokens both produced (lengths are judged by ``budget`` / ``eos``).
+- ``mlx_lm``: two-model subjects only: the whole output equals mlx-lm 0.32.2
+  ``speculative_generate_step`` on the same pair (``oracles/mlx_lm.py``).
+- ``budget``: with no EOS in reach, exactly ``max_tokens`` tokens, finish
+  ``length``; several budgets so the limit falls inside a round.
+- ``eos``: an EOS id planted at a token plain decode emits at position j (first
+  occurrence): output is plain[:j], the EOS never appears in the stream, an
+  engine token count (when exposed) counts it at most once, finish ``stop``.
+- ``stop``: a stop token id planted the same way: nothing after it (the stop
+  token itself may or may not be kept), finish ``stop``.
+- ``counters``: the engine's own counters agree with its stream: per round
+  0 <= accepted <= drafted and committed <= accepted + 1; committed tokens sum
+  to the stream length; totals (drafted, accepted, rounds, emitted) equal the
+  per-round sums.
+- ``distribution``: at temperature > 0 the joint law of the first two tokens
+  equals plain sampling (chi-square homogeneity, the test of
+  ``conformance/test_losslessness_stats.py``: N = 300 per arm, cells with
+  expected count < 5 pooled, alpha = 0.01).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported
+
+CHECKS = ("identity", "mlx_lm", "budget", "eos", "stop", "counters", "distribution")
+Generate = Callable[[SubjectCase], SubjectRun]
+Reference = Callable[[SubjectCase], list[int]]
+
+DIST_N = 300
+DIST_ALPHA = 0.01
+BUDGETS = (1, 2, 5, 9)
+
+
+@dataclass
+class CheckResult:
+    check: str
+    status: str  # "pass" | "fail" | "unsupported"
+    detail: str
+    case: str | None = None
+    divergence: dict[str, Any] | None = None
+    cases_run: int = 0
+    hooks: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token, the shorter length when one is a prefix, or None."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _show(seq: Sequence[int], i: int, width: int = 4) -> str:
+    lo = max(0, i - width)
+    return ("…" if lo else "") + str(list(seq[lo : i + width + 1])) + ("…" if i + width + 1 < len(seq) else "")
+
+
+def _fail(check: str, case: SubjectCase, msg: str, n: int, hooks: list[str], **div: Any) -> CheckResult:
+    return CheckResult(check, "fail", msg, case=case.case_id, divergence=div or None, cases_run=n, hooks=hooks)
+
+
+def _unsupported(check: str, why: str, n: int = 0) -> CheckResult:
+    return CheckResult(check, "unsupported", why, cases_run=n)
+
+
+def _run(gen: Generate, case: SubjectCase) -> SubjectRun:
+    return gen(case)
+
+
+def _plant(ref_full: Sequence[int], start: int = 3) -> int | None:
+    """A position j >= start whose token does not occur earlier in ``ref_full``."""
+    for j in range(start, len(ref_full)):
+        if ref_full[j] not in ref_full[:j]:
+            return j
+    return None
+
+
+def check_identity(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> CheckResult:
+    n, hooks = 0, []
+    for case in cases:
+        try:
+            run = _run(gen, case)
+        except SubjectUnsupported as exc:
+            return _unsupported("identity", str(exc), n)
+        n += 1
+        hooks = run.hooks
+        ref = plain(case)
+        k = min(len(run.stream), len(ref))
+        i = first_divergence(run.stream[:k], ref[:k])
+        if i is not None:
+            return _fail("identity", case,
+                         f"output token {i}: subject {run.stream[i]} vs plain {ref[i]} "
+                         f"(subject {_show(run.stream, i)}, plain {_show(ref, i)})",
+                         n, hooks, index=i, subject=run.stream[i], expected=ref[i])
+    if n == 0:
+        return _unsupported("identity", "no case")
+    return CheckResult("identity", "pass", f"{n} case(s) token-identical to plain greedy decode",
+                       cases_run=n, hooks=hooks)
+
+
+def check_mlx_lm(gen: Generate, reference: Reference | None, cases: Iterable[SubjectCase],
+                 why_not: str = "not a two-model subject") -> CheckResult:
+    if reference is None:
+        return _unsupported("mlx_lm", why_not)
+    n, hooks = 0, []
+    for case in cases:
+        try:
+            run = _run(gen, case)
+        except SubjectUnsupported as exc:
+            return _unsupported("mlx_lm", str(exc), n)
+        n += 1
+        hooks = run.hooks
+        ref = reference(case)
+        i = first_divergence(run.stream, ref)
+        if i is not None:
+            a = run.stream[i] if i < len(run.stream) else "<end>"
+            b = ref[i] if i < len(ref) else "<end>"
+            return _fail("mlx_lm", case, f"output token {i}: subject {a} vs mlx-lm {b} "
+                         f"(subject {len(run.stream)} tokens, mlx-lm {len(ref)})",
+                         n, hooks, index=i, subject=a, expected=b)
+    if n == 0:
+        return _unsupported("mlx_lm", "no case")
+    return CheckResult("mlx_lm", "pass", f"{n} case(s) identical to mlx-lm speculative decoding",
+                       cases_run=n, hooks=hooks)
+
+
+def check_budget(gen: Generate, plain: Reference, cases: Iterable[SubjectCase],
+                 budgets: Sequence[int] = BUDGETS) -> CheckResult:
+    n, hooks = 0, []
+    for base in cases:
+        for m in budgets:
+            case = base.with_(max_tokens=m, eos_ids=())
+            ref = plain(case)
+            if len(ref) != m:  # the reference itself must run to the budget
+                continue
+            try:
+                run = _run(gen, case)
+            except SubjectUnsupported as exc:
+                return _unsupported("budget", str(exc), n)
+            n += 1
+            hooks = run.hooks
+            if len(run.stream) != m:
+                return _fail("budget", case, f"max_tokens={m}: {len(run.stream)} tokens emitted "
+                             f"(finish_reason {run.finish_reason!r})", n, hooks,
+                             index=min(m, len(run.stream)), subject=len(run.stream), expected=m)
+            if run.finish_reason != "length":
+                return _fail("budget", case, f"max_tokens={m} reached but finish_reason is "
+                             f"{run.finish_reason!r}, not 'length'", n, hooks,
+                             subject=run.finish_reason, expected="length")
+    if n == 0:
+        return _unsupported("budget", "no case")
+    return CheckResult("budget", "pass", f"{n} run(s) at budgets {list(budgets)}: exactly max_tokens, "
+                       "finish 'length'", cases_run=n, hooks=hooks)
+
+
+def check_eos(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> CheckResult:
+    n, hooks = 0, []
+    for base in cases:
+        full = plain(base.with_(eos_ids=()))
+        j = _plant(full)
+        if j is None:
+            continue
+        e = full[j]
+        case = base.with_(eos_ids=(e,))
+        try:
+            run = _run(gen, case)
+        except SubjectUnsupported as exc:
+            return _unsupported("eos", str(exc), n)
+        n += 1
+        hooks = run.hooks
+        expect = list(full[:j])
+        if e in run.stream:
+            at = run.stream.index(e)
+            return _fail("eos", case, f"EOS id {e} emitted as output token {at} "
+                         f"(stream {_show(run.stream, at)})", n, hooks, index=at, subject=e, expected=None)
+        i = first_divergence(run.stream, expect)
+        if i is not None:
+            return _fail("eos", case, f"EOS {e} planted at plain position {j}: output differs at token {i} "
+                         f"({len(run.stream)} tokens, expected {len(expect)})", n, hooks,
+                         index=i, subject=len(run.stream), expected=len(expect))
+        counted = run.counters.get("generation_tokens")
+        if counted is not None and counted not in (j, j + 1):
+            return _fail("eos", case, f"engine counts {counted} generated tokens for {j} content tokens "
+                         "+ 1 EOS (EOS counted more than once)", n, hooks, subject=counted, expected=j + 1)
+        if run.finish_reason != "stop":
+            return _fail("eos", case, f"ended on EOS but finish_reason is {run.finish_reason!r}, not 'stop'",
+                         n, hooks, subject=run.finish_reason, expected="stop")
+    if n == 0:
+        return _unsupported("eos", "no case with a plantable EOS")
+    return CheckResult("eos", "pass", f"{n} case(s): stops at the planted EOS, never emitted, "
+                       "finish 'stop'", cases_run=n, hooks=hooks)
+
+
+def check_stop(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> CheckResult:
+    n, hooks = 0, []
+    for base in cases:
+        full = plain(base.with_(eos_ids=()))
+        j = _plant(full, 4)
+        if j is None:
+            continue
+        s = full[j]
+        case = base.with_(eos_ids=(), stop_ids=(s,))
+        try:
+            run = _run(gen, case)
+        except SubjectUnsupported as exc:
+            return _unsupported("stop", str(exc), n)
+        n += 1
+        hooks = run.hooks
+        if run.stream not in (list(full[:j]), list(full[: j + 1])):
+            i = first_divergence(run.stream, full[: j + 1])
+            return _fail("stop", case, f"stop id {s} planted at plain position {j}: {len(run.stream)} tokens "
+                         f"emitted, expected {j} or {j + 1}; first difference at token {i}", n, hooks,
+                         index=i, subject=len(run.stream), expected=j + 1)
+        if run.finish_reason != "stop":
+            return _fail("stop", case, f"stopped on a stop id but finish_reason is {run.finish_reason!r}",
+                         n, hooks, subject=run.finish_reason, expected="stop")
+    if n == 0:
+        return _unsupported("stop", "no case with a plantable stop id")
+    return CheckResult("stop", "pass", f"{n} case(s): ends at the stop id, finish 'stop'",
+                       cases_run=n, hooks=hooks)
+
+
+def counter_problems(run: SubjectRun) -> list[str]:
+    """Every disagreement between the engine's own counters and its stream."""
+    out: list[str] = []
+    c = run.counters
+    if run.rounds is not None:
+        for i, r in enumerate(run.rounds):
+            if not 0 <= r.accepted <= r.drafted:
+                out.append(f"round {i}: accepted {r.accepted} outside 0..drafted {r.drafted}")
+            if r.committed > r.accepted + 1:
+                out.append(f"round {i}: committed {r.committed} > accepted {r.accepted} + 1")
+            if r.drafts is not None and len(r.drafts) != r.drafted:
+                out.append(f"round {i}: {len(r.drafts)} draft tokens reported but drafted={r.drafted}")
+        total = sum(r.committed for r in run.rounds) + run.prefill_tokens
+        if total != len(run.stream):
+            pre = f" (+ {run.prefill_tokens} from the prefill)" if run.prefill_tokens else ""
+            out.append(f"rounds report {total - run.prefill_tokens} committed tokens{pre} but the stream "
+                       f"has {len(run.stream)}")
+        sums = {"drafted": sum(r.drafted for r in run.rounds), "accepted": sum(r.accepted for r in run.rounds),
+                "rounds": len(run.rounds)}
+        for key, v in sums.items():
+            if key in c and c[key] != v:
+                out.append(f"engine counter {key}={c[key]} but its rounds sum to {v}")
+    if "emitted" in c and c["emitted"] != len(run.stream):
+        out.append(f"engine counter emitted={c['emitted']} but the stream has {len(run.stream)} tokens")
+    if "accepted" in c and "drafted" in c and not 0 <= c["accepted"] <= c["drafted"]:
+        out.append(f"engine counters accepted={c['accepted']} outside 0..drafted={c['drafted']}")
+    return out
+
+
+def check_counters(gen: Generate, cases: Iterable[SubjectCase]) -> CheckResult:
+    n, hooks, seen = 0, [], False
+    for case in cases:
+        try:
+            run = _run(gen, case)
+        except SubjectUnsupported as exc:
+            return _unsupported("counters", str(exc), n)
+        n += 1
+        hooks = run.hooks
+        if run.rounds is None and not run.counters:
+            continue
+        seen = True
+        probs = counter_problems(run)
+        if probs:
+            return _fail("counters", case, "; ".join(probs[:3]), n, hooks, problems=probs[:10])
+    if not seen:
+        return _unsupported("counters", "the engine exposes no acceptance counters or per-round reports", n)
+    return CheckResult("counters", "pass", f"{n} run(s): engine counters agree with its stream",
+                       cases_run=n, hooks=hooks)
+
+
+def chi2_p_value(a: Counter, b: Counter) -> float:
+    """Chi-square homogeneity p-value, cells with expected count < 5 pooled (as the engine's test)."""
+    from scipy.stats import chi2_contingency
+
+    keys = sorted(set(a) | set(b))
+    total = sum(a.values()) + sum(b.values())
+    small = min(sum(a.values()), sum(b.values()))
+    big = [k for k in keys if (a[k] + b[k]) * small / total >= 5]
+    rows = [
+        [a[k] for k in big] + [sum(a[k] for k in keys if k not in big)],
+        [b[k] for k in big] + [sum(b[k] for k in keys if k not in big)],
+    ]
+    if rows[0][-1] + rows[1][-1] == 0:
+        rows = [r[:-1] for r in rows]
+    if len(rows[0]) < 2:
+        return 1.0
+    return float(chi2_contingency(rows)[1])
+
+
+def check_distribution(gen: Generate, plain_sample: Reference | None, case: SubjectCase | None,
+                       n: int = DIST_N, alpha: float = DIST_ALPHA, why_not: str = "") -> CheckResult:
+    if plain_sample is None or case is None:
+        return _unsupported("distribution", why_not or "the subject does not sample")
+    spec: Counter = Counter()
+    plain: Counter = Counter()
+    hooks: list[str] = []
+    try:
+        for s in range(n):
+            run = _run(gen, case.with_(seed=s, max_tokens=2, eos_ids=()))
+            hooks = run.hooks
+            spec[tuple(run.stream[:2])] += 1
+    except SubjectUnsupported as exc:
+        return _unsupported("distribution", str(exc))
+    for s in range(n, 2 * n):
+        plain[tuple(plain_sample(case.with_(seed=s, max_tokens=2, eos_ids=()))[:2])] += 1
+    if len(spec | plain) < 3:
+        return _unsupported("distribution", "degenerate outcome space (< 3 outcomes): no power")
+    p = chi2_p_value(spec, plain)
+    if p < alpha:
+        worst = max(set(spec) | set(plain), key=lambda k: abs(spec[k] - plain[k]))
+        return _fail("distribution", case, f"joint law of the first 2 tokens differs from plain sampling: "
+                     f"p={p:.2e} < {alpha} (N={n} per arm; largest gap {list(worst)}: subject "
+                     f"{spec[worst]} vs plain {plain[worst]})", n, hooks, p=p)
+    return CheckResult("distribution", "pass", f"p={p:.3f} >= {alpha} (N={n} per arm, "
+                       f"T={case.temperature}, top_k={case.top_k})", cases_run=n, hooks=hooks)
+
+
+def guarded(check: str, fn: Callable[[], CheckResult]) -> CheckResult:
+    """Run one check; an exception from the subject is a failure with its exact error."""
+    try:
+        return fn()
+    except SubjectUnsupported as exc:
+        return _unsupported(check, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the subject's own crash is the finding
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f" at {tb[-1].filename.split('site-packages/')[-1]}:{tb[-1].lineno}" if tb else ""
+        return CheckResult(check, "fail", f"raised {type(exc).__name__}: {exc}{where}")
