@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces.diff import Divergence, diff_main, diff_traces, token_origin
+from traces.diff import (
+    Divergence,
+    Flip,
+    WitnessVerdict,
+    diff_main,
+    diff_traces,
+    eps_class,
+    token_origin,
+)
 from traces.io import Record, Trace, write_trace
 from traces.testing import clone, make_plain_trace, make_spec_trace
 from traces.validate import validate_trace
@@ -115,7 +123,8 @@ def test_flipped_sample_knife_edge_is_numerics() -> None:
     assert d is not None
     assert (d.where, d.field, d.klass, d.position) == ("round 2", "samples", "numerics", 1)
     assert d.margin == pytest.approx(2e-4)
-    assert "numerics" in d.message and "0.0002" in d.message
+    assert (d.basis, d.label) == ("eps", "numerics?")
+    assert "numerics? (eps-based" in d.message and "0.0002" in d.message
 
 
 def test_flipped_sample_tie_free_is_logic() -> None:
@@ -125,13 +134,23 @@ def test_flipped_sample_tie_free_is_logic() -> None:
     assert d.margin == pytest.approx(5.0)
 
 
-def test_margin_is_min_of_both_and_eps_configurable() -> None:
+def test_eps_rule_needs_both_margins_within_noise_and_eps_configurable() -> None:
+    # Noise of at most eps per logit swaps two greedy picks only if margin_a + margin_b <= 2 eps:
+    # one run's knife-edge (0.01) says nothing when the other run was decisive (0.5).
     a = _spec(margins={(2, 1): 0.5})
     b = _flip(0.01)
     d = diff_traces(a, b)
     assert d is not None and d.margin == pytest.approx(0.01) and d.klass == "logic"
-    d2 = diff_traces(a, b, eps=0.05)
-    assert d2 is not None and d2.klass == "numerics" and d2.eps == 0.05
+    assert diff_traces(a, b, eps=0.05).klass == "logic"  # type: ignore[union-attr]
+    d2 = diff_traces(a, b, eps=0.3)
+    assert d2 is not None and d2.klass == "numerics" and d2.eps == 0.3 and d2.label == "numerics?"
+    assert "0.5 + 0.01 <= 2 x eps 0.3" in d2.message
+
+
+def test_eps_class_bound() -> None:
+    assert eps_class(4e-4, 5e-4, 5e-4) == "numerics"
+    assert eps_class(2.8e-4, 0.55, 1e-3) == "logic"  # issue 13's gemma3 engine vs mlx-lm margins
+    assert eps_class(None, 1e-6, 1.0) == "logic"
 
 
 def test_drafts_differ_samples_agree_is_logic() -> None:
@@ -195,26 +214,32 @@ def test_tokens_spec_vs_plain_divergence_numerics_and_logic() -> None:
     # Output token 6 is round 2 emitted[1] (window position 1).
     spec = _spec(margins={(2, 1): 3e-4})
     flipped = OUTPUT[:6] + [7, 11]
-    plain = make_plain_trace(flipped, margins={6: 0.9})
+    plain = make_plain_trace(flipped, margins={6: 2e-4})
     d = diff_traces(spec, plain, level="tokens")
     assert d is not None
     assert (d.where, d.field, d.value_a, d.value_b, d.position) == ("output token 6", "output_ids", 4, 7, 6)
-    assert d.klass == "numerics" and d.margin == pytest.approx(3e-4)
+    assert d.klass == "numerics" and d.margin == pytest.approx(2e-4)
     assert "round 2 window position 1" in d.message and "plain 6" in d.message
-    d = diff_traces(_spec(), plain, level="tokens")
-    assert d is not None and d.klass == "logic" and d.margin == pytest.approx(0.9)
+    assert d.flip is not None and (d.flip.a.record, d.flip.a.position, d.flip.a.token) == ("round 2", 1, 4)
+    assert (d.flip.b.record, d.flip.b.position, d.flip.b.token, d.flip.output_index) == ("plain 6", None, 7, 6)
+    # One side on a knife-edge, the other decisive (issue 13's gemma3 pattern): not arithmetic.
+    decisive = make_plain_trace(flipped, margins={6: 0.9})
+    d = diff_traces(spec, decisive, level="tokens")
+    assert d is not None and d.klass == "logic" and d.label == "logic?" and d.margin == pytest.approx(3e-4)
 
 
 def test_tokens_length_difference_uses_eos_sample_margin() -> None:
     # spec ends on EOS after 8 tokens (EOS sample in round 4, window pos 0); plain keeps going.
     spec = _spec(margins={(4, 0): 1e-5})
-    plain = make_plain_trace([*OUTPUT, 13])
+    plain = make_plain_trace([*OUTPUT, 13], margins={8: 1e-4})
     d = diff_traces(spec, plain, level="tokens")
     assert d is not None
     assert (d.where, d.value_a, d.value_b, d.klass) == ("output token 8", None, 13, "numerics")
+    assert d.flip is not None and (d.flip.a.token, d.flip.b.token) == (2, 13)  # the EOS sample vs 13
     budget = make_plain_trace(OUTPUT[:5], end="budget")
     d = diff_traces(_spec(), budget, level="tokens")
     assert d is not None and d.where == "output token 5" and d.margin is None and d.klass == "logic"
+    assert d.basis == "structural" and d.flip is None
 
 
 def test_tokens_usage_difference() -> None:
@@ -260,6 +285,58 @@ def test_diff_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert diff_main([str(a)]) == 2
     assert diff_main([str(a), str(b), "--level", "bytes"]) == 2
     assert diff_main([str(a), str(b), "--eps", "-1"]) == 2
+
+
+# --- the witness callback --------------------------------------------------------------
+
+
+class _Recorder:
+    def __init__(self, verdict: WitnessVerdict | None = None, error: Exception | None = None) -> None:
+        self.calls: list[Flip] = []
+        self.verdict, self.error = verdict, error
+
+    def __call__(self, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict | None:
+        self.calls.append(flip)
+        if self.error is not None:
+            raise self.error
+        return self.verdict
+
+
+def test_witness_decides_a_flip_and_its_evidence_is_printed() -> None:
+    a = _spec(margins={(2, 1): 5.0})  # margins say logic; the witness says otherwise
+    w = _Recorder(WitnessVerdict("numerics", "each path reproduces its token",
+                                 ("a round 2 pos 1: top-2 [4: 1.0, 0: 0.99]",), {"k": 1}))
+    d = diff_traces(a, _flip(5.0), witness=w)
+    assert d is not None and (d.klass, d.basis, d.label) == ("numerics", "witness", "numerics")
+    assert len(w.calls) == 1
+    flip = w.calls[0]
+    assert (flip.output_index, flip.a.event, flip.a.position, flip.a.token, flip.b.token) == (None, 2, 1, 4, 0)
+    assert flip.a.margin == 5.0
+    assert "class: numerics (witness: each path reproduces its token)" in d.message
+    assert "top-2 [4: 1.0, 0: 0.99]" in d.message
+    assert d.to_dict()["witness"] == {"class": "numerics", "reason": "each path reproduces its token", "k": 1}
+    # and a logic verdict overrides knife-edge margins
+    w2 = _Recorder(WitnessVerdict("logic", "b's path does not give 0"))
+    d2 = diff_traces(_spec(margins={(2, 1): 1e-6}), _flip(1e-6), witness=w2)
+    assert d2 is not None and (d2.klass, d2.basis) == ("logic", "witness")
+
+
+def test_witness_that_cannot_judge_or_fails_falls_back_to_eps_labelled() -> None:
+    d = diff_traces(_spec(margins={(2, 1): 2e-4}), _flip(2e-4), witness=_Recorder(None))
+    assert d is not None and (d.klass, d.basis, d.label) == ("numerics", "eps", "numerics?")
+    assert "the witness cannot judge this flip" in d.message
+    d = diff_traces(_spec(), _flip(5.0), witness=_Recorder(error=RuntimeError("no device")))
+    assert d is not None and (d.label, d.basis) == ("logic?", "eps")
+    assert "witness failed (RuntimeError: no device)" in d.message
+
+
+def test_witness_not_asked_about_structural_divergences() -> None:
+    w = _Recorder(WitnessVerdict("numerics", "never"))
+    bad = _mutate(_spec(), lambda rs: _round(rs, 2).__setitem__("feed", [99]))
+    d = diff_traces(_spec(), bad, witness=w)
+    assert d is not None and (d.klass, d.basis) == ("logic", "structural") and w.calls == []
+    d = diff_traces(_spec(), make_plain_trace(OUTPUT[:5], end="budget"), level="tokens", witness=w)
+    assert d is not None and (d.klass, d.basis) == ("logic", "structural") and w.calls == []
 
 
 # --- properties -------------------------------------------------------------

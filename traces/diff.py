@@ -12,10 +12,27 @@ Three comparison levels, strictest first (see ``traces/INTERPRETING.md``):
 ``acceptance``
     footer ``speculation`` counters only.
 
-The first difference found becomes a :class:`Divergence`.  It is classified
-``numerics`` when it starts at a differing target *sample* whose top-1/top-2
-logit margin (the smaller of the two traces') is below ``eps`` -- a knife-edge
-flip that floating-point noise can explain -- and ``logic`` otherwise.
+The first difference found becomes a :class:`Divergence` with a class and the
+basis of that class (``traces/INTERPRETING.md`` "Classification"):
+
+``structural``
+    no differing target sample explains it (feed, drafts, digests, counters,
+    record counts, a run that stopped): always ``logic``.
+``witness``
+    a differing target sample (a :class:`Flip`) re-evaluated by a numerics
+    witness -- a callback given to :func:`diff_traces` that replays both runs'
+    arithmetic paths on the same prefix with the models at hand
+    (``engine/witness.py``); ``numerics`` only when each run's own path
+    reproduces its own token, ``logic`` otherwise.
+``eps``
+    a differing sample without a witness (two files from elsewhere): the
+    recorded top-1/top-2 margins are checked against ``eps``, an assumed bound
+    on the per-logit difference between the two arithmetic paths.  Noise of at
+    most ``eps`` per logit can swap two greedy picks only if ``margin_a +
+    margin_b <= 2 * eps`` (run A's pick leads run B's by at least ``margin_a``
+    on A's logits and trails it by at least ``margin_b`` on B's), so that is
+    when the class is ``numerics``; it is labelled ``numerics?`` / ``logic?``
+    because nothing was re-evaluated.
 
 ``diff_main`` implements ``specparity diff A B [--level L] [--eps E]``.
 """
@@ -24,16 +41,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from traces.io import Record, Trace, TraceFormatError, read_trace
 
 __all__ = [
+    "BASES",
     "DEFAULT_EPS",
     "LEVELS",
     "Divergence",
+    "Flip",
+    "TokenSite",
+    "Witness",
+    "WitnessVerdict",
     "diff_main",
     "diff_traces",
     "token_origin",
@@ -41,6 +63,7 @@ __all__ = [
 
 LEVELS = ("round", "tokens", "acceptance")
 DEFAULT_EPS = 1e-3
+BASES = ("witness", "eps", "structural")
 
 ROUND_FIELDS = ("feed", "drafts", "window", "samples", "k_accept", "emitted", "end")
 PLAIN_FIELDS = ("input", "sample", "emitted", "end")
@@ -61,6 +84,63 @@ SPECULATION_FIELDS = (
 
 
 @dataclass(frozen=True)
+class TokenSite:
+    """Where one run sampled the contested token.
+
+    Attributes:
+        event: Index into ``trace.events`` of the record that sampled it.
+        record: ``"round 2"`` / ``"plain 5"``.
+        position: Window position in that round, or ``None`` for a plain record.
+        token: The token the run sampled there (an EOS sample included).
+        margin: The recorded top-1/top-2 margin there, if any.
+    """
+
+    event: int
+    record: str
+    position: int | None
+    token: int
+    margin: float | None
+
+
+@dataclass(frozen=True)
+class Flip:
+    """A token-level divergence: the two runs sampled different tokens after the same prefix.
+
+    Attributes:
+        output_index: Index of the contested token in the output (tokens
+            level), or ``None`` at round level.
+        a: Where trace A sampled it.
+        b: Where trace B sampled it.
+    """
+
+    output_index: int | None
+    a: TokenSite
+    b: TokenSite
+
+
+@dataclass(frozen=True)
+class WitnessVerdict:
+    """What a numerics witness found about a :class:`Flip`.
+
+    Attributes:
+        klass: ``"numerics"`` (each run's own arithmetic path reproduces its
+            own token on the same prefix) or ``"logic"``.
+        reason: One line saying why.
+        evidence: Lines of evidence (each path's top-2 ids and logits, Δ).
+        data: The same evidence as JSON-able data.
+    """
+
+    klass: str
+    reason: str
+    evidence: tuple[str, ...] = ()
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Witness = Callable[["Trace", "Trace", Flip], "WitnessVerdict | None"]
+"""``witness(a, b, flip)``: a verdict, or ``None`` when it cannot judge (no models, sampling)."""
+
+
+@dataclass(frozen=True)
 class Divergence:
     """The first difference between two traces.
 
@@ -77,7 +157,10 @@ class Divergence:
         message: Multi-line human-readable explanation.
         position: Window position (round records) or output token index
             (tokens level) of the first differing sample/token, if any.
-        eps: The threshold used for classification.
+        eps: The threshold used by the eps basis.
+        basis: ``"witness"``, ``"eps"`` or ``"structural"`` (module docstring).
+        flip: The contested token of each run, when samples differ.
+        witness: The witness's verdict, when one judged the flip.
     """
 
     level: str
@@ -90,13 +173,39 @@ class Divergence:
     message: str
     position: int | None = None
     eps: float = DEFAULT_EPS
+    basis: str = "structural"
+    flip: Flip | None = None
+    witness: WitnessVerdict | None = None
+
+    @property
+    def label(self) -> str:
+        """The class as shown to people: ``numerics?`` / ``logic?`` when only eps-based."""
+        return self.klass + ("?" if self.basis == "eps" else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (class, basis, place, witness evidence)."""
+        return {
+            "level": self.level, "where": self.where, "field": self.field,
+            "class": self.klass, "basis": self.basis, "label": self.label,
+            "margin": self.margin, "eps": self.eps if self.basis == "eps" else None,
+            "witness": None if self.witness is None else {
+                "class": self.witness.klass, "reason": self.witness.reason, **self.witness.data,
+            },
+        }
+
+
+def eps_class(margin_a: float | None, margin_b: float | None, eps: float) -> str:
+    """``numerics`` when per-logit noise of at most ``eps`` can swap the two greedy picks."""
+    if margin_a is None or margin_b is None:
+        return "logic"
+    return "numerics" if margin_a + margin_b <= 2 * eps else "logic"
 
 
 class _Ctx:
-    """Carries labels and eps so divergences can be built in one call."""
+    """Carries labels, eps and the witness so divergences can be built in one call."""
 
-    def __init__(self, a: Trace, b: Trace, level: str, eps: float) -> None:
-        self.a, self.b, self.level, self.eps = a, b, level, eps
+    def __init__(self, a: Trace, b: Trace, level: str, eps: float, witness: Witness | None) -> None:
+        self.a, self.b, self.level, self.eps, self.witness = a, b, level, eps, witness
 
     def make(
         self,
@@ -108,8 +217,8 @@ class _Ctx:
         margin: float | None = None,
         position: int | None = None,
         note: str = "",
+        flip: Flip | None = None,
     ) -> Divergence:
-        klass = "numerics" if margin is not None and margin < self.eps else "logic"
         lines = [
             f"traces diverge at {where}, field {fld!r} (level {self.level})",
             f"  a: {_short(va)}    [{self.a.label()}]",
@@ -117,14 +226,33 @@ class _Ctx:
         ]
         if note:
             lines.append(f"  {note}")
-        if margin is None:
-            why = "no differing target sample explains it"
-            lines.append(f"  class: {klass} ({why})")
-            lines.append("  margin: n/a")
+        verdict: WitnessVerdict | None = None
+        if flip is None:
+            klass, basis = "logic", "structural"
+            lines.append(f"  class: {klass} (structural: no differing target sample explains it)")
         else:
-            cmp = "<" if margin < self.eps else ">="
-            lines.append(f"  class: {klass} (sample margin {margin:.6g} {cmp} eps {self.eps:g})")
-            lines.append(f"  margin: {margin:.6g}")
+            failure = ""
+            if self.witness is not None:
+                try:
+                    verdict = self.witness(self.a, self.b, flip)
+                except Exception as exc:  # noqa: BLE001 - reported, then the eps fallback
+                    failure = f"witness failed ({type(exc).__name__}: {exc}); "
+            ma, mb = flip.a.margin, flip.b.margin
+            if verdict is not None:
+                klass, basis = verdict.klass, "witness"
+                lines.append(f"  class: {klass} (witness: {verdict.reason})")
+                lines.extend(f"    {e}" for e in verdict.evidence)
+            else:
+                klass, basis = eps_class(ma, mb, self.eps), "eps"
+                why = failure or ("no witness (models not at hand); " if self.witness is None
+                                  else "the witness cannot judge this flip; ")
+                if ma is None or mb is None:
+                    rule = "a margin is missing"
+                else:
+                    cmp = "<=" if klass == "numerics" else ">"
+                    rule = f"margins {ma:.6g} + {mb:.6g} {cmp} 2 x eps {self.eps:g}"
+                lines.append(f"  class: {klass}? (eps-based, {why}{rule})")
+        lines.append(f"  margin: {'n/a' if margin is None else f'{margin:.6g}'}")
         return Divergence(
             level=self.level,
             where=where,
@@ -136,6 +264,9 @@ class _Ctx:
             message="\n".join(lines),
             position=position,
             eps=self.eps,
+            basis=basis,
+            flip=flip,
+            witness=verdict,
         )
 
 
@@ -161,29 +292,39 @@ def _min_margin(ma: Any, mb: Any) -> float | None:
     return min(vals) if len(vals) == 2 else None
 
 
-def _classify_round(ra: Record, rb: Record) -> tuple[float | None, int | None, str]:
-    """Margin/position of the first differing sample of two rounds (None: logic)."""
+def _site(e: Record, k: int, position: int | None, margin: Any) -> TokenSite:
+    token = _at(e.get("samples"), position) if position is not None else e.get("sample")
+    return TokenSite(k, _event_name(e, k), position, int(token) if isinstance(token, int) else -1,
+                     float(margin) if isinstance(margin, int | float) else None)
+
+
+def _classify_round(
+    ra: Record, rb: Record, k: int
+) -> tuple[float | None, int | None, str, Flip | None]:
+    """Margin/position/flip of the first differing sample of two rounds (no flip: logic)."""
     if ra.get("feed") != rb.get("feed"):
-        return None, None, "feed differs: the drafter was given different input (trim / re-feed)"
+        return None, None, "feed differs: the drafter was given different input (trim / re-feed)", None
     sa, sb = ra.get("samples") or [], rb.get("samples") or []
     p = _first_diff(sa, sb)
     if p is None:
-        return None, None, "samples agree on their common prefix"
+        return None, None, "samples agree on their common prefix", None
     wa, wb = ra.get("window") or [], rb.get("window") or []
     if wa[: p + 1] != wb[: p + 1]:
-        return None, p, f"samples differ at window position {p}, but the windows differ at or before it"
-    margin = _min_margin(_at(ra.get("margins"), p), _at(rb.get("margins"), p))
-    return margin, p, f"first differing sample at window position {p}: {sa[p]} vs {sb[p]}"
+        return None, p, f"samples differ at window position {p}, but the windows differ at or before it", None
+    mpa, mpb = _at(ra.get("margins"), p), _at(rb.get("margins"), p)
+    flip = Flip(None, _site(ra, k, p, mpa), _site(rb, k, p, mpb))
+    return _min_margin(mpa, mpb), p, f"first differing sample at window position {p}: {sa[p]} vs {sb[p]}", flip
 
 
-def _classify_plain(pa: Record, pb: Record) -> tuple[float | None, str]:
+def _classify_plain(pa: Record, pb: Record, k: int) -> tuple[float | None, str, Flip | None]:
     if pa.get("input") != pb.get("input"):
-        return None, "input differs: the target was given different input"
+        return None, "input differs: the target was given different input", None
     if pa.get("sample") == pb.get("sample"):
-        return None, "samples agree"
+        return None, "samples agree", None
+    flip = Flip(None, _site(pa, k, None, pa.get("margin")), _site(pb, k, None, pb.get("margin")))
     return _min_margin(pa.get("margin"), pb.get("margin")), (
         f"samples differ: {pa.get('sample')} vs {pb.get('sample')}"
-    )
+    ), flip
 
 
 def _event_name(e: Record, k: int) -> str:
@@ -229,10 +370,10 @@ def _diff_events(c: _Ctx) -> Divergence | None:
             continue
         va, vb = ea.get(diff_field), eb.get(diff_field)
         if ta == "round":
-            margin, pos, note = _classify_round(ea, eb)
-            return c.make(where, diff_field, va, vb, margin=margin, position=pos, note=note)
-        margin, note = _classify_plain(ea, eb)
-        return c.make(where, diff_field, va, vb, margin=margin, note=note)
+            margin, pos, note, flip = _classify_round(ea, eb, k)
+            return c.make(where, diff_field, va, vb, margin=margin, position=pos, note=note, flip=flip)
+        margin, note, flip = _classify_plain(ea, eb, k)
+        return c.make(where, diff_field, va, vb, margin=margin, note=note, flip=flip)
     for kind, xa, xb in (("round", c.a.rounds, c.b.rounds), ("plain", c.a.plains, c.b.plains)):
         if len(xa) != len(xb):
             return c.make(f"{kind} {min(len(xa), len(xb))}", f"{kind}s", len(xa), len(xb),
@@ -241,6 +382,20 @@ def _diff_events(c: _Ctx) -> Divergence | None:
         return c.make(f"event {min(len(c.a.events), len(c.b.events))}", "events",
                       len(c.a.events), len(c.b.events))
     return None
+
+
+def _token_sites(trace: Trace) -> list[TokenSite]:
+    """One :class:`TokenSite` per output token, plus the terminal EOS sample if any."""
+    out: list[TokenSite] = []
+    for k, e in enumerate(trace.events):
+        emitted = e.get("emitted") or []
+        if e.get("type") == "round":
+            margins = e.get("margins")
+            n = len(emitted) + (1 if e.get("end") == "eos" else 0)
+            out.extend(_site(e, k, j, _at(margins, j)) for j in range(n))
+        elif emitted or e.get("end") == "eos":
+            out.append(_site(e, k, None, e.get("margin")))
+    return out
 
 
 def token_origin(trace: Trace) -> list[tuple[str, int | None, float | None]]:
@@ -257,20 +412,7 @@ def token_origin(trace: Trace) -> list[tuple[str, int | None, float | None]]:
     Returns:
         One entry per emitted token, plus the terminal EOS sample if any.
     """
-    out: list[tuple[str, int | None, float | None]] = []
-    for k, e in enumerate(trace.events):
-        name = _event_name(e, k)
-        emitted = e.get("emitted") or []
-        if e.get("type") == "round":
-            margins = e.get("margins")
-            for j in range(len(emitted)):
-                out.append((name, j, _at(margins, j)))
-            if e.get("end") == "eos":
-                out.append((name, len(emitted), _at(margins, len(emitted))))
-        else:
-            if emitted or e.get("end") == "eos":
-                out.append((name, None, e.get("margin")))
-    return out
+    return [(s.record, s.position, s.margin) for s in _token_sites(trace)]
 
 
 def _describe_origin(origin: Sequence[tuple[str, int | None, float | None]], j: int, trace: Trace) -> str:
@@ -291,16 +433,19 @@ def _diff_output(c: _Ctx, where_prefix: str | None = None) -> Divergence | None:
     if j is None:
         j = min(len(oa), len(ob))
     va, vb = _at(oa, j), _at(ob, j)
-    origin_a, origin_b = token_origin(c.a), token_origin(c.b)
-    ma = origin_a[j][2] if j < len(origin_a) else None
-    mb = origin_b[j][2] if j < len(origin_b) else None
-    margin = _min_margin(ma, mb)
+    sites_a, sites_b = _token_sites(c.a), _token_sites(c.b)
+    origin_a = [(s.record, s.position, s.margin) for s in sites_a]
+    origin_b = [(s.record, s.position, s.margin) for s in sites_b]
+    sa = sites_a[j] if j < len(sites_a) else None
+    sb = sites_b[j] if j < len(sites_b) else None
+    flip = Flip(j, sa, sb) if sa is not None and sb is not None and sa.token != sb.token else None
+    margin = _min_margin(sa.margin if sa else None, sb.margin if sb else None) if flip else None
     note = (
         f"produced by a: {_describe_origin(origin_a, j, c.a)}; "
         f"b: {_describe_origin(origin_b, j, c.b)}"
     )
     where = f"output token {j}"
-    return c.make(where, "output_ids", va, vb, margin=margin, position=j, note=note)
+    return c.make(where, "output_ids", va, vb, margin=margin, position=j, note=note, flip=flip)
 
 
 def _diff_usage(c: _Ctx, fields: Sequence[str]) -> Divergence | None:
@@ -323,7 +468,13 @@ def _diff_speculation(c: _Ctx) -> Divergence | None:
     return None
 
 
-def diff_traces(a: Trace, b: Trace, level: str = "round", eps: float = DEFAULT_EPS) -> Divergence | None:
+def diff_traces(
+    a: Trace,
+    b: Trace,
+    level: str = "round",
+    eps: float = DEFAULT_EPS,
+    witness: Witness | None = None,
+) -> Divergence | None:
     """Find the first divergence between two traces at a comparison level.
 
     Never compared: ``time_s``, ``wall_s``, ``margins`` / ``margin`` (used only
@@ -334,7 +485,10 @@ def diff_traces(a: Trace, b: Trace, level: str = "round", eps: float = DEFAULT_E
         a: First trace.
         b: Second trace.
         level: ``"round"`` (strictest), ``"tokens"`` or ``"acceptance"``.
-        eps: Margin below which a differing sample counts as ``numerics``.
+        eps: Assumed bound on the per-logit difference of the two runs'
+            arithmetic, used only when no witness judges a differing sample.
+        witness: Optional numerics witness (``engine.witness``) called with
+            ``(a, b, flip)`` on a differing target sample.
 
     Returns:
         The first :class:`Divergence`, or ``None`` if identical at ``level``.
@@ -346,7 +500,7 @@ def diff_traces(a: Trace, b: Trace, level: str = "round", eps: float = DEFAULT_E
         raise ValueError(f"unknown level {level!r}; expected one of {LEVELS}")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    c = _Ctx(a, b, level, eps)
+    c = _Ctx(a, b, level, eps, witness)
     if level == "round":
         return (
             _diff_prefill(c)

@@ -24,7 +24,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from traces.diff import Divergence, diff_traces
+from traces.diff import Divergence, Witness, diff_traces
 from traces.io import Trace
 
 KNOWN_FILE = Path(__file__).with_name("known_divergences.toml")
@@ -142,9 +142,17 @@ def _match_divergence(engine: Trace, ref: Trace, runner: str, div: Divergence) -
     return None
 
 
-def compare_with_reference(engine: Trace, ref: Trace, runner: str, eps: float | None = None) -> Verdict:
-    """The verdict for an engine trace against a reference trace of the same case."""
-    kw = {} if eps is None else {"eps": eps}
+def compare_with_reference(
+    engine: Trace, ref: Trace, runner: str, eps: float | None = None, witness: Witness | None = None
+) -> Verdict:
+    """The verdict for an engine trace against a reference trace of the same case.
+
+    ``witness`` (``engine.witness``) judges a differing target sample when the
+    models are at hand; without it the diff's eps fallback classifies it.
+    """
+    kw: dict[str, Any] = {"witness": witness}
+    if eps is not None:
+        kw["eps"] = eps
     point = fallback_point(engine)
     if point is None:
         div = diff_traces(engine, ref, level="round", **kw)

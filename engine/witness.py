@@ -1,0 +1,335 @@
+"""Numerics witness: does arithmetic alone explain a token flip between two runs?
+
+Reference: ``../shared/reference/speculative-decoding.md`` §2.1 (batched verify
+vs stock decode: on a non-bit-exact backend the verify window and one-token
+decode may pick different tokens on a knife-edge; a flip the arithmetic does
+not explain is a bug) and the paths of mlx-lm 0.32.2 ``mlx_lm/generate.py``
+that the engine mirrors (``engine/executor.py``): ``speculative_generate_step``
+(ONE target forward over ``[pending, *drafts]`` on the cache holding the
+prefix, ``_process_and_sample`` over the block, ``trim_prompt_cache`` rollback)
+and ``generate_step`` (one token per forward, ``logits - logsumexp`` over the
+row).
+
+Given a :class:`traces.diff.Flip` -- run A sampled ``x_a`` and run B sampled
+``x_b`` after the same output prefix -- each run's arithmetic path is replayed
+from its own trace, in this process, on MLX's default device:
+
+1. the prefill the trace records (``prefill.target_tokens`` in chunks of
+   ``params.prefill_step_size``);
+2. every earlier record in order: a ``round`` is its batched verify forward
+   over the recorded window followed by the contract's rollback to the kept
+   positions ``window[:k_accept + 1]`` (``engine.rollback.CacheRollback``:
+   trim, or the spec-round trio for recurrent caches); where the contract
+   cannot roll that round back (a rotating cache about to wrap, §2 ring-wrap
+   guard) the cache is restored from a copy taken before the window and the
+   kept positions are fed as one forward. A ``plain`` record is a one-token
+   forward (``initial``: the prefill's last row, nothing fed);
+3. the record that sampled the contested token: its verify window (row *p*
+   of the block, sampled as the window is) or its one-token step.
+
+So the cache always holds exactly the common prefix, built the way that run
+built it, with the contract's rollback -- never a run's own rollback mistake.
+Each path's token is the greedy pick of the run's sampler ops. Verdict:
+``numerics`` only when A's path reproduces ``x_a`` AND B's path reproduces
+``x_b``: the same prefix, two arithmetic paths, two tokens. Otherwise
+``logic``: a run sampled a token its own path does not give on the correct
+prefix (a wrong cache, a leaked or lost token, a different model...). A plain
+serial decode of the same prefix is evaluated as well, as a reference row.
+The witness judges greedy runs only (``temperature == 0``, no logits
+processors); it returns
+``None`` for sampled runs and when no model is at hand, and the diff falls back
+to its eps rule, labelled as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import mlx.core as mx
+
+from engine.audit import clone_caches
+from engine.executor import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, _prefill_chunks
+from engine.rollback import CacheRollback
+from engine.sampler import SamplerParams, StepSampler, token_ids
+from traces.diff import Flip, TokenSite, WitnessVerdict
+from traces.io import Trace
+
+__all__ = [
+    "NumericsWitness",
+    "PathEval",
+    "evaluate_path",
+    "path_witness",
+    "serial_path",
+    "witness_flip",
+]
+
+ModelResolver = Callable[[dict[str, Any]], Any]
+"""``resolve(trace_header) -> target model`` (an mlx-lm ``nn.Module``) or ``None``."""
+
+
+@dataclass
+class PathEval:
+    """One arithmetic path's view of the contested position.
+
+    Attributes:
+        label: Which run and record (``"a round 3 pos 1"``).
+        path: How it was computed (``"verify window of 4 (batched)"``).
+        token: The path's greedy pick (the run's sampler ops).
+        top2: ``((id, logit), (id, logit))`` of the path's row.
+        row: The path's float32 logit row (not serialised).
+        ran: The token the run recorded there, or ``None`` (reference path).
+        recorded_margin: The run's recorded top-1/top-2 margin there.
+        notes: Replay notes (e.g. a round rolled back by re-feed).
+    """
+
+    label: str
+    path: str
+    token: int
+    top2: tuple[tuple[int, float], tuple[int, float]]
+    row: Any
+    ran: int | None = None
+    recorded_margin: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def margin(self) -> float:
+        return self.top2[0][1] - self.top2[1][1]
+
+    @property
+    def reproduced(self) -> bool | None:
+        return None if self.ran is None else self.token == self.ran
+
+    def format(self) -> str:
+        (i1, l1), (i2, l2) = self.top2
+        tail = ""
+        if self.ran is not None:
+            tail = f"; run sampled {self.ran} ({'reproduced' if self.reproduced else 'NOT reproduced'})"
+            if self.recorded_margin is not None:
+                tail += f", recorded margin {self.recorded_margin:.6g}"
+        return (f"{self.label}: {self.path}: top-2 [{i1}: {l1:.7g}, {i2}: {l2:.7g}] -> {self.token}"
+                f" (margin {self.margin:.3g}){tail}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "path": self.path, "token": self.token,
+            "top2": [list(t) for t in self.top2], "margin": self.margin, "ran": self.ran,
+            "reproduced": self.reproduced, "recorded_margin": self.recorded_margin,
+            "notes": list(self.notes),
+        }
+
+
+def _greedy() -> StepSampler:
+    return StepSampler.from_params(SamplerParams())
+
+
+def _top2(row: mx.array) -> tuple[tuple[int, float], tuple[int, float]]:
+    r = row.astype(mx.float32)
+    idx = token_ids(mx.argpartition(-r, kth=1)[:2])
+    vals = [float(v) for v in cast(list, r[mx.array(idx)].tolist())]
+    (i1, v1), (i2, v2) = sorted(zip(idx, vals, strict=True), key=lambda t: (-t[1], t[0]))
+    return (i1, v1), (i2, v2)
+
+
+def _tokens(ids: list[int]) -> mx.array:
+    return mx.array(ids, mx.uint32)[None]
+
+
+def _new_caches(model: Any) -> list[Any]:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def _prefill(model: Any, trace: Trace, caches: list[Any]) -> mx.array | None:
+    params = trace.header.get("params") or {}
+    prompt = list(trace.header["prompt"]["token_ids"])
+    if trace.prefill is not None:
+        drained = list(trace.prefill["target_tokens"])
+    else:
+        drained = prompt[:-1] if params.get("prefill", "tail-split") == "tail-split" else prompt
+    default = SPEC_PREFILL_STEP if trace.header.get("mode") == "spec" else PLAIN_PREFILL_STEP
+    return _prefill_chunks(model, caches, drained, int(params.get("prefill_step_size") or default))
+
+
+def _replay_round(model: Any, caches: list[Any], rec: dict[str, Any], notes: list[str]) -> None:
+    """One earlier round: the verify forward, then the contract's rollback to ``window[:k + 1]``."""
+    window, d, k = list(rec["window"]), len(rec["drafts"]), int(rec["k_accept"])
+    plan = CacheRollback(model, caches)
+    if plan.capable and plan.ring_guard(d) is None:
+        with plan.round():
+            logits = model(_tokens(window), cache=caches)
+            mx.eval(logits)
+        plan.rollback(d, k)
+    elif k == d:
+        mx.eval(model(_tokens(window), cache=caches))
+    else:
+        # The contract cannot trim this cache now (a rotating cache about to
+        # wrap): start from the pre-window state and feed only the kept positions.
+        restored = clone_caches(caches)
+        mx.eval(model(_tokens(window[: k + 1]), cache=restored))
+        caches[:] = restored
+        notes.append(f"round {rec['index']}: kept positions re-fed (cache not trimmable there)")
+    mx.eval([c.state for c in caches])
+
+
+def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> PathEval:
+    """Replay ``trace``'s own schedule up to ``site`` and evaluate the contested row (module doc)."""
+    sampler = _greedy()
+    caches = _new_caches(model)
+    last = _prefill(model, trace, caches)
+    notes: list[str] = []
+    events = trace.events
+    for rec in events[: site.event]:
+        if rec["type"] == "round":
+            _replay_round(model, caches, rec, notes)
+        elif rec.get("reason") != "initial":
+            mx.eval(model(_tokens(list(rec["input"])), cache=caches))
+    rec = events[site.event]
+    if rec["type"] == "round":
+        window = list(rec["window"])
+        block = model(_tokens(window), cache=caches)[0, -len(window):, :]
+        tokens = token_ids(sampler.sample_window(block, None, window))
+        assert site.position is not None
+        row = block[site.position]
+        token = tokens[site.position]
+        path = f"verify window of {len(window)} tokens (batched), row {site.position}"
+    else:
+        if rec.get("reason") == "initial":
+            assert last is not None, "an initial plain record without prefill logits"
+            row2 = last[:, -1, :]
+            path = "last row of the prefill forward"
+        else:
+            row2 = model(_tokens(list(rec["input"])), cache=caches)[:, -1, :]
+            path = "one-token decode step"
+        token = token_ids(sampler.sample_plain(row2, None))[0]
+        row = row2[0]
+    row = row.astype(mx.float32)
+    mx.eval(row)
+    return PathEval(f"{label} {site.record}" + (f" pos {site.position}" if site.position is not None else ""),
+                    path, token, _top2(row), row, site.token, site.margin, notes)
+
+
+def prefix_of(trace: Trace, site: TokenSite) -> list[int]:
+    """The output tokens before the contested one, as ``trace`` produced them."""
+    out: list[int] = []
+    for rec in trace.events[: site.event]:
+        out += list(rec.get("emitted") or [])
+    rec = trace.events[site.event]
+    if rec["type"] == "round" and site.position:
+        out += list(rec["window"][1 : site.position + 1])
+    return out
+
+
+def serial_path(model: Any, prompt: list[int], prefix: list[int], label: str = "serial") -> PathEval:
+    """Plain decode's path on ``prompt + prefix``: tail-split prefill, then one token per forward."""
+    sampler = _greedy()
+    caches = _new_caches(model)
+    _prefill_chunks(model, caches, prompt[:-1], PLAIN_PREFILL_STEP)
+    row = None
+    for tok in [prompt[-1], *prefix]:
+        row = model(_tokens([tok]), cache=caches)[:, -1, :]
+        mx.eval(row)
+    assert row is not None
+    token = token_ids(sampler.sample_plain(row, None))[0]
+    r = row[0].astype(mx.float32)
+    mx.eval(r)
+    return PathEval(label, f"plain one-token decode of the {len(prefix)}-token prefix", token, _top2(r), r)
+
+
+def _pair_delta(p: PathEval, x: int, y: int) -> float:
+    return float(cast(float, p.row[x].item())) - float(cast(float, p.row[y].item()))
+
+
+def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
+    """Replay both runs' paths on the same prefix and judge the flip (module doc)."""
+    pa = evaluate_path(model, a, flip.a, "a")
+    pb = evaluate_path(model, b, flip.b, "b")
+    prefix = prefix_of(a, flip.a)
+    if prefix != prefix_of(b, flip.b):
+        return WitnessVerdict("logic", "the two runs' prefixes differ before the contested token",
+                              (pa.format(), pb.format()), {"paths": [pa.to_dict(), pb.to_dict()]})
+    ref = serial_path(model, list(a.header["prompt"]["token_ids"]), prefix)
+    xa, xb = flip.a.token, flip.b.token
+    max_row = float(cast(float, mx.max(mx.abs(pa.row - pb.row)).item()))
+    da, db, ds = (_pair_delta(p, xa, xb) for p in (pa, pb, ref))
+    evidence = [
+        pa.format(),
+        pb.format(),
+        f"{ref.label} (reference): {ref.format().split(': ', 1)[1]}",
+        f"Δ = logit[{xa}] - logit[{xb}]: a {da:+.4g}, b {db:+.4g}, serial {ds:+.4g}; "
+        f"max |row a - row b| {max_row:.3g}",
+        *pa.notes, *pb.notes,
+    ]
+    if pa.reproduced and pb.reproduced:
+        klass = "numerics"
+        reason = (f"on the same {len(prefix)}-token prefix, a's path gives {xa} and b's gives {xb}: "
+                  f"arithmetic alone (rows differ by up to {max_row:.3g})")
+    else:
+        klass = "logic"
+        bad = [f"{p.label} sampled {p.ran} but its path gives {p.token}"
+               for p in (pa, pb) if not p.reproduced]
+        reason = "; ".join(bad) + ": the arithmetic does not explain the flip"
+    data = {
+        "paths": [pa.to_dict(), pb.to_dict(), ref.to_dict()],
+        "delta": {"tokens": [xa, xb], "a": da, "b": db, "serial": ds},
+        "max_abs_row_delta": max_row,
+        "prefix_len": len(prefix),
+        "device": str(mx.default_device()),
+    }
+    return WitnessVerdict(klass, reason, tuple(evidence), data)
+
+
+def _greedy_run(trace: Trace) -> bool:
+    """Greedy without logits processors: the only sampler the witness replays."""
+    params = trace.header.get("params") or {}
+    return not params.get("temperature") and not params.get("logits_processors")
+
+
+class NumericsWitness:
+    """A ``traces.diff.Witness``: finds the target model of the traces and judges flips.
+
+    ``resolve(header)`` returns the target model for a trace header, or
+    ``None`` when it is not at hand. The witness judges only greedy runs of
+    one target (equal ``weights_sha256`` where both headers have one).
+    """
+
+    def __init__(self, resolve: ModelResolver) -> None:
+        self.resolve = resolve
+        self.judged = 0
+
+    @classmethod
+    def for_model(cls, model: Any) -> NumericsWitness:
+        return cls(lambda header: model)
+
+    def __call__(self, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict | None:
+        if not (_greedy_run(a) and _greedy_run(b)):
+            return None
+        sha = [(t.header.get("target") or {}).get("weights_sha256") for t in (a, b)]
+        if sha[0] and sha[1] and sha[0] != sha[1]:
+            return None
+        if list(a.header["prompt"]["token_ids"]) != list(b.header["prompt"]["token_ids"]):
+            return None
+        model = self.resolve(a.header)
+        if model is None:
+            model = self.resolve(b.header)
+        if model is None:
+            return None
+        self.judged += 1
+        return witness_flip(model, a, b, flip)
+
+
+def path_witness(load: Callable[[str], Any]) -> NumericsWitness:
+    """A witness whose target is ``load(header.target.path)`` when that path is a local directory.
+
+    ``load`` should return the very model object the runs used (e.g. a cached
+    loader), so a wrapped model (``engine.nonexact``) is witnessed as it ran.
+    """
+    from pathlib import Path
+
+    def resolve(header: dict[str, Any]) -> Any:
+        path = (header.get("target") or {}).get("path")
+        return load(str(path)) if path and Path(path).is_dir() else None
+
+    return NumericsWitness(resolve)
