@@ -579,8 +579,13 @@ def compare_to_goldens(
     golden_dir: Path | str = GOLDEN_DIR,
     runners: Iterable[str] | None = None,
     level: str = "round",
+    witness: Any = None,
 ) -> list[GoldenComparison]:
     """Compare ``live`` with the golden of ``case`` of each runner (default: all).
+
+    A differing target sample is judged by the numerics witness
+    (``engine/witness.py``) on the live trace's models (default: the cached
+    loader's; golden headers carry location-independent paths).
 
     Goldens listed in ``problems`` (stale, corrupt, missing) are skipped, not
     compared: their failure is the staleness check's, not a divergence. The
@@ -591,6 +596,11 @@ def compare_to_goldens(
     from traces.diff import diff_traces
     from traces.reference import compare_with_reference
 
+    if witness is None:
+        from engine.witness import path_witness
+        from specparity.runners import load_model
+
+        witness = path_witness(lambda path: load_model(path).model)
     bad = {p.key: p for p in problems}
     out: list[GoldenComparison] = []
     for runner in runners if runners is not None else GOLDEN_RUNNERS:
@@ -606,10 +616,10 @@ def compare_to_goldens(
             continue
         golden = read_trace(path)
         if runner == "engine" or level != "round":
-            div = diff_traces(live, golden, level=level)
+            div = diff_traces(live, golden, level=level, witness=witness)
             out.append(GoldenComparison(key, "identical" if div is None else "divergent", div))
             continue
-        verdict = compare_with_reference(live, golden, runner)
+        verdict = compare_with_reference(live, golden, runner, witness=witness)
         reason = verdict.known.id if verdict.known is not None else ""
         out.append(GoldenComparison(key, verdict.status, verdict.divergence, reason=reason))
     return out

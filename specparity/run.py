@@ -47,7 +47,7 @@ class Comparison:
             return "unexplained refusal"
         if self.divergence is None:
             return "identical"
-        return self.divergence.klass
+        return self.divergence.label  # "numerics?"/"logic?": eps-based, no witness
 
     @property
     def fails(self) -> bool:
@@ -68,11 +68,21 @@ class Comparison:
         return self.detail or None
 
 
-def _reference_comparison(oracle: str, case_id: str, eng: Trace, ref: Trace | ReferenceRefused) -> Comparison:
+def numerics_witness() -> Any:
+    """The numerics witness of a run's comparisons (``engine/witness.py``), on the loaded models."""
+    from engine.witness import path_witness
+    from specparity.runners import load_model
+
+    return path_witness(lambda path: load_model(path).model)
+
+
+def _reference_comparison(
+    oracle: str, case_id: str, eng: Trace, ref: Trace | ReferenceRefused, witness: Any = None
+) -> Comparison:
     if isinstance(ref, ReferenceRefused):
         v = refusal_verdict(eng, ref)
     else:
-        v = compare_with_reference(eng, ref, oracle)
+        v = compare_with_reference(eng, ref, oracle, witness=witness)
     return Comparison(
         f"engine-vs-{oracle}", case_id, "round", v.divergence,
         known=v.known.id if v.known is not None else None, status=v.status, detail=v.detail,
@@ -265,17 +275,19 @@ def run(
     def ref(oracle: str, case_id: str) -> Trace | ReferenceRefused:
         return refusals.get((oracle, case_id)) or traces[(oracle, case_id)]
 
+    witness = numerics_witness()
     for case in specs:
         eng = traces[("engine", case.case_id)]
         for oracle in available:
-            result.comparisons.append(_reference_comparison(oracle, case.case_id, eng, ref(oracle, case.case_id)))
+            result.comparisons.append(_reference_comparison(
+                oracle, case.case_id, eng, ref(oracle, case.case_id), witness))
         result.comparisons.append(Comparison(
             "spec-vs-plain", case.case_id, "tokens",
-            diff_traces(eng, traces[("engine", case.plain().case_id)], level="tokens")))
+            diff_traces(eng, traces[("engine", case.plain().case_id)], level="tokens", witness=witness)))
     for case in plains:
         for oracle in available:
             result.comparisons.append(_reference_comparison(
-                oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id)))
+                oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id), witness))
     result.wall_s = time.perf_counter() - t0
     finish(result, traces)
     return result
@@ -289,7 +301,8 @@ def finish(result: RunResult, traces: dict[tuple[str, str], Trace]) -> None:
     write_summary(result, traces)
     (out_dir / "comparisons.json").write_text(json.dumps([
         {"kind": c.kind, "case_id": c.case_id, "level": c.level, "verdict": c.verdict,
-         "fails": c.fails, "known": c.known, "message": c.message}
+         "fails": c.fails, "known": c.known, "message": c.message,
+         "divergence": c.divergence.to_dict() if c.divergence is not None else None}
         for c in result.comparisons], indent=1))
     from reports.report import build_report
 

@@ -36,8 +36,11 @@ def dspark_drafter(case: Case) -> tuple[str, float]:
 @cache
 def load_model(path: str) -> Any:
     from engine.models import load
+    from engine.nonexact import from_env
 
-    return load(path)
+    loaded = load(path)
+    from_env(loaded.model)  # SPECPARITY_EMULATE_NONEXACT: a non-bit-exact backend on CPU
+    return loaded
 
 
 def _zoo_dir(name: str) -> Path:
