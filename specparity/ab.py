@@ -106,13 +106,24 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _pick_prompts(n: int) -> list[Any]:
+def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | None = None,
+                  max_tokens: int = 0) -> list[Any]:
+    """``n`` zoo prompts, or every prompt of ``prompts_file``; checked against ``model_dir``."""
     import zoo
     from specparity.cases import pick_prompts
 
+    if prompts_file is not None:
+        from specparity.prompts import prompts_for_model
+
+        assert model_dir is not None
+        return prompts_for_model(model_dir, prompts_file=prompts_file, max_tokens=max_tokens)
     all_ids = [p.id for p in zoo.prompts()]
     if n > len(all_ids):
         raise ValueError(f"--prompts {n}: the zoo has {len(all_ids)} prompts")
+    if model_dir is not None:
+        from specparity.prompts import prompts_for_model
+
+        return prompts_for_model(model_dir, zoo_ids=pick_prompts(all_ids, n), max_tokens=max_tokens)
     return [zoo.prompt(i) for i in pick_prompts(all_ids, n)]
 
 
@@ -127,6 +138,7 @@ def run_ab(
     max_drop: float = 3.0,
     allow_small: bool = False,
     progress: Any = None,
+    prompts_file: Path | None = None,
 ) -> dict[str, Any]:
     """Run the A/B and return its result (the ``ab.json`` content)."""
     import math
@@ -138,13 +150,14 @@ def run_ab(
     from reports.stats import ab_verdict, median_ratio, paired_drop
     from specparity.runners import load_model
 
+    _tname, tpath = resolve_target(target)
+    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
+    n_prompts = len(prompts)
     if n_prompts < MIN_PROMPTS and not allow_small:
         raise ValueError(f"--prompts {n_prompts} < {MIN_PROMPTS}: §4.5 asks for >= {MIN_PROMPTS} "
                          "prompts (pass --allow-small to run anyway)")
     if gamma < 1:
         raise ValueError(f"--gamma must be >= 1, got {gamma}")
-    prompts = _pick_prompts(n_prompts)
-    _tname, tpath = resolve_target(target)
     tgt = load_model(str(tpath))
     arms = {}
     for label, spec in (("A", drafter_a), ("B", drafter_b)):

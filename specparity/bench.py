@@ -53,6 +53,7 @@ def run_bench(
     max_tokens: int = 32,
     repeats: int = 3,
     progress: Callable[[int, int], None] | None = None,
+    prompts_file: Path | None = None,
 ) -> dict[str, Any]:
     import mlx.core as mx
     from mlx_lm.generate import generate_step, speculative_generate_step
@@ -63,8 +64,8 @@ def run_bench(
     from specparity.ab import _pick_prompts, resolve_drafter, resolve_target
     from specparity.runners import load_model
 
-    prompts = _pick_prompts(n_prompts)
     _t, tpath = resolve_target(target)
+    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
     dpath = resolve_drafter(target, drafter)
     tgt, drf = load_model(str(tpath)), load_model(str(dpath))
     provider = TwoModelProvider(drf.model, draft_tokenizer=drf.tokenizer)

@@ -192,3 +192,38 @@ def encode_prompts(prompts: Sequence[Prompt], model_dir: str | Path, *, max_toke
                                prompt_id=pr.id, truncate=truncate)
         out.append((pr.id, tuple(checked)))
     return out
+
+
+@dataclass(frozen=True)
+class ModelPrompt:
+    """A prompt ready for one model: ``id`` and checked ``token_ids`` (zoo.Prompt-like)."""
+
+    id: str
+    token_ids: tuple[int, ...]
+
+
+def prompts_for_model(model_dir: str | Path, *, prompts_file: str | Path | None = None,
+                      zoo_ids: Sequence[str] | None = None, max_tokens: int = 0,
+                      truncate: bool = False) -> list[ModelPrompt]:
+    """The prompts a job runs on ``model_dir``: a prompts file's, else the zoo's ``zoo_ids``.
+
+    Every prompt is checked against the model (:func:`check_prompt`); a zoo prompt
+    whose ids fall outside the model's vocabulary is refused with a hint to give
+    a prompts file (the zoo's prompts are in the zoo tokenizer's ids).
+    """
+    if prompts_file is not None:
+        return [ModelPrompt(pid, ids) for pid, ids in
+                encode_prompts(read_prompts_file(prompts_file), model_dir, max_tokens=max_tokens,
+                               truncate=truncate)]
+    import zoo
+
+    out = []
+    for pid in zoo_ids if zoo_ids is not None else [p.id for p in zoo.prompts()]:
+        try:
+            ids = check_ids_for_model(zoo.prompt(pid).token_ids, model_dir, max_tokens=max_tokens,
+                                      prompt_id=pid, truncate=truncate)
+        except PromptError as exc:
+            raise PromptError(f"zoo {exc}; the zoo's prompts are zoo-tokenizer ids: give "
+                              f"--prompts-file FILE for {model_dir}") from None
+        out.append(ModelPrompt(pid, tuple(ids)))
+    return out

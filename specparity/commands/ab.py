@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-b", required=True, type=a.model_ref, help="candidate drafter (same forms)")
     p.add_argument("--gamma", type=a.positive_int, default=3)
     p.add_argument("--prompts", type=a.positive_int, default=32, help="prompts (default 32; < 32 refused)")
+    p.add_argument("--prompts-file", type=Path, default=None,
+                   help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
+                        "of the zoo's; required for a target outside the zoo's vocabulary")
     p.add_argument("--allow-small", action="store_true", help="allow fewer than 32 prompts")
     p.add_argument("--max-drop", type=a.nonneg_float, default=3.0,
                    help="allowed acceptance drop, points (finite, >= 0)")
@@ -46,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
 
         res = run_ab(args.target, args.drafter_a, args.drafter_b, gamma=args.gamma,
                      n_prompts=args.prompts, max_tokens=args.max_tokens, max_drop=args.max_drop,
-                     allow_small=args.allow_small, progress=progress)
+                     allow_small=args.allow_small, progress=progress,
+                     prompts_file=args.prompts_file)
         v = res["verdict"]
         print(f"A/B {res['target']}: A={res['drafter_a']} vs B={res['drafter_b']} "
               f"(γ={res['gamma']}, {res['n_prompts']} prompts): {v['verdict']}", flush=True)

@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default="twin", type=a.model_ref, help="self|twin|small, trained name or model dir")
     p.add_argument("--gamma", type=a.positive_int, default=3)
     p.add_argument("--prompts", type=a.positive_int, default=8)
+    p.add_argument("--prompts-file", type=Path, default=None,
+                   help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
+                        "of the zoo's; required for a target outside the zoo's vocabulary")
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--repeats", type=a.positive_int, default=3)
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/bench"))
@@ -33,7 +36,8 @@ def main(args: argparse.Namespace) -> int:
 
     with lock_dir(args.out, "specparity bench", flag="--out", what="output directory"):
         res = run_bench(args.target, args.drafter, gamma=args.gamma, n_prompts=args.prompts,
-                        max_tokens=args.max_tokens, repeats=args.repeats)
+                        max_tokens=args.max_tokens, repeats=args.repeats,
+                        prompts_file=args.prompts_file)
         print(bench_markdown(res), flush=True)
         try:
             write_bench(res, args.out)

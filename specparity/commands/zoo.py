@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from specparity.commands import positive
 
@@ -15,23 +16,27 @@ def add_arguments(z: argparse.ArgumentParser) -> None:
     zl = zsub.add_parser("list", help="each target/drafter pair with measured greedy acceptance")
     zl.add_argument("--gamma", type=positive, default=3)
     zl.add_argument("--max-tokens", type=positive, default=32)
+    zl.add_argument("--prompts-file", type=Path, default=None,
+                    help="measure on these prompts (JSONL or one per line) instead of the zoo's")
 
 
 def main(args: argparse.Namespace) -> int:
     import zoo
     from specparity.runners import load_model
 
+    which = "the file's" if args.prompts_file else f"{len(zoo.prompts())} zoo"
     print(f"{'target':8} {'drafter':8} {'acceptance':>10} {'tau':>6}   (greedy, gamma={args.gamma}, "
-          f"{args.max_tokens} tokens x {len(zoo.prompts())} prompts, engine two-model)")
+          f"{args.max_tokens} tokens x {which} prompts, engine two-model)")
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.two_model import TwoModelProvider
+    from specparity.prompts import prompts_for_model
 
     for target, drafter in zoo.pairs():
         tdir, ddir = zoo.pair(target, drafter)
         t, d = load_model(str(tdir)), load_model(str(ddir))
         params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids)
         drafted = accepted = tokens = calls = 0
-        for p in zoo.prompts():
+        for p in prompts_for_model(tdir, prompts_file=args.prompts_file, max_tokens=args.max_tokens):
             r = spec_generate(t.model, TwoModelProvider(d.model), list(p.token_ids), params)
             assert r.speculation is not None
             drafted += r.speculation.drafted
