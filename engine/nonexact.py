@@ -32,7 +32,7 @@ import mlx.core as mx
 
 ENV = "SPECPARITY_EMULATE_NONEXACT"
 
-__all__ = ["ENV", "emulate_nonexact", "from_env", "is_emulated"]
+__all__ = ["ENV", "emulate_nonexact", "exact", "from_env", "is_emulated"]
 
 
 def _offset(cache: Any) -> int:
@@ -73,6 +73,13 @@ def emulate_nonexact(model: Any, scale: float, seed: int = 0) -> Any:
 def is_emulated(model: Any) -> tuple[float, int] | None:
     """``(scale, seed)`` when ``model`` is wrapped by :func:`emulate_nonexact`."""
     return getattr(type(model), "_nonexact", None)
+
+
+def exact(model: Any) -> Any:
+    """Undo :func:`emulate_nonexact` on ``model`` (no-op on an unwrapped model)."""
+    if is_emulated(model) is not None:
+        model.__class__ = type(model).__mro__[1]
+    return model
 
 
 def from_env(model: Any) -> Any:

@@ -18,12 +18,15 @@ from its own trace, in this process, on MLX's default device:
    ``params.prefill_step_size``);
 2. every earlier record in order: a ``round`` is its batched verify forward
    over the recorded window followed by the contract's rollback to the kept
-   positions ``window[:k_accept + 1]`` (``engine.rollback.CacheRollback``:
-   trim, or the spec-round trio for recurrent caches); where the contract
-   cannot roll that round back (a rotating cache about to wrap, §2 ring-wrap
-   guard) the cache is restored from a copy taken before the window and the
-   kept positions are fed as one forward. A ``plain`` record is a one-token
-   forward (``initial``: the prefill's last row, nothing fed);
+   positions ``window[:k_accept + 1]``, done by the witness itself with
+   mlx-lm's cache API and never through the engine's rollback code under test:
+   ``trim(d - k)`` where every cache can trim exactly; otherwise (a recurrent
+   ``ArraysCache``, a rotating cache whose window would wrap: §2 ring-wrap
+   guard) the caches are restored from a copy taken before the window and the
+   kept positions are fed as one forward -- the engine's spec-round trio
+   replays the verify window's own projections instead, the same values on a
+   bit-exact backend. A ``plain`` record is a one-token forward
+   (``initial``: the prefill's last row, nothing fed);
 3. the record that sampled the contested token: its verify window (row *p*
    of the block, sampled as the window is) or its one-token step.
 
@@ -51,7 +54,7 @@ import mlx.core as mx
 
 from engine.audit import clone_caches
 from engine.executor import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, _prefill_chunks
-from engine.rollback import CacheRollback
+from engine.rollback import is_kv, is_rotating
 from engine.sampler import SamplerParams, StepSampler, token_ids
 from traces.diff import Flip, TokenSite, WitnessVerdict
 from traces.io import Trace
@@ -153,24 +156,36 @@ def _prefill(model: Any, trace: Trace, caches: list[Any]) -> mx.array | None:
     return _prefill_chunks(model, caches, drained, int(params.get("prefill_step_size") or default))
 
 
+def _trimmable_now(caches: list[Any], d: int) -> bool:
+    """Every cache can drop a round's rejected positions by ``trim`` (rotating: no wrap in the window)."""
+    for c in caches:
+        if not (is_kv(c) and c.is_trimmable()):
+            return False
+        if is_rotating(c) and int(c.offset) + d + 1 >= int(c.max_size):
+            return False
+    return True
+
+
 def _replay_round(model: Any, caches: list[Any], rec: dict[str, Any], notes: list[str]) -> None:
-    """One earlier round: the verify forward, then the contract's rollback to ``window[:k + 1]``."""
+    """One earlier round: the verify forward, then the contract's rollback to ``window[:k + 1]``.
+
+    The witness rolls back on its own, with mlx-lm's cache API, never through
+    the engine's rollback code under test (a planted trim bug must not be
+    replayed as if it were the contract).
+    """
     window, d, k = list(rec["window"]), len(rec["drafts"]), int(rec["k_accept"])
-    plan = CacheRollback(model, caches)
-    if plan.capable and plan.ring_guard(d) is None:
-        with plan.round():
-            logits = model(_tokens(window), cache=caches)
-            mx.eval(logits)
-        plan.rollback(d, k)
-    elif k == d:
+    if k == d or _trimmable_now(caches, d):
         mx.eval(model(_tokens(window), cache=caches))
+        for i, c in enumerate(caches):
+            if k < d and (got := c.trim(d - k)) != d - k:
+                raise RuntimeError(f"witness replay: layer {i} trimmed {got} of {d - k} positions")
     else:
-        # The contract cannot trim this cache now (a rotating cache about to
+        # No exact trim here (a recurrent cache, a rotating cache about to
         # wrap): start from the pre-window state and feed only the kept positions.
         restored = clone_caches(caches)
         mx.eval(model(_tokens(window[: k + 1]), cache=restored))
         caches[:] = restored
-        notes.append(f"round {rec['index']}: kept positions re-fed (cache not trimmable there)")
+        notes.append(f"round {rec['index']}: kept positions re-fed as one forward (no exact trim there)")
     mx.eval([c.state for c in caches])
 
 
