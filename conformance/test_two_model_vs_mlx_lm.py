@@ -104,6 +104,7 @@ KNOWN_PROBES = {
     # entry id -> a case that must show it (proves the manifest entry is live)
     "mlx-lm-rotating-trim-after-wrap": Case("gemma3", "twin", "rnd-00", 3, 64),
     "mlx-lm-refuses-recurrent-target": Case("qwen35", "twin", "nat-00", 3, 32),
+    "mlx-lm-spec-processor-history-omits-prompt": Case("llama", "twin", "nat-00", 3, 32, processors="rp1.3c64"),
 }
 
 

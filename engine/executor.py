@@ -189,11 +189,19 @@ class _Request:
         self.counters = SpecCounters()
         self.records: list[dict[str, Any]] = []
         self.plain_steps = 0  # index of the next ``plain`` record
-        self.history = mx.array(prompt_ids, mx.uint32) if self.sampler.has_processors else None
+        # Processor history: the prompt (all of it, or its last token: ProcessorParams.history_prompt)
+        # then the emitted tokens; it always ends with the pending token.
+        start = prompt_ids if self.sampler.history_prompt == "full" else prompt_ids[-1:]
+        self.history = mx.array(start, mx.uint32) if self.sampler.has_processors else None
 
     def drained(self, mode: PrefillMode) -> list[int]:
         """Tail-split drains ``len - 1`` tokens (the last heads the first window); full all."""
         return self.prompt_ids[:-1] if mode == "tail-split" else list(self.prompt_ids)
+
+    def history_before_pending(self) -> mx.array | None:
+        """The history a verify window's processors start from (mlx-lm ``prev_tokens``:
+        the window's head, the pending token, is appended by the sampler)."""
+        return None if self.history is None else self.history[:-1]
 
     def grow_history(self, tokens: list[int]) -> None:
         if self.history is not None and tokens:
@@ -362,7 +370,8 @@ def spec_generate(
         if guard is not None:
             req.plain_loop(pending[-1], guard.split(":")[0], guard)
             break
-        drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
+        with sampler.drafting(req.history):
+            drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
         if len(drafts) > n:
             raise RuntimeError(f"draft source returned {len(drafts)} tokens, more than n={n}")
         d = len(drafts)
@@ -373,7 +382,7 @@ def spec_generate(
         with plan.round():
             logits, ctx = _forward(target_model, caches, window, taps)
             block = logits[0, -(d + 1) :, :]
-            samples_arr = sampler.sample_window(block, req.history, window)
+            samples_arr = sampler.sample_window(block, req.history_before_pending(), window)
             margins_arr = margin_array(block)
             mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []))
         if observer is not None:

@@ -8,18 +8,131 @@ reductions are kept distinct on purpose: they are different kernels and can
 differ by an ulp, which flips greedy picks on knife-edges. The sampler itself
 is mlx-lm's ``make_sampler`` and processors are ``make_logits_processors``, so
 randomness is consumed in the same order as the reference.
+
+Processor history (mlx-lm 0.32.2 ``generate_step`` ``tokens`` and
+``speculative_generate_step`` ``prev_tokens``): a processor sees the prompt
+and the EMITTED tokens, then, inside a verify window, the target's own samples
+of the earlier rows (equal to the drafts on the accepted prefix, so the
+correction/bonus row sees exactly the emitted history); inside a draft lane, the
+drafter's earlier drafts of the same round. Rejected drafts never enter it.
+mlx-lm's speculative path starts the history at the LAST prompt token only
+(its prefill never extends ``prev_tokens``) while ``generate_step`` starts it
+at the whole prompt; :attr:`ProcessorParams.history_prompt` names the two
+(``known_divergences.toml`` ``mlx-lm-spec-processor-history-omits-prompt``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import cast
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import mlx.core as mx
 
 LogitsProcessor = Callable[[mx.array | None, mx.array], mx.array]
+
+
+HISTORY_PROMPTS = ("full", "last")
+
+
+@dataclass(frozen=True)
+class ProcessorParams:
+    """Logits processors (mlx-lm 0.32.2 ``sample_utils.make_logits_processors`` names).
+
+    ``history_prompt`` says where the processor history starts: ``full`` (the
+    whole prompt, mlx-lm ``generate_step`` and the §2 contract: spec and plain
+    decode see the same history) or ``last`` (the last prompt token only, as
+    mlx-lm ``speculative_generate_step`` does; for round-for-round comparison
+    with it).
+    """
+
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    presence_penalty: float | None = None
+    presence_context_size: int = 20
+    frequency_penalty: float | None = None
+    frequency_context_size: int = 20
+    history_prompt: str = "full"
+
+    def __post_init__(self) -> None:
+        if self.repetition_penalty is not None and self.repetition_penalty < 0:
+            raise ValueError(f"repetition_penalty must be >= 0, got {self.repetition_penalty}")
+        for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.history_prompt not in HISTORY_PROMPTS:
+            raise ValueError(f"history_prompt must be one of {HISTORY_PROMPTS}, got {self.history_prompt!r}")
+        ids = [t for t, _ in self.logit_bias]
+        if len(set(ids)) != len(ids) or any(t < 0 for t in ids):
+            raise ValueError(f"logit_bias token ids must be distinct and >= 0, got {ids}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``make_logits_processors`` (mlx-lm's defaults for the rest)."""
+        return {
+            "logit_bias": {int(t): float(v) for t, v in self.logit_bias} or None,
+            "repetition_penalty": self.repetition_penalty,
+            "repetition_context_size": self.repetition_context_size,
+            "presence_penalty": self.presence_penalty,
+            "presence_context_size": self.presence_context_size,
+            "frequency_penalty": self.frequency_penalty,
+            "frequency_context_size": self.frequency_context_size,
+        }
+
+    @property
+    def active(self) -> bool:
+        """Whether ``make_logits_processors`` builds any processor from these settings."""
+        return bool(self.logit_bias) or any(
+            p is not None and p != 0
+            for p in (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        )
+
+    def tag(self) -> str:
+        """Compact text form (``rp1.5c20+pp0.5c20+fp0.2c20+lb5=3+hlast``); '' when inactive.
+
+        :meth:`parse` reads it back; case ids and the CLI use it.
+        """
+        parts = []
+        for key, pen, ctx in (
+            ("rp", self.repetition_penalty, self.repetition_context_size),
+            ("pp", self.presence_penalty, self.presence_context_size),
+            ("fp", self.frequency_penalty, self.frequency_context_size),
+        ):
+            if pen is not None and pen != 0:
+                parts.append(f"{key}{pen:g}c{ctx}")
+        if self.logit_bias:
+            parts.append("lb" + ",".join(f"{t}={v:g}" for t, v in self.logit_bias))
+        if parts and self.history_prompt != "full":
+            parts.append(f"h{self.history_prompt}")
+        return "+".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> ProcessorParams:
+        """Read :meth:`tag`'s form; a ValueError names the bad part."""
+        kw: dict[str, Any] = {}
+        names = {"rp": "repetition", "pp": "presence", "fp": "frequency"}
+        for part in filter(None, text.strip().split("+")):
+            try:
+                if part[:2] in names:
+                    pen, _, ctx = part[2:].partition("c")
+                    kw[f"{names[part[:2]]}_penalty"] = float(pen)
+                    if ctx:
+                        kw[f"{names[part[:2]]}_context_size"] = int(ctx)
+                elif part.startswith("lb"):
+                    pairs = [p.split("=") for p in part[2:].split(",")]
+                    kw["logit_bias"] = tuple((int(t), float(v)) for t, v in pairs)
+                elif part[:1] == "h":
+                    kw["history_prompt"] = part[1:]
+                else:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    f"bad logits-processor part {part!r} in {text!r}; expected rp<penalty>[c<context>], "
+                    "pp..., fp..., lb<id>=<bias>[,<id>=<bias>...] or hfull/hlast joined by '+'"
+                ) from None
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -30,7 +143,8 @@ class SamplerParams:
     top_p: float = 0.0
     top_k: int = 0
     min_p: float = 0.0
-    repetition_penalty: float | None = None
+    repetition_penalty: float | None = None  # shorthand; ``processors`` wins when active
+    processors: ProcessorParams = field(default_factory=ProcessorParams)
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p"):
@@ -56,6 +170,9 @@ class StepSampler:
         self._sampler = sampler
         self._processors = list(processors)
         self.params = params or SamplerParams()
+        self._draft_history: mx.array | None = None
+        bias = self.params.processors.logit_bias if self._processors else ()
+        self._max_bias_id = max((t for t, _ in bias), default=-1)
 
     @classmethod
     def from_params(cls, params: SamplerParams) -> StepSampler:
@@ -64,7 +181,10 @@ class StepSampler:
         sampler = make_sampler(
             temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=params.top_k
         )
-        processors = make_logits_processors(repetition_penalty=params.repetition_penalty)
+        proc = params.processors
+        if not proc.active and params.repetition_penalty is not None:
+            proc = ProcessorParams(repetition_penalty=params.repetition_penalty)
+        processors = make_logits_processors(**proc.kwargs())
         return cls(sampler, cast(list[LogitsProcessor], processors), params)
 
     @property
@@ -75,7 +195,30 @@ class StepSampler:
     def has_processors(self) -> bool:
         return bool(self._processors)
 
+    @property
+    def history_prompt(self) -> str:
+        """Where the processor history starts (``full``/``last``, see :class:`ProcessorParams`)."""
+        return self.params.processors.history_prompt
+
+    @contextmanager
+    def drafting(self, history: mx.array | None) -> Iterator[None]:
+        """The draft lane: sampling calls without a history see ``history`` plus this
+        round's earlier drafts (mlx-lm ``_draft_generate``: ``_step`` extends
+        ``prev_tokens`` by its input, then by each draft).
+
+        ``history`` is the request history up to and including the pending token.
+        """
+        self._draft_history = history if self._processors else None
+        try:
+            yield
+        finally:
+            self._draft_history = None
+
     def _process(self, history: mx.array | None, logits: mx.array) -> mx.array:
+        if self._max_bias_id >= logits.shape[-1]:
+            # MLX does not bounds-check the scatter: a bad id would corrupt memory, not raise
+            raise ValueError(f"logit_bias token id {self._max_bias_id} is outside the vocabulary "
+                             f"(size {logits.shape[-1]})")
         for processor in self._processors:
             logits = processor(history, logits)
         return logits
@@ -98,13 +241,22 @@ class StepSampler:
         Without processors this is ONE sampler call over all rows, as in
         mlx-lm's verify step. With processors each row is processed in order,
         the history growing by the window's head token and then by the
-        target's own samples (mlx-lm ``_step`` with ``n_predict > 1``).
+        target's own samples (mlx-lm ``_step`` with ``n_predict > 1``), so
+        ``history`` must END BEFORE the window's head (the pending token).
+        Called with neither ``history`` nor ``window`` inside :meth:`drafting`,
+        the rows see the draft lane's history, which then grows by the samples.
         """
         if not self._processors:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             return self._sampler(logprobs)
+        lane = history is None and not window and self._draft_history is not None
+        if lane:
+            # draft lane: the history already ends with the feed
+            y = mx.array([], mx.uint32)
+            history = self._draft_history
+        else:
+            y = mx.array(list(window[:1]), mx.uint32)
         out = []
-        y = mx.array(list(window[:1]), mx.uint32)
         hist: mx.array | None = history
         for i in range(logits.shape[0]):
             hist = y if hist is None else mx.concatenate([hist, y])
@@ -112,6 +264,8 @@ class StepSampler:
             logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
             y = self._sampler(logprobs)
             out.append(y)
+        if lane:
+            self._draft_history = mx.concatenate([hist, y]) if hist is not None else y
         return mx.concatenate(out, axis=0)
 
 

@@ -63,6 +63,8 @@ def run(
     eos_ids: list[int] | None = None,
     stop_sequences: list[list[int]] | None = None,
     cache_digests: bool = True,
+    logits_processors: dict[str, Any] | None = None,
+    processor_history: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run mlx-lm on one case and return the trace records after the header.
 
@@ -72,14 +74,37 @@ def run(
     ``stop_sequences`` are matched the way ``mlx_lm/server.py`` does: a
     ``StopSequences`` matcher advanced on every response, the consumer
     breaking (finish reason ``stop``) after the token that completes one.
+    ``logits_processors`` are keyword arguments of mlx-lm's own
+    ``sample_utils.make_logits_processors`` (repetition/presence/frequency
+    penalties with their context sizes, ``logit_bias``); its output is passed
+    unmodified to the generate functions, fresh for every run.
+    ``processor_history`` (``full``/``last``) is where the case wants the
+    processor history to start; mlx-lm starts it at the whole prompt in
+    ``generate_step`` and at the LAST prompt token in
+    ``speculative_generate_step`` (its ``_prefill`` never extends
+    ``prev_tokens``), so a case asking for the other convention with a
+    history-dependent processor is refused (known entry
+    ``mlx-lm-spec-processor-history-omits-prompt``) rather than run under a
+    convention it did not ask for.
     """
     require()
+    spec = draft is not None
+    own = "last" if spec else "full"
+    lp = logits_processors or {}
+    history_dependent = any(
+        lp.get(k) not in (None, 0) for k in ("repetition_penalty", "presence_penalty", "frequency_penalty")
+    )
+    if history_dependent and processor_history is not None and processor_history != own:
+        raise ReferenceRefused(
+            NAME, "", f"mlx-lm {'speculative_generate_step' if spec else 'generate_step'}: "
+            f"processor history starts at {'the last prompt token' if spec else 'the whole prompt'} "
+            f"(history_prompt {own!r}), not {processor_history!r}",
+        )
     import mlx.core as mx
     from mlx_lm.generate import StopSequences, stream_generate
     from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-    spec = draft is not None
     log: list[tuple] = []
     t_cache = make_prompt_cache(target)
     d_cache = make_prompt_cache(draft) if spec else []
@@ -104,6 +129,8 @@ def run(
         "sampler": make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k),
         "prompt_cache": t_cache + d_cache,
     }
+    if logits_processors:
+        kwargs["logits_processors"] = make_logits_processors(**logits_processors)
     if spec:
         kwargs["draft_model"] = CallRecorder(draft, log, "draft", before)
         kwargs["num_draft_tokens"] = gamma

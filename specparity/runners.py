@@ -121,16 +121,15 @@ def processor_params(case: Case) -> Any:
     return ProcessorParams.parse(case.processors)
 
 
-def processors_header(case: Case) -> dict[str, Any]:
-    """The header's ``params.logits_processors`` block (only cases that have processors)."""
-    proc = processor_params(case)
+def processors_block(proc: Any) -> dict[str, Any]:
+    """The header's ``params.logits_processors`` block of a ``ProcessorParams``."""
     kw = proc.kwargs()
     kw["logit_bias"] = [[t, v] for t, v in (kw["logit_bias"] or {}).items()]
     return {**kw, "history_prompt": proc.history_prompt}
 
 
 def _base_params(case: Case, prefill: str) -> dict[str, Any]:
-    extra = {"logits_processors": processors_header(case)} if case.processors else {}
+    extra = {"logits_processors": processors_block(processor_params(case))} if case.processors else {}
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,

@@ -1,0 +1,111 @@
+"""The step sampler's processor handling (engine/sampler.py) against mlx-lm 0.32.2.
+
+History semantics mirror ``mlx_lm/generate.py`` ``speculative_generate_step``
+``_step``: a verify window's row i sees the history, then the window's head,
+then the target's own samples of rows 0..i-1; the draft lane's step j sees the
+request history then drafts 0..j-1. Processors come from mlx-lm's
+``make_logits_processors`` with the same keyword names.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+from engine.sampler import ProcessorParams, SamplerParams, StepSampler
+
+V = 16
+
+
+def _recording(seen: list[list[int]]) -> StepSampler:
+    def proc(tokens, logits):  # noqa: ANN001, ANN202
+        seen.append([] if tokens is None else [int(t) for t in tokens.tolist()])
+        return logits
+
+    return StepSampler(make_sampler(temp=0.0), [proc])
+
+
+def _rows(picks: list[int]) -> mx.array:
+    """An ``[m, V]`` block whose greedy pick in row i is ``picks[i]``."""
+    out = mx.zeros((len(picks), V))
+    for i, t in enumerate(picks):
+        out[i, t] = 5.0
+    return out
+
+
+def test_verify_rows_see_history_head_then_own_samples() -> None:
+    seen: list[list[int]] = []
+    s = _recording(seen)
+    # window = [pending 9, drafts 4, 5]; the target samples 4, 6, 7 (second draft rejected)
+    out = s.sample_window(_rows([4, 6, 7]), mx.array([1, 2], mx.uint32), [9, 4, 5])
+    assert [int(t) for t in out.tolist()] == [4, 6, 7]
+    assert seen == [[1, 2, 9], [1, 2, 9, 4], [1, 2, 9, 4, 6]]
+
+
+def test_draft_lane_grows_with_drafts_and_resets() -> None:
+    seen: list[list[int]] = []
+    s = _recording(seen)
+    with s.drafting(mx.array([1, 2, 9], mx.uint32)):
+        s.sample_window(_rows([4]))
+        s.sample_window(_rows([5]))
+    assert seen == [[1, 2, 9], [1, 2, 9, 4]]
+    seen.clear()
+    s.sample_window(_rows([3]))  # outside the lane: no history
+    assert seen == [[]]
+
+
+def test_no_processors_is_one_sampler_call() -> None:
+    calls: list[tuple[int, ...]] = []
+
+    def sampler(logprobs):  # noqa: ANN001, ANN202
+        calls.append(tuple(logprobs.shape))
+        return mx.argmax(logprobs, axis=-1)
+
+    s = StepSampler(sampler)
+    with s.drafting(mx.array([1], mx.uint32)):
+        s.sample_window(_rows([1, 2, 3]), None, [0, 1, 2])
+    assert calls == [(3, V)]
+
+
+@pytest.mark.parametrize("tag", ["rp1.5c4", "pp0.7c3", "fp0.5c5", "lb3=2,7=-1", "rp1.2c20+pp0.3c20+fp0.2c20+lb1=1"])
+def test_processors_are_mlx_lms(tag: str) -> None:
+    proc = ProcessorParams.parse(tag)
+    assert proc.tag() == tag and ProcessorParams.parse(proc.tag()) == proc
+    mine = StepSampler.from_params(SamplerParams(processors=proc))
+    theirs = make_logits_processors(**proc.kwargs())
+    logits = mx.random.normal((1, V), key=mx.random.key(3))
+    hist = mx.array([1, 3, 3, 7, 2, 3], mx.uint32)
+    expect = logits
+    for p in theirs:
+        expect = p(hist, expect)
+    assert mx.array_equal(mine._process(hist, logits), expect)
+    assert len(theirs) == len(mine._processors) == len(tag.split("+"))
+
+
+def test_parse_and_validation_errors_are_one_line() -> None:
+    for bad in ("xx1", "rp", "lb3", "rpx"):
+        with pytest.raises(ValueError, match="bad logits-processor part"):
+            ProcessorParams.parse(bad)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        ProcessorParams(repetition_penalty=-1.0)
+    with pytest.raises(ValueError, match="context_size"):
+        ProcessorParams(frequency_penalty=1.0, frequency_context_size=0)
+    with pytest.raises(ValueError, match="history_prompt"):
+        ProcessorParams(history_prompt="none")
+    with pytest.raises(ValueError, match="distinct"):
+        ProcessorParams(logit_bias=((1, 1.0), (1, 2.0)))
+
+
+def test_logit_bias_outside_vocab_raises() -> None:
+    s = StepSampler.from_params(SamplerParams(processors=ProcessorParams(logit_bias=((V, 1.0),))))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        s.sample_plain(mx.zeros((1, V)), mx.array([1], mx.uint32))
+
+
+def test_inactive_processors_build_nothing() -> None:
+    assert not ProcessorParams().active and ProcessorParams().tag() == ""
+    assert not StepSampler.from_params(SamplerParams()).has_processors
+    assert not ProcessorParams(repetition_penalty=0.0, history_prompt="last").active
+    # the SamplerParams shorthand still builds mlx-lm's repetition penalty
+    assert StepSampler.from_params(SamplerParams(repetition_penalty=1.2)).has_processors
