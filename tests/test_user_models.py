@@ -1,0 +1,273 @@
+"""The harness on models the zoo lacks (tests/foreign.py: phi3, granite, starcoder2, olmo2 with a
+word-level tokenizer): prompts files, run on a local pair, record, grade, audit, ab, report,
+the pool backend, bad prompt ids, case ids and the writer API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specparity.cases import Case, model_label
+from specparity.prompts import PromptError, check_prompt, read_prompts_file
+from tests import foreign
+
+ARCHS = ("phi3", "granite", "starcoder2", "olmo2")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[Path, Path]]]:
+    root = tmp_path_factory.mktemp("foreign")
+    return root, foreign.build(root, ARCHS)
+
+
+def _cli(*argv: str) -> int:
+    from specparity.cli import main
+
+    return main(list(argv))
+
+
+# ---------------------------------------------------------------- prompts files / ids
+
+
+def test_prompts_file_forms_and_errors(tmp_path: Path) -> None:
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"id": "a", "text": "ba de"}\n\n{"id": "b", "token_ids": [0, 3]}\n')
+    assert [(p.id, p.text, p.token_ids) for p in read_prompts_file(j)] == [
+        ("a", "ba de", None), ("b", None, (0, 3))]
+    t = tmp_path / "p.txt"
+    t.write_text("ba de\n\nfi go\n")
+    assert [p.id for p in read_prompts_file(t)] == ["line-1", "line-3"]
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
+    with pytest.raises(PromptError, match="'a' appears twice"):
+        read_prompts_file(dup)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "x"}\n{"id": "b", "token_ids": [1, "2"]}\n')
+    with pytest.raises(PromptError, match=r"bad.jsonl:2: 'token_ids'"):
+        read_prompts_file(bad)
+
+
+def test_prompt_ids_checked_against_vocab_and_context(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_prompt([0, 5, 111], vocab_size=112) == [0, 5, 111]  # id 0 is valid
+    for ids in ([5, 112], [5, -1], [5, 5000]):
+        with pytest.raises(PromptError, match=r"outside the model's vocabulary \[0, 112\)"):
+            check_prompt(ids, vocab_size=112, prompt_id="p")
+    with pytest.raises(PromptError, match="exceed the model's context of 10"):
+        check_prompt(list(range(8)), vocab_size=112, context=10, max_tokens=4)
+    assert check_prompt(list(range(8)), vocab_size=112, context=10, max_tokens=4, truncate=True) \
+        == [2, 3, 4, 5, 6, 7]
+    assert "keeping its last 6 tokens" in capsys.readouterr().err
+
+
+def test_generate_refuses_ids_past_vocab_and_accepts_zero(models, tmp_path, capsys) -> None:
+    _, pairs = models
+    t, _ = pairs["olmo2"]
+    assert _cli("generate", "--target", str(t), "--prompt-ids", "5,600", "-n", "4") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "600 (position 1) outside the model's vocabulary [0, 112)" in err[0]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert _cli("generate", "--target", str(t), "--prompt-ids", "0,5,9", "-n", "6",
+                "--eos-ids", "1,7", "--trace", str(a)) == 0
+    assert _cli("generate", "--target", str(t), "--prompt-ids", "0,5,10", "-n", "6", "--trace", str(b)) == 0
+    ha, hb = (json.loads(p.read_text().splitlines()[0]) for p in (a, b))
+    assert ha["eos_ids"] == [1, 7] and hb["eos_ids"] == [1]
+    assert ha["case_id"] != hb["case_id"] and ha["case_id"].startswith(model_label(t))
+    assert ha["prompt"]["token_ids"] == [0, 5, 9]
+
+
+def test_zoo_prompts_refused_on_a_foreign_model(models, capsys) -> None:
+    _, pairs = models
+    t, d = pairs["phi3"]
+    assert _cli("audit", "--target", str(t), "--draft", str(d), "--max-tokens", "4") == 2
+    assert "give --prompts-file" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- case ids
+
+
+def test_case_ids_stable_unique_and_zoo_unchanged(models, tmp_path) -> None:
+    import shutil
+
+    _, pairs = models
+    assert Case("llama", "twin", "nat-00", 3, 32).case_id == "llama/twin/nat-00/g3/n32"
+    t, _ = pairs["phi3"]
+    moved = tmp_path / t.name
+    shutil.copytree(t, moved)
+    assert model_label(moved) == model_label(t)  # same model, other folder: same name
+    cfg = json.loads((moved / "config.json").read_text())
+    cfg["rope_theta"] = 500.0
+    (moved / "config.json").write_text(json.dumps(cfg))
+    assert model_label(moved) != model_label(t)
+    labels = {model_label(p) for tt, dd in pairs.values() for p in (tt, dd)}
+    assert len(labels) == 2 * len(pairs)
+
+
+# ---------------------------------------------------------------- the whole flow
+
+
+@pytest.mark.parametrize("arch", ["phi3", "starcoder2", "granite"])
+def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
+    from reports.report import build_report
+    from specparity.grade import grade
+    from specparity.run import run
+    from specparity.suite import PairSpec, suite_cases
+
+    root, pairs = models
+    t, d = pairs[arch]
+    spec = PairSpec(target=str(t), drafter=str(d), gammas=(2,), max_tokens=10,
+                    prompts_file=root / "prompts.jsonl")
+    cases = suite_cases([spec])
+    assert len(cases) == 4 and len({c.case_id for c in cases}) == 4
+    res = run(tmp_path / "run", cases=cases, runners=["mlx_lm"], progress=False)
+    verdicts = {(c.kind, c.verdict) for c in res.comparisons}
+    assert res.ok, [c.message for c in res.comparisons if c.fails]
+    assert ("engine-vs-mlx_lm", "identical") in verdicts
+    build_report(tmp_path / "run")
+    # record a reference with the CLI, then grade the engine traces
+    rec = tmp_path / "rec.jsonl"
+    assert _cli("record", "--runner", "mlx_lm", "--target", str(t), "--draft", str(d),
+                "--prompt", "ba de fi go", "-n", "8", "--gamma", "2", "--trace", str(rec)) == 0
+    assert json.loads(rec.read_text().splitlines()[0])["runner"]["name"] == "mlx_lm"
+    g = grade(tmp_path / "run" / "traces" / "engine", tmp_path / "graded", progress=False)
+    assert g.ok and len(g.comparisons) == len(res.comparisons)
+    assert {c.verdict for c in g.comparisons} == {"identical"}
+
+
+def test_grade_catches_a_planted_engine_bug_and_a_model_mismatch(models, tmp_path) -> None:
+    from specparity.grade import GradeError, grade
+    from specparity.run import run
+    from specparity.suite import PairSpec, suite_cases
+
+    root, pairs = models
+    t, d = pairs["olmo2"]
+    cases = suite_cases([PairSpec(target=str(t), drafter=str(d), gammas=(3,), max_tokens=12,
+                                  prompts_file=root / "prompts.jsonl")])[:1]
+    run(tmp_path / "run", cases=cases, runners=["mlx_lm"], progress=False)
+    src = next((tmp_path / "run" / "traces" / "engine").glob("*__g3__*.jsonl"))
+    recs = [json.loads(x) for x in src.read_text().splitlines()]
+    # planted: the engine "accepts" one draft fewer in round 0 (a wrong accept walk)
+    r0 = next(r for r in recs if r["type"] == "round" and r["k_accept"] >= 0)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    r0["drafts"] = [(r0["drafts"][0] + 1) % 112, *r0["drafts"][1:]] if r0["drafts"] else r0["drafts"]
+    r0["window"] = [r0["window"][0], *r0["drafts"]]
+    r0["feed"] = [*r0["feed"], 0]
+    (bad / src.name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = grade(bad, tmp_path / "g1", progress=False)
+    failing = [c for c in res.comparisons if c.fails]
+    assert failing and "round 0" in (failing[0].message or "")
+    # a header whose weights digest names another model is refused in one line
+    recs = [json.loads(x) for x in src.read_text().splitlines()]
+    recs[0]["target"]["weights_sha256"] = "0" * 64
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / src.name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(GradeError, match="weights_sha256 .* differs from the header"):
+        grade(other, tmp_path / "g2", progress=False)
+
+
+def test_pool_backend_gives_identical_traces_and_verdicts(models, tmp_path) -> None:
+    from specparity.run import run
+    from specparity.suite import PairSpec, suite_cases
+
+    root, pairs = models
+    t, d = pairs["starcoder2"]
+    cases = suite_cases([PairSpec(target=str(t), drafter=str(d), gammas=(1, 3), max_tokens=8,
+                                  prompts_file=root / "prompts.jsonl")])[:3]
+    a = run(tmp_path / "serial", cases=cases, runners=["mlx_lm"], progress=False)
+    b = run(tmp_path / "pool", cases=cases, runners=["mlx_lm"], workers=2, progress=False)
+
+    def norm(p: Path) -> list[dict]:
+        out = []
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            for k in ("time_s", "wall_s"):
+                r.pop(k, None)
+            out.append(r)
+        return out
+
+    assert list(a.traces) == list(b.traces)
+    for key in a.traces:
+        assert norm(a.traces[key]) == norm(b.traces[key]), key
+    assert [(c.kind, c.case_id, c.verdict) for c in a.comparisons] == \
+        [(c.kind, c.case_id, c.verdict) for c in b.comparisons]
+
+
+def test_ab_and_audit_with_a_prompts_file(models, tmp_path) -> None:
+    from specparity.ab import run_ab
+
+    root, pairs = models
+    t, d = pairs["granite"]
+    res = run_ab(str(t), str(d), str(t), max_tokens=8, allow_small=True,
+                 prompts_file=root / "prompts.jsonl")
+    assert res["n_prompts"] == 4 and res["prompt_ids"][0] == "p-zero"
+    assert _cli("audit", "--target", str(t), "--draft", str(d), "--prompts-file",
+                str(root / "prompts.jsonl"), "--max-tokens", "6") == 0
+
+
+# ---------------------------------------------------------------- suites
+
+
+def test_suite_file(models, tmp_path) -> None:
+    from specparity.suite import SuiteError, load_suite, suite_cases
+
+    root, pairs = models
+    t, d = pairs["phi3"]
+    s = tmp_path / "suite.toml"
+    s.write_text(f'gammas = [1, 2]\nmax_tokens = 6\nprompts_file = "{root / "prompts.jsonl"}"\n'
+                 'sampling = [{temperature = 0.0}, {temperature = 0.7, seed = 3}]\n'
+                 'stop_ids = [[5, 6]]\n'
+                 f'[[pair]]\ntarget = "{t}"\ndrafter = "{d}"\n'
+                 f'[[pair]]\ntarget = "{t}"\nsource = "ngram"\ngammas = [2]\n'
+                 '[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')  # the file's prompts fit the zoo vocab
+    cases = suite_cases(load_suite(s))
+    ids = [c.case_id for c in cases]
+    assert len(ids) == len(set(ids)) == 2 * 2 * 4 + 2 * 4 + 2 * 2 * 4
+    assert any(i.endswith("/t0.7s3/stop5-6") for i in ids)
+    assert any("/ngram/" in i for i in ids)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[pair]]\ntarget = "llama"\ngamas = [1]\n')
+    with pytest.raises(SuiteError, match=r"unknown key\(s\) \['gamas'\]"):
+        load_suite(bad)
+
+
+# ---------------------------------------------------------------- writer API
+
+
+def test_writer_rebuilds_an_engine_trace(models, tmp_path) -> None:
+    from specparity.run import run_task
+    from specparity.suite import PairSpec, suite_cases
+    from traces.validate import validate_file
+    from traces.writer import EngineTrace, model_identity
+
+    root, pairs = models
+    t, d = pairs["phi3"]
+    case = suite_cases([PairSpec(target=str(t), drafter=str(d), gammas=(3,), max_tokens=12,
+                                 prompts_file=root / "prompts.jsonl")])[0]
+    kind, recs = run_task("engine", case)
+    h = recs[0]
+    tr = EngineTrace(runner={"name": "myengine", "package": "myengine", "version": "0"},
+                     case_id=h["case_id"], prompt_id=h["prompt"]["id"],
+                     prompt_ids=h["prompt"]["token_ids"], target=model_identity(t),
+                     drafter=model_identity(d), params=h["params"], eos_ids=h["eos_ids"])
+    assert tr.header["target"]["weights_sha256"] == h["target"]["weights_sha256"]
+    for r in recs[1:-1]:
+        if r["type"] == "prefill":
+            tr.prefill(target_tokens=r["target_tokens"], drafter_tokens=r["drafter_tokens"])
+        elif r["type"] == "round":
+            tr.round(feed=r["feed"], pending=r["window"][0], drafts=r["drafts"], samples=r["samples"],
+                     k_accept=r["k_accept"], emitted=r["emitted"], end=r["end"], margins=r["margins"])
+        else:
+            tr.plain(input=r["input"], sample=r["sample"], margin=r["margin"], emitted=r["emitted"],
+                     end=r["end"], reason=r["reason"])
+    out = tr.write(tmp_path / "mine" / "a.jsonl")
+    assert validate_file(out) == []
+    mine = json.loads(out.read_text().splitlines()[-1])
+    for k in ("usage", "speculation", "output_ids"):
+        assert mine[k] == recs[-1][k], k
+    # planted: a wrong k_accept is caught by validation
+    tr.records[1]["k_accept"] += 5
+    bad = tr.write(tmp_path / "mine" / "b.jsonl")
+    assert validate_file(bad)
