@@ -30,6 +30,17 @@ def _cases() -> list:
 CASES = _cases()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _cpu_device():  # noqa: ANN202
+    """Goldens are CPU traces: compared on MLX's CPU even where the GPU is MLX's default (issue 13)."""
+    import mlx.core as mx
+
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(prev)
+
+
 @pytest.fixture(scope="module")
 def problems() -> list[GoldenProblem]:
     return check_goldens()

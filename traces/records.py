@@ -20,20 +20,31 @@ __all__ = ["counters_from_rounds", "make_header", "platform_info"]
 
 
 def platform_info() -> dict[str, str]:
-    """``{"mlx", "device", "python"}`` for the running interpreter."""
+    """``{"mlx", "device", "python"}`` for the running interpreter.
+
+    Off the CPU, ``backend`` (``cuda`` / ``metal``) is added: ``Device(gpu, 0)``
+    alone does not say which kernels ran. CPU headers are unchanged.
+    """
     try:
         mlx_version = metadata.version("mlx")
     except metadata.PackageNotFoundError:
         mlx_version = "unavailable"
     device = "unknown"
+    backend = None
     try:
         import mlx.core as mx
 
-        device = str(mx.default_device())
+        dev = mx.default_device()
+        device = str(dev)
+        if dev.type == mx.gpu:
+            backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
     except Exception:  # noqa: BLE001 - mlx missing or without a device is not fatal here
         pass
     py = f"{_platform.python_implementation()} {sys.version.split()[0]}"
-    return {"mlx": mlx_version, "device": device, "python": py}
+    info = {"mlx": mlx_version, "device": device, "python": py}
+    if backend is not None:
+        info["backend"] = backend
+    return info
 
 
 def make_header(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.commands import int_list, positive
+from specparity.devices import add_device_argument
 
 NAME = "generate"
 HELP = "generate with the engine on local mlx-lm model dirs"
@@ -45,6 +46,7 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill", choices=("tail-split", "full"), default=None,
                    help="default: the source's own convention (tail-split for two-model/ngram)")
     g.add_argument("--trace", type=Path, default=None, help="write the trace (JSONL) here")
+    add_device_argument(g)
 
 
 def _identity(path: Path | None) -> dict[str, Any] | None:
@@ -62,6 +64,9 @@ def _identity(path: Path | None) -> dict[str, Any] | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from specparity.devices import use_device
+
+    use_device(args.device)
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.models import load
     from engine.sampler import SamplerParams

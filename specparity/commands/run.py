@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from specparity.commands import int_list, positive, str_list
+from specparity.devices import add_device_argument
 
 NAME = "run"
 HELP = "run engine + every available oracle on the zoo, a pair of yours or a suite, and report"
@@ -75,6 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run cases on Ray (a local cluster when no ADDRESS)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_device_argument(p)
 
 
 def cases_from_args(args: argparse.Namespace) -> list | None:
@@ -110,8 +112,14 @@ def cases_from_args(args: argparse.Namespace) -> list | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from specparity.devices import on_gpu, use_device
     from specparity.run import run
 
+    if args.device is not None and (args.workers or args.ray is not None):
+        raise ValueError("--device sets this process's MLX device: run it without --workers/--ray")
+    device = use_device(args.device)
+    if args.device is not None or on_gpu():
+        print(f"device {device}", file=sys.stderr)
     cases = cases_from_args(args)
     result = run(
         args.out, targets=args.targets, drafters=args.drafters, gammas=args.gammas,
