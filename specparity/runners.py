@@ -130,6 +130,8 @@ def processors_block(proc: Any) -> dict[str, Any]:
 
 def _base_params(case: Case, prefill: str) -> dict[str, Any]:
     extra = {"logits_processors": processors_block(processor_params(case))} if case.processors else {}
+    if case.stop_sequences:  # absent when none: existing traces keep their bytes
+        extra["stop_sequences"] = [list(q) for q in case.stop_sequences]
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,

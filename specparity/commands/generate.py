@@ -16,8 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specparity.commands import int_list, positive
+from specparity.args import token_id_list
+from specparity.commands import positive
 from specparity.devices import add_device_argument
+from specparity.processor_args import add_processor_arguments, processors_from_args
 
 NAME = "generate"
 HELP = "generate with the engine on local mlx-lm model dirs"
@@ -37,7 +39,12 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("-n", "--max-tokens", type=positive, default=64)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-ids", type=int_list, help="comma-separated prompt token ids")
+    src.add_argument("--prompt-ids", type=token_id_list,
+                     help="comma-separated prompt token ids (each in [0, vocab size))")
+    g.add_argument("--prompt-id", default=None,
+                   help="the prompt's id in the case id (default cli-<digest of its token ids>)")
+    g.add_argument("--eos-ids", type=token_id_list, default=None,
+                   help="comma-separated EOS ids (default: the tokenizer's EOS set)")
     g.add_argument("--gamma", type=positive, default=3, help="draft length (block drafters pin their own)")
     g.add_argument("--temp", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=0.0)
@@ -46,21 +53,14 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill", choices=("tail-split", "full"), default=None,
                    help="default: the source's own convention (tail-split for two-model/ngram)")
     g.add_argument("--trace", type=Path, default=None, help="write the trace (JSONL) here")
+    add_processor_arguments(g)
     add_device_argument(g)
 
 
-def _identity(path: Path | None) -> dict[str, Any] | None:
-    from engine.models import file_digest
+def _processors_param(proc: Any) -> dict[str, Any]:
+    from specparity.runners import processors_block
 
-    if path is None:
-        return None
-    weights = sorted(path.glob("*.safetensors"))
-    config = path / "config.json"
-    return {
-        "path": str(path),
-        "weights_sha256": file_digest(weights) if weights else None,
-        "config_sha256": file_digest([config]) if config.is_file() else None,
-    }
+    return {"logits_processors": processors_block(proc)} if proc.active else {}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -68,21 +68,26 @@ def main(args: argparse.Namespace) -> int:
 
     use_device(args.device)
     from engine.executor import GenerationParams, plain_generate, spec_generate
-    from engine.models import load
     from engine.sampler import SamplerParams
     from engine.sources import open_drafter
     from engine.sources.detect import resolve_kind
+    from specparity.commands.record import case_from_args
+    from specparity.runners import load_model, model_identity, tokenizer_digest
     from traces.io import write_trace
     from traces.records import make_header
 
-    target = load(args.target)
-    ids = list(target.tokenizer.encode(args.prompt)) if args.prompt is not None else list(args.prompt_ids)
-    if not ids:
-        raise ValueError("the prompt encodes to zero tokens")
+    # The case (ids checked against the vocabulary and context, unique case id)
+    case = case_from_args(args)
+    target = load_model(str(case.target_path))  # loaded once (case_from_args)
+    ids = list(case.prompt_tokens or ())
+    eos_ids = tuple(args.eos_ids) if args.eos_ids else target.eos_ids
     params = GenerationParams(
         max_tokens=args.max_tokens, gamma=args.gamma,
-        sampler=SamplerParams(temperature=args.temp, top_p=args.top_p, top_k=args.top_k),
-        seed=args.seed, prefill=args.prefill, eos_ids=target.eos_ids,
+        sampler=SamplerParams(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+                              processors=processors_from_args(args)),
+        seed=args.seed, prefill=args.prefill, eos_ids=eos_ids,
+        # Digests hash every cache each round (quadratic in length): only for a trace.
+        cache_digests=args.trace is not None,
     )
     speculative = args.draft is not None or args.source not in ("auto", None)
     kind = resolve_kind(args.source, args.draft) if speculative else None
@@ -128,16 +133,19 @@ def main(args: argparse.Namespace) -> int:
         header = make_header(
             runner={"name": "engine", "package": "specparity", "version": "0.1.0"},
             mode="spec" if kind else "plain", source=kind,
-            case_id=f"generate/{Path(args.target).name}", target=_identity(target.path),
-            drafter=_identity(Path(args.draft)) if args.draft else None, tokenizer_sha256=None,
+            case_id=case.case_id, target=model_identity(target.path),
+            drafter=model_identity(Path(case.draft_path)) if case.draft_path else None,
+            tokenizer_sha256=tokenizer_digest(target.path),
             params={"gamma": params.gamma if kind else None, "max_tokens": args.max_tokens,
                     "temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": 0.0,
                     "seed": args.seed,
                     "prefill": "full" if (first_plain and first_plain["reason"] == "initial") else "tail-split",
                     "prefill_step_size": 512 if kind else 2048,
-                    "confidence_threshold": args.confidence_threshold},
-            prompt_id="cli", prompt_ids=ids, eos_ids=target.eos_ids,
+                    "confidence_threshold": args.confidence_threshold,
+                    **_processors_param(params.sampler.processors)},
+            prompt_id=case.prompt_id, prompt_ids=ids, eos_ids=eos_ids,
         )
+        args.trace.parent.mkdir(parents=True, exist_ok=True)
         write_trace(args.trace, [header, *result.records, result.footer()])
         print(f"trace written to {args.trace}", file=sys.stderr)
     return 0
