@@ -100,7 +100,36 @@ def default_cases() -> list[Any]:
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], GOLDEN_PROMPTS)
     spec = spec_matrix(zoo.pairs(), prompt_ids, GOLDEN_GAMMAS, GOLDEN_MAX_TOKENS)
     plains = list(dict.fromkeys(c.plain() for c in spec))
-    return [*plains, *spec]
+    return [*plains, *spec, *processor_cases()]
+
+
+def processor_cases() -> list[Any]:
+    """Logits-processor goldens (``Case.processors``, engine.sampler.ProcessorParams tags):
+    ``+hlast`` spec cases start the history where mlx-lm's speculative_generate_step does (both
+    runners); the default (whole-prompt) history in spec mode is the engine's alone (mlx-lm
+    refuses it: known entry mlx-lm-spec-processor-history-omits-prompt), in plain mode both."""
+    from specparity.cases import Case
+
+    n = GOLDEN_MAX_TOKENS
+    return [
+        Case("llama", "twin", "nat-00", 3, n, processors="rp1.3c64+hlast"),
+        Case("llama", "twin", "nat-00", 3, n, temperature=0.8, processors="pp0.5c20+fp1c64+lb5=1.5,7=-2+hlast"),
+        Case("qwen3", "twin", "nat-01", 1, n, processors="fp-1c8+hlast"),
+        Case("llama", "small", "rnd-01", 3, n, temperature=0.8, processors="rp0.7c6+hlast"),
+        Case("llama", "twin", "nat-00", 3, n, processors="rp1.3c64"),
+        Case("llama", "twin", "nat-00", 3, n, processors="lb5=1.5,7=-2"),
+        Case("llama", None, "nat-00", 0, n, processors="rp1.3c64"),
+        Case("qwen3", None, "nat-01", 0, n, processors="fp-1c8"),
+    ]
+
+
+def mlx_lm_runs_processors(case: Any) -> bool:
+    """Whether mlx-lm applies the case's processor history convention (``generate_step``:
+    the whole prompt; ``speculative_generate_step``: the last prompt token)."""
+    tag = getattr(case, "processors", "")
+    if not any(part[:2] in ("rp", "pp", "fp") for part in tag.split("+")):
+        return True
+    return tag.endswith("+hlast") == (case.drafter is not None)
 
 
 @dataclass(frozen=True)
@@ -140,7 +169,8 @@ GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
         "engine", "specparity", ("engine",), oracle=False
     ),
     "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.recording", "oracles.mlx_lm"),
-                           supports=lambda case: case.drafter is None or _trimmable(case.target)),  # type: ignore[has-type]
+                           supports=lambda case: mlx_lm_runs_processors(case)  # type: ignore[has-type]
+                           and (case.drafter is None or _trimmable(case.target))),  # type: ignore[has-type]
 }
 GOLDEN_RUNNERS["deepspec"] = GoldenRunner(
     "deepspec", "deepspec", ("oracles.__init__", "oracles.recording", "oracles.deepspec", "traces.normalize"),
