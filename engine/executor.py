@@ -28,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine import caches as cache_ops
-from engine.rollback import CacheRollback
+from engine.rollback import ROTATING_MODES, CacheRollback
 from engine.sampler import (
     SamplerParams,
     StepSampler,
@@ -69,6 +69,9 @@ class GenerationParams:
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     cache_digests: bool = True
     on_no_rollback: str = "plain"  # "plain": finish with plain decode; "error": raise
+    # Rotating caches past the ring wrap: "guard" (§2: finish with plain decode) or
+    # "exact" (engine/rollback.py RingRound: keep, restore and re-apply; guard as fallback).
+    rotating: str = "guard"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -81,6 +84,8 @@ class GenerationParams:
             raise ValueError("prefill_step_size must be >= 1")
         if self.on_no_rollback not in ("plain", "error"):
             raise ValueError(f"on_no_rollback must be 'plain' or 'error', got {self.on_no_rollback!r}")
+        if self.rotating not in ROTATING_MODES:
+            raise ValueError(f"rotating must be one of {ROTATING_MODES}, got {self.rotating!r}")
         if any(len(s) == 0 for s in self.stop_sequences):
             raise ValueError("stop sequences must not be empty")
 
@@ -315,13 +320,15 @@ def spec_generate(
     records with the reason) when a target cache can neither trim nor replay
     (reason ``no-rollback``; ``params.on_no_rollback="error"`` raises instead)
     or when a rotating cache's window would wrap during the round (the §2
-    ring-wrap guard, reason ``ring-wrap``).
+    ring-wrap guard, reason ``ring-wrap``). With ``params.rotating="exact"``
+    rotating caches roll back exactly past the wrap (``engine.rollback.RingRound``)
+    and the guard remains only for caches that cannot (reason in the detail).
     """
     from mlx_lm.models.cache import make_prompt_cache
 
     caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
     req = _Request(target_model, caches, prompt_ids, params, on_token)
-    plan = CacheRollback(target_model, caches)
+    plan = CacheRollback(target_model, caches, rotating=params.rotating)
     if not plan.capable:
         if params.on_no_rollback == "error":
             raise cache_ops.CacheRollbackError(f"target: {plan.reason}")
@@ -336,6 +343,8 @@ def spec_generate(
 
     sampler, stream = req.sampler, req.stream
     source = provider.open(sampler, TargetView(model=target_model, caches=caches))
+    if params.rotating != "guard":
+        _set_rotating(source, params.rotating)
     n_layers = len(target_model.layers)
     taps = _tap_set(source, n_layers)
     mode: PrefillMode = params.prefill or source.prefill_mode
@@ -451,6 +460,13 @@ def _confidence(source: DraftSource, d: int) -> list[float] | None:
     """
     conf = getattr(source, "last_confidence", None)
     return None if conf is None else [float(c) for c in conf]
+
+
+def _set_rotating(source: DraftSource, mode: str) -> None:
+    """Tell a source with rotating drafter caches how to roll them back (optional hook)."""
+    hook = getattr(source, "set_rotating", None)
+    if hook is not None:
+        hook(mode)
 
 
 def _source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:

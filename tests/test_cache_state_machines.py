@@ -9,6 +9,15 @@ exactly as the executor drives it: prefill, verify-window append, accept k
 only the accepted positions, in the same call structure (prefill, then each
 round's kept segment as one call) — what the cache would hold had the
 rejected tokens never been seen.
+
+``ExactRotatingMachine`` drives ``RotatingKVCache`` with ``rotating="exact"``
+(``engine.rollback.RingRound``) PAST the wrap: windows 1-8 (1-3 often),
+``keep`` > 0, verify windows longer than the ring (γ up to 8), target rounds
+(one concat call) and drafter rounds (``engine/sources/two_model.py``: a
+1- or 2-token feed, then single-token in-place calls that overwrite ring
+slots, trimmed by ``max(d - k - 1, 0)``). Besides the live state it checks the
+future: clones of both caches take the same next single-token and
+multi-token updates and must still agree (a wrong ``_idx`` shows there).
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -30,8 +39,9 @@ from hypothesis.stateful import (
 )
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-from engine.audit import compare_caches
-from engine.rollback import CacheRollback
+from engine import caches as cache_ops
+from engine.audit import clone_caches, compare_caches
+from engine.rollback import CacheRollback, RingRound
 
 HEADS, DIM = 2, 4
 
@@ -103,6 +113,94 @@ class RotatingMachine(KVMachine):
             assert not self.cache.is_trimmable()  # why the guard exists
 
 
+class ExactRotatingMachine(RuleBasedStateMachine):
+    """RotatingKVCache under exact ring rollback: speculation never stops at the wrap."""
+
+    @initialize(
+        seed=st.integers(0, 2**16),
+        size=st.sampled_from([1, 2, 3, 1, 2, 3, 4, 5, 8]),
+        keep=st.integers(0, 3),
+        n=st.integers(1, 10),
+    )
+    def prefill(self, seed: int, size: int, keep: int, n: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.size, self.keep = size, min(keep, size - 1)
+        self.cache = self.make()
+        self.plan = CacheRollback(SimpleNamespace(layers=[object()]), [self.cache], rotating="exact")
+        assert self.plan.rings and not self.plan.ring_fallback, self.plan.ring_fallback
+        self.segments: list[tuple[mx.array, mx.array]] = []
+        self.round = 0
+        self.last = "prefill"
+        k, v = _kv(self.rng, n)
+        self.cache.update_and_fetch(k, v)
+        self.segments.append((k, v))
+
+    def make(self) -> Any:
+        return RotatingKVCache(max_size=self.size, keep=self.keep)
+
+    @rule(d=st.integers(0, 8), data=st.data())
+    def verify_round(self, d: int, data: st.DataObject) -> None:
+        assert self.plan.ring_guard(d) is None  # exact mode never stops speculating
+        k, v = _kv(self.rng, d + 1)
+        with self.plan.round():
+            self.cache.update_and_fetch(k, v)
+        k_accept = data.draw(st.integers(0, d), label="k_accept")
+        self.plan.rollback(d, k_accept)
+        self.segments.append((k[:, :, : k_accept + 1], v[:, :, : k_accept + 1]))
+        self.round += 1
+        self.last = f"round {self.round} (target, window {d + 1}, k_accept {k_accept})"
+
+    @rule(feed=st.integers(1, 2), n=st.integers(1, 6), data=st.data())
+    def drafter_round(self, feed: int, n: int, data: st.DataObject) -> None:
+        """Two-model drafter: the feed call, then ``n - 1`` single-token draft calls."""
+        ring = RingRound(self.cache)
+        calls = [_kv(self.rng, feed)] + [_kv(self.rng, 1) for _ in range(n - 1)]
+        ring.begin()
+        for k, v in calls:
+            self.cache.update_and_fetch(k, v)
+        ring.end()
+        k_accept = data.draw(st.integers(0, n), label="k_accept")
+        trim = max(n - k_accept - 1, 0)
+        processed = feed + n - 1
+        if trim == 0:
+            ring.commit()
+        elif self.cache.is_trimmable():
+            ring.commit()
+            cache_ops.trim([self.cache], trim, "drafter")
+        else:
+            ring.rollback(processed - trim)
+        left = processed - trim
+        for k, v in calls:
+            if left <= 0:
+                break
+            s = min(left, k.shape[2])
+            self.segments.append((k[:, :, :s], v[:, :, :s]))
+            left -= s
+        self.round += 1
+        self.last = f"round {self.round} (drafter, feed {feed}, drafts {n}, k_accept {k_accept})"
+
+    @rule()
+    def plain_step(self) -> None:
+        k, v = _kv(self.rng, 1)
+        self.cache.update_and_fetch(k, v)
+        self.segments.append((k, v))
+        self.last = "plain step"
+
+    @invariant()
+    def matches_fresh_cache(self) -> None:
+        fresh = self.make()
+        for k, v in self.segments:
+            fresh.update_and_fetch(k, v)
+        what = f"RotatingKVCache(max_size={self.size}, keep={self.keep}) after {self.last}"
+        _assert_same(self.cache, fresh, what)
+        for n in (1, 3):  # the future: the same next update on both
+            a, b = clone_caches([self.cache])[0], clone_caches([fresh])[0]
+            k, v = _kv(np.random.default_rng(n), n)
+            a.update_and_fetch(k, v)
+            b.update_and_fetch(k, v)
+            _assert_same(a, b, f"{what}, then a {n}-token update")
+
+
 class ArraysMachine(RuleBasedStateMachine):
     """ArraysCache of a gated-DeltaNet layer under the spec-round trio (begin/commit/rollback)."""
 
@@ -163,9 +261,12 @@ class ArraysMachine(RuleBasedStateMachine):
 TestKVCache = KVMachine.TestCase
 TestRotatingKVCache = RotatingMachine.TestCase
 TestArraysCacheSpecRound = ArraysMachine.TestCase
+TestRotatingKVCacheExact = ExactRotatingMachine.TestCase
+TestRotatingKVCacheExact.settings = settings(max_examples=80, stateful_step_count=16, deadline=None)
 TestArraysCacheSpecRound.settings = settings(max_examples=30, stateful_step_count=12, deadline=None)
 
 PLANT = settings(max_examples=50, stateful_step_count=10, deadline=None, database=None)
+NO_SHRINK = (Phase.explicit, Phase.generate)  # a planted bug only has to be found
 
 
 def test_machine_catches_short_trim(short_target_trim: None) -> None:
@@ -188,3 +289,33 @@ def test_machine_catches_replay_of_one_too_many(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(CacheRollback, "_replay", lambda self, r, keep: real(self, r, keep + 1))
     with pytest.raises(AssertionError, match="live cache differs"):
         run_state_machine_as_test(ArraysMachine, settings=PLANT)
+
+
+def _one_slot_short(self: RingRound, keep: int) -> None:
+    self.saved = self.saved[:-1]  # the newest overwritten slot is not written back
+    _REAL_RING_ROLLBACK(self, keep)
+
+
+def _offset_not_restored(self: RingRound, keep: int) -> None:
+    assert self.snapshot is not None
+    keys, values, _, idx = self.snapshot
+    self.snapshot = (keys, values, int(self.cache.offset), idx)
+    _REAL_RING_ROLLBACK(self, keep)
+
+
+def _reapply_one_short(self: RingRound, keep: int) -> None:
+    _REAL_RING_ROLLBACK(self, keep - 1)
+
+
+_REAL_RING_ROLLBACK = RingRound.rollback
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [_one_slot_short, _offset_not_restored, _reapply_one_short],
+    ids=["one-slot-short", "offset-not-restored", "reapply-one-short"],
+)
+def test_exact_machine_catches_restore_bugs(plant: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RingRound, "rollback", plant)
+    with pytest.raises(AssertionError, match=r"after round \d+ \((target|drafter)"):
+        run_state_machine_as_test(ExactRotatingMachine, settings=settings(PLANT, report_multiple_bugs=False, phases=NO_SHRINK))

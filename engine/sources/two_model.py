@@ -14,9 +14,18 @@ Drafters whose caches mlx-lm cannot trim (§2 "Cache rollback contract"):
   restores the snapshot and re-runs the SAME calls for the kept prefix (the
   feed call, then one call per kept draft), which reproduces the kept state
   byte for byte; upstream refuses such drafters;
-- rotating caches (a sliding-window drafter): ``rollback_guard`` reports when
-  the round could wrap the drafter's ring, and the executor stops speculating
-  (the §2 ring-wrap guard).
+- rotating caches (a sliding-window drafter): by default ``rollback_guard``
+  reports when the round could wrap the drafter's ring, and the executor stops
+  speculating (the §2 ring-wrap guard). With the request option
+  ``rotating="exact"`` (``set_rotating``) each rotating drafter cache gets an
+  ``engine.rollback.RingRound`` around the drafting calls: the drafter writes
+  the feed (``_update_concat`` for two tokens, ``_update_in_place`` for one)
+  then one in-place slot per further draft, so the round keeps the slots those
+  writes overwrite; on a rejection past the wrap it restores them and
+  re-applies the kept positions' recorded K/V in the same calls (the feed,
+  then one per kept draft), byte for byte the drafter fed only the kept
+  tokens. While the cache is still trimmable it is trimmed as before. A
+  rotating cache RingRound cannot handle keeps the guard, reason recorded.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine import caches as cache_ops
-from engine.rollback import is_arrays, is_kv, is_rotating
+from engine.rollback import RingRound, is_arrays, is_kv, is_rotating, ring_unsupported
 from engine.sampler import StepSampler, token_ids
 from engine.seam import PrefillMode, TapContext, TargetView
 
@@ -91,6 +100,21 @@ class TwoModelSource:
         self.weights_bytes = 0
         self._snapshot: list[Any] | None = None
         self._feed: list[int] = []
+        self.rings: dict[int, RingRound] = {}  # rotating="exact": layer -> its ring round
+        self.ring_fallback: dict[int, str] = {}
+
+    def set_rotating(self, mode: str) -> None:
+        """Request option ``rotating``: ``"exact"`` arms a RingRound per rotating cache."""
+        self.rings, self.ring_fallback = {}, {}
+        if mode != "exact":
+            return
+        for i, c in enumerate(self.caches):
+            if is_rotating(c):
+                why = ring_unsupported(c)
+                if why is None:
+                    self.rings[i] = RingRound(c)
+                else:
+                    self.ring_fallback[i] = why
 
     def rollback_guard(self, feed: list[int], n: int) -> str | None:
         """Why the drafter could not roll back a round of ``n`` drafts now."""
@@ -99,10 +123,13 @@ class TwoModelSource:
                 self.unsupported
             )
         for i, c in enumerate(self.caches):
+            if i in self.rings:
+                continue
             if is_rotating(c) and int(c.offset) + len(feed) + n - 1 >= int(c.max_size):
+                why = f" (exact rollback unsupported: {self.ring_fallback[i]})" if i in self.ring_fallback else ""
                 return (
                     f"ring-wrap: two-model drafter layer {i} RotatingKVCache offset {int(c.offset)} "
-                    f"+ {len(feed) + n - 1} >= max_size {int(c.max_size)}"
+                    f"+ {len(feed) + n - 1} >= max_size {int(c.max_size)}{why}"
                 )
         return None
 
@@ -124,11 +151,17 @@ class TwoModelSource:
             self._feed = list(feed)
         y = mx.array(feed, mx.uint32)
         ys = []
-        for _ in range(n):
-            logits = self.model(y[None], cache=self.caches)[:, -1:, :]
-            y = self.sampler.sample_window(logits.squeeze(0))
-            mx.async_eval(y)
-            ys.append(y)
+        for ring in self.rings.values():
+            ring.begin()
+        try:
+            for _ in range(n):
+                logits = self.model(y[None], cache=self.caches)[:, -1:, :]
+                y = self.sampler.sample_window(logits.squeeze(0))
+                mx.async_eval(y)
+                ys.append(y)
+        finally:
+            for ring in self.rings.values():
+                ring.end()
         return token_ids(mx.concatenate(ys))
 
     def commit(
@@ -139,13 +172,21 @@ class TwoModelSource:
         verified_hidden: mx.array | None = None,
         accepted_tokens: list[int] | None = None,
     ) -> None:
+        if self.rings:
+            self._commit_rings(d, k_accept)
         if not self.replay:
-            cache_ops.trim(self.caches, max(d - k_accept - 1, 0), "two-model drafter")
+            cache_ops.trim(
+                [c for i, c in enumerate(self.caches) if i not in self.rings],
+                max(d - k_accept - 1, 0),
+                "two-model drafter",
+            )
             return
         if d == 0 or k_accept == d or self._snapshot is None:
             return  # nothing drafted, or every processed token is kept
         for i, c in enumerate(self.caches):
             snap = self._snapshot[i]
+            if i in self.rings:
+                continue  # already restored to the round's start by _commit_rings
             if self.kv[i]:
                 cache_ops.trim([c], int(c.offset) - snap, "two-model drafter")
             else:
@@ -155,6 +196,23 @@ class TwoModelSource:
             self.model(mx.array(chunk, mx.uint32)[None], cache=self.caches)
         mx.eval([c.state for c in self.caches])
         self._snapshot = None
+
+    def _commit_rings(self, d: int, k_accept: int) -> None:
+        """Roll the exact rings back: keep every processed position but the rejected tail."""
+        trim = max(d - k_accept - 1, 0)
+        for ring in self.rings.values():
+            if not ring.armed:
+                continue
+            processed = sum(int(k.shape[2]) for k, _ in ring.calls)
+            if self.replay and not (d == 0 or k_accept == d):
+                ring.rollback(0)  # restored to the round's start; the model replay re-feeds it
+            elif trim == 0:
+                ring.commit()
+            elif ring.cache.is_trimmable():
+                ring.commit()
+                cache_ops.trim([ring.cache], trim, "two-model drafter")
+            else:
+                ring.rollback(processed - trim)
 
     def cache_digest(self) -> dict[str, Any] | None:
         return cache_ops.cache_digest(self.caches)
