@@ -258,3 +258,17 @@ def test_planted_processor_bug_is_caught(plant: str, case: Case, monkeypatch: py
     assert div is not None, f"plant {plant!r} not caught on {case.case_id}"
     assert div.where.startswith("round ") and div.where in div.message, div.message
     assert int(div.where.split()[1]) >= earliest, (plant, div.where, earliest)
+
+
+def test_suite_sampling_tables_carry_processors(tmp_path) -> None:  # noqa: ANN001
+    from specparity.suite import SuiteError, load_suite, suite_cases
+
+    f = tmp_path / "s.toml"
+    f.write_text('gammas = [3]\nmax_tokens = 8\nzoo_prompts = 1\n'
+                 'sampling = [{temperature = 0.0, processors = "lb5=1.5+rp1.3c64+hlast"}, {temperature = 0.0}]\n'
+                 '[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    cases = suite_cases(load_suite(f))
+    assert [c.processors for c in cases] == ["rp1.3c64+lb5=1.5+hlast", ""]  # canonical tag
+    f.write_text(f.read_text().replace("rp1.3c64", "rpX"))
+    with pytest.raises(SuiteError, match=r"sampling\[0\]\.processors: bad logits-processor part 'rpX'"):
+        load_suite(f)

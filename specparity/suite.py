@@ -10,6 +10,8 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     max_tokens = 32
     prompts_file = "prompts.jsonl"     # relative to the suite file; or zoo_prompts = 8 (zoo pairs)
     sampling = [{temperature = 0.0}, {temperature = 0.8, top_p = 0.9, seed = 1}]
+    # logits processors per sampling table (engine.sampler.ProcessorParams tag form), e.g.
+    # {temperature = 0.0, processors = "rp1.3c64+lb5=1.5+hlast"}
     eos_ids = [1]                      # default: the tokenizer's own EOS set
     stop_ids = [[5, 6]]                # stop sequences as token ids
     stop_strings = ["la me"]           # stop sequences as text (target's tokenizer)
@@ -41,7 +43,7 @@ __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "su
 _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling", "eos_ids",
                "stop_ids", "stop_strings", "truncate"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
-_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed"}
+_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
 SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
 
 
@@ -55,6 +57,7 @@ class Sampling:
     top_p: float = 0.0
     top_k: int = 0
     seed: int = 0
+    processors: str = ""  # engine.sampler.ProcessorParams.tag() form; '' = none
 
 
 @dataclass
@@ -91,6 +94,18 @@ def _ints(v: Any, where: str, minimum: int) -> tuple[int, ...]:
     return tuple(v)
 
 
+def _processors(v: Any, where: str) -> str:
+    from engine.sampler import ProcessorParams
+
+    if not isinstance(v, str):
+        raise SuiteError(f"{where}.processors: expected a string like \"rp1.3c64+lb5=1.5\", got {v!r}")
+    try:
+        proc = ProcessorParams.parse(v)
+    except ValueError as exc:
+        raise SuiteError(f"{where}.processors: {exc}") from None
+    return proc.tag() if proc.active else ""
+
+
 def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
     if isinstance(v, dict):
         v = [v]
@@ -110,7 +125,7 @@ def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
         for name, x in (("top_k", k), ("seed", seed)):
             if not isinstance(x, int) or isinstance(x, bool) or x < 0:
                 raise SuiteError(f"{w}.{name}: must be an integer >= 0, got {x!r}")
-        out.append(Sampling(float(t), float(p), int(k), int(seed)))
+        out.append(Sampling(float(t), float(p), int(k), int(seed), _processors(s.get("processors", ""), w)))
     return tuple(out)
 
 
@@ -237,7 +252,8 @@ def pair_cases(spec: PairSpec) -> list[Case]:
     cases: list[Case] = []
     sources = _sources(spec)
     for s in spec.sampling:
-        smp = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed}
+        smp = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
+               "processors": s.processors}
         if not sources:
             for pid, ids in prompts:
                 cases.append(Case(tlabel, None, pid, 0, **common, **smp, prompt_tokens=ids))
