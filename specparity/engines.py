@@ -205,6 +205,11 @@ def grade_engine(name: str, out: Path) -> dict[str, Any]:
         return doc
     mod = load(name)
     doc.update(available=True, reason="ok", version=mod.version())
+    if not mod.MODES:
+        doc.update(available=False, reason=f"{info.package.split('==')[0]} {mod.version()} installed; "
+                   + getattr(mod, "NOT_DRIVEN", "no mode driven"))
+        _log(f"{name}: {doc['reason']}")
+        return doc
     rec = Recorder(name, mod, out / "traces" / name)
     for mode_name, mode in mod.MODES.items():
         _log(f"{name}: mode {mode_name} ({mode.note})")

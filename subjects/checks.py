@@ -19,6 +19,8 @@ finish reason ``length``) and the footer counter definitions of
 - ``eos``: an EOS id planted at a token plain decode emits at position j (first
   occurrence): output is plain[:j], the EOS never appears in the stream, an
   engine token count (when exposed) counts it at most once, finish ``stop``.
+  A subject whose API exposes no finish reason (``finish_reason`` None) is
+  judged on its stream alone.
 - ``stop``: a stop token id planted the same way: nothing after it (the stop
   token itself may or may not be kept), finish ``stop``.
 - ``counters``: the engine's own counters agree with its stream: per round
@@ -165,7 +167,7 @@ def check_budget(gen: Generate, plain: Reference, cases: Iterable[SubjectCase],
                 return _fail("budget", case, f"max_tokens={m}: {len(run.stream)} tokens emitted "
                              f"(finish_reason {run.finish_reason!r})", n, hooks,
                              index=min(m, len(run.stream)), subject=len(run.stream), expected=m)
-            if run.finish_reason != "length":
+            if run.finish_reason not in ("length", None):  # None: the API exposes no finish reason
                 return _fail("budget", case, f"max_tokens={m} reached but finish_reason is "
                              f"{run.finish_reason!r}, not 'length'", n, hooks,
                              subject=run.finish_reason, expected="length")
@@ -204,7 +206,7 @@ def check_eos(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> 
         if counted is not None and counted not in (j, j + 1):
             return _fail("eos", case, f"engine counts {counted} generated tokens for {j} content tokens "
                          "+ 1 EOS (EOS counted more than once)", n, hooks, subject=counted, expected=j + 1)
-        if run.finish_reason != "stop":
+        if run.finish_reason not in ("stop", None):
             return _fail("eos", case, f"ended on EOS but finish_reason is {run.finish_reason!r}, not 'stop'",
                          n, hooks, subject=run.finish_reason, expected="stop")
     if n == 0:
@@ -233,7 +235,7 @@ def check_stop(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) ->
             return _fail("stop", case, f"stop id {s} planted at plain position {j}: {len(run.stream)} tokens "
                          f"emitted, expected {j} or {j + 1}; first difference at token {i}", n, hooks,
                          index=i, subject=len(run.stream), expected=j + 1)
-        if run.finish_reason != "stop":
+        if run.finish_reason not in ("stop", None):
             return _fail("stop", case, f"stopped on a stop id but finish_reason is {run.finish_reason!r}",
                          n, hooks, subject=run.finish_reason, expected="stop")
     if n == 0:

@@ -1,0 +1,109 @@
+"""mlx-lm-broomva 0.31.3 (PyPI ``mlx-lm-broomva``): a fork of mlx-lm that installs ``mlx_lm``.
+
+Reference: the fork's ``mlx_lm/generate.py`` ``stream_generate`` with
+``draft_model`` / ``num_draft_tokens`` (two-model speculative decoding,
+``speculative_generate_step``), its public API, unmodified; models loaded with
+its ``mlx_lm.load``. Because the package replaces the ``mlx_lm`` module, it
+runs in its own environment (``tox -e subject-mlx-lm-broomva``) and is compared
+with the real mlx-lm 0.32.2 through the committed goldens, never a live import.
+
+EOS: the ``TokenizerWrapper.eos_token_ids`` set (restored after each run).
+The content stream is every response's ``token`` except the final response
+that mlx-lm's own convention uses to report an EOS (``finish_reason ==
+"stop"`` with an EOS token, empty text), the same reading as
+``oracles/mlx_lm.py``. Counters: ``generation_tokens`` of the final response,
+``from_draft`` flags (accepted drafts). Stop ids: mlx-lm has stop sequences
+only in its server (``StopSequences``), not in ``stream_generate``.
+Trace level: token.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import zoo
+from subjects import Mode
+from subjects._common import dist_version, eos_for, prompt_ids, require_module
+from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported, timed
+
+NAME = "mlx-lm-broomva"
+_NO_STOP = "stream_generate takes no stop ids (stop sequences live in mlx_lm.server only)"
+MODES = {
+    "two-model": Mode(targets=("llama", "qwen3"), drafter="twin", two_model=True, samples=True, top_k=5,
+                      note="stream_generate(draft_model=zoo twin, num_draft_tokens=gamma)",
+                      unsupported={"stop": _NO_STOP}),
+    "oracle": Mode(targets=("llama", "qwen3"), drafter="oracle",
+                   note="stream_generate(draft_model=oracle drafter: greedy continuation, 1 corrupted / round)",
+                   unsupported={"stop": _NO_STOP}),
+}
+
+
+def require() -> None:
+    require_module("mlx_lm", NAME)
+    from importlib import metadata
+
+    try:
+        metadata.version("mlx-lm-broomva")
+    except metadata.PackageNotFoundError as exc:
+        from subjects import SUBJECTS
+        from subjects.base import SubjectUnavailable
+
+        raise SubjectUnavailable(f"mlx-lm-broomva is not installed (the mlx_lm here is another "
+                                 f"distribution); run it with: {SUBJECTS[NAME].install_hint}") from exc
+
+
+def version() -> str:
+    return dist_version("mlx-lm-broomva")
+
+
+@cache
+def _load(path: str) -> tuple[Any, Any]:
+    from mlx_lm import load
+
+    return load(path)
+
+
+def drafter_path(case: SubjectCase) -> str | None:
+    return str(zoo.pair(case.target, "twin")[1]) if case.mode == "two-model" else None
+
+
+def generate(case: SubjectCase) -> SubjectRun:
+    import mlx.core as mx
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    mode = MODES.get(case.mode)
+    if mode is None or case.target not in mode.targets:
+        raise SubjectUnsupported(f"mlx-lm-broomva adapter: no mode {case.mode!r} on target {case.target!r}")
+    if case.stop_ids:
+        raise SubjectUnsupported(_NO_STOP)
+    model, tok = _load(str(zoo.model_dir(case.target)))
+    ids = list(prompt_ids(case.prompt_id))
+    if case.mode == "two-model":
+        draft = _load(str(zoo.pair(case.target, "twin")[1]))[0]
+    else:
+        from subjects.oracle_drafter import OracleDraft, greedy_continuation
+
+        seq = ids + greedy_continuation(model, ids, case.max_tokens + case.gamma + 2)
+        draft = OracleDraft(seq, int(model.args.vocab_size), case.gamma)
+    eos = eos_for(case.eos_ids)
+    saved = set(tok.eos_token_ids)
+    tok.eos_token_ids = set(eos)
+    mx.random.seed(case.seed)
+    try:
+        responses, wall = timed(lambda: list(stream_generate(
+            model, tok, mx.array(ids), max_tokens=case.max_tokens, draft_model=draft,
+            num_draft_tokens=case.gamma, sampler=make_sampler(temp=case.temperature, top_k=case.top_k))))
+    finally:
+        tok.eos_token_ids = saved
+    if not responses:
+        return SubjectRun(stream=[], finish_reason=None, hooks=["mlx_lm.stream_generate(draft_model=)"])
+    final = responses[-1]
+    kept = responses[:-1] if (final.finish_reason == "stop" and int(final.token) in eos) else responses
+    stream = [int(r.token) for r in kept]
+    counters = {"generation_tokens": int(final.generation_tokens)}
+    return SubjectRun(stream=stream, finish_reason=final.finish_reason,
+                      hooks=["mlx_lm.stream_generate(draft_model=, num_draft_tokens=)", "mlx_lm.load"],
+                      counters=counters, wall_s=wall,
+                      extra={"from_draft": sum(bool(r.from_draft) for r in kept)})

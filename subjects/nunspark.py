@@ -1,0 +1,134 @@
+"""nunspark 0.13.0 (PyPI ``nunspark``), driven unmodified through its Python API.
+
+Reference: ``nunspark/generate.py`` ``speculative_generate`` (two-model: a
+resident mlx-lm draft model verified by the streamed target,
+``accept_top_k=1`` = lossless) and ``ngram_speculative_generate`` (prompt
+lookup with ``nunspark.ngram_drafter.NGramDrafter``), both generators of
+token ids with a ``SpecStats`` tally (``tokens_emitted``,
+``draft_tokens_proposed``, ``accepted_total``, ``target_passes``). The target
+is packed from the zoo directory with ``nunspark.packer.pack`` and opened as
+``nunspark.engine.StreamingEngine`` (prefetch off, no wiring). EOS: the
+``eos_id`` parameter (one id; the CLI breaks on it after it is yielded).
+There is no stop-id parameter, no finish reason and no temperature on the
+speculative paths (argmax verify).
+
+Drafters: the zoo ``twin`` (mlx-lm format) and the oracle drafter
+(``subjects/oracle_drafter.py``: the target's greedy continuation, one
+corrupted position per gamma + 1). Trace level: token.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import zoo
+from subjects import Mode
+from subjects._common import dist_version, eos_for, prompt_ids, require_module
+from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported, timed
+
+NAME = "nunspark"
+_NO_STOP = "no stop-token parameter (speculative_generate takes one eos_id)"
+_GREEDY = "the speculative paths verify by argmax only (no temperature)"
+MODES = {
+    "two-model": Mode(targets=("llama", "qwen3"), drafter="twin", two_model=True,
+                      note="speculative_generate, zoo twin draft model, accept_top_k=1",
+                      unsupported={"stop": _NO_STOP, "distribution": _GREEDY}),
+    "oracle": Mode(targets=("llama", "qwen3"), drafter="oracle",
+                   note="speculative_generate, oracle draft model (greedy continuation, 1 corrupted / round)",
+                   unsupported={"stop": _NO_STOP, "distribution": _GREEDY}),
+    "ngram": Mode(targets=("llama", "qwen3"),
+                  note="ngram_speculative_generate, NGramDrafter(max_ngram=3, adaptive=False)",
+                  unsupported={"stop": _NO_STOP, "distribution": _GREEDY}),
+}
+
+
+def require() -> None:
+    require_module("nunspark.generate", NAME)
+
+
+def version() -> str:
+    return dist_version("nunspark")
+
+
+@cache
+def _packed(target: str) -> str:
+    from nunspark.packer import pack
+
+    from subjects.drafters import subjects_dir
+
+    d = subjects_dir() / f"nunspark-{version()}-{target}"
+    if not (d / ".complete").exists():
+        pack(str(zoo.model_dir(target)), d)
+        (d / ".complete").write_text("")
+    return str(d)
+
+
+def _engine(target: str) -> Any:
+    from pathlib import Path
+
+    from nunspark.engine import StreamingEngine
+    from nunspark.manifest import Manifest
+
+    root = _packed(target)
+    return StreamingEngine(root, Manifest.load(Path(root) / "manifest.json"), budget_bytes=1 << 33,
+                           prefetch=False, wire_limit=False)
+
+
+@cache
+def _mlx_model(path: str) -> Any:
+    from mlx_lm import load
+
+    return load(path)[0]
+
+
+def drafter_path(case: SubjectCase) -> str | None:
+    return str(zoo.pair(case.target, "twin")[1]) if case.mode == "two-model" else None
+
+
+def _oracle(case: SubjectCase, n: int) -> Any:
+    from subjects.oracle_drafter import OracleDraft, greedy_continuation
+
+    model = _mlx_model(str(zoo.model_dir(case.target)))
+    ids = list(prompt_ids(case.prompt_id))
+    seq = ids + greedy_continuation(model, ids, n + case.gamma + 2)
+    return OracleDraft(seq, int(model.args.vocab_size), case.gamma)
+
+
+def generate(case: SubjectCase) -> SubjectRun:
+    from nunspark.generate import SpecStats, ngram_speculative_generate, speculative_generate
+
+    mode = MODES.get(case.mode)
+    if mode is None or case.target not in mode.targets:
+        raise SubjectUnsupported(f"nunspark adapter: no mode {case.mode!r} on target {case.target!r}")
+    if case.stop_ids:
+        raise SubjectUnsupported(_NO_STOP)
+    if case.temperature > 0:
+        raise SubjectUnsupported(_GREEDY)
+    eos = eos_for(case.eos_ids)
+    if len(eos) > 1:
+        raise SubjectUnsupported("eos_id takes a single id")
+    eos_id = next(iter(eos)) if eos else None
+    stats = SpecStats()
+    engine = _engine(case.target)
+    ids = list(prompt_ids(case.prompt_id))
+    try:
+        if case.mode == "ngram":
+            from nunspark.ngram_drafter import NGramDrafter
+
+            gen = ngram_speculative_generate(engine, NGramDrafter(max_ngram=3, num_draft_tokens=case.gamma,
+                                                                  adaptive=False),
+                                             ids, max_tokens=case.max_tokens, eos_id=eos_id, stats=stats)
+            hooks = ["nunspark.generate.ngram_speculative_generate(stats=SpecStats)", "nunspark.packer.pack"]
+        else:
+            draft = (_mlx_model(str(zoo.pair(case.target, "twin")[1])) if case.mode == "two-model"
+                     else _oracle(case, case.max_tokens))
+            gen = speculative_generate(engine, draft, ids, max_tokens=case.max_tokens,
+                                       num_draft_tokens=case.gamma, accept_top_k=1, eos_id=eos_id, stats=stats)
+            hooks = ["nunspark.generate.speculative_generate(stats=SpecStats)", "nunspark.packer.pack"]
+        stream, wall = timed(lambda: [int(t) for t in gen])
+    finally:
+        engine.close()
+    counters = {"emitted": stats.tokens_emitted, "drafted": stats.draft_tokens_proposed,
+                "accepted": stats.accepted_total, "target_passes": stats.target_passes}
+    return SubjectRun(stream=stream, finish_reason=None, hooks=hooks, counters=counters, wall_s=wall)
