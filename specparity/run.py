@@ -25,7 +25,7 @@ from specparity.cases import DEFAULT_GAMMAS, Case, pick_prompts, spec_matrix
 from specparity.progress import Progress
 from specparity.runners import run_case
 from traces.diff import Divergence, diff_traces
-from traces.io import Trace, write_trace
+from traces.io import Trace, atomic_write_text, write_trace
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
 
 
@@ -116,9 +116,10 @@ def run_task(runner: str, case: Case) -> tuple[str, Any]:
 
 
 def _pool_init() -> None:
-    import os
+    # One BLAS thread per worker; workers die with a killed parent (regen's init).
+    from specparity.regen import _pool_init as regen_pool_init
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    regen_pool_init()
 
 
 Job = tuple[str, Case]
@@ -175,7 +176,7 @@ def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, work
 
 def available_runners(runners: list[str] | None) -> tuple[list[str], dict[str, str]]:
     """``(["engine", available oracles...], {unavailable oracle: why})``."""
-    from oracles import RUNNERS, availability
+    from oracles import RUNNERS, run_availability
 
     names = runners if runners is not None else list(RUNNERS)
     available, unavailable = [], {}
@@ -184,7 +185,7 @@ def available_runners(runners: list[str] | None) -> tuple[list[str], dict[str, s
             continue
         if name not in RUNNERS:
             raise ValueError(f"unknown runner {name!r}; known: {', '.join(RUNNERS)}")
-        ok, why = availability(name)
+        ok, why = run_availability(name)  # importable AND dispatched per case (else skipped, why)
         (available.append(name) if ok else unavailable.__setitem__(name, why))
     return ["engine", *available], unavailable
 
@@ -219,7 +220,21 @@ def check_unique(cases: list[Case]) -> list[Case]:
     return list(seen.values())
 
 
-def run(
+def run(out_dir: Path, **kwargs: Any) -> RunResult:
+    """:func:`run_cases` in a run directory owned by this run (``specparity.outdir``).
+
+    ``out_dir`` is probed writable and locked before any case runs (a second
+    run into it is refused in one line), outputs an earlier run left there are
+    cleared, and its marker says ``complete`` only when the run finished (a
+    killed run's report says INCOMPLETE).
+    """
+    from specparity.outdir import claim_run_dir
+
+    with claim_run_dir(out_dir, "specparity run"):
+        return run_cases(Path(out_dir), **kwargs)
+
+
+def run_cases(
     out_dir: Path,
     *,
     targets: list[str] | None = None,
@@ -299,7 +314,7 @@ def finish(result: RunResult, traces: dict[tuple[str, str], Trace]) -> None:
 
     out_dir = result.out_dir
     write_summary(result, traces)
-    (out_dir / "comparisons.json").write_text(json.dumps([
+    atomic_write_text(out_dir / "comparisons.json", json.dumps([
         {"kind": c.kind, "case_id": c.case_id, "level": c.level, "verdict": c.verdict,
          "fails": c.fails, "known": c.known, "message": c.message,
          "divergence": c.divergence.to_dict() if c.divergence is not None else None}
