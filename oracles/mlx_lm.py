@@ -98,7 +98,8 @@ def run(
         raise ReferenceRefused(
             NAME, "", f"mlx-lm {'speculative_generate_step' if spec else 'generate_step'}: "
             f"processor history starts at {'the last prompt token' if spec else 'the whole prompt'} "
-            f"(history_prompt {own!r}), not {processor_history!r}",
+            f"(history_prompt {own!r}), not {processor_history!r}; for a round-for-round comparison "
+            f"use that convention (--processor-history {own}, case tag {'+hlast' if spec else 'without +hlast'})",
         )
     import mlx.core as mx
     from mlx_lm.generate import StopSequences, stream_generate
