@@ -96,6 +96,28 @@ def test_spec_with_full_history_is_lossless_against_mlx_lm_plain(tag: str) -> No
     assert div is None, div.message
 
 
+_P = "rp1.3c64+fp-0.5c8+lb5=1.5"
+SOURCE_CASES = [
+    Case("llama", "twin", "nat-00", 3, 32, processors=_P),
+    Case("llama", "ngram", "nat-02", 3, 32, source="ngram", processors=_P),
+    Case("qwen35", "qwen35-mtp", "nat-00", 2, 24, source="mtp", processors=_P),
+    Case("gemma4", "gemma4-assistant", "nat-03", 3, 14, source="assistant", processors=_P),
+    Case("gemma4", "deepspec-t0", "nat-03", 4, 14, source="deepspec", processors=_P),
+    Case("gemma4", "dspark-t0", "nat-03", 4, 14, source="dspark", processors=_P),
+]
+
+
+@pytest.mark.parametrize("case", SOURCE_CASES, ids=lambda c: c.source)
+def test_every_source_is_lossless_with_processors(case: Case) -> None:
+    """§2 with processors, every draft source (tail-split and full prefill): the engine's
+    speculative tokens equal its plain decode's with the same processors at temperature 0."""
+    spec = run_trace("engine", case)
+    div = diff_traces(spec, run_trace("engine", case.plain()), level="tokens")
+    assert div is None, f"{case.case_id}: spec vs plain\n{div.message}"
+    assert spec.rounds and run_trace("engine", replace(case, processors="")).footer["output_ids"] != \
+        spec.footer["output_ids"], "processors had no effect"
+
+
 def test_known_entry_mlx_lm_spec_history_omits_prompt_reproduces() -> None:
     """mlx-lm's speculative output differs from its own plain output with a penalty whose
     context reaches into the prompt; the runner refuses the convention it cannot run."""
