@@ -247,8 +247,18 @@ def run_mtp(
     eos_ids: list[int],
     model: Any = None,
     prefill_step_size: int | None = None,
+    draft_logits: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """mlx-vlm's MTP loop (greedy) on one case: (records after the header, info).
+
+    ``draft_logits=True`` also records the drafter's logits of every drafted
+    token (``info["draft_logits"]``: per round record, one
+    ``oracles.drafts.logits_digest`` per draft), read by wrapping, on the
+    drafter instance, the ``_lm_head_fn`` that ``bind`` installs (each greedy
+    draft is ``argmax(_lm_head_fn(h))`` when the target has no
+    ``speculative_argmax_from_hidden``: the ``pre-norm`` adapter) and
+    ``draft_block`` (which groups them: a round's first draft is the seed
+    computed after the previous verify, or after the prefill).
 
     ``prefill_step_size=None`` (the default here) is ``generate_step``'s unchunked
     prefill: the drafter receives every prompt row (``prefill_from_target_hidden``
@@ -276,6 +286,9 @@ def run_mtp(
     if kind != "mtp":
         raise RuntimeError(f"mlx-vlm resolved draft kind {kind!r} for {head_path}, expected 'mtp'")
     prefill_rows = hasattr(draft, "prefill_from_target_hidden")  # qwen3_5_mtp: own KV rows; assistant: none
+    rounds_logits: list[list[Any]] = []
+    if draft_logits:
+        _record_draft_logits(draft, rounds_logits)
 
     log: list[tuple] = []
     orig_verify, orig_walk = vmtp._mtp_verify_target, vmtp._mtp_acceptance_walk
@@ -316,8 +329,63 @@ def run_mtp(
         vmtp._mtp_verify_target, vmtp._mtp_acceptance_walk = orig_verify, orig_walk
     wall = time.perf_counter() - t0
     records = _rebuild_mtp(log, prompt_ids, produced, first_margin, eos, wall, prefill_step_size is None, prefill_rows)
-    info = {"accept_lens": list(getattr(draft, "accept_lens", []) or []), "block_size": gamma + 1}
+    info: dict[str, Any] = {"accept_lens": list(getattr(draft, "accept_lens", []) or []), "block_size": gamma + 1}
+    if draft_logits:
+        from oracles.drafts import logits_digest
+
+        rounds = [r for r in records if r["type"] == "round"]
+        per_round = []
+        for r, rows in zip(rounds, rounds_logits, strict=False):
+            if len(rows) != len(r["drafts"]):
+                raise RuntimeError(f"mlx_vlm MTP round {r['index']}: {len(rows)} draft logits recorded "
+                                   f"for {len(r['drafts'])} drafts")
+            per_round.append([logits_digest(x) for x in rows])
+        if len(per_round) != len(rounds):
+            raise RuntimeError(f"mlx_vlm MTP: {len(rounds_logits)} draft blocks for {len(rounds)} rounds")
+        info["draft_logits"] = per_round
     return records, info
+
+
+def _record_draft_logits(draft: Any, rounds: list[list[Any]]) -> None:
+    """Wrap (on the instance) ``bind`` — to wrap the ``_lm_head_fn`` it installs — and
+    ``draft_block``; every block appends the logits of its drafts to ``rounds``."""
+    import mlx.core as mx
+
+    state: dict[str, Any] = {"seed": None, "block": None}
+    bind, block = draft.bind, draft.draft_block
+
+    def head_fn_of(fn: Any) -> Any:
+        def recorded(h: Any) -> Any:
+            out = fn(h)
+            row = mx.array(out.reshape(-1, out.shape[-1])[-1])
+            if state["block"] is None:
+                state["seed"] = row  # prefill / accept: the next block's first draft
+            else:
+                state["block"].append(row)
+            return out
+
+        return recorded
+
+    def recording_bind(target: Any) -> Any:
+        out = bind(target)
+        draft._lm_head_fn = head_fn_of(draft._lm_head_fn)
+        if getattr(draft, "_greedy_argmax_fn", None) is not None:
+            raise RuntimeError("mlx_vlm MTP draft logits: the target has speculative_argmax_from_hidden "
+                               "(greedy drafts skip the logits); record with the pre-norm adapter")
+        return out
+
+    def recording_block(*a: Any, **k: Any) -> Any:
+        seeded = getattr(draft, "_seed_token", None) is not None
+        state["block"] = [state["seed"]] if seeded else []
+        try:
+            out = block(*a, **k)
+        finally:
+            rows, state["block"] = state["block"], None
+        rounds.append(rows)
+        return out
+
+    draft.bind = recording_bind
+    draft.draft_block = recording_block
 
 
 def _rebuild_mtp(

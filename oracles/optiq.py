@@ -327,19 +327,48 @@ def run_assistant(
     gamma: int = 3,
     max_tokens: int = 32,
     eos_id: int,
+    draft_logits: list[list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """optiq ``spec_generate`` (greedy) on one case: the raw trace records after the header."""
+    """optiq ``spec_generate`` (greedy) on one case: the raw trace records after the header.
+
+    ``draft_logits``, when given, receives per round record the
+    ``oracles.drafts.logits_digest`` of every draft's logits, read by wrapping
+    the drafter instance's ``forward`` (``spec_generate`` drafts with
+    ``argmax(drafter.forward(...)[0])``); a round's drafts are the forwards
+    between the previous target call and its verify call.
+    """
     require_assistant()
     from optiq.runtime.spec import GemmaAssistantDrafter, SpecConfig, spec_generate
 
     drafter = GemmaAssistantDrafter.from_pretrained(str(drafter_path))
     log: list[tuple] = []
+    steps: list[tuple[int, dict[str, Any]]] = []
+    if draft_logits is not None:
+        from oracles.drafts import logits_digest
+
+        forward = drafter.forward
+
+        def recording_forward(*a: Any, **k: Any) -> Any:
+            out = forward(*a, **k)
+            steps.append((sum(1 for e in log if e[0] == "call"), logits_digest(out[0])))
+            return out
+
+        drafter.forward = recording_forward
     t0 = time.perf_counter()
     cfg = SpecConfig(gamma=gamma, max_tokens=max_tokens, eos_token_id=eos_id)
     for ev in spec_generate(_TargetProxy(target, log), drafter, _PromptTokenizer(prompt_ids, eos_id), "", cfg):
         if ev.kind == "token":
             log.append(("yield", int(ev.token_id), bool(ev.from_draft)))
-    return _rebuild_assistant(log, prompt_ids, eos_id, max_tokens, time.perf_counter() - t0)
+    records = _rebuild_assistant(log, prompt_ids, eos_id, max_tokens, time.perf_counter() - t0)
+    if draft_logits is not None:
+        rounds = [r for r in records if r["type"] == "round"]
+        for i, r in enumerate(rounds):  # round i is target call i + 1 (call 0 is the prefill)
+            rows = [d for n, d in steps if n == i + 1]
+            if len(rows) != len(r["drafts"]):
+                raise RuntimeError(f"optiq assistant round {i}: {len(rows)} drafter forwards for "
+                                   f"{len(r['drafts'])} drafts")
+            draft_logits.append(rows)
+    return records
 
 
 def _rebuild_assistant(

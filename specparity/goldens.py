@@ -152,6 +152,11 @@ class GoldenRunner:
             (DeepSpec: a checkout named by ``DEEPSPEC_PATH``): returns its
             ``{"version", "commit"}`` (None where unknown here) instead of the
             package metadata.
+        produce: Makes the golden's records of a case (header to footer)
+            instead of ``specparity.runners.run_case`` (the draft-level
+            runners of ``specparity/draft_goldens.py``).
+        requires: The ``oracles.RUNNERS`` entry whose availability decides
+            whether this runner can run here (default: its own name).
     """
 
     name: str
@@ -162,6 +167,8 @@ class GoldenRunner:
     oracle: bool = True
     supports: Callable[[Any], bool] = lambda case: True
     identity: Callable[[], dict[str, str | None]] | None = None
+    produce: Callable[[Any], list[dict[str, Any]]] | None = None
+    requires: str | None = None
 
 
 GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
@@ -177,8 +184,29 @@ GOLDEN_RUNNERS["deepspec"] = GoldenRunner(
     cases=lambda: deepspec_cases(),
     identity=lambda: deepspec_identity(),
 )
+GOLDEN_RUNNERS["mlx_vlm_mtp"] = GoldenRunner(
+    "mlx_vlm_mtp", "mlx-vlm",
+    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.draft_goldens"),
+    cases=lambda: _draft_goldens().mtp_draft_cases(),
+    produce=lambda case: _draft_goldens().produce_mlx_vlm_mtp(case),
+    requires="mlx_vlm",
+)
+GOLDEN_RUNNERS["optiq_assistant"] = GoldenRunner(
+    "optiq_assistant", "mlx-optiq",
+    ("oracles.__init__", "oracles.recording", "oracles.drafts", "oracles.optiq", "traces.normalize",
+     "specparity.draft_goldens"),
+    cases=lambda: _draft_goldens().assistant_draft_cases(),
+    produce=lambda case: _draft_goldens().produce_optiq_assistant(case),
+    requires="optiq",
+)
 """Which runners have goldens. Add e.g. ``"optiq": GoldenRunner("optiq",
 "mlx-optiq", ("oracles.__init__", "oracles.optiq"), cases=optiq_cases)``."""
+
+
+def _draft_goldens() -> Any:
+    from specparity import draft_goldens
+
+    return draft_goldens
 
 
 def deepspec_identity() -> dict[str, str | None]:

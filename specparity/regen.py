@@ -49,7 +49,9 @@ def regen_task(runner: str, case: Any) -> tuple[str, list[dict[str, Any]]]:
     """
     from specparity.runners import run_case
 
-    return g.golden_key(runner, case), g.normalize_records(run_case(runner, case))
+    produce = g.GOLDEN_RUNNERS[runner].produce
+    records = produce(case) if produce is not None else run_case(runner, case)
+    return g.golden_key(runner, case), g.normalize_records(records)
 
 
 def die_with_parent() -> None:
@@ -366,8 +368,9 @@ def _unavailable_runners(names: Iterable[str]) -> dict[str, str]:
 
     out = {}
     for name in names:
-        if name in RUNNERS:
-            ok, why = availability(name)
+        oracle = (g.GOLDEN_RUNNERS[name].requires if name in g.GOLDEN_RUNNERS else None) or name
+        if oracle in RUNNERS:
+            ok, why = availability(oracle)
             if not ok:
                 out[name] = f"oracle unavailable: {why}"
     return out

@@ -1,0 +1,121 @@
+"""Draft-level goldens: the references' drafters, recorded inside their own round loops.
+
+A wrong MTP draft row (built from the wrong hidden position) or a drifted
+assistant drafter stays LOSSLESS after verification: plain-greedy identity
+cannot see it, and the round-level goldens only see it where it flips a
+draft token. These goldens record, per round, the drafted tokens (the trace's
+rounds) and a digest of the logits of every draft (header ``draft_logits``,
+``oracles/drafts.py``) from:
+
+- ``mlx_vlm_mtp``: mlx-vlm 0.7.10's ``qwen3_5_mtp`` drafter in its own MTP
+  round loop (``oracles.mlx_vlm.run_mtp``, the §3-aligned ``pre-norm`` target
+  adapter: round for round identical to the engine's ``mtp`` source), on the
+  zoo ``qwen35`` target with both zoo heads;
+- ``optiq_assistant``: mlx-optiq 0.7.7's ``GemmaAssistantDrafter`` in its
+  ``spec_generate`` loop (``oracles.optiq.run_assistant``; §3's L2 oracle for
+  the ``assistant`` row), on the zoo ``gemma4`` target with the three zoo
+  assistant heads, mapped by its two named normalizations
+  (``optiq-spec-budget-drafts``, ``optiq-stopping-eos``, named in the header's
+  ``normalizations``) at record time.
+
+Both are goldens of the registry (``specparity/goldens.py``: staleness by
+package version, runner code and every other input as for any golden),
+written by ``specparity regen --runner mlx_vlm_mtp`` (``tox -e vlm``'s
+environment) / ``--runner optiq_assistant`` (``tox -e optiq``'s) and compared
+with the live engine in the default run: rounds by ``conformance/test_goldens.py``,
+draft logits step by step by ``conformance/test_draft_goldens.py``.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+MTP_HEADS = ("qwen35-mtp", "qwen35-mtp-self")
+MTP_PROMPTS = ("nat-00", "nat-02", "rnd-00")
+MTP_GAMMAS = (1, 2)  # the zoo MTP heads' block_size is 3
+MTP_MAX_TOKENS = 24
+ASSISTANT_HEADS = ("gemma4-assistant", "gemma4-assistant-self", "gemma4-assistant-centroid-self")
+ASSISTANT_PROMPTS = ("nat-03", "rnd-14")  # prompt + budget + block inside gemma4's 32-token window
+ASSISTANT_GAMMAS = (1, 3)
+ASSISTANT_MAX_TOKENS = 14
+OPTIQ_NORMALIZATIONS = ("optiq-spec-budget-drafts", "optiq-stopping-eos")
+
+
+def mtp_draft_cases() -> list[Any]:
+    from specparity.cases import Case
+
+    return [Case("qwen35", h, p, g, MTP_MAX_TOKENS, source="mtp")
+            for h in MTP_HEADS for p in MTP_PROMPTS for g in MTP_GAMMAS]
+
+
+def assistant_draft_cases() -> list[Any]:
+    from specparity.cases import Case
+
+    return [Case("gemma4", h, p, g, ASSISTANT_MAX_TOKENS, source="assistant")
+            for h in ASSISTANT_HEADS for p in ASSISTANT_PROMPTS for g in ASSISTANT_GAMMAS]
+
+
+def _header(runner: dict[str, Any], case: Any) -> tuple[dict[str, Any], Any]:
+    """The header ``specparity.runners.run_case`` writes for a head-source case, with ``runner``."""
+    import zoo
+    from specparity.runners import case_params, case_paths, load_model, model_identity
+    from traces.records import make_header
+
+    tpath, dpath = case_paths(case)
+    target = load_model(str(tpath))
+    ids = list(zoo.prompt(case.prompt_id).token_ids)
+    header = make_header(
+        runner=runner, mode=case.mode, source=case.source, case_id=case.case_id,
+        target=model_identity(tpath), drafter=model_identity(dpath) if dpath is not None else None,
+        tokenizer_sha256=zoo.tokenizer_digest(), params=case_params(case, "full"),
+        prompt_id=case.prompt_id, prompt_ids=ids,
+        eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
+    )
+    return header, target
+
+
+@cache
+def _vlm_target(target: str) -> Any:
+    import zoo
+    from oracles.mlx_vlm import load_target
+
+    return load_target(zoo.model_dir(target), hidden="pre-norm")
+
+
+def produce_mlx_vlm_mtp(case: Any) -> list[dict[str, Any]]:
+    """All records of ``case`` from mlx-vlm's MTP loop, header ``draft_logits`` included."""
+    import zoo
+    from oracles.mlx_vlm import run_mtp, version
+    from zoo.heads import head_dir
+
+    header, _ = _header({"name": "mlx_vlm_mtp", "package": "mlx-vlm", "version": version()}, case)
+    body, info = run_mtp(
+        zoo.model_dir(case.target), head_dir(case.drafter), list(header["prompt"]["token_ids"]),
+        gamma=case.gamma, max_tokens=case.max_tokens, eos_ids=list(header["eos_ids"]),
+        model=_vlm_target(case.target), draft_logits=True,
+    )
+    header["draft_logits"] = info["draft_logits"]
+    return [header, *body]
+
+
+def produce_optiq_assistant(case: Any) -> list[dict[str, Any]]:
+    """All records of ``case`` from optiq's assistant loop, normalized, header ``draft_logits`` included."""
+    from oracles.optiq import run_assistant, version
+    from traces.normalize import optiq_spec_budget_drafts, optiq_stopping_eos
+    from zoo.heads import head_dir
+
+    header, target = _header({"name": "optiq_assistant", "package": "mlx-optiq", "version": version()}, case)
+    logits: list[list[dict[str, Any]]] = []
+    body = run_assistant(
+        target.model, str(head_dir(case.drafter)), list(header["prompt"]["token_ids"]),
+        gamma=case.gamma, max_tokens=case.max_tokens, eos_id=header["eos_ids"][0], draft_logits=logits,
+    )
+    records = optiq_stopping_eos(optiq_spec_budget_drafts([header, *body], case.max_tokens))
+    rounds = [r for r in records if r["type"] == "round"]
+    if len(rounds) != len(logits):
+        raise RuntimeError(f"optiq assistant: {len(logits)} draft blocks for {len(rounds)} rounds")
+    # optiq drafts gamma past the budget; the normalization cut the drafts, cut their logits alike
+    records[0]["draft_logits"] = [rows[: len(r["drafts"])] for r, rows in zip(rounds, logits, strict=True)]
+    records[0]["normalizations"] = list(OPTIQ_NORMALIZATIONS)
+    return records
