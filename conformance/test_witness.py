@@ -186,3 +186,27 @@ def test_rotating_trim_after_wrap_is_logic_by_witness_and_known(witness: Any, ca
     paths = v.divergence.witness.data["paths"]  # type: ignore[union-attr]
     # The engine's path gives its token; mlx-lm's window on the correct prefix does not give mlx-lm's.
     assert paths[0]["reproduced"] and not paths[1]["reproduced"], v.divergence.message
+
+
+@pytest.mark.oracle
+def test_witnessed_flip_after_the_engine_fallback_is_numerics_not_failed(
+    nonexact_backend: None, witness: Any
+) -> None:
+    """After the ring-wrap the engine decodes plainly and mlx-lm still verifies in windows."""
+    require_oracle("mlx_lm")
+    case = Case("gemma3", "self", "nat-00", 1, 32)
+    models = [load_model(str(p)).model for p in case_paths(case) if p is not None]
+    for m in models:
+        emulate_nonexact(m, SCALE)
+    try:
+        eng, ref = run_trace("engine", case), run_trace("mlx_lm", case)
+        v = compare_with_reference(eng, ref, "mlx_lm", witness=witness)
+        plain_v = compare_with_reference(eng, ref, "mlx_lm")
+    finally:
+        for m in models:
+            exact(m)
+    assert v.status == "numerics" and not v.fails, v.format()
+    assert v.divergence is not None and v.divergence.level == "tokens", v.format()
+    # Without a witness only the eps guess is left (here "logic?", the wrap entry's class).
+    assert plain_v.status != "numerics" and plain_v.divergence is not None
+    assert plain_v.divergence.basis == "eps"

@@ -11,7 +11,11 @@ comparison), so a reference bug is classified the same way everywhere:
    (runner, target family, and the entry's signature — e.g. the first
    divergent output token lies after the engine's ring-wrap point) is
    ``known`` with that entry's id; any other divergence is ``divergent``.
-3. A reference that refused the case (``ReferenceRefused``) is ``refused``
+3. A token-level flip after the engine's fallback that the numerics witness
+   attributes to arithmetic (the engine decodes plainly there, the reference
+   still verifies in windows: different arithmetic paths by design, §2.1) is
+   ``numerics``: reported, not failed. Without a witness it stays ``divergent``.
+4. A reference that refused the case (``ReferenceRefused``) is ``refused``
    with the matching refusal entry's id, or ``divergent`` when no entry
    explains the refusal.
 """
@@ -56,7 +60,7 @@ class KnownEntry:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # "identical" | "known" | "refused" | "divergent"
+    status: str  # "identical" | "known" | "numerics" | "refused" | "divergent"
     divergence: Divergence | None = None
     known: KnownEntry | None = None
     detail: str = ""
@@ -169,6 +173,10 @@ def compare_with_reference(
     known = _match_divergence(engine, ref, runner, div)
     if known is not None:
         return Verdict("known", div, known)
+    if point is not None and div.level == "tokens" and div.basis == "witness" and div.klass == "numerics":
+        # After the engine's fallback it decodes one token per forward while the
+        # reference keeps verifying windows: two arithmetic paths by design (§2.1).
+        return Verdict("numerics", div, detail=f"{detail}; a witnessed arithmetic flip after the fallback")
     return Verdict("divergent", div)
 
 
