@@ -166,18 +166,17 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
     draft = load_model(str(dpath)) if dpath is not None and case.source not in (*HEAD_SOURCES, *DSPARK_SOURCES) else None
-    if case.on_zoo:
+    if case.prompt_tokens is None:
+        if not case.on_zoo:
+            raise ValueError(f"case {case.case_id}: a case on a model path needs its prompt's token ids")
         ids = list(zoo.prompt(case.prompt_id).token_ids)
-        tokenizer_sha256: str | None = zoo.tokenizer_digest()
     else:
         from specparity.prompts import check_ids_for_model
 
-        if case.prompt_tokens is None:
-            raise ValueError(f"case {case.case_id}: a case on a model path needs its prompt's token ids")
         # Never feed the model ids past its vocabulary (garbage or a segfault on MLX).
         ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
                                   prompt_id=case.prompt_id)
-        tokenizer_sha256 = tokenizer_digest(tpath)
+    tokenizer_sha256 = zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath)
     header = make_header(
         runner=_runner_info(runner),
         mode=case.mode,

@@ -4,7 +4,7 @@ Takes ``generate``'s flags (target, drafter, source, prompt, γ, sampling, EOS
 ids, logits processors) and runs the case with a reference runner instead of
 the engine: ``mlx_lm`` here; ``optiq``, ``hf_prompt_lookup``, ``mlx_vlm``,
 ``deepspec`` in the environments that install them (``--runner all``: every
-runner whose package is importable here; ``engine`` is accepted too). The trace
+per-case runner whose package is importable here; ``engine`` is accepted too). The trace
 is written as ``specparity run`` writes it (``specparity.runners.run_case``),
 to ``--trace FILE`` (one runner) or ``--out DIR/<runner>/<case>.jsonl``.
 A reference that refuses the case (e.g. mlx-lm on a non-trimmable cache) is
@@ -88,13 +88,13 @@ def case_from_args(args: argparse.Namespace) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from oracles import RUNNERS, availability
+    from oracles import RUNNERS, run_availability
     from specparity.run import run_task
     from traces.io import write_trace
 
     case = case_from_args(args)
     if args.runner == "all":
-        runners = ["engine", *[r for r in RUNNERS if availability(r)[0]]]
+        runners = ["engine", *[r for r in RUNNERS if run_availability(r)[0]]]
     else:
         runners = [r.strip() for r in args.runner.split(",") if r.strip()]
         for r in runners:
@@ -102,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
                 continue
             if r not in RUNNERS:
                 raise ValueError(f"--runner: unknown runner {r!r}; known: engine, {', '.join(RUNNERS)}")
-            ok, why = availability(r)
+            ok, why = run_availability(r)
             if not ok:
                 raise ValueError(f"--runner {r}: not importable here: {why}")
     if args.trace is not None and len(runners) > 1:
