@@ -112,10 +112,14 @@ def processor_cases() -> list[Any]:
 
     n = GOLDEN_MAX_TOKENS
     return [
-        Case("llama", "twin", "nat-00", 3, n, processors="rp1.3c64+hlast"),
-        Case("llama", "twin", "nat-00", 3, n, temperature=0.8, processors="pp0.5c20+fp1c64+lb5=1.5,7=-2+hlast"),
+        # rewarding repetition over a short context: a wrong history flips picks, so these
+        # catch the planted history bugs of conformance/test_logits_processors.py
+        Case("llama", "twin", "nat-00", 3, n, processors="fp-1c8+hlast"),
+        Case("llama", "twin", "nat-00", 3, n, processors="rp0.7c6+hlast"),
+        Case("llama", "twin", "nat-00", 3, n, temperature=0.8, processors="rp0.7c6+fp-0.5c8+hlast"),
+        Case("llama", "twin", "nat-00", 3, n, temperature=0.8, processors="pp-1.5c4+fp1c16+hlast"),
         Case("qwen3", "twin", "nat-01", 1, n, processors="fp-1c8+hlast"),
-        Case("llama", "small", "rnd-01", 3, n, temperature=0.8, processors="rp0.7c6+hlast"),
+        Case("llama", "small", "rnd-01", 3, n, temperature=0.8, processors="pp0.5c20+fp1c64+lb5=1.5,7=-2+hlast"),
         Case("llama", "twin", "nat-00", 3, n, processors="rp1.3c64"),
         Case("llama", "twin", "nat-00", 3, n, processors="lb5=1.5,7=-2"),
         Case("llama", None, "nat-00", 0, n, processors="rp1.3c64"),
