@@ -153,6 +153,19 @@ class Recorder:
         write_trace(self.dir / f"{safe}.jsonl", recs)
 
 
+def _eos_cases(base: list[SubjectCase], plain_ref: Callable[[SubjectCase], list[int]]) -> list[SubjectCase]:
+    """The base cases with an EOS planted inside the generation (as the eos check does)."""
+    from subjects.checks import plant
+
+    out = []
+    for c in base:
+        full = plain_ref(c.with_(eos_ids=()))
+        j = plant(full)
+        if j is not None:
+            out.append(c.with_(eos_ids=(full[j],)))
+    return out
+
+
 def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: str, mode: Mode,
                plain_ref: Callable[[SubjectCase], list[int]] = plain,
                sample_ref: Callable[[SubjectCase], list[int]] = plain_sample,
@@ -181,7 +194,7 @@ def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: s
     run("eos", lambda: check_eos(gen, plain_ref, base))
     run("stop", lambda: check_stop(gen, plain_ref, base[:2]))
     run("counters", lambda: check_counters(gen, base + [c.with_(max_tokens=m, eos_ids=()) for c in base[:1]
-                                                         for m in (2, 5, 9)]))
+                                                         for m in (2, 5, 9)] + _eos_cases(base, plain_ref)))
     if mode.samples:
         dcase = SubjectCase(target=mode.targets[0], mode=mode_name, drafter=mode.drafter, prompt_id="nat-00",
                             max_tokens=2, temperature=0.7, top_k=mode.top_k)

@@ -91,7 +91,7 @@ def _run(gen: Generate, case: SubjectCase) -> SubjectRun:
     return gen(case)
 
 
-def _plant(ref_full: Sequence[int], start: int = 3) -> int | None:
+def plant(ref_full: Sequence[int], start: int = 3) -> int | None:
     """A position j >= start whose token does not occur earlier in ``ref_full``."""
     for j in range(start, len(ref_full)):
         if ref_full[j] not in ref_full[:j]:
@@ -181,7 +181,7 @@ def check_eos(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> 
     n, hooks = 0, []
     for base in cases:
         full = plain(base.with_(eos_ids=()))
-        j = _plant(full)
+        j = plant(full)
         if j is None:
             continue
         e = full[j]
@@ -219,7 +219,7 @@ def check_stop(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) ->
     n, hooks = 0, []
     for base in cases:
         full = plain(base.with_(eos_ids=()))
-        j = _plant(full, 4)
+        j = plant(full, 4)
         if j is None:
             continue
         s = full[j]

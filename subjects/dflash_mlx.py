@@ -1,21 +1,46 @@
-"""dflash-mlx 0.1.8 (PyPI ``dflash-mlx``): DFlash block-diffusion drafting with several verify modes.
+"""dflash-mlx 0.1.8 (PyPI ``dflash-mlx``), driven unmodified through its Python API.
 
-Reference API: ``dflash_mlx/runtime/__init__.py`` ``stream_dflash_generate`` (engine events: TokenEvent, cycle events, SummaryEvent) over ``runtime/bundle.py`` ``load_runtime_bundle(model_ref, draft_ref, ...)``.
+Reference: ``dflash_mlx/runtime/context.py`` ``build_offline_runtime_context(verify_mode=)``,
+``dflash_mlx/runtime/bundle.py`` ``load_runtime_bundle(model_ref, draft_ref,
+verify_config)`` and ``dflash_mlx/runtime/__init__.py`` ``stream_dflash_generate``
+(``prompt_tokens_override``, ``stop_token_ids``, ``block_tokens``), exactly as its
+own ``generate.run_generate`` drives them. Events (``engine/events.py``):
+``TokenEvent(token_id, ...)`` per token, ``CycleCompleteEvent(block_len,
+commit_count, acceptance_len, ...)`` per verify cycle, ``SummaryEvent
+(generated_token_ids, generation_tokens, accepted_from_draft,
+cycles_completed, acceptance_history)`` at the end.
 
-Status: not driven yet: a DFlash drafter checkpoint in dflash-mlx's own format (its model.py DFlash draft model with target-layer taps and mask token) has to be built from the zoo targets first. The scoreboard lists the engine with that reason (and
-the exact import error when the package does not import here) until an
-adapter drives it; nothing is faked.
+Drafter: a tiny DFlash draft model in dflash-mlx's own format, built by
+instantiating its ``model.py`` ``DFlashDraftModel`` from a config derived
+from the zoo ``qwen3`` target (1 layer, target taps 0 and 1, block 4, mask
+token = last id, no draft lm_head: the runtime projects through the target's
+head) and saving its seeded random parameters (``model.safetensors``), which
+``load_draft_bundle`` reads back through mlx-lm's loader. EOS: ``stop_token_ids``
+(that list is also the only stop-id mechanism, so a stop id is an EOS here:
+the ``stop`` check is not separate). Greedy only (no sampler parameter).
+Trace level: token, with per-cycle counts.
 """
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from typing import Any
+
+import zoo
 from subjects import Mode
-from subjects._common import dist_version, require_module
-from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported
+from subjects._common import dist_version, eos_for, prompt_ids, require_module
+from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
 
 NAME = "dflash-mlx"
-NOT_DRIVEN = "not driven yet: a DFlash drafter checkpoint in dflash-mlx's own format (its model.py DFlash draft model with target-layer taps and mask token) has to be built from the zoo targets first; the installed package imports"
-MODES: dict[str, Mode] = {}
+_STOP = "stop_token_ids is the EOS list itself: no separate stop-id parameter"
+_GREEDY = "stream_dflash_generate takes no temperature/sampler"
+MODES = {
+    f"verify-{m}": Mode(targets=("qwen3",), drafter="qwen3-dflash-random",
+                        note=f"stream_dflash_generate, verify mode {m!r}, tiny random DFlash drafter in its format",
+                        unsupported={"stop": _STOP, "distribution": _GREEDY})
+    for m in ("dflash", "adaptive", "ddtree")
+}
 
 
 def require() -> None:
@@ -26,5 +51,90 @@ def version() -> str:
     return dist_version("dflash-mlx")
 
 
+def _config(target: str) -> dict[str, Any]:
+    t = json.loads((zoo.model_dir(target) / "config.json").read_text())
+    return {
+        "model_type": t["model_type"], "architectures": ["DFlashDraftModel"],
+        "hidden_size": t["hidden_size"], "num_hidden_layers": 1,
+        "intermediate_size": t["intermediate_size"], "num_attention_heads": t["num_attention_heads"],
+        "rms_norm_eps": t["rms_norm_eps"], "vocab_size": t["vocab_size"],
+        "num_key_value_heads": t["num_key_value_heads"], "max_position_embeddings": t["max_position_embeddings"],
+        "rope_theta": t.get("rope_theta", 1000000.0), "head_dim": t.get("head_dim", 16),
+        "tie_word_embeddings": False, "num_target_layers": t["num_hidden_layers"], "block_size": 4,
+        "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": t["vocab_size"] - 1},
+    }
+
+
+@cache
+def drafter_dir(target: str) -> str:
+    from dflash_mlx.model import DFlashDraftModel, DFlashDraftModelArgs
+
+    from subjects.drafters import module_checkpoint
+
+    cfg = _config(target)
+    d = module_checkpoint(f"dflash-mlx-{version()}-{target}-random",
+                          lambda: DFlashDraftModel(DFlashDraftModelArgs.from_dict(cfg)), cfg)
+    return str(d)
+
+
+def drafter_path(case: SubjectCase) -> str | None:
+    return drafter_dir(case.target)
+
+
+@cache
+def _bundle(target: str, verify_mode: str) -> tuple[Any, Any]:
+    from dflash_mlx.runtime.bundle import load_runtime_bundle
+    from dflash_mlx.runtime.context import build_offline_runtime_context
+
+    ctx = build_offline_runtime_context(verify_mode=verify_mode)
+    bundle = load_runtime_bundle(model_ref=str(zoo.model_dir(target)), draft_ref=drafter_dir(target),
+                                 verify_config=ctx.verify)
+    return ctx, bundle
+
+
 def generate(case: SubjectCase) -> SubjectRun:
-    raise SubjectUnsupported(NOT_DRIVEN)
+    from dflash_mlx.engine.events import CycleCompleteEvent, SummaryEvent, TokenEvent
+    from dflash_mlx.runtime import stream_dflash_generate
+
+    mode = MODES.get(case.mode)
+    if mode is None or case.target not in mode.targets:
+        raise SubjectUnsupported(f"dflash-mlx adapter: no mode {case.mode!r} on target {case.target!r}")
+    if case.stop_ids:
+        raise SubjectUnsupported(_STOP)
+    if case.temperature > 0:
+        raise SubjectUnsupported(_GREEDY)
+    ctx, b = _bundle(case.target, case.mode.removeprefix("verify-"))
+    eos = sorted(eos_for(case.eos_ids))
+
+    def run() -> list[Any]:
+        stream = stream_dflash_generate(
+            target_model=b.target_model, target_ops=b.target_ops, tokenizer=b.tokenizer,
+            draft_model=b.draft_model, draft_backend=b.draft_backend, prompt="",
+            prompt_tokens_override=list(prompt_ids(case.prompt_id)), max_new_tokens=case.max_tokens,
+            use_chat_template=False, stop_token_ids=eos, runtime_context=ctx)
+        try:
+            return list(stream)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+
+    events, wall = timed(run)
+    tokens = [int(e.token_id) for e in events if isinstance(e, TokenEvent)]
+    cycles = [e for e in events if isinstance(e, CycleCompleteEvent)]
+    summary = next((e for e in events if isinstance(e, SummaryEvent)), None)
+    rounds = [RoundReport(drafted=max(int(c.block_len) - 1, 0), accepted=int(c.acceptance_len),
+                          committed=int(c.commit_count), source=c.draft_source) for c in cycles] or None
+    counters: dict[str, int] = {"emitted": len(tokens)}
+    extra: dict[str, Any] = {}
+    if summary is not None:
+        counters.update(generation_tokens=int(summary.generation_tokens),
+                        accepted=int(summary.accepted_from_draft), rounds=int(summary.cycles_completed))
+        extra["summary_ids"] = [int(t) for t in summary.generated_token_ids]
+        if extra["summary_ids"] != tokens:
+            counters["summary_ids_differ"] = 1
+    prefill = max(len(tokens) - sum(r.committed for r in rounds), 0) if rounds else 0
+    return SubjectRun(stream=tokens, finish_reason=None, rounds=rounds, counters=counters, wall_s=wall,
+                      prefill_tokens=min(prefill, 1), extra=extra,
+                      hooks=["dflash_mlx.runtime.stream_dflash_generate (TokenEvent, CycleCompleteEvent, "
+                             "SummaryEvent)", "dflash_mlx.runtime.bundle.load_runtime_bundle"])

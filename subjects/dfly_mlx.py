@@ -1,30 +1,115 @@
-"""dfly-mlx 0.1.0 (PyPI ``dfly-mlx``): DFly drafting on top of dflash-mlx's runtime.
+"""dfly-mlx 0.1.0 (PyPI ``dfly-mlx``): DFly drafting on dflash-mlx's runtime, driven unmodified.
 
-Reference API: ``dfly_mlx/loading.py`` ``load_runtime(target_ref, draft_ref)`` (with ``validate_pair``) and ``dfly_mlx/generate.py`` ``generate`` returning a ``GenerationResult``.
+Reference: ``dfly_mlx/loading.py`` ``load_runtime(target_ref, draft_ref)``
+(``validate_pair``, mlx-lm loader with ``dfly_mlx.model.model_classes``,
+``DFlyDraftBackend``) and ``dfly_mlx/generate.py`` ``generate``, which calls
+dflash-mlx's ``stream_dflash_generate`` with verify mode ``dflash``,
+copyspec off and ``block_tokens = draft_model.block_size``. ``generate`` only
+takes a prompt *string* that it turns into tokens with the tokenizer's chat
+template (``no_thinking_prompt_tokens``); the zoo tokenizer has no chat
+template, so the adapter makes exactly the same ``stream_dflash_generate``
+call as ``generate`` with ``prompt_tokens_override`` = the zoo prompt ids and
+the case's ``stop_token_ids`` (its EOS list), reading the same events.
 
-Status: not driven yet: needs a DFly drafter checkpoint in dfly-mlx's format (its model.py) built from the zoo targets. The scoreboard lists the engine with that reason (and
-the exact import error when the package does not import here) until an
-adapter drives it; nothing is faked.
+Drafter: a tiny DFly drafter in dfly-mlx's own format: its
+``DFlyDraftModel`` instantiated from a config derived from the zoo ``qwen3``
+target (1 layer, taps 0 and 1, block 4, hidden correction on) with
+``target_hidden_size`` / ``target_num_hidden_layers`` for ``validate_pair``,
+seeded random parameters saved under its own names. Greedy only.
+Trace level: token.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+import zoo
 from subjects import Mode
-from subjects._common import dist_version, require_module
-from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported
+from subjects._common import dist_version, eos_for, prompt_ids, require_module
+from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported, timed
 
 NAME = "dfly-mlx"
-NOT_DRIVEN = "not driven yet: needs a DFly drafter checkpoint in dfly-mlx's format (its model.py) built from the zoo targets; the installed package imports"
-MODES: dict[str, Mode] = {}
+_STOP = "stop_token_ids is the EOS list itself: no separate stop-id parameter"
+_GREEDY = "generate / stream_dflash_generate take no temperature"
+MODES = {
+    "dfly": Mode(targets=("qwen3",), drafter="qwen3-dfly-random",
+                 note="dfly load_runtime + the stream_dflash_generate call of dfly generate (token prompt)",
+                 unsupported={"stop": _STOP, "distribution": _GREEDY}),
+}
 
 
 def require() -> None:
-    require_module("dfly_mlx.generate", NAME)
+    require_module("dfly_mlx.loading", NAME)
 
 
 def version() -> str:
     return dist_version("dfly-mlx")
 
 
+@cache
+def drafter_dir(target: str) -> str:
+    from dflash_mlx.model import DFlashDraftModelArgs
+    from dfly_mlx.model import DFlyDraftModel
+
+    from subjects.dflash_mlx import _config
+    from subjects.drafters import module_checkpoint
+
+    cfg = _config(target)
+    cfg["num_target_layers"] = 2
+    cfg["target_hidden_size"] = cfg["hidden_size"]
+    cfg["target_num_hidden_layers"] = int(
+        __import__("json").loads((zoo.model_dir(target) / "config.json").read_text())["num_hidden_layers"])
+    cfg["dflash_config"] = {**cfg["dflash_config"], "enable_hidden_correction": True}
+    d = module_checkpoint(f"dfly-mlx-{version()}-{target}-random",
+                          lambda: DFlyDraftModel(DFlashDraftModelArgs.from_dict(cfg)), cfg, seed=1)
+    return str(d)
+
+
+def drafter_path(case: SubjectCase) -> str | None:
+    return drafter_dir(case.target)
+
+
+@cache
+def _bundle(target: str) -> Any:
+    from dfly_mlx.loading import load_runtime
+
+    return load_runtime(str(zoo.model_dir(target)), drafter_dir(target))
+
+
 def generate(case: SubjectCase) -> SubjectRun:
-    raise SubjectUnsupported(NOT_DRIVEN)
+    from dflash_mlx.engine.events import SummaryEvent, TokenEvent
+    from dflash_mlx.runtime import stream_dflash_generate
+    from dflash_mlx.runtime.context import build_offline_runtime_context
+
+    mode = MODES.get(case.mode)
+    if mode is None or case.target not in mode.targets:
+        raise SubjectUnsupported(f"dfly-mlx adapter: no mode {case.mode!r} on target {case.target!r}")
+    if case.stop_ids:
+        raise SubjectUnsupported(_STOP)
+    if case.temperature > 0:
+        raise SubjectUnsupported(_GREEDY)
+    b = _bundle(case.target)
+    ctx = build_offline_runtime_context(verify_mode="dflash")
+    if hasattr(ctx.runtime, "copyspec_mode"):
+        ctx = replace(ctx, runtime=replace(ctx.runtime, copyspec_mode="off"))
+
+    def run() -> list[Any]:
+        return list(stream_dflash_generate(
+            target_model=b.target_model, target_ops=b.target_ops, tokenizer=b.tokenizer,
+            draft_model=b.draft_model, draft_backend=b.draft_backend, prompt="", max_new_tokens=case.max_tokens,
+            use_chat_template=False, block_tokens=int(b.draft_model.block_size),
+            stop_token_ids=sorted(eos_for(case.eos_ids)),
+            prompt_tokens_override=list(prompt_ids(case.prompt_id)), runtime_context=ctx))
+
+    events, wall = timed(run)
+    tokens = [int(e.token_id) for e in events if isinstance(e, TokenEvent)]
+    summary = next((e for e in events if isinstance(e, SummaryEvent)), None)
+    counters: dict[str, int] = {"emitted": len(tokens)}
+    if summary is not None:
+        counters.update(generation_tokens=int(summary.generation_tokens),
+                        accepted=int(summary.accepted_from_draft), rounds=int(summary.cycles_completed))
+    return SubjectRun(stream=tokens, finish_reason=None, counters=counters, wall_s=wall,
+                      hooks=["dfly_mlx.loading.load_runtime", "dflash_mlx.runtime.stream_dflash_generate "
+                             "(as dfly_mlx.generate.generate calls it)"])
