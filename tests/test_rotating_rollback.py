@@ -1,0 +1,132 @@
+"""The ``rotating`` request option: exact ring rollback vs the §2 guard (engine/rollback.py).
+
+Model-free where possible; the zoo ``gemma3`` pair (window 32) for the
+executor-level checks: exact and guard agree round for round (digests
+included) up to where the guard stops, and a rotating cache exact rollback
+cannot handle keeps the guard with the reason recorded, never a silent
+wrong rollback.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from engine.caches import CacheRollbackError
+from engine.executor import GenerationParams, spec_generate
+from engine.rollback import CacheRollback, RingRound, ring_unsupported
+from engine.sources.two_model import TwoModelProvider
+
+
+class OddRing(RotatingKVCache):
+    """A rotating cache with its own update code: exact rollback must refuse it."""
+
+    def update_and_fetch(self, keys: Any, values: Any) -> Any:
+        return super().update_and_fetch(keys, values)
+
+
+def _kv(n: int, seed: int = 0) -> tuple[mx.array, mx.array]:
+    k = mx.random.normal((1, 2, n, 4), key=mx.random.key(seed))
+    return k, k + 1
+
+
+def test_rotating_option_validated_and_default_guard() -> None:
+    assert GenerationParams().rotating == "guard"
+    with pytest.raises(ValueError, match="rotating must be one of"):
+        GenerationParams(rotating="sometimes")
+    with pytest.raises(ValueError, match="rotating must be one of"):
+        CacheRollback(SimpleNamespace(layers=[]), [], rotating="nope")
+
+
+def test_unsupported_ring_keeps_guard_with_reason() -> None:
+    assert ring_unsupported(RotatingKVCache(max_size=4)) is None
+    assert "overrides RotatingKVCache.update_and_fetch" in (ring_unsupported(OddRing(max_size=4)) or "")
+    assert "not mlx-lm RotatingKVCache" in (ring_unsupported(KVCache()) or "")
+    odd = OddRing(max_size=4)
+    odd.update_and_fetch(*_kv(4))
+    plan = CacheRollback(SimpleNamespace(layers=[object()]), [odd], rotating="exact")
+    assert not plan.rings and 0 in plan.ring_fallback
+    why = plan.ring_guard(1)
+    assert why is not None and why.startswith("ring-wrap:") and "exact rollback unsupported" in why
+
+
+def test_wrong_slot_is_an_error_not_a_silent_restore() -> None:
+    c = RotatingKVCache(max_size=3)
+    c.update_and_fetch(*_kv(1))
+    c.update_and_fetch(*_kv(1, 1))
+    c.update_and_fetch(*_kv(1, 2))  # full ring, _idx == max_size
+    ring = RingRound(c)
+    ring.begin()
+    slot = ring.before_update(*_kv(1, 3))
+    assert slot == 0  # rotates to keep
+    with pytest.raises(CacheRollbackError, match="wrote slot 2, expected 0"):
+        ring.after_update(slot)  # as if mlx-lm had written somewhere else
+    ring.end()
+
+
+def test_rollback_without_round_raises() -> None:
+    with pytest.raises(CacheRollbackError, match="without a round"):
+        RingRound(RotatingKVCache(max_size=2)).rollback(1)
+
+
+def _pair() -> tuple[Any, Any, list[int]]:
+    import zoo
+    from specparity.runners import load_model
+
+    tdir, ddir = zoo.pair("gemma3", "twin")
+    return load_model(str(tdir)), load_model(str(ddir)), list(zoo.prompts()[0].token_ids)
+
+
+def _strip(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in r.items() if k != "time_s"}
+
+
+def test_exact_equals_guard_until_the_guard_stops() -> None:
+    t, d, ids = _pair()
+    runs = {
+        mode: spec_generate(
+            t.model, TwoModelProvider(d.model), ids, GenerationParams(max_tokens=48, eos_ids=(), rotating=mode)
+        )
+        for mode in ("guard", "exact")
+    }
+    guard, exact = runs["guard"].records, runs["exact"].records
+    stop = next(i for i, r in enumerate(guard) if r["type"] == "plain")
+    assert "ring-wrap" in guard[stop]["reason"]
+    assert [_strip(r) for r in exact[:stop]] == [_strip(r) for r in guard[:stop]]
+    assert all(r["type"] == "round" for r in exact[stop:])
+    assert runs["exact"].output_ids == runs["guard"].output_ids
+
+
+def test_unsupported_target_ring_falls_back_to_guard_in_the_trace() -> None:
+    t, d, ids = _pair()
+    caches = make_prompt_cache(t.model)
+    i = next(i for i, c in enumerate(caches) if isinstance(c, RotatingKVCache))
+    caches[i] = OddRing(max_size=caches[i].max_size, keep=caches[i].keep)
+    res = spec_generate(
+        t.model,
+        TwoModelProvider(d.model),
+        ids,
+        GenerationParams(max_tokens=40, eos_ids=(), rotating="exact"),
+        target_caches=caches,
+    )
+    plain = [r for r in res.records if r["type"] == "plain"]
+    assert plain and plain[0]["reason"] == "ring-wrap"
+    assert "exact rollback unsupported: OddRing overrides" in plain[0]["detail"]
+
+
+def test_unsupported_drafter_ring_falls_back_to_guard() -> None:
+    t, d, _ = _pair()
+    from engine.sampler import StepSampler
+
+    src = TwoModelProvider(d.model).open(StepSampler.from_params(GenerationParams().sampler), SimpleNamespace(model=t.model))
+    i = next(i for i, c in enumerate(src.caches) if isinstance(c, RotatingKVCache))
+    src.caches[i] = OddRing(max_size=src.caches[i].max_size)
+    src.set_rotating("exact")
+    assert i in src.ring_fallback and i not in src.rings
+    src.caches[i].offset = src.caches[i].max_size  # as if the ring were full
+    why = src.rollback_guard([1], 3)
+    assert why is not None and "exact rollback unsupported: OddRing overrides" in why
