@@ -4,15 +4,17 @@ A draft row built from the wrong hidden position stays lossless after
 verification (plain-greedy identity cannot see it) and often keeps the argmax
 draft too, so the round-level goldens cannot see it either. The draft goldens
 (``specparity/draft_goldens.py``: mlx-vlm 0.7.10's ``qwen3_5_mtp`` drafter in
-its MTP loop, mlx-optiq 0.7.7's ``GemmaAssistantDrafter`` in ``spec_generate``)
+its MTP loop, mlx-vlm's gemma4 assistant drafter at §3's positions, mlx-optiq
+0.7.7's ``GemmaAssistantDrafter`` in ``spec_generate``)
 carry the digest of every draft's logits (``oracles/drafts.py``); here the
 live engine's ``mtp`` / ``assistant`` sources run every golden case with their
 drafter logits recorded (the source's ``lm_head`` / drafter call wrapped for
 the duration of ``draft()``), and each round's drafts and each draft's
 logits must match (MTP: top tokens' log-probs and a probability sketch
 within 1e-4, the engine's head and mlx-vlm's own decoder layer differing by
-<= 3.3e-5; assistant: bit-identical float32 logits, as the engine mirrors
-optiq op for op), the first difference named by round and draft. No mlx-vlm or optiq is needed: the goldens are read.
+<= 3.3e-5; assistant vs optiq: bit-identical float32 logits, as the engine
+mirrors optiq op for op; vs mlx-vlm's assistant layers: within 1e-5), the
+first difference named by round and draft. No mlx-vlm or optiq is needed: the goldens are read.
 Stale goldens (``conformance/test_goldens.py`` names why) are skipped.
 
 Planted bugs, each caught with the round named: the MTP all-accept row built
@@ -33,14 +35,15 @@ from oracles.drafts import logits_digest
 from specparity.goldens import GOLDEN_DIR, GOLDEN_RUNNERS, check_goldens, golden_key, golden_path
 from traces.io import Trace, read_trace
 
-DRAFT_RUNNERS = ("mlx_vlm_mtp", "optiq_assistant")
+DRAFT_RUNNERS = ("mlx_vlm_mtp", "mlx_vlm_assistant", "optiq_assistant")
 CASES = [(r, c) for r in DRAFT_RUNNERS for c in GOLDEN_RUNNERS[r].cases()]
 
 # Draft-logit comparison bounds (|Δ log-prob| of the top tokens, and of the probability
 # sketch). MTP: the engine's head (mlx-lm's qwen3_5 DecoderLayer) vs mlx-vlm's own layer
 # differ by <= 3.3e-5 over the 376 golden draft steps: 1e-4. Assistant: the engine mirrors
-# optiq op for op, bit-identical on all 184 golden draft steps: 0 (sha256 equality).
-BOUNDS = {"mlx_vlm_mtp": 1e-4, "optiq_assistant": 0.0}
+# optiq op for op, bit-identical on all 184 golden draft steps: 0 (sha256 equality); mlx-vlm's
+# own assistant layers at the same positions differ by <= 1e-6: 1e-5.
+BOUNDS = {"mlx_vlm_mtp": 1e-4, "mlx_vlm_assistant": 1e-5, "optiq_assistant": 0.0}
 
 
 def digest_mismatch(live: dict[str, Any], ref: dict[str, Any], atol: float) -> str | None:
@@ -244,9 +247,10 @@ def test_planted_mtp_prefill_rows_one_late_are_caught(fresh: set[str], monkeypat
     assert found and all("round " in f for f in found), found
 
 
-def test_planted_assistant_fixed_draft_position_is_caught(fresh: set[str], monkeypatch) -> None:  # noqa: ANN001
-    """Every draft step queried at ``offset - 1`` (mlx-vlm's rule) instead of ``offset + k``."""
-    _require_fresh("optiq_assistant", fresh)
+@pytest.mark.parametrize("runner", ["optiq_assistant", "mlx_vlm_assistant"])
+def test_planted_assistant_fixed_draft_position_is_caught(runner: str, fresh: set[str], monkeypatch) -> None:  # noqa: ANN001
+    """Every draft step queried at ``offset - 1`` (mlx-vlm's loop rule) instead of ``offset + k``."""
+    _require_fresh(runner, fresh)
     from engine.sources import assistant
 
     real = assistant.AssistantDrafter.__call__
@@ -256,5 +260,5 @@ def test_planted_assistant_fixed_draft_position_is_caught(fresh: set[str], monke
         return real(self, token_emb, hidden, kv, base - 1)
 
     monkeypatch.setattr(assistant.AssistantDrafter, "__call__", fixed)
-    found = _caught("optiq_assistant", fresh, ("gemma4-assistant-self",))
+    found = _caught(runner, fresh, ("gemma4-assistant-self",))
     assert found and all("round " in f for f in found), found

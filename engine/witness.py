@@ -38,8 +38,12 @@ Each path's token is the greedy pick of the run's sampler ops. Verdict:
 ``logic``: a run sampled a token its own path does not give on the correct
 prefix (a wrong cache, a leaked or lost token, a different model...). A plain
 serial decode of the same prefix is evaluated as well, as a reference row.
-The witness judges greedy runs only (``temperature == 0``, no logits
-processors); it returns
+Each run's first record (before any rollback) calibrates its replay: the
+replayed margins must equal the recorded ones, and the trace's platform
+(mlx, device, backend) must be this process's; otherwise the witness raises
+``traces.diff.WitnessDeclined`` (another machine's or an emulation's
+arithmetic cannot be replayed here). The witness judges greedy runs only
+(``temperature == 0``, no logits processors); it returns
 ``None`` for sampled runs and when no model is at hand, and the diff falls back
 to its eps rule, labelled as such.
 """
@@ -56,8 +60,9 @@ from engine.audit import clone_caches
 from engine.executor import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, _prefill_chunks
 from engine.rollback import is_kv, is_rotating
 from engine.sampler import SamplerParams, StepSampler, token_ids
-from traces.diff import Flip, TokenSite, WitnessVerdict
+from traces.diff import Flip, TokenSite, WitnessDeclined, WitnessVerdict
 from traces.io import Trace
+from traces.records import platform_info
 
 __all__ = [
     "NumericsWitness",
@@ -67,6 +72,10 @@ __all__ = [
     "serial_path",
     "witness_flip",
 ]
+
+# Replayed vs recorded margins of a run's first record, relative to its largest logit:
+# measured 0 on the CPU (engine and mlx-lm traces); GPU arithmetic differences are ~1e-4..1e-3.
+CALIBRATION_TOL = 1e-6
 
 ModelResolver = Callable[[dict[str, Any]], Any]
 """``resolve(trace_header) -> target model`` (an mlx-lm ``nn.Module``) or ``None``."""
@@ -85,6 +94,8 @@ class PathEval:
         ran: The token the run recorded there, or ``None`` (reference path).
         recorded_margin: The run's recorded top-1/top-2 margin there.
         notes: Replay notes (e.g. a round rolled back by re-feed).
+        calibration: Largest relative |replayed - recorded| margin of the
+            run's first record (``None``: nothing to compare).
     """
 
     label: str
@@ -95,6 +106,7 @@ class PathEval:
     ran: int | None = None
     recorded_margin: float | None = None
     notes: list[str] = field(default_factory=list)
+    calibration: float | None = None
 
     @property
     def margin(self) -> float:
@@ -119,7 +131,7 @@ class PathEval:
             "label": self.label, "path": self.path, "token": self.token,
             "top2": [list(t) for t in self.top2], "margin": self.margin, "ran": self.ran,
             "reproduced": self.reproduced, "recorded_margin": self.recorded_margin,
-            "notes": list(self.notes),
+            "notes": list(self.notes), "calibration": self.calibration,
         }
 
 
@@ -166,7 +178,7 @@ def _trimmable_now(caches: list[Any], d: int) -> bool:
     return True
 
 
-def _replay_round(model: Any, caches: list[Any], rec: dict[str, Any], notes: list[str]) -> None:
+def _replay_round(model: Any, caches: list[Any], rec: dict[str, Any], notes: list[str]) -> mx.array | None:
     """One earlier round: the verify forward, then the contract's rollback to ``window[:k + 1]``.
 
     The witness rolls back on its own, with mlx-lm's cache API, never through
@@ -174,8 +186,10 @@ def _replay_round(model: Any, caches: list[Any], rec: dict[str, Any], notes: lis
     replayed as if it were the contract).
     """
     window, d, k = list(rec["window"]), len(rec["drafts"]), int(rec["k_accept"])
+    block = None
     if k == d or _trimmable_now(caches, d):
-        mx.eval(model(_tokens(window), cache=caches))
+        block = model(_tokens(window), cache=caches)[0, -len(window):, :]
+        mx.eval(block)
         for i, c in enumerate(caches):
             if k < d and (got := c.trim(d - k)) != d - k:
                 raise RuntimeError(f"witness replay: layer {i} trimmed {got} of {d - k} positions")
@@ -187,20 +201,54 @@ def _replay_round(model: Any, caches: list[Any], rec: dict[str, Any], notes: lis
         caches[:] = restored
         notes.append(f"round {rec['index']}: kept positions re-fed as one forward (no exact trim there)")
     mx.eval([c.state for c in caches])
+    return block
+
+
+def _margins(rows: mx.array) -> list[float]:
+    top = mx.topk(rows.astype(mx.float32), 2, axis=-1)
+    return [float(m) for m in cast(list, mx.abs(top[:, 0] - top[:, 1]).tolist())]
+
+
+def _calibration(rec: dict[str, Any], rows: mx.array | None, skip: int | None) -> float | None:
+    """Largest |replayed - recorded| margin of a record's rows (relative to its top logit), row ``skip`` left out."""
+    if rows is None:
+        return None
+    recorded = rec.get("margins") if rec["type"] == "round" else [rec.get("margin")]
+    replayed = _margins(rows)
+    top = float(cast(float, mx.max(mx.abs(rows.astype(mx.float32))).item()))
+    pairs = [(r, x) for i, (r, x) in enumerate(zip(recorded or [], replayed, strict=False))
+             if i != skip and isinstance(r, int | float)]
+    if not pairs:
+        return None
+    return max(abs(float(r) - x) for r, x in pairs) / max(1.0, top)
 
 
 def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> PathEval:
-    """Replay ``trace``'s own schedule up to ``site`` and evaluate the contested row (module doc)."""
+    """Replay ``trace``'s own schedule up to ``site`` and evaluate the contested row (module doc).
+
+    The first record (before any rollback) also calibrates the replay: its
+    replayed margins must equal the recorded ones (``PathEval.calibration``),
+    else the run's arithmetic is not this process's (another device, mlx,
+    kernels, or an emulation that is not active here).
+    """
     sampler = _greedy()
     caches = _new_caches(model)
     last = _prefill(model, trace, caches)
     notes: list[str] = []
     events = trace.events
-    for rec in events[: site.event]:
+    calibration: float | None = None
+    for i, rec in enumerate(events[: site.event]):
         if rec["type"] == "round":
-            _replay_round(model, caches, rec, notes)
+            block = _replay_round(model, caches, rec, notes)
+            if i == 0:
+                calibration = _calibration(rec, block, None)
         elif rec.get("reason") != "initial":
-            mx.eval(model(_tokens(list(rec["input"])), cache=caches))
+            row1 = model(_tokens(list(rec["input"])), cache=caches)[:, -1, :]
+            mx.eval(row1)
+            if i == 0:
+                calibration = _calibration(rec, row1, None)
+        elif i == 0 and last is not None:
+            calibration = _calibration(rec, last[:, -1, :], None)
     rec = events[site.event]
     if rec["type"] == "round":
         window = list(rec["window"])
@@ -210,6 +258,8 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> Path
         row = block[site.position]
         token = tokens[site.position]
         path = f"verify window of {len(window)} tokens (batched), row {site.position}"
+        if site.event == 0:
+            calibration = _calibration(rec, block, site.position)
     else:
         if rec.get("reason") == "initial":
             assert last is not None, "an initial plain record without prefill logits"
@@ -222,8 +272,10 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> Path
         row = row2[0]
     row = row.astype(mx.float32)
     mx.eval(row)
-    return PathEval(f"{label} {site.record}" + (f" pos {site.position}" if site.position is not None else ""),
-                    path, token, _top2(row), row, site.token, site.margin, notes)
+    out = PathEval(f"{label} {site.record}" + (f" pos {site.position}" if site.position is not None else ""),
+                   path, token, _top2(row), row, site.token, site.margin, notes)
+    out.calibration = calibration
+    return out
 
 
 def prefix_of(trace: Trace, site: TokenSite) -> list[int]:
@@ -261,6 +313,12 @@ def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
     """Replay both runs' paths on the same prefix and judge the flip (module doc)."""
     pa = evaluate_path(model, a, flip.a, "a")
     pb = evaluate_path(model, b, flip.b, "b")
+    for p, t in ((pa, a), (pb, b)):
+        if p.calibration is not None and p.calibration > CALIBRATION_TOL:
+            raise WitnessDeclined(
+                f"run {p.label.split()[0]}'s first record does not replay here (margins differ by "
+                f"{p.calibration:.3g} of the top logit): it ran on other arithmetic ({_platform(t)}, "
+                f"or a non-bit-exact emulation not active here)")
     prefix = prefix_of(a, flip.a)
     if prefix != prefix_of(b, flip.b):
         return WitnessVerdict("logic", "the two runs' prefixes differ before the contested token",
@@ -296,6 +354,21 @@ def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
     return WitnessVerdict(klass, reason, tuple(evidence), data)
 
 
+def _platform(trace: Trace) -> str:
+    p = trace.header.get("platform") or {}
+    return " ".join(str(p[k]) for k in ("device", "backend", "mlx") if p.get(k))
+
+
+def _platform_mismatch(trace: Trace) -> str | None:
+    here = platform_info()
+    p = trace.header.get("platform") or {}
+    for key in ("mlx", "device", "backend"):
+        if p.get(key) != here.get(key):
+            return f"{trace.label()} ran on {_platform(trace) or 'an unknown platform'}, " \
+                   f"this process on {' '.join(str(here[k]) for k in ('device', 'backend', 'mlx') if here.get(k))}"
+    return None
+
+
 def _greedy_run(trace: Trace) -> bool:
     """Greedy without logits processors: the only sampler the witness replays."""
     params = trace.header.get("params") or {}
@@ -321,6 +394,9 @@ class NumericsWitness:
     def __call__(self, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict | None:
         if not (_greedy_run(a) and _greedy_run(b)):
             return None
+        for t in (a, b):
+            if (why := _platform_mismatch(t)) is not None:
+                raise WitnessDeclined(f"{why}: its arithmetic cannot be replayed here")
         sha = [(t.header.get("target") or {}).get("weights_sha256") for t in (a, b)]
         if sha[0] and sha[1] and sha[0] != sha[1]:
             return None

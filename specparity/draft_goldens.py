@@ -11,6 +11,17 @@ rounds) and a digest of the logits of every draft (header ``draft_logits``,
   round loop (``oracles.mlx_vlm.run_mtp``, the §3-aligned ``pre-norm`` target
   adapter: round for round identical to the engine's ``mtp`` source), on the
   zoo ``qwen35`` target with both zoo heads;
+- ``mlx_vlm_assistant``: mlx-vlm 0.7.10's gemma4 ``Gemma4AssistantDraftModel``
+  (its own layers, masks and heads, ``oracles.mlx_vlm.assistant_step_logits``)
+  queried at §3's positions (step ``k`` at ``kv_offset + k``; mlx-vlm's own
+  loop holds ``kv_offset - 1``, the documented
+  ``mlx-vlm-assistant-fixed-draft-position``, so its loop cannot be the
+  golden), inside a greedy §2 round loop whose target state is mlx-vlm's own
+  gemma4 model (``load_target``: the zoo weights) recomputed from scratch
+  each round (``return_shared_kv`` K/V, ``hidden_states[-1]`` through
+  ``speculative_draft_hidden``, as ``_mtp_rounds`` hands them over), verify
+  by a full forward over the context + window (greedy walk, as the DeepSpec
+  and mlx-vlm rebuilds);
 - ``optiq_assistant``: mlx-optiq 0.7.7's ``GemmaAssistantDrafter`` in its
   ``spec_generate`` loop (``oracles.optiq.run_assistant``; §3's L2 oracle for
   the ``assistant`` row), on the zoo ``gemma4`` target with the three zoo
@@ -97,6 +108,113 @@ def produce_mlx_vlm_mtp(case: Any) -> list[dict[str, Any]]:
     )
     header["draft_logits"] = info["draft_logits"]
     return [header, *body]
+
+
+@cache
+def _vlm_native(target: str) -> Any:
+    import zoo
+    from oracles.mlx_vlm import load_target
+
+    return load_target(zoo.model_dir(target))
+
+
+def _margins(rows: Any) -> list[float]:
+    import mlx.core as mx
+
+    top = mx.topk(rows.astype(mx.float32), 2, axis=-1)
+    return [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
+
+
+def produce_mlx_vlm_assistant(case: Any) -> list[dict[str, Any]]:
+    """All records of ``case``: mlx-vlm's assistant drafter at §3 positions in a greedy round loop
+    over mlx-vlm's target (module doc), header ``draft_logits`` included."""
+    import time
+
+    import mlx.core as mx
+    from mlx_vlm.speculative.mtp import _mtp_draft_hidden
+
+    from oracles.drafts import logits_digest
+    from oracles.mlx_vlm import assistant_step_logits, version
+    from traces.records import counters_from_rounds
+    from zoo.heads import head_dir
+
+    header, _ = _header({"name": "mlx_vlm_assistant", "package": "mlx-vlm", "version": version()}, case)
+    t0 = time.perf_counter()
+    model = _vlm_native(case.target)
+    lm = model.language_model
+    prompt = list(header["prompt"]["token_ids"])
+    eos = set(header["eos_ids"])
+    budget = case.max_tokens
+
+    def forward(ids: list[int]) -> Any:
+        return lm(mx.array([ids]), cache=lm.make_cache(), return_hidden=True, return_shared_kv=True)
+
+    first_out = forward(prompt)
+    first_row = first_out.logits[0, -1:]
+    first = int(mx.argmax(first_row[0]))
+    end0 = "eos" if first in eos else ("budget" if budget == 1 else None)
+    records: list[dict[str, Any]] = [
+        {"type": "prefill", "target_tokens": prompt, "drafter_tokens": [],
+         "target_cache_digest": None, "drafter_cache_digest": None},
+        {"type": "plain", "index": 0, "input": [prompt[-1]], "sample": first, "margin": _margins(first_row)[0],
+         "emitted": [] if first in eos else [first], "end": end0, "reason": "initial",
+         "target_cache_digest": None, "time_s": None},
+    ]
+    out = [] if first in eos else [first]
+    rounds: list[dict[str, Any]] = []
+    logits: list[list[dict[str, Any]]] = []
+    feed = [first]
+    end = end0
+    while end is None:
+        ctx = prompt + out[:-1]
+        state = forward(ctx)
+        hidden = _mtp_draft_hidden(lm, state.hidden_states[-1][:, -1:, :])
+        pending = out[-1]
+        n = min(case.gamma, budget - len(out))
+        steps = assistant_step_logits(head_dir(case.drafter), model, state.shared_kv_states, len(ctx), hidden,
+                                      pending, [len(ctx) + k for k in range(n)])
+        drafts = [int(mx.argmax(x)) for x in steps]
+        window = [pending, *drafts]
+        rows = forward(ctx + window).logits[0, -len(window):]
+        argmax = [int(t) for t in mx.argmax(rows, axis=-1).tolist()]
+        samples, emitted, k, end = [], [], 0, "bonus"
+        for p in range(len(drafts) + 1):
+            t = argmax[p]
+            samples.append(t)
+            matched = p < len(drafts) and t == drafts[p]
+            k += matched
+            if t in eos:
+                end = "eos"
+                break
+            emitted.append(t)
+            if len(out) + len(emitted) == budget:
+                end = "budget"
+                break
+            if not matched:
+                end = "correction" if p < len(drafts) else "bonus"
+                break
+        rounds.append({
+            "type": "round", "index": len(rounds), "feed": list(feed), "drafts": drafts, "window": window,
+            "samples": samples, "k_accept": k, "emitted": emitted, "end": end, "margins": _margins(rows),
+            "confidence": None, "target_cache_digest": None, "drafter_cache_digest": None, "time_s": None,
+        })
+        logits.append([logits_digest(x) for x in steps])
+        out += emitted
+        feed = [drafts[-1], samples[-1]] if drafts and k == len(drafts) else [samples[-1]]
+        if end in ("bonus", "correction"):
+            end = None
+    last = records[-1] if not rounds else rounds[-1]
+    stopped = last["end"] == "eos"
+    records += rounds
+    records.append({
+        "type": "footer",
+        "usage": {"prompt_tokens": len(prompt), "generation_tokens": len(out) + stopped,
+                  "finish_reason": "stop" if stopped else "length"},
+        "speculation": counters_from_rounds(rounds, n_plain=1), "output_ids": out,
+        "wall_s": time.perf_counter() - t0,
+    })
+    header["draft_logits"] = logits
+    return [header, *records]
 
 
 def produce_optiq_assistant(case: Any) -> list[dict[str, Any]]:

@@ -195,6 +195,13 @@ GOLDEN_RUNNERS["mlx_vlm_mtp"] = GoldenRunner(
     produce=lambda case: _draft_goldens().produce_mlx_vlm_mtp(case),
     requires="mlx_vlm",
 )
+GOLDEN_RUNNERS["mlx_vlm_assistant"] = GoldenRunner(
+    "mlx_vlm_assistant", "mlx-vlm",
+    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.draft_goldens"),
+    cases=lambda: _draft_goldens().assistant_draft_cases(),
+    produce=lambda case: _draft_goldens().produce_mlx_vlm_assistant(case),
+    requires="mlx_vlm",
+)
 GOLDEN_RUNNERS["optiq_assistant"] = GoldenRunner(
     "optiq_assistant", "mlx-optiq",
     ("oracles.__init__", "oracles.recording", "oracles.drafts", "oracles.optiq", "traces.normalize",

@@ -176,3 +176,34 @@ def test_short_trim_flip_is_logic_under_the_double(emulated: None, short_target_
     d = diff_traces(spec, plain, level="tokens", witness=_witness())
     assert d is not None and d.klass == "logic", d.message
     assert d.basis in ("witness", "structural"), d.message
+
+
+def test_witness_declines_runs_whose_arithmetic_is_not_this_process() -> None:
+    """Traces from another platform, or from an emulation not active here, fall back to eps, saying why."""
+    spec, plain = None, None
+    models = _models(FLIP)
+    for m in models:
+        emulate_nonexact(m, SCALE)
+    try:
+        spec, plain = _trace("engine", FLIP), _trace("engine", FLIP.plain())
+    finally:
+        for m in models:
+            exact(m)
+    d = diff_traces(spec, plain, level="tokens", witness=_witness())  # judged WITHOUT the double
+    assert d is not None and d.basis == "eps", d.message
+    assert "witness declined: run a's first record does not replay here" in d.message
+    other = copy.deepcopy(plain.records())
+    other[0]["platform"] = {**other[0]["platform"], "device": "Device(gpu, 0)", "backend": "cuda"}
+    bad = _plant_token(Trace.from_records(other), 3, 7)
+    d = diff_traces(plain, bad, level="tokens", witness=_witness())
+    assert d is not None and d.basis == "eps" and "ran on Device(gpu, 0) cuda" in d.message, d.message
+
+
+def test_replayed_first_record_matches_recorded_margins() -> None:
+    spec = _trace("engine", FLIP)
+    from engine.witness import evaluate_path
+    from traces.diff import _token_sites
+
+    site = _token_sites(spec)[10]
+    p = evaluate_path(load_model(str(case_paths(FLIP)[0])).model, spec, site, "a")
+    assert p.calibration == 0.0 and p.reproduced and p.margin == pytest.approx(site.margin, abs=1e-6)

@@ -55,6 +55,7 @@ __all__ = [
     "Flip",
     "TokenSite",
     "Witness",
+    "WitnessDeclined",
     "WitnessVerdict",
     "diff_main",
     "diff_traces",
@@ -134,6 +135,10 @@ class WitnessVerdict:
     reason: str
     evidence: tuple[str, ...] = ()
     data: dict[str, Any] = field(default_factory=dict)
+
+
+class WitnessDeclined(Exception):
+    """Raised by a witness that cannot judge a flip, with the reason (the diff falls back to eps)."""
 
 
 Witness = Callable[["Trace", "Trace", Flip], "WitnessVerdict | None"]
@@ -235,6 +240,8 @@ class _Ctx:
             if self.witness is not None:
                 try:
                     verdict = self.witness(self.a, self.b, flip)
+                except WitnessDeclined as exc:
+                    failure = f"witness declined: {exc}; "
                 except Exception as exc:  # noqa: BLE001 - reported, then the eps fallback
                     failure = f"witness failed ({type(exc).__name__}: {exc}); "
             ma, mb = flip.a.margin, flip.b.margin
@@ -514,7 +521,7 @@ def diff_traces(
     return _diff_speculation(c)
 
 
-def diff_main(argv: Sequence[str] | None = None) -> int:
+def diff_main(argv: Sequence[str] | None = None, witness: Witness | None = None) -> int:
     """CLI: ``specparity diff A B [--level round|tokens|acceptance] [--eps E]``.
 
     Both files are validated first; an invalid or unreadable file is a usage
@@ -522,6 +529,8 @@ def diff_main(argv: Sequence[str] | None = None) -> int:
 
     Args:
         argv: Arguments after ``diff``.
+        witness: Numerics witness for differing samples (the CLI passes one
+            that loads the traces' target models when they are local).
 
     Returns:
         0 if identical at the level, 1 on a divergence, 2 on usage errors or
@@ -556,7 +565,7 @@ def diff_main(argv: Sequence[str] | None = None) -> int:
         except (OSError, TraceFormatError) as exc:
             print(f"specparity diff: cannot read {name}: {exc}", file=sys.stderr)
             return 2
-    div = diff_traces(traces[0], traces[1], level=args.level, eps=args.eps)
+    div = diff_traces(traces[0], traces[1], level=args.level, eps=args.eps, witness=witness)
     if div is None:
         print(f"identical at level {args.level}")
         return 0

@@ -13,6 +13,8 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("b")
     d.add_argument("--level", choices=("round", "tokens", "acceptance"), default="round")
     d.add_argument("--eps", type=float, default=None)
+    d.add_argument("--no-witness", action="store_true",
+                   help="classify a flip by --eps only, even when the traces' target model is local")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -21,4 +23,10 @@ def main(args: argparse.Namespace) -> int:
     argv = [args.a, args.b, "--level", args.level]
     if args.eps is not None:
         argv += ["--eps", str(args.eps)]
-    return diff_main(argv)
+    witness = None
+    if not args.no_witness:  # header target path a local directory: replay it (engine/witness.py)
+        from engine.witness import path_witness
+        from specparity.runners import load_model
+
+        witness = path_witness(lambda path: load_model(path).model)
+    return diff_main(argv, witness=witness)
