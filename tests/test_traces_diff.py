@@ -396,3 +396,20 @@ def test_property_single_field_mutation_found_at_that_round(trace: Trace, data: 
     assert d.where == f"round {i}"
     assert d.field == fld
     assert d.klass == "logic"
+
+
+def test_diff_main_passes_the_witness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_trace(a, _spec().records())
+    write_trace(b, _flip(5.0).records())
+    w = _Recorder(WitnessVerdict("numerics", "replayed both paths", ("a: top-2 [4: 1.0, 0: 0.9]",)))
+    assert diff_main([str(a), str(b)], witness=w) == 1
+    out = capsys.readouterr().out
+    assert "class: numerics (witness: replayed both paths)" in out and "top-2 [4: 1.0" in out
+    from traces.diff import WitnessDeclined
+
+    def declines(*_: Any) -> None:
+        raise WitnessDeclined("ran elsewhere")
+
+    assert diff_main([str(a), str(b)], witness=declines) == 1
+    assert "logic? (eps-based, witness declined: ran elsewhere" in capsys.readouterr().out
