@@ -9,6 +9,7 @@ wrong rollback.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -130,3 +131,38 @@ def test_unsupported_drafter_ring_falls_back_to_guard() -> None:
     src.caches[i].offset = src.caches[i].max_size  # as if the ring were full
     why = src.rollback_guard([1], 3)
     assert why is not None and "exact rollback unsupported: OddRing overrides" in why
+
+
+def test_generate_rotating_exact_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import zoo
+    from specparity.cli import main
+    from traces.io import read_trace
+
+    tdir, ddir = zoo.pair("gemma3", "twin")
+    ids = ",".join(str(t) for t in zoo.prompts()[0].token_ids)
+    out = {}
+    for mode in ("guard", "exact"):
+        trace = tmp_path / f"{mode}.jsonl"
+        assert main(["generate", "--target", str(tdir), "--draft", str(ddir), "-n", "48", "--prompt-ids", ids,
+                     "--eos-ids", "511", "--rotating", mode, "--trace", str(trace)]) == 0
+        assert main(["trace", "validate", str(trace)]) == 0
+        out[mode] = (read_trace(trace), capsys.readouterr().err)
+    guard, exact = out["guard"][0], out["exact"][0]
+    assert "rotating" not in guard.header["params"]  # default traces unchanged
+    assert exact.header["params"]["rotating"] == "exact"
+    assert "speculation stopped" in out["guard"][1] and "speculation stopped" not in out["exact"][1]
+    assert guard.plains and not exact.plains
+    assert guard.footer["output_ids"] == exact.footer["output_ids"]
+
+
+def test_audit_rotating_exact_covers_windows_past_the_wrap(tmp_path: Path) -> None:
+    import json
+
+    from specparity.cli import main
+
+    out = tmp_path / "audit.json"
+    assert main(["audit", "--targets", "gemma3", "--prompts", "1", "--max-tokens", "64",
+                 "--rotating", "exact", "--json", str(out)]) == 0
+    fig = json.loads(out.read_text())["targets"][0]
+    assert fig["windows"] > 12  # the guard stops after a few; exact goes on past the wrap
+    assert fig["rollback"]["error"] == 0

@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the zoo's; required for a target outside the zoo's vocabulary")
     p.add_argument("--max-tokens", type=positive, default=32)
     p.add_argument("--all-windows", action="store_true", help="print one line per window")
+    p.add_argument("--rotating", choices=("guard", "exact"), default="guard",
+                   help="rotating caches: guard (§2: stop at the ring wrap) or exact (audit windows past it)")
     p.add_argument("--json", type=Path, default=None, help="write the figures and verdicts here")
     add_device_argument(p)
 
@@ -116,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
         for pid, ids in prompts:
             audit.prompt = pid
             params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids,
-                                      cache_digests=False)
+                                      cache_digests=False, rotating=args.rotating)
             n0 = len(audit.windows)
             spec_generate(t.model, TwoModelProvider(d.model), ids, params, observer=audit)
             if args.all_windows:

@@ -52,6 +52,9 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--prefill", choices=("tail-split", "full"), default=None,
                    help="default: the source's own convention (tail-split for two-model/ngram)")
+    g.add_argument("--rotating", choices=("guard", "exact"), default="guard",
+                   help="rotating (sliding-window) caches: guard = stop speculating at the ring wrap "
+                        "(§2, default); exact = exact rollback past the wrap (guard only where it cannot)")
     g.add_argument("--trace", type=Path, default=None, help="write the trace (JSONL) here")
     add_processor_arguments(g)
     add_device_argument(g)
@@ -88,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed, prefill=args.prefill, eos_ids=eos_ids,
         # Digests hash every cache each round (quadratic in length): only for a trace.
         cache_digests=args.trace is not None,
+        rotating=args.rotating,
     )
     speculative = args.draft is not None or args.source not in ("auto", None)
     kind = resolve_kind(args.source, args.draft) if speculative else None
@@ -142,7 +146,8 @@ def main(args: argparse.Namespace) -> int:
                     "prefill": "full" if (first_plain and first_plain["reason"] == "initial") else "tail-split",
                     "prefill_step_size": 512 if kind else 2048,
                     "confidence_threshold": args.confidence_threshold,
-                    **_processors_param(params.sampler.processors)},
+                    **_processors_param(params.sampler.processors),
+                    **({"rotating": args.rotating} if args.rotating != "guard" else {})},
             prompt_id=case.prompt_id, prompt_ids=ids, eos_ids=eos_ids,
         )
         args.trace.parent.mkdir(parents=True, exist_ok=True)
