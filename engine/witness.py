@@ -67,9 +67,11 @@ from traces.records import platform_info
 __all__ = [
     "NumericsWitness",
     "PathEval",
+    "evaluate_draft_path",
     "evaluate_path",
     "path_witness",
     "serial_path",
+    "witness_draft_flip",
     "witness_flip",
 ]
 
@@ -278,6 +280,71 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> Path
     return out
 
 
+def _draft_steps(model: Any, caches: list[Any], feed: list[int], drafts: list[int], n: int,
+                 sampler: StepSampler) -> tuple[list[int], mx.array]:
+    """The two-model drafter's ``n`` steps (``engine.sources.two_model`` / mlx-lm
+    ``_draft_generate``): the feed as one forward, then each sampled draft fed back;
+    ``drafts`` are the recorded ones fed back (the run's own path). Returns the
+    picks and the last step's row."""
+    y, picks, row = list(feed), [], None
+    for j in range(n):
+        row = model(_tokens(y), cache=caches)[:, -1, :]
+        picks.append(token_ids(sampler.sample_window(row))[0])
+        y = [drafts[j]] if j < len(drafts) else [picks[-1]]
+    assert row is not None
+    mx.eval(row)
+    return picks, row[0]
+
+
+def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str) -> PathEval:
+    """Replay ``trace``'s two-model drafter up to draft ``site.position`` of round ``site.event``.
+
+    Prefill ``prefill.drafter_tokens``; per earlier round: the feed, the drafts
+    fed back one at a time (the last draft is never fed), then the drafter's
+    rollback ``trim(max(d - k - 1, 0))`` (mlx-lm ``_rewind_cache``), done here
+    with mlx-lm's cache API; where no exact trim exists the round is re-run
+    from a copy taken before it, feeding only the kept inputs the same way.
+    """
+    sampler = _greedy()
+    caches = _new_caches(model)
+    params = trace.header.get("params") or {}
+    assert trace.prefill is not None and trace.prefill.get("drafter_tokens") is not None
+    _prefill_chunks(model, caches, list(trace.prefill["drafter_tokens"]),
+                    int(params.get("prefill_step_size") or SPEC_PREFILL_STEP))
+    notes: list[str] = []
+    for rec in trace.events[: site.event]:
+        if rec["type"] != "round":
+            raise WitnessDeclined("the drafter's path after a plain step is not replayed")
+        feed, drafts, k = list(rec["feed"]), list(rec["drafts"]), int(rec["k_accept"])
+        d = len(drafts)
+        if d == 0:
+            continue
+        drop = max(d - k - 1, 0)
+        before = clone_caches(caches) if drop else None
+        _draft_steps(model, caches, feed, drafts, d, sampler)
+        mx.eval([c.state for c in caches])
+        if not drop:
+            continue
+        if all(is_kv(c) and c.is_trimmable() for c in caches):
+            for i, c in enumerate(caches):
+                if (got := c.trim(drop)) != drop:
+                    raise RuntimeError(f"witness replay: drafter layer {i} trimmed {got} of {drop}")
+            continue
+        assert before is not None
+        caches[:] = before
+        _draft_steps(model, caches, feed, drafts, k + 1, sampler)  # inputs feed + drafts[:k]
+        mx.eval([c.state for c in caches])
+        notes.append(f"round {rec['index']}: drafter re-run on its kept inputs (no exact trim there)")
+    rec = trace.events[site.event]
+    assert site.position is not None
+    picks, row = _draft_steps(model, caches, list(rec["feed"]), list(rec["drafts"]), site.position + 1, sampler)
+    row = row.astype(mx.float32)
+    mx.eval(row)
+    return PathEval(f"{label} {site.record} draft {site.position}",
+                    f"two-model drafter, step {site.position} after the feed", picks[-1], _top2(row), row,
+                    site.token, None, notes)
+
+
 def prefix_of(trace: Trace, site: TokenSite) -> list[int]:
     """The output tokens before the contested one, as ``trace`` produced them."""
     out: list[int] = []
@@ -307,6 +374,33 @@ def serial_path(model: Any, prompt: list[int], prefix: list[int], label: str = "
 
 def _pair_delta(p: PathEval, x: int, y: int) -> float:
     return float(cast(float, p.row[x].item())) - float(cast(float, p.row[y].item()))
+
+
+def witness_draft_flip(drafter: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
+    """Replay both runs' two-model drafter paths and judge a differing draft.
+
+    ``numerics`` only when each run's drafter path reproduces its own draft;
+    with the same feeds and earlier rounds the paths are the same arithmetic,
+    so a run whose draft its path does not give is named (``logic``).
+    """
+    pa = evaluate_draft_path(drafter, a, flip.a, "a")
+    pb = evaluate_draft_path(drafter, b, flip.b, "b")
+    xa, xb = flip.a.token, flip.b.token
+    max_row = float(cast(float, mx.max(mx.abs(pa.row - pb.row)).item()))
+    da, db = (_pair_delta(p, xa, xb) for p in (pa, pb))
+    evidence = [pa.format(), pb.format(),
+                f"Δ = logit[{xa}] - logit[{xb}]: a {da:+.4g}, b {db:+.4g}; max |row a - row b| {max_row:.3g}",
+                *pa.notes, *pb.notes]
+    if pa.reproduced and pb.reproduced:
+        klass, reason = "numerics", f"each run's drafter path gives its own draft ({xa} vs {xb}): arithmetic alone"
+    else:
+        klass = "logic"
+        reason = "; ".join(f"{p.label} drafted {p.ran} but its drafter path gives {p.token}"
+                           for p in (pa, pb) if not p.reproduced) + ": the arithmetic does not explain it"
+    data = {"lane": "drafter", "paths": [pa.to_dict(), pb.to_dict()],
+            "delta": {"tokens": [xa, xb], "a": da, "b": db}, "max_abs_row_delta": max_row,
+            "device": str(mx.default_device())}
+    return WitnessVerdict(klass, reason, tuple(evidence), data)
 
 
 def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
@@ -376,20 +470,32 @@ def _greedy_run(trace: Trace) -> bool:
 
 
 class NumericsWitness:
-    """A ``traces.diff.Witness``: finds the target model of the traces and judges flips.
+    """A ``traces.diff.Witness``: finds the models of the traces and judges flips.
 
     ``resolve(header)`` returns the target model for a trace header, or
-    ``None`` when it is not at hand. The witness judges only greedy runs of
-    one target (equal ``weights_sha256`` where both headers have one).
+    ``None`` when it is not at hand; ``resolve_drafter(header)`` the same for
+    a two-model drafter (draft flips). The witness judges only greedy runs of
+    one target and prompt (equal ``weights_sha256`` where both headers have
+    one), recorded on this platform.
     """
 
-    def __init__(self, resolve: ModelResolver) -> None:
+    def __init__(self, resolve: ModelResolver, resolve_drafter: ModelResolver | None = None) -> None:
         self.resolve = resolve
+        self.resolve_drafter = resolve_drafter
         self.judged = 0
 
     @classmethod
-    def for_model(cls, model: Any) -> NumericsWitness:
-        return cls(lambda header: model)
+    def for_model(cls, model: Any, drafter: Any = None) -> NumericsWitness:
+        return cls(lambda header: model, (lambda header: drafter) if drafter is not None else None)
+
+    def _model(self, resolve: ModelResolver | None, role: str, a: Trace, b: Trace) -> Any:
+        sha = [(t.header.get(role) or {}).get("weights_sha256") for t in (a, b)]
+        if sha[0] and sha[1] and sha[0] != sha[1]:
+            raise WitnessDeclined(f"the two runs used different {role} models")
+        if resolve is None:
+            return None
+        model = resolve(a.header)
+        return model if model is not None else resolve(b.header)
 
     def __call__(self, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict | None:
         if not (_greedy_run(a) and _greedy_run(b)):
@@ -397,14 +503,17 @@ class NumericsWitness:
         for t in (a, b):
             if (why := _platform_mismatch(t)) is not None:
                 raise WitnessDeclined(f"{why}: its arithmetic cannot be replayed here")
-        sha = [(t.header.get("target") or {}).get("weights_sha256") for t in (a, b)]
-        if sha[0] and sha[1] and sha[0] != sha[1]:
-            return None
         if list(a.header["prompt"]["token_ids"]) != list(b.header["prompt"]["token_ids"]):
-            return None
-        model = self.resolve(a.header)
-        if model is None:
-            model = self.resolve(b.header)
+            raise WitnessDeclined("the two runs have different prompts")
+        if flip.lane == "drafter":
+            if any(t.header.get("source") not in (None, "two-model") for t in (a, b)):
+                raise WitnessDeclined("only a two-model drafter's path is replayed")
+            drafter = self._model(self.resolve_drafter, "drafter", a, b)
+            if drafter is None:
+                return None
+            self.judged += 1
+            return witness_draft_flip(drafter, a, b, flip)
+        model = self._model(self.resolve, "target", a, b)
         if model is None:
             return None
         self.judged += 1
@@ -412,15 +521,19 @@ class NumericsWitness:
 
 
 def path_witness(load: Callable[[str], Any]) -> NumericsWitness:
-    """A witness whose target is ``load(header.target.path)`` when that path is a local directory.
+    """A witness whose models are ``load(header.target.path)`` / ``load(header.drafter.path)``
+    when that path is a local directory.
 
     ``load`` should return the very model object the runs used (e.g. a cached
     loader), so a wrapped model (``engine.nonexact``) is witnessed as it ran.
     """
     from pathlib import Path
 
-    def resolve(header: dict[str, Any]) -> Any:
-        path = (header.get("target") or {}).get("path")
-        return load(str(path)) if path and Path(path).is_dir() else None
+    def resolver(role: str) -> ModelResolver:
+        def resolve(header: dict[str, Any]) -> Any:
+            path = (header.get(role) or {}).get("path")
+            return load(str(path)) if path and Path(path).is_dir() else None
 
-    return NumericsWitness(resolve)
+        return resolve
+
+    return NumericsWitness(resolver("target"), resolver("drafter"))

@@ -207,3 +207,26 @@ def test_replayed_first_record_matches_recorded_margins() -> None:
     site = _token_sites(spec)[10]
     p = evaluate_path(load_model(str(case_paths(FLIP)[0])).model, spec, site, "a")
     assert p.calibration == 0.0 and p.reproduced and p.margin == pytest.approx(site.margin, abs=1e-6)
+
+
+def test_drafter_flip_names_the_run_whose_draft_its_path_does_not_give() -> None:
+    """A differing draft (same feed, same earlier rounds) is judged on the two-model drafter's path."""
+    spec = _trace("engine", FLIP)
+    recs = copy.deepcopy(spec.records())
+    rounds = [r for r in recs if r["type"] == "round"]
+    r = next(x for x in rounds[1:] if len(x["drafts"]) > 1)
+    r["drafts"][1] = (r["drafts"][1] + 1) % 512
+    r["window"] = [r["window"][0], *r["drafts"]]
+    bad = Trace.from_records(recs)
+    w = _witness()
+    d = diff_traces(spec, bad, witness=w)
+    assert d is not None and (d.where, d.field) == (f"round {r['index']}", "drafts"), d.message
+    assert d.flip is not None and d.flip.lane == "drafter" and d.flip.a.position == 1
+    assert (d.klass, d.basis) == ("logic", "witness"), d.message
+    assert f"b round {r['index']} draft 1 drafted {r['drafts'][1]} but its drafter path gives" in d.message
+    paths = d.witness.data["paths"]  # type: ignore[union-attr]
+    assert paths[0]["reproduced"] and not paths[1]["reproduced"]
+    assert d.witness.data["lane"] == "drafter"  # type: ignore[union-attr]
+    # without models: eps cannot judge a draft (no margins), labelled
+    e = diff_traces(spec, bad)
+    assert e is not None and e.label == "logic?" and "drafts carry no margins" in e.message

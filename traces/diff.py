@@ -112,11 +112,15 @@ class Flip:
             level), or ``None`` at round level.
         a: Where trace A sampled it.
         b: Where trace B sampled it.
+        lane: ``"target"`` (a target sample; ``position`` is the window
+            position) or ``"drafter"`` (a draft; ``position`` is the draft
+            index in the round, same feed and earlier rounds in both runs).
     """
 
     output_index: int | None
     a: TokenSite
     b: TokenSite
+    lane: str = "target"
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,9 @@ class _Ctx:
                 klass, basis = eps_class(ma, mb, self.eps), "eps"
                 why = failure or ("no witness (models not at hand); " if self.witness is None
                                   else "the witness cannot judge this flip; ")
-                if ma is None or mb is None:
+                if flip.lane == "drafter":
+                    rule = "drafts carry no margins"
+                elif ma is None or mb is None:
                     rule = "a margin is missing"
                 else:
                     cmp = "<=" if klass == "numerics" else ">"
@@ -308,19 +314,33 @@ def _site(e: Record, k: int, position: int | None, margin: Any) -> TokenSite:
 def _classify_round(
     ra: Record, rb: Record, k: int
 ) -> tuple[float | None, int | None, str, Flip | None]:
-    """Margin/position/flip of the first differing sample of two rounds (no flip: logic)."""
+    """Margin/position/flip of the first differing sample of two rounds (no flip: logic).
+
+    A differing target sample on a common window prefix is a target flip;
+    otherwise differing drafts (same feed, same earlier rounds) are a
+    drafter flip at the first differing draft.
+    """
     if ra.get("feed") != rb.get("feed"):
         return None, None, "feed differs: the drafter was given different input (trim / re-feed)", None
     sa, sb = ra.get("samples") or [], rb.get("samples") or []
     p = _first_diff(sa, sb)
+    wa, wb = ra.get("window") or [], rb.get("window") or []
+    if p is not None and wa[: p + 1] == wb[: p + 1]:
+        mpa, mpb = _at(ra.get("margins"), p), _at(rb.get("margins"), p)
+        flip = Flip(None, _site(ra, k, p, mpa), _site(rb, k, p, mpb))
+        return _min_margin(mpa, mpb), p, f"first differing sample at window position {p}: {sa[p]} vs {sb[p]}", flip
+    da, db = ra.get("drafts") or [], rb.get("drafts") or []
+    i = _first_diff(da, db)
+    if i is not None:
+        flip = Flip(None, _draft_site(ra, k, i), _draft_site(rb, k, i), lane="drafter")
+        return None, i, f"first differing draft at index {i}: {da[i]} vs {db[i]} (same feed)", flip
     if p is None:
         return None, None, "samples agree on their common prefix", None
-    wa, wb = ra.get("window") or [], rb.get("window") or []
-    if wa[: p + 1] != wb[: p + 1]:
-        return None, p, f"samples differ at window position {p}, but the windows differ at or before it", None
-    mpa, mpb = _at(ra.get("margins"), p), _at(rb.get("margins"), p)
-    flip = Flip(None, _site(ra, k, p, mpa), _site(rb, k, p, mpb))
-    return _min_margin(mpa, mpb), p, f"first differing sample at window position {p}: {sa[p]} vs {sb[p]}", flip
+    return None, p, f"samples differ at window position {p}, but the windows differ at or before it", None
+
+
+def _draft_site(e: Record, k: int, i: int) -> TokenSite:
+    return TokenSite(k, _event_name(e, k), i, int(e["drafts"][i]), None)
 
 
 def _classify_plain(pa: Record, pb: Record, k: int) -> tuple[float | None, str, Flip | None]:
