@@ -1,165 +1,373 @@
-"""Implementation A/B: the engine vs mlx-lm, speculative vs plain (figures, never a gate).
+"""Implementation A/B: the engine vs mlx-lm, speculative vs plain, and the forwards-only bound.
 
-Four arms on the same pair, prompts and γ, temperature 0:
+Figures, never a gate. Five arms on the same pair, prompts and γ, temperature 0:
 
 - ``engine-spec``: ``engine.executor.spec_generate`` (two-model source,
   ``cache_digests=False``);
 - ``mlx_lm-spec``: mlx-lm 0.32.2 ``mlx_lm/generate.py`` ``speculative_generate_step``
   called directly (no oracle recorder, whose proxies add overhead);
 - ``engine-plain`` / ``mlx_lm-plain``: ``plain_generate`` / ``generate_step`` on
-  the same target (the SAME model's non-speculative baseline, §4.4).
+  the same target (the SAME model's non-speculative baseline, §4.4);
+- ``forwards``: the forwards-only bound — the very forward calls the engine's
+  speculative run made (the same prefill chunks, per round the drafter's feed
+  and draft steps chained on the device by ``argmax``, the target's verify
+  window and its ``argmax``, one host sync per round, the same cache trims),
+  with no host logic (no sampler, margins, accept walk, records). Its
+  schedule is read from the engine-spec run's own records of that (prompt, γ).
 
-Each (repeat, prompt) block runs all four arms back to back, the order rotated
-by one arm per block so drift lands on every arm (§4.7 AB/BA). Generation stops
-at the budget or an EOS (counted as a generated token in both, as in mlx-lm's
+Each block is one (pass, γ, prompt) with every arm back to back, the order
+rotated by one arm per block so drift lands on every arm (§4.7 AB/BA). Pass 0
+is **cold**: the first sight of every shape (on CUDA, MLX builds one cuDNN
+attention graph per (window, cache length), 45–65 ms each; the first arm of a
+block pays for the shapes it shares with the others; ``forwards`` runs last
+there because it replays the engine's run). Passes 1..R are **warm**: the
+same prompts, so the same shapes, already seen. Generation stops at the budget
+or an EOS (counted as a generated token in both, as in mlx-lm's
 ``stream_generate``). Per block, paired ratios of time per generated token:
 
-- ``engine_over_mlx_lm_spec`` / ``engine_over_mlx_lm_plain`` (time; < 1: the
-  engine is faster);
-- ``spec_speedup_engine`` / ``spec_speedup_mlx_lm`` (plain time / spec time;
-  > 1: speculation pays on this machine).
+- ``engine_over_mlx_lm_spec`` / ``engine_over_mlx_lm_plain`` (< 1: the engine is faster);
+- ``spec_speedup_engine`` / ``spec_speedup_mlx_lm`` (plain / spec; > 1: speculation pays);
+- ``efficiency_engine`` / ``efficiency_mlx_lm`` (forwards-only / spec; the loop
+  efficiency, 1 = no host overhead beyond the forwards).
 
-Each is reported as a median with a 95 % percentile bootstrap interval
-(``reports.stats.median_ratio``).
+Each is a median with a 95 % percentile bootstrap interval
+(``reports.stats.median_ratio``), warm and cold separately, per γ.
+``profile`` (optional) runs one warm engine-spec generation under cProfile and
+keeps the functions with the most own time: where the host time goes.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ARMS = ("engine-spec", "mlx_lm-spec", "engine-plain", "mlx_lm-plain")
+ARMS = ("engine-spec", "mlx_lm-spec", "engine-plain", "mlx_lm-plain", "forwards")
+SPEC_PREFILL_STEP = 512  # mlx-lm speculative_generate_step and the engine's default
+RATIOS: dict[str, tuple[str, str]] = {  # name: (numerator arm, denominator arm), per-token times
+    "engine_over_mlx_lm_spec": ("engine-spec", "mlx_lm-spec"),
+    "engine_over_mlx_lm_plain": ("engine-plain", "mlx_lm-plain"),
+    "spec_speedup_engine": ("engine-plain", "engine-spec"),
+    "spec_speedup_mlx_lm": ("mlx_lm-plain", "mlx_lm-spec"),
+    "efficiency_engine": ("forwards", "engine-spec"),
+    "efficiency_mlx_lm": ("forwards", "mlx_lm-spec"),
+}
 
 
-def _mlx_lm_run(gen: Any, eos: set[int]) -> int:
-    n = 0
-    for out in gen:
-        n += 1
-        if int(out[0]) in eos:
+def _mlx_lm_run(gen: Any, eos: set[int]) -> list[int]:
+    out = []
+    for step in gen:  # (token, logprobs) or (token, logprobs, from_draft)
+        tok = int(step[0])
+        out.append(tok)
+        if tok in eos:
             break
     gen.close()
-    return n
+    return out
+
+
+def schedule_of(records: list[dict[str, Any]]) -> list[tuple[str, list[int], int, list[int], int]]:
+    """The forward calls of an engine speculative run, from its records.
+
+    ``("round", feed, n_drafts, window, k_accept)`` per verify round and
+    ``("plain", [input], 0, [input], 0)`` per plain step.
+    """
+    out: list[tuple[str, list[int], int, list[int], int]] = []
+    for r in records:
+        if r["type"] == "round":
+            out.append(("round", list(r["feed"]), len(r["drafts"]), list(r["window"]), int(r["k_accept"])))
+        elif r["type"] == "plain":
+            out.append(("plain", list(r["input"]), 0, list(r["input"]), 0))
+    return out
+
+
+def forwards_only(target: Any, drafter: Any, prompt_ids: list[int],
+                  schedule: list[tuple[str, list[int], int, list[int], int]]) -> None:
+    """Replay the forward calls of ``schedule`` (see module docstring) with no host logic."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.caches import trim
+
+    tc, dc = make_prompt_cache(target), make_prompt_cache(drafter)
+    drained = prompt_ids[:-1]
+    for model, caches in ((drafter, dc), (target, tc)):
+        for pos in range(0, len(drained), SPEC_PREFILL_STEP):
+            model(mx.array(drained[pos : pos + SPEC_PREFILL_STEP], mx.uint32)[None], cache=caches)
+            mx.eval([c.state for c in caches])
+    for kind, feed, n, window, k in schedule:
+        if kind == "plain":
+            mx.eval(mx.argmax(target(mx.array(window, mx.uint32)[None], cache=tc)[0, -1]))
+            continue
+        y = mx.array(feed, mx.uint32)
+        for _ in range(n):
+            y = mx.argmax(drafter(y[None], cache=dc)[0, -1:, :], axis=-1).astype(mx.uint32)
+            mx.async_eval(y)
+        mx.eval(mx.argmax(target(mx.array(window, mx.uint32)[None], cache=tc)[0], axis=-1))
+        trim(tc, n - k, "target")
+        trim(dc, max(n - k - 1, 0), "drafter")
+
+
+def _resolve(target: str | None, drafter: str | None, size: str | None, seed: int,
+             log: Callable[[str], None]) -> tuple[str, str, Path, Path]:
+    from specparity.ab import resolve_drafter, resolve_target
+
+    if size is not None:
+        if target is not None or drafter is not None:
+            raise ValueError("--size builds its own pair (zoo/big.py); drop --target/--drafter")
+        from zoo import big
+
+        tdir, ddir = big.build(size, seed, log=log)
+        return f"big-{size}-s{seed}", f"layer-skip-{big.DRAFT_LAYERS}", tdir, ddir
+    target, drafter = target or "llama", drafter or "twin"
+    return target, drafter, resolve_target(target)[1], resolve_drafter(target, drafter)
+
+
+def _n_params(model: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
 def run_bench(
-    target: str = "llama",
-    drafter: str = "twin",
+    target: str | None = None,
+    drafter: str | None = None,
     *,
-    gamma: int = 3,
+    gamma: int | None = 3,
+    gammas: tuple[int, ...] | None = None,
     n_prompts: int = 8,
     max_tokens: int = 32,
     repeats: int = 3,
+    size: str | None = None,
+    seed: int = 0,
+    profile: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
     prompts_file: Path | None = None,
 ) -> dict[str, Any]:
+    """Time the five arms (module docstring); ``gammas`` overrides ``gamma``."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
-    from specparity.ab import _pick_prompts, resolve_drafter, resolve_target
+    from specparity.ab import _pick_prompts
+    from specparity.devices import describe_device
     from specparity.runners import load_model
 
-    _t, tpath = resolve_target(target)
+    say = log or (lambda _m: None)
+    gs = tuple(gammas) if gammas else (gamma or 3,)
+    tname, dname, tpath, dpath = _resolve(target, drafter, size, seed, say)
     prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
-    dpath = resolve_drafter(target, drafter)
     tgt, drf = load_model(str(tpath)), load_model(str(dpath))
     provider = TwoModelProvider(drf.model, draft_tokenizer=drf.tokenizer)
     provider.check_target(tgt.model, tgt.tokenizer)
-    params = GenerationParams(max_tokens=max_tokens, gamma=gamma, eos_ids=tgt.eos_ids,
-                              cache_digests=False)
     eos = set(tgt.eos_ids)
+    schedules: dict[tuple[int, str], list[Any]] = {}
+    outputs: dict[tuple[int, str, str], list[int]] = {}
+    accept: dict[int, list[int]] = {g: [0, 0] for g in gs}
 
-    def arm(name: str, ids: list[int]) -> tuple[int, float]:
+    def params(g: int) -> GenerationParams:
+        return GenerationParams(max_tokens=max_tokens, gamma=g, eos_ids=tgt.eos_ids, cache_digests=False)
+
+    def arm(name: str, g: int, pid: str, ids: list[int]) -> tuple[int, float]:
         t0 = time.perf_counter()
         if name == "engine-spec":
-            n = spec_generate(tgt.model, provider, ids, params).usage.generation_tokens
-        elif name == "engine-plain":
-            n = plain_generate(tgt.model, ids, params).usage.generation_tokens
+            res = spec_generate(tgt.model, provider, ids, params(g))
+            wall = time.perf_counter() - t0
+            schedules.setdefault((g, pid), schedule_of(res.records))
+            if (g, pid, name) not in outputs and res.speculation is not None:
+                accept[g][0] += res.speculation.accepted
+                accept[g][1] += res.speculation.drafted
+            out = res.output_ids + ([] if res.usage.finish_reason != "stop" else [-1])
+            outputs.setdefault((g, pid, name), out)
+            return res.usage.generation_tokens, wall
+        if name == "engine-plain":
+            n = plain_generate(tgt.model, ids, params(g)).usage.generation_tokens
         elif name == "mlx_lm-spec":
-            n = _mlx_lm_run(speculative_generate_step(
-                mx.array(ids, mx.uint32), tgt.model, drf.model, num_draft_tokens=gamma,
+            toks = _mlx_lm_run(speculative_generate_step(
+                mx.array(ids, mx.uint32), tgt.model, drf.model, num_draft_tokens=g,
                 max_tokens=max_tokens), eos)
+            wall = time.perf_counter() - t0
+            outputs.setdefault((g, pid, name), [t if t not in eos else -1 for t in toks])
+            return len(toks), wall
+        elif name == "mlx_lm-plain":
+            n = len(_mlx_lm_run(generate_step(mx.array(ids, mx.uint32), tgt.model,
+                                              max_tokens=max_tokens), eos))
         else:
-            n = _mlx_lm_run(generate_step(mx.array(ids, mx.uint32), tgt.model,
-                                          max_tokens=max_tokens), eos)
+            sched = schedules[(g, pid)]
+            forwards_only(tgt.model, drf.model, ids, sched)
+            wall = time.perf_counter() - t0
+            return -1, wall  # tokens: the engine-spec run's
         return n, time.perf_counter() - t0
 
-    for name in ARMS:  # untimed warm-up
-        arm(name, list(prompts[0].token_ids))
-    blocks = []
-    total = repeats * len(prompts)
-    for rep in range(repeats):
-        for i, p in enumerate(prompts):
-            b = rep * len(prompts) + i
-            order = ARMS[b % 4:] + ARMS[: b % 4]
-            row: dict[str, Any] = {"repeat": rep, "prompt_id": p.id, "order": list(order)}
-            for name in order:
-                n, s = arm(name, list(p.token_ids))
-                row[name] = {"tokens": n, "wall_s": s}
-            blocks.append(row)
-            if progress is not None:
-                progress(b + 1, total)
+    blocks: list[dict[str, Any]] = []
+    total = (repeats + 1) * len(gs) * len(prompts)
+    b = 0
+    for pas in range(repeats + 1):
+        for g in gs:
+            for p in prompts:
+                if pas == 0:  # cold: forwards replays the engine's run, so it goes last
+                    head = ARMS[:4]
+                    order = [*head[b % 4:], *head[: b % 4], "forwards"]
+                else:
+                    order = [*ARMS[b % 5:], *ARMS[: b % 5]]
+                row: dict[str, Any] = {"pass": pas, "warm": pas > 0, "gamma": g, "prompt_id": p.id,
+                                       "order": order}
+                for name in order:
+                    if name == "forwards" and (g, p.id) not in schedules:
+                        arm("engine-spec", g, p.id, list(p.token_ids))  # untimed: the schedule
+                    n, s = arm(name, g, p.id, list(p.token_ids))
+                    row[name] = {"tokens": n, "wall_s": s}
+                row["forwards"]["tokens"] = row["engine-spec"]["tokens"]
+                blocks.append(row)
+                b += 1
+                if progress is not None:
+                    progress(b, total)
 
     def per_tok(row: dict[str, Any], name: str) -> float:
-        return row[name]["wall_s"] / max(1, row[name]["tokens"])
+        return float(row[name]["wall_s"] / max(1, row[name]["tokens"]))
 
-    series = {
-        "engine_over_mlx_lm_spec": [per_tok(r, "engine-spec") / per_tok(r, "mlx_lm-spec") for r in blocks],
-        "engine_over_mlx_lm_plain": [per_tok(r, "engine-plain") / per_tok(r, "mlx_lm-plain") for r in blocks],
-        "spec_speedup_engine": [per_tok(r, "engine-plain") / per_tok(r, "engine-spec") for r in blocks],
-        "spec_speedup_mlx_lm": [per_tok(r, "mlx_lm-plain") / per_tok(r, "mlx_lm-spec") for r in blocks],
-    }
-    arms = []
-    for name in ARMS:
-        tokens = sum(r[name]["tokens"] for r in blocks)
-        wall = sum(r[name]["wall_s"] for r in blocks)
-        arms.append({"arm": name, "tokens": tokens, "wall_s": round(wall, 4),
-                     "tok_per_s": round(tokens / wall, 1)})
-    mismatched = sum(1 for r in blocks if len({r[a]["tokens"] for a in ARMS}) != 1)
-    return {
-        "kind": "bench", "target": target, "drafter": drafter, "gamma": gamma,
+    def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        if not rows:
+            return {}
+        return {k: median_ratio([per_tok(r, a) / per_tok(r, c) for r in rows]).to_dict()
+                for k, (a, c) in RATIOS.items()}
+
+    by_gamma = {}
+    for g in gs:
+        warm = [r for r in blocks if r["gamma"] == g and r["warm"]]
+        cold = [r for r in blocks if r["gamma"] == g and not r["warm"]]
+        acc, drafted = accept[g]
+        by_gamma[str(g)] = {
+            "acceptance": acc / drafted if drafted else None, "accepted": acc, "drafted": drafted,
+            "warm": ratios(warm), "cold": ratios(cold),
+            "arms_warm": _arm_totals(warm), "arms_cold": _arm_totals(cold),
+        }
+    same = sum(outputs.get((g, p.id, "engine-spec")) == outputs.get((g, p.id, "mlx_lm-spec"))
+               for g in gs for p in prompts)
+    flat = {(k if len(gs) == 1 else f"{k} γ={g}"): v
+            for g in gs for k, v in by_gamma[str(g)]["warm"].items()}
+    res: dict[str, Any] = {
+        "kind": "bench", "target": tname, "drafter": dname,
+        "gamma": gs[0] if len(gs) == 1 else ",".join(map(str, gs)), "gammas": list(gs),
         "max_tokens": max_tokens, "n_prompts": len(prompts), "repeats": repeats,
         "prompt_ids": [p.id for p in prompts],
-        "order": "four arms per (repeat, prompt) block, order rotated by one arm per block; "
-                 "one untimed warm-up per arm",
-        "blocks_with_differing_token_counts": mismatched,
-        "arms": arms,
-        "ratios": {k: median_ratio(v).to_dict() for k, v in series.items()},
+        "target_path": str(tpath), "drafter_path": str(dpath),
+        "target_parameters": _n_params(tgt.model), "drafter_parameters": _n_params(drf.model),
+        "dtype": str(next(iter(_dtypes(tgt.model)), "unknown")),
+        "order": "per block (pass, γ, prompt) every arm back to back, order rotated by one arm per "
+                 "block; pass 0 cold (forwards last), passes 1..R warm (same prompts, same shapes)",
+        "blocks_with_differing_token_counts": sum(
+            1 for r in blocks if len({r[a]["tokens"] for a in ARMS}) != 1),
+        "engine_vs_mlx_lm_identical_outputs": f"{same}/{len(gs) * len(prompts)}",
+        "arms": _arm_totals([r for r in blocks if r["warm"]]),
+        "ratios": flat,
+        "by_gamma": by_gamma,
+        "goal": _goal(by_gamma),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "mlx_device": str(mx.default_device())},
+                    "mlx": mx.__version__, "mlx_device": describe_device(),
+                    "MLX_CUDA_SDPA_CACHE_SIZE": os.environ.get("MLX_CUDA_SDPA_CACHE_SIZE")},
         "blocks": blocks,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    if profile:
+        res["profile"] = _profile(lambda: spec_generate(tgt.model, provider, list(prompts[0].token_ids),
+                                                        params(gs[-1])))
+    return res
+
+
+def _dtypes(model: Any) -> set[Any]:
+    from mlx.utils import tree_flatten
+
+    return {str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())}
+
+
+def _arm_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for name in ARMS:
+        tokens = sum(r[name]["tokens"] for r in rows)
+        wall = sum(r[name]["wall_s"] for r in rows)
+        out.append({"arm": name, "tokens": tokens, "wall_s": round(wall, 4),
+                    "tok_per_s": round(tokens / wall, 1) if wall > 0 else None})
+    return out
+
+
+def _goal(by_gamma: dict[str, Any]) -> list[str]:
+    """Issue 13's benchmark goal, per γ: efficiency >= 0.95 of the bound; engine/mlx-lm high <= 1."""
+    lines = []
+    for g, d in by_gamma.items():
+        w = d["warm"]
+        if not w:
+            continue
+        eff, rel = w["efficiency_engine"], w["engine_over_mlx_lm_spec"]
+        lines.append(f"γ={g}: engine efficiency {eff['median']:.3f} [{eff['low']:.3f}, {eff['high']:.3f}] "
+                     f"({'meets' if eff['median'] >= 0.95 else 'below'} 0.95); engine/mlx-lm "
+                     f"{rel['median']:.3f} [{rel['low']:.3f}, {rel['high']:.3f}] "
+                     f"({'meets' if rel['high'] <= 1.0 else 'misses'} upper bound <= 1.0)")
+    return lines
+
+
+def _profile(fn: Callable[[], Any], top: int = 15) -> list[dict[str, Any]]:
+    import cProfile
+    import pstats
+
+    fn()  # warm
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, func), (_cc, calls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(file).name}:{line}({func})", "calls": calls,
+                     "own_s": round(tt, 5), "cumulative_s": round(ct, 5)})
+    rows.sort(key=lambda r: -r["own_s"])
+    return rows[:top]
 
 
 def bench_markdown(res: dict[str, Any]) -> str:
     import pandas as pd
 
-    rows = [{"ratio": k, "n": v["n"], "median": round(v["median"], 3), "low": round(v["low"], 3),
-             "high": round(v["high"], 3)} for k, v in res["ratios"].items()]
-    return "\n".join([
+    def table(ratios: dict[str, Any]) -> str:
+        rows = [{"ratio": k, "n": v["n"], "median": round(v["median"], 3), "low": round(v["low"], 3),
+                 "high": round(v["high"], 3)} for k, v in ratios.items()]
+        return pd.DataFrame(rows).to_markdown(index=False) if rows else "_none_"
+
+    lines = [
         f"# bench: `{res['target']}` + `{res['drafter']}`, γ={res['gamma']}", "",
-        f"{res['n_prompts']} prompts × {res['repeats']} repeats, max_tokens={res['max_tokens']}, "
-        f"temperature 0; {res['order']}. Figures only: timing never fails.", "",
-        pd.DataFrame(res["arms"]).to_markdown(index=False), "",
+        f"{res['n_prompts']} prompts × {res['repeats']} warm passes (+1 cold), "
+        f"max_tokens={res['max_tokens']}, temperature 0; {res['order']}. "
+        f"Device {res['machine']['mlx_device']}, target {res.get('target_parameters', 0) / 1e9:.3g} B "
+        f"parameters ({res.get('dtype')}), drafter {res.get('drafter_parameters', 0) / 1e9:.3g} B. "
+        f"Engine and mlx-lm speculative outputs identical: {res.get('engine_vs_mlx_lm_identical_outputs')}. "
+        "Figures only: timing never fails.", "",
         "Paired ratios of time per token (median, 95 % percentile bootstrap interval). "
         "`engine_over_mlx_lm_*` < 1: the engine is faster; `spec_speedup_*` > 1: speculation "
-        "beats the same target's plain decode.", "",
-        pd.DataFrame(rows).to_markdown(index=False), "",
-    ]) + "\n"
+        "beats the same target's plain decode; `efficiency_*`: forwards-only bound / spec time.", "",
+    ]
+    for g, d in res.get("by_gamma", {}).items():
+        acc = d["acceptance"]
+        lines += [f"## γ={g}: acceptance {acc:.1%} ({d['accepted']}/{d['drafted']})" if acc is not None
+                  else f"## γ={g}", "", "warm:", "", table(d["warm"]), "", "cold (first sight of every shape):",
+                  "", table(d["cold"]), "",
+                  pd.DataFrame(d["arms_warm"]).to_markdown(index=False), ""]
+    if res.get("goal"):
+        lines += ["## goal (issue 13: efficiency >= 0.95, engine/mlx-lm upper bound <= 1.0)", "",
+                  *[f"- {g}" for g in res["goal"]], ""]
+    if res.get("profile"):
+        lines += ["## where the engine's host time goes (cProfile, one warm generation, own time)", "",
+                  pd.DataFrame(res["profile"]).to_markdown(index=False), ""]
+    return "\n".join(lines) + "\n"
 
 
 def write_bench(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write ``bench.json`` and ``bench.md`` atomically (never a partial file under either name)."""
-    from traces.io import atomic_write_json, atomic_write_text
-
     out.mkdir(parents=True, exist_ok=True)
     jp, mp = out / "bench.json", out / "bench.md"
-    atomic_write_json(jp, res, nan_as_null=True)
-    atomic_write_text(mp, bench_markdown(res))
+    jp.write_text(json.dumps(res, indent=1) + "\n")
+    mp.write_text(bench_markdown(res))
     return jp, mp

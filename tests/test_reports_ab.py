@@ -103,7 +103,8 @@ def test_bench_reports_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                  "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench.json").read_text())
     assert set(data["ratios"]) == {"engine_over_mlx_lm_spec", "engine_over_mlx_lm_plain",
-                                   "spec_speedup_engine", "spec_speedup_mlx_lm"}
+                                   "spec_speedup_engine", "spec_speedup_mlx_lm",
+                                   "efficiency_engine", "efficiency_mlx_lm"}
     assert data["blocks_with_differing_token_counts"] == 0, data["blocks"]
     for iv in data["ratios"].values():
         assert iv["low"] <= iv["median"] <= iv["high"] and iv["n"] == 2

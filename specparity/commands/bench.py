@@ -1,43 +1,73 @@
-"""``specparity bench``: engine vs mlx-lm and speculative vs plain, paired (``specparity/bench.py``).
+"""``specparity bench``: engine vs mlx-lm, speculative vs plain and the forwards-only bound
+(``specparity/bench.py``), paired, warm and cold.
 
 Prints the figures and writes ``bench.json`` + ``bench.md`` into ``--out``
 (checked writable and locked before measuring; figures printed before the
 files are written). Never fails on timing: exit 0 unless a usage or write error.
+``--size tiny|small|1b`` benches a seeded bf16 layer-skip pair built on first
+use (``zoo/big.py``; ``1b`` is for a GPU: ``--device gpu``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from specparity import args as a
+from specparity.devices import add_device_argument
 
 NAME = "bench"
-HELP = "paired timing: engine vs mlx-lm speculative_generate_step, spec vs plain (figures only)"
+HELP = "paired timing: engine vs mlx-lm speculative_generate_step, spec vs plain, forwards-only bound"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="llama", type=a.model_ref, help="zoo target, trained name or model dir")
-    p.add_argument("--drafter", default="twin", type=a.model_ref, help="self|twin|small, trained name or model dir")
+    p.add_argument("--target", default=None, type=a.model_ref,
+                   help="zoo target, trained name or model dir (default llama)")
+    p.add_argument("--drafter", default=None, type=a.model_ref,
+                   help="self|twin|small, trained name or model dir (default twin)")
+    p.add_argument("--size", default=None, choices=("tiny", "small", "1b"),
+                   help="bench a seeded bf16 llama + its own first 2 layers (zoo/big.py) instead")
+    p.add_argument("--seed", type=a.seed, default=0, help="--size: the weights' seed")
     p.add_argument("--gamma", type=a.positive_int, default=3)
+    p.add_argument("--gammas", type=a.positive_int_list, default=None, help="several γ (overrides --gamma)")
     p.add_argument("--prompts", type=a.positive_int, default=8)
     p.add_argument("--prompts-file", type=Path, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
                         "of the zoo's; required for a target outside the zoo's vocabulary")
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
-    p.add_argument("--repeats", type=a.positive_int, default=3)
+    p.add_argument("--repeats", type=a.positive_int, default=3, help="warm passes (after one cold pass)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one warm engine generation (cProfile: where host time goes)")
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/bench"))
+    add_device_argument(p)
 
 
 def main(args: argparse.Namespace) -> int:
+    from specparity.devices import use_device
+
+    device = use_device(args.device)
+    # One cuDNN attention graph per (window, cache length) on CUDA; keep every timed shape.
+    os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "8192")
     from specparity.bench import bench_markdown, run_bench, write_bench
     from specparity.outdir import lock_dir
 
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    step = max(1, ((args.repeats + 1) * args.prompts * len(args.gammas or (1,))) // 20)
+
+    def progress(done: int, total: int) -> None:
+        if done % step == 0 or done == total:
+            log(f"bench: block {done}/{total}")
+
+    log(f"bench: device {device}")
     with lock_dir(args.out, "specparity bench", flag="--out", what="output directory"):
-        res = run_bench(args.target, args.drafter, gamma=args.gamma, n_prompts=args.prompts,
-                        max_tokens=args.max_tokens, repeats=args.repeats,
-                        prompts_file=args.prompts_file)
+        res = run_bench(args.target, args.drafter, gamma=args.gamma, gammas=args.gammas,
+                        n_prompts=args.prompts, max_tokens=args.max_tokens, repeats=args.repeats,
+                        size=args.size, seed=args.seed, profile=args.profile, progress=progress,
+                        log=log, prompts_file=args.prompts_file)
         print(bench_markdown(res), flush=True)
         try:
             write_bench(res, args.out)

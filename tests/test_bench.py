@@ -1,0 +1,105 @@
+"""``specparity bench`` on a tiny seeded bf16 layer-skip pair (``zoo/big.py``; issue 13 item 6).
+
+The CPU smoke of the GPU bench path: the pair builds from its seed, the five
+arms run, the forwards-only bound replays exactly the forward calls of the
+engine's run (same models, same input shapes, same order — a dropped round is
+seen), and the JSON carries warm and cold paired intervals per γ.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+import zoo
+from engine.executor import GenerationParams, spec_generate
+from engine.sources.two_model import TwoModelProvider
+from specparity.bench import RATIOS, forwards_only, schedule_of
+from specparity.cli import main
+from specparity.runners import load_model
+from zoo import big
+
+
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[Any, Any]:
+    t, d = big.build("tiny", 0, log=lambda _m: None)
+    return load_model(str(t)), load_model(str(d))
+
+
+def test_tiny_pair_is_a_layer_skip_of_its_target(tiny_pair: tuple[Any, Any]) -> None:
+    tgt, drf = tiny_pair
+    r = big.recipe("tiny")
+    assert len(tgt.model.layers) == r.num_hidden_layers and len(drf.model.layers) == big.DRAFT_LAYERS
+    tw, dw = dict(_flat(tgt.model)), dict(_flat(drf.model))
+    assert set(dw) < set(tw) and all(mx.array_equal(dw[k], tw[k]).item() for k in dw)
+    assert tw["model.layers.0.self_attn.q_proj.weight"].dtype == mx.bfloat16
+    deep, shallow = tw["model.layers.3.mlp.down_proj.weight"], tw["model.layers.1.mlp.down_proj.weight"]
+    ratio = mx.abs(deep.astype(mx.float32)).mean().item() / mx.abs(shallow.astype(mx.float32)).mean().item()
+    assert ratio == pytest.approx(big.DEEP_SCALE, rel=0.2)
+    assert big.recipe("1b").parameters() > 1.0e9
+    assert big.build("tiny", 0) == big.pair_dirs(r)  # found, not rebuilt
+
+
+def _flat(model: Any) -> list[tuple[str, Any]]:
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(model.parameters())
+
+
+
+
+def test_forwards_only_replays_the_engines_forward_calls(tiny_pair: tuple[Any, Any],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    tgt, drf = tiny_pair
+    ids = list(zoo.prompt("nat-00").token_ids)
+    params = GenerationParams(max_tokens=20, gamma=3, eos_ids=tgt.eos_ids, cache_digests=False)
+    engine_calls: list[tuple[str, tuple[int, ...]]] = []
+    # Both models are the same class: one wrapper tells them apart by identity.
+    cls = type(tgt.model)
+    real = cls.__call__
+    log: list[tuple[str, tuple[int, ...]]] = engine_calls
+
+    def call(self: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+        log.append(("target" if self is tgt.model else "drafter", tuple(inputs.shape)))
+        return real(self, inputs, *a, **kw)
+
+    monkeypatch.setattr(cls, "__call__", call)
+    res = spec_generate(tgt.model, TwoModelProvider(drf.model), ids, params)
+    sched = schedule_of(res.records)
+    assert sched and all(kind == "round" for kind, *_ in sched)
+    bound_calls: list[tuple[str, tuple[int, ...]]] = []
+    log = bound_calls
+    forwards_only(tgt.model, drf.model, ids, sched)
+    assert bound_calls == engine_calls
+    log = []
+    forwards_only(tgt.model, drf.model, ids, sched[:-1])  # planted: a round dropped
+    assert log != engine_calls
+
+
+def test_bench_tiny_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--size", "tiny", "--gammas", "2,3", "--prompts", "2", "--repeats", "1",
+                 "--max-tokens", "8", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["target"] == "big-tiny-s0" and data["gammas"] == [2, 3] and data["dtype"] == "bfloat16"
+    assert data["blocks_with_differing_token_counts"] == 0, data["blocks"]
+    assert data["engine_vs_mlx_lm_identical_outputs"] == "4/4"
+    for g in ("2", "3"):
+        d = data["by_gamma"][g]
+        assert set(d["warm"]) == set(RATIOS) == set(d["cold"])
+        assert 0 <= d["acceptance"] <= 1 and d["drafted"] > 0
+        for iv in d["warm"].values():
+            assert iv["low"] <= iv["median"] <= iv["high"] and iv["n"] == 2
+    assert {b["pass"] for b in data["blocks"]} == {0, 1}
+    assert all(b["order"][-1] == "forwards" for b in data["blocks"] if b["pass"] == 0)
+    assert len(data["goal"]) == 2 and "efficiency_engine γ=3" in data["ratios"]
+    out = capsys.readouterr().out
+    assert "## γ=2: acceptance" in out and "cold (first sight" in out
+
+
+def test_bench_size_excludes_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--size", "tiny", "--target", "llama"]) == 2
+    assert "--size builds its own pair" in capsys.readouterr().err
