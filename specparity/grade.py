@@ -37,6 +37,7 @@ from specparity.run import (
     execute,
     finish,
 )
+from specparity.runners import runner_supports
 from traces.diff import diff_traces
 from traces.io import Trace, read_trace, write_trace
 from traces.reference import ReferenceRefused
@@ -197,6 +198,8 @@ def grade(
             jobs.append(("engine", g.case.plain()))
             by_job.setdefault(("engine", g.case.plain().case_id), []).append(f"{g.case_id}#plain")
         for r in oracles:
+            if not runner_supports(r, g.case):
+                continue
             jobs.append((r, g.case))
             by_job.setdefault((r, g.case.case_id), []).append(g.case_id)
     refusals: dict[tuple[str, str], ReferenceRefused] = {}
@@ -223,9 +226,11 @@ def grade(
     for g in graded:
         eng = g.trace
         for oracle in oracles:
+            if not runner_supports(oracle, g.case):
+                continue
             ref = refusals.get((oracle, g.case_id)) or traces[(oracle, g.case_id)]
             result.comparisons.append(_reference_comparison(oracle, g.case_id, eng, ref))
-        if g.case.drafter is not None:
+        if g.case.drafter is not None and g.case.temperature == 0:
             plain = traces[("plain", f"{g.case_id}#plain")]
             result.comparisons.append(Comparison("spec-vs-plain", g.case_id, "tokens",
                                                  diff_traces(eng, plain, level="tokens")))

@@ -23,7 +23,7 @@ from typing import Any
 
 from specparity.cases import DEFAULT_GAMMAS, Case, pick_prompts, spec_matrix
 from specparity.progress import Progress
-from specparity.runners import run_case
+from specparity.runners import run_case, runner_supports
 from traces.diff import Divergence, diff_traces
 from traces.io import Trace, atomic_write_text, write_trace
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
@@ -233,6 +233,11 @@ def run(out_dir: Path, **kwargs: Any) -> RunResult:
     """
     from specparity.outdir import claim_run_dir
 
+    # Bad runner names / an empty selection are refused before the directory is touched.
+    available_runners(kwargs.get("runners"))
+    if kwargs.get("cases") is None:
+        zoo_cases(**{k: kwargs[k] for k in ("targets", "drafters", "gammas", "n_prompts",
+                                            "max_tokens") if k in kwargs})
     with claim_run_dir(out_dir, "specparity run"):
         return run_cases(Path(out_dir), **kwargs)
 
@@ -269,7 +274,7 @@ def run_cases(
     traces: dict[tuple[str, str], Trace] = {}
     refusals: dict[tuple[str, str], ReferenceRefused] = {}
     paths: dict[tuple[str, str], Path] = {}
-    jobs = [(r, c) for c in [*plains, *specs] for r in all_runners]
+    jobs = [(r, c) for c in [*plains, *specs] for r in all_runners if runner_supports(r, c)]
 
     def on_result(job: Job, res: tuple[str, Any]) -> None:
         runner, case = job
@@ -297,11 +302,14 @@ def run_cases(
     for case in specs:
         eng = traces[("engine", case.case_id)]
         for oracle in available:
-            result.comparisons.append(_reference_comparison(
-                oracle, case.case_id, eng, ref(oracle, case.case_id), witness))
-        result.comparisons.append(Comparison(
-            "spec-vs-plain", case.case_id, "tokens",
-            diff_traces(eng, traces[("engine", case.plain().case_id)], level="tokens", witness=witness)))
+            if runner_supports(oracle, case):
+                result.comparisons.append(_reference_comparison(
+                    oracle, case.case_id, eng, ref(oracle, case.case_id), witness))
+        if case.temperature == 0:  # sampled spec and plain draw differently: no token identity
+            result.comparisons.append(Comparison(
+                "spec-vs-plain", case.case_id, "tokens",
+                diff_traces(eng, traces[("engine", case.plain().case_id)], level="tokens",
+                            witness=witness)))
     for case in plains:
         for oracle in available:
             result.comparisons.append(_reference_comparison(

@@ -20,6 +20,20 @@ HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (
 DSPARK_SOURCES = ("deepspec", "dspark")  # block drafters (zoo/dspark.py artifacts)
 
 
+def runner_supports(runner: str, case: Case) -> bool:
+    """Whether ``runner`` implements ``case``'s draft source (every case runner decodes plainly).
+
+    mlx-lm 0.32.2 speculates with a draft model only (``speculative_generate_step``);
+    mlx-optiq with its n-gram lookup or a gemma4 assistant drafter; DeepSpec with its own
+    block drafter. A reference never runs a source it lacks (it would decode plainly and be
+    compared with the engine's speculative trace as if it were one).
+    """
+    if runner == "engine" or case.drafter is None:
+        return True
+    return case.source in {"mlx_lm": ("two-model",), "optiq": ("ngram", "assistant"),
+                           "deepspec": ("deepspec",)}.get(runner, ())
+
+
 def dspark_drafter(case: Case) -> tuple[str, float]:
     """``(zoo artifact name, confidence threshold)`` of a ``deepspec``/``dspark`` case.
 

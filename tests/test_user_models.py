@@ -316,3 +316,16 @@ def test_ray_backend_gives_identical_traces(models, tmp_path) -> None:
     assert list(a.traces) == list(b.traces)
     assert all(norm(a.traces[k]) == norm(b.traces[k]) for k in a.traces)
     assert [c.verdict for c in a.comparisons] == [c.verdict for c in b.comparisons]
+
+
+def test_references_run_only_the_sources_they_implement() -> None:
+    from specparity.runners import runner_supports
+
+    two = Case("t", "d", "p", 3, target_path="/x", draft_path="/y")
+    ngram = Case("t", "ngram", "p", 3, source="ngram", target_path="/x")
+    plain = two.plain()
+    assert runner_supports("mlx_lm", two) and runner_supports("mlx_lm", plain)
+    # mlx-lm has no n-gram source: run on it, it would decode plainly and be compared as spec
+    assert not runner_supports("mlx_lm", ngram)
+    assert runner_supports("optiq", ngram) and not runner_supports("optiq", two)
+    assert runner_supports("engine", ngram)
