@@ -44,6 +44,6 @@ def frame(df: Any) -> Any:
     """A copy of DataFrame ``df`` whose string cells are :func:`text`-escaped (for ``to_markdown``)."""
     out = df.copy()
     for col in out.columns:
-        if out[col].dtype == object:
-            out[col] = out[col].map(lambda v: text(v) if isinstance(v, str) else v)
+        if any(isinstance(v, str) for v in out[col]):  # object or pandas string dtype
+            out[col] = out[col].astype(object).map(lambda v: text(v) if isinstance(v, str) else v)
     return out

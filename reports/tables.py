@@ -116,6 +116,11 @@ def _check_comparisons(path: Path, data: Any) -> list[dict[str, Any]]:
     return data
 
 
+def load_comparisons(path: Path) -> list[dict[str, Any]]:
+    """A run's ``comparisons.json``, checked (ValueError naming the file otherwise)."""
+    return _check_comparisons(path, _load_json(path, "comparisons.json"))
+
+
 _RESULT_KEYS = {"ab": ("target", "drafter_a", "drafter_b", "gamma", "n_prompts", "verdict"),
                 "bench": ("target", "drafter", "gamma", "n_prompts", "repeats")}
 
@@ -178,7 +183,9 @@ def load_run(run_dir: Path, *, validate: bool = True) -> RunData:
     has = cpath.is_file()
     comparisons = _check_comparisons(cpath, _load_json(cpath, "comparisons.json")) if has else []
     results = []
-    for path in sorted([*run_dir.rglob("ab.json"), *run_dir.rglob("bench.json")]):
+    found = [*run_dir.rglob("ab.json"), *run_dir.rglob("bench.json")]
+    for path in sorted(p for p in found
+                       if not any(part.startswith(".") for part in p.relative_to(run_dir).parts)):
         data = _check_result(path, _load_json(path, path.name))
         data["_path"] = str(path.relative_to(run_dir))
         results.append(data)

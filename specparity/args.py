@@ -287,12 +287,13 @@ def _check_safetensors(f: Path, flag: str) -> None:
         raise UsageError(f"{flag} {f}: truncated ({size} bytes, tensors need {8 + n + end}): {fix}")
 
 
-def model_dir(text: str) -> Path:
-    """argparse type: :func:`check_model_dir` of a local model directory."""
+def model_dir(text: str) -> str:
+    """argparse type: :func:`check_model_dir` of a local model directory (returns ``text``)."""
     try:
-        return check_model_dir(text, "")
+        check_model_dir(text, "")
     except UsageError as exc:
         raise _err(str(exc).lstrip()) from None
+    return text
 
 
 def model_ref(text: str) -> str:

@@ -58,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("SPECPARITY_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:  # bytes the locale could not decode (surrogateescape)
+            bad = arg.encode("utf-8", "surrogateescape")[exc.start:exc.start + 4]
+            print(f"specparity: error: argument {i + 1} ({arg[:exc.start][:40]!r}...) is not valid "
+                  f"UTF-8 text (bytes {bad!r}); pass text in UTF-8", file=sys.stderr)
+            return 2
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -7,7 +7,8 @@
   with one line naming the holder; the kernel drops the lock when the holder
   dies, even by ``kill -9``, so a crash never leaves a stale lock.
 - :func:`claim_run_dir` gives a run directory to one run: it takes the lock,
-  clears the outputs an earlier run left (so no stale rows reach the report)
+  moves the outputs an earlier run left to ``DIR/.previous-run/`` (so no stale
+  rows reach the report; removed once the new run completes, kept if it fails)
   and writes a marker (``.specparity-run.json``: run id, command, pid, state).
   The state becomes ``complete`` only when the run finishes; a killed run leaves
   ``running`` and ``specparity report`` then says INCOMPLETE.
@@ -152,37 +153,43 @@ class RunClaim:
         atomic_write_json(self.directory / RUN_MARKER, self.marker)
 
 
-def _clear(directory: Path, names: tuple[str, ...]) -> list[str]:
-    cleared = []
-    for name in names:
-        p = directory / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
-        else:
-            continue
-        cleared.append(name)
-    return cleared
+PREVIOUS = ".previous-run"
+"""Where an earlier run's outputs wait until the new run completes (then removed)."""
+
+
+def _set_aside(directory: Path, names: tuple[str, ...]) -> list[str]:
+    """Move an earlier run's outputs into ``DIR/.previous-run`` (replacing an older one)."""
+    present = [n for n in names if (directory / n).exists() or (directory / n).is_symlink()]
+    if not present:
+        return []
+    prev = directory / PREVIOUS
+    if prev.exists():
+        shutil.rmtree(prev)
+    prev.mkdir()
+    for name in present:
+        os.replace(directory / name, prev / name)
+    marker = directory / RUN_MARKER
+    if marker.exists():
+        os.replace(marker, prev / RUN_MARKER)
+    return present
 
 
 @contextlib.contextmanager
 def claim_run_dir(path: Path | str, command: str, *, flag: str = "--out",
                   outputs: tuple[str, ...] = RUN_OUTPUTS,
                   extra: dict[str, Any] | None = None) -> Iterator[RunClaim]:
-    """Own ``path`` for one run: writable, locked, earlier outputs cleared, marker written.
+    """Own ``path`` for one run: writable, locked, earlier outputs set aside, marker written.
 
     The marker's state is ``complete`` on a normal exit, ``failed`` when the
     block raises, and stays ``running`` if the process is killed.
     """
     directory = prepare_dir(path, flag)
     with DirLock(directory, command, flag=flag, what="run directory"):
-        old = directory / RUN_MARKER
-        cleared = _clear(directory, outputs)
-        if cleared:
-            print(f"specparity: {flag} {directory}: clearing the earlier run's "
-                  f"{', '.join(cleared)}", file=sys.stderr)
-        old.unlink(missing_ok=True)
+        moved = _set_aside(directory, outputs)
+        if moved:
+            print(f"specparity: {flag} {directory}: the earlier run's {', '.join(moved)} moved to "
+                  f"{PREVIOUS}/ (removed when this run completes)", file=sys.stderr)
+        (directory / RUN_MARKER).unlink(missing_ok=True)
         claim = RunClaim(directory, uuid.uuid4().hex[:12], command, {})
         claim.marker = {"run_id": claim.run_id, "command": command, "pid": os.getpid(),
                         "state": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -193,8 +200,12 @@ def claim_run_dir(path: Path | str, command: str, *, flag: str = "--out",
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 claim.finish("failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            if (directory / PREVIOUS).exists():
+                print(f"specparity: {flag} {directory}: this run did not complete; the earlier "
+                      f"run's outputs are kept in {directory / PREVIOUS}/", file=sys.stderr)
             raise
         claim.finish("complete")
+        shutil.rmtree(directory / PREVIOUS, ignore_errors=True)
 
 
 def lock_dir(path: Path | str, command: str, *, flag: str, what: str) -> DirLock:

@@ -314,6 +314,9 @@ def iter_lines(path: str | os.PathLike[str], *,
         OSError: If the file cannot be opened.
     """
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before open(): a FIFO would block there
+        raise TraceFormatError(path, None, "not a regular file (a device, FIFO or directory); "
+                                           "give a trace file")
     with open(path, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise TraceFormatError(path, None, "not a regular file (a device, FIFO or directory); "

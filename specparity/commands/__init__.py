@@ -7,37 +7,19 @@ command is a new module here; ``specparity/cli.py`` needs no edit.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import pkgutil
 from types import ModuleType
 
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+from specparity import args
 
 
 def _str_list(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from exc
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-int_list, str_list, positive = _int_list, _str_list, _positive
+# Strict, shared flag types (specparity/args.py): "1,,2", "0", "-3" are one-line usage errors.
+int_list, str_list, positive = args.positive_int_list, _str_list, args.positive_int
 
 
 def discover() -> list[ModuleType]:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from specparity import args as a
 from specparity.args import token_id_list
 from specparity.commands import positive
 from specparity.devices import add_device_argument
@@ -26,17 +27,17 @@ HELP = "generate with the engine on local mlx-lm model dirs"
 
 
 def add_arguments(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--target", required=True, help="target model directory")
-    g.add_argument("--draft", default=None, help="drafter directory (omit for plain decode or --source ngram)")
+    g.add_argument("--target", required=True, type=a.model_dir, help="target model directory")
+    g.add_argument("--draft", default=None, type=a.model_dir, help="drafter directory (omit for plain decode or --source ngram)")
     g.add_argument("--source", default="auto",
                    help="draft source kind: auto (detect from --draft, §3), two-model, ngram, mtp "
                         "(qwen3_5_mtp head dir), assistant (gemma4_assistant dir), deepspec "
                         "(Gemma4DSparkModel dir), dspark (dspark.json dir)")
-    g.add_argument("--confidence-threshold", type=float, default=None,
+    g.add_argument("--confidence-threshold", type=a.finite_float, default=None,
                    help="deepspec/dspark: prune the block at the first position whose confidence is "
                         "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "
                         "calibrated thresholds)")
-    g.add_argument("-n", "--max-tokens", type=positive, default=64)
+    g.add_argument("-n", "--max-tokens", type=a.max_tokens, default=64)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", type=token_id_list,
@@ -46,16 +47,16 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--eos-ids", type=token_id_list, default=None,
                    help="comma-separated EOS ids (default: the tokenizer's EOS set)")
     g.add_argument("--gamma", type=positive, default=3, help="draft length (block drafters pin their own)")
-    g.add_argument("--temp", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--temp", type=a.nonneg_float, default=0.0)
+    g.add_argument("--top-p", type=a.probability, default=0.0)
+    g.add_argument("--top-k", type=a.nonneg_int, default=0)
+    g.add_argument("--seed", type=a.seed, default=0)
     g.add_argument("--prefill", choices=("tail-split", "full"), default=None,
                    help="default: the source's own convention (tail-split for two-model/ngram)")
     g.add_argument("--rotating", choices=("guard", "exact"), default="guard",
                    help="rotating (sliding-window) caches: guard = stop speculating at the ring wrap "
                         "(§2, default); exact = exact rollback past the wrap (guard only where it cannot)")
-    g.add_argument("--trace", type=Path, default=None, help="write the trace (JSONL) here")
+    g.add_argument("--trace", type=a.writable_file, default=None, help="write the trace (JSONL) here")
     add_processor_arguments(g)
     add_device_argument(g)
 

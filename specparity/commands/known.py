@@ -10,7 +10,6 @@ cover).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -27,10 +26,12 @@ def main(args: argparse.Namespace) -> int:
 
     hits: Counter[str] | None = None
     if args.run is not None:
+        from reports.tables import load_comparisons
+
         path = args.run / "comparisons.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: not a specparity run dir (no comparisons.json)")
-        hits = Counter(c["known"] for c in json.loads(path.read_text()) if c.get("known"))
+        hits = Counter(c["known"] for c in load_comparisons(path) if c.get("known"))
     for e in known_entries():
         print(f"{e.id}  [{e.kind}, runner {e.runner}, targets {', '.join(e.targets)}]")
         print(f"  reason:    {e.reason.splitlines()[0]} ...")

@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specparity import args as a
 from specparity.commands import int_list, positive, str_list
 from specparity.devices import add_device_argument
 
@@ -47,7 +48,7 @@ def _nonneg(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output dir (default runs/latest)")
+    p.add_argument("--out", type=a.writable_dir, default=Path("runs/latest"), help="output dir (default runs/latest)")
     z = p.add_argument_group("the zoo matrix (default)")
     z.add_argument("--targets", type=str_list, default=None, help="comma-separated zoo targets")
     z.add_argument("--drafters", type=str_list, default=None, help="comma-separated drafters")
@@ -61,15 +62,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     u.add_argument("--prompts-file", type=Path, default=None,
                    help="prompts: JSONL {\"id\",\"text\"} / {\"id\",\"token_ids\"} or one prompt per line")
     u.add_argument("--temps", type=_floats, default=(0.0,), help="temperatures (default 0)")
-    u.add_argument("--top-p", type=float, default=0.0)
+    u.add_argument("--top-p", type=a.probability, default=0.0)
     u.add_argument("--top-k", type=_nonneg, default=0)
-    u.add_argument("--seed", type=_nonneg, default=0)
+    u.add_argument("--seed", type=a.seed, default=0)
     u.add_argument("--eos-ids", type=str_list, default=None, help="EOS ids (default: the tokenizer's)")
     u.add_argument("--truncate", action="store_true",
                    help="keep the tail of prompts longer than the context (default: refuse them)")
     p.add_argument("--suite", type=Path, default=None, help="a TOML suite file (see specparity/suite.py)")
     p.add_argument("--gammas", type=int_list, default=(1, 2, 3, 5), help="default 1,2,3,5")
-    p.add_argument("--max-tokens", type=positive, default=32)
+    p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--runners", type=str_list, default=None, help="oracles to run (default: all available)")
     p.add_argument("--workers", type=_nonneg, default=0,
                    help="process-pool size (default 0: in this process)")
