@@ -99,7 +99,9 @@ def render_markdown(docs: list[dict[str, Any]]) -> str:
         if "unavailable" not in r:
             targets = ", ".join(r["doc"]["modes"][r["mode"]].get("targets", []))
             lines.append(f"- **{r['engine']}** `{r['mode']}`: {r['note']} (targets: {targets}; "
-                         f"platform {r['doc']['platform'].get('device')}, mlx {r['doc']['platform'].get('mlx')})")
+                         f"platform {r['doc']['platform'].get('device')}, mlx {r['doc']['platform'].get('mlx')}"
+                         + "".join(f", {k} {v}" for k, v in r["doc"].get("deps", {}).items() if v != "unknown")
+                         + ")")
     unavailable = [r for r in rows(docs) if "unavailable" in r]
     if unavailable:
         lines += ["", "## Engines that could not be run", ""]

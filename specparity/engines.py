@@ -209,8 +209,11 @@ def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: s
 def grade_engine(name: str, out: Path) -> dict[str, Any]:
     """Grade subject ``name`` here; returns (and writes) its result document."""
     info = SUBJECTS[name]
+    from subjects._common import dist_version
+
     doc: dict[str, Any] = {"engine": name, "package": info.package.split("==")[0], "pinned": info.package,
-                           "tox_env": info.tox_env, "platform": platform_info(), "modes": {}}
+                           "tox_env": info.tox_env, "platform": platform_info(), "modes": {},
+                           "deps": {d: dist_version(d) for d in ("mlx-lm", "mlx-vlm", "transformers")}}
     ok, why = availability(name)
     if not ok:
         doc.update(available=False, reason=why, version=None)

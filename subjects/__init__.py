@@ -41,10 +41,12 @@ class SubjectInfo:
     module: str
     package: str
     tox_env: str
+    extra_deps: tuple[str, ...] = ()
 
     @property
     def install_hint(self) -> str:
-        return f"tox -e {self.tox_env}  (pip install {self.package} in its own environment)"
+        pins = " ".join((self.package, *self.extra_deps))
+        return f"tox -e {self.tox_env}  (pip install {pins} in its own environment)"
 
 
 SUBJECTS: dict[str, SubjectInfo] = {
@@ -57,6 +59,9 @@ SUBJECTS: dict[str, SubjectInfo] = {
         SubjectInfo("mtplx", "subjects.mtplx", "mtplx==2.12.2", "subject-mtplx"),
         SubjectInfo("mlx-lm-broomva", "subjects.mlx_lm_broomva", "mlx-lm-broomva==0.31.3", "subject-mlx-lm-broomva"),
         SubjectInfo("nunspark", "subjects.nunspark", "nunspark==0.13.0", "subject-nunspark"),
+        # the same package on the mlx-lm it was written against (0.32's KVCache.state is a 3-tuple)
+        SubjectInfo("nunspark-mlxlm031", "subjects.nunspark", "nunspark==0.13.0", "subject-nunspark-mlxlm031",
+                    extra_deps=("mlx-lm==0.31.3",)),
     )
 }
 
@@ -68,9 +73,26 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(SUBJECTS[name].module)
 
 
+def _pins_hold(info: SubjectInfo) -> str | None:
+    from importlib import metadata
+
+    for pin in info.extra_deps:
+        dist, _, want = pin.partition("==")
+        try:
+            have = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have != want:
+            return f"{info.name} needs {pin} here (found {have}); run it with: {info.install_hint}"
+    return None
+
+
 def availability(name: str) -> tuple[bool, str]:
     """(available, reason) for subject ``name``: its package imports in this environment."""
     mod = load(name)
+    bad_pin = _pins_hold(SUBJECTS[name])
+    if bad_pin is not None:
+        return False, bad_pin
     try:
         mod.require()
     except SubjectUnavailable as exc:

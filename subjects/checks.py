@@ -195,8 +195,9 @@ def check_eos(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> 
         expect = list(full[:j])
         if e in run.stream:
             at = run.stream.index(e)
-            return _fail("eos", case, f"EOS id {e} emitted as output token {at} "
-                         f"(stream {_show(run.stream, at)})", n, hooks, index=at, subject=e, expected=None)
+            how = ("as the final token (it stops right after it; the tokens before it equal plain decode)"
+                   if run.stream == expect + [e] else f"as output token {at} (stream {_show(run.stream, at)})")
+            return _fail("eos", case, f"EOS id {e} emitted {how}", n, hooks, index=at, subject=e, expected=None)
         i = first_divergence(run.stream, expect)
         if i is not None:
             return _fail("eos", case, f"EOS {e} planted at plain position {j}: output differs at token {i} "
@@ -266,8 +267,14 @@ def counter_problems(run: SubjectRun) -> list[str]:
         for key, v in sums.items():
             if key in c and c[key] != v:
                 out.append(f"engine counter {key}={c[key]} but its rounds sum to {v}")
+    if "generation_tokens" in c and c["generation_tokens"] not in (len(run.stream), len(run.stream) + 1):
+        out.append(f"engine counts generation_tokens={c['generation_tokens']} for a stream of "
+                   f"{len(run.stream)} tokens (at most one EOS step may be added)")
     if "emitted" in c and c["emitted"] != len(run.stream):
         out.append(f"engine counter emitted={c['emitted']} but the stream has {len(run.stream)} tokens")
+    if "rejected" in c and "accepted" in c and "drafted" in c and c["accepted"] + c["rejected"] > c["drafted"]:
+        out.append(f"engine counters accepted={c['accepted']} + rejected={c['rejected']} exceed "
+                   f"drafted={c['drafted']}")
     if "accepted" in c and "drafted" in c and not 0 <= c["accepted"] <= c["drafted"]:
         out.append(f"engine counters accepted={c['accepted']} outside 0..drafted={c['drafted']}")
     return out

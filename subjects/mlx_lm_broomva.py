@@ -14,6 +14,11 @@ that mlx-lm's own convention uses to report an EOS (``finish_reason ==
 ``oracles/mlx_lm.py``. Counters: ``generation_tokens`` of the final response,
 ``from_draft`` flags (accepted drafts). Stop ids: mlx-lm has stop sequences
 only in its server (``StopSequences``), not in ``stream_generate``.
+
+Gemma 4 MTP (the fork's addition): ``stream_generate`` dispatches to
+``mtp_speculative_generate_step`` when ``is_mtp_drafter(draft_model)``
+(``models/gemma4_assistant.py``); the drafter is a zoo ``gemma4_assistant``
+head (``zoo/heads.py``), loaded with the fork's ``mlx_lm.utils.load_model``.
 Trace level: token.
 """
 
@@ -35,7 +40,15 @@ MODES = {
                       unsupported={"stop": _NO_STOP}),
     "oracle": Mode(targets=("llama", "qwen3"), drafter="oracle",
                    note="stream_generate(draft_model=oracle drafter: greedy continuation, 1 corrupted / round)",
-                   unsupported={"stop": _NO_STOP}),
+                   unsupported={"stop": _NO_STOP,
+                                "distribution": "graded in two-model (the oracle drafter proposes point masses)"}),
+    "mtp-assistant": Mode(targets=("gemma4",), drafter="gemma4-assistant", samples=True, top_k=5,
+                          note="Gemma 4 MTP: stream_generate(draft_model=zoo gemma4_assistant head) -> "
+                               "mtp_speculative_generate_step",
+                          unsupported={"stop": _NO_STOP}),
+    "mtp-assistant-self": Mode(targets=("gemma4",), drafter="gemma4-assistant-self",
+                               note="Gemma 4 MTP with the zoo 'self' assistant head (accepts often)",
+                               unsupported={"stop": _NO_STOP, "distribution": "graded in mtp-assistant"}),
 }
 
 
@@ -64,8 +77,23 @@ def _load(path: str) -> tuple[Any, Any]:
     return load(path)
 
 
+@cache
+def _head(name: str) -> Any:
+    from mlx_lm.utils import load_model
+
+    from zoo.heads import head_dir
+
+    return load_model(head_dir(name))[0]  # model only: a head directory has no tokenizer
+
+
 def drafter_path(case: SubjectCase) -> str | None:
-    return str(zoo.pair(case.target, "twin")[1]) if case.mode == "two-model" else None
+    if case.mode == "two-model":
+        return str(zoo.pair(case.target, "twin")[1])
+    if case.mode.startswith("mtp-"):
+        from zoo.heads import head_dir
+
+        return str(head_dir(MODES[case.mode].drafter or ""))
+    return None
 
 
 def generate(case: SubjectCase) -> SubjectRun:
@@ -82,6 +110,8 @@ def generate(case: SubjectCase) -> SubjectRun:
     ids = list(prompt_ids(case.prompt_id))
     if case.mode == "two-model":
         draft = _load(str(zoo.pair(case.target, "twin")[1]))[0]
+    elif case.mode.startswith("mtp-"):
+        draft = _head(mode.drafter or "")
     else:
         from subjects.oracle_drafter import OracleDraft, greedy_continuation
 

@@ -118,7 +118,7 @@ def test_faithful_fake_passes_every_check() -> None:
     ("flip", check_identity, "output token 3"),
     ("overrun", check_budget, "tokens emitted"),
     ("wrong-finish", check_budget, "finish_reason"),
-    ("emit-eos", check_eos, "emitted as output token"),
+    ("emit-eos", check_eos, "emitted as the final token"),
     ("past-eos", check_eos, "output differs"),
     ("eos-twice", check_eos, "counted more than once"),
     ("ignore-stop", check_stop, "stop id"),
@@ -257,7 +257,32 @@ def test_grade_mode_and_scoreboard_from_fakes(tmp_path: Path) -> None:
 
 def test_registry_names_every_package_and_reports_missing_ones() -> None:
     assert set(SUBJECTS) == {"mlx-dspark", "dspark-mlx", "dflash-mlx", "dfly-mlx", "mtplx", "mlx-lm-broomva",
-                             "nunspark"}
+                             "nunspark", "nunspark-mlxlm031"}
     for name in SUBJECTS:
         ok, why = availability(name)
         assert ok or SUBJECTS[name].tox_env in why or "failed" in why, (name, why)
+
+
+def test_every_committed_failure_has_a_known_subject_entry() -> None:
+    """Each failing check of the committed scoreboard is a `subject` entry with its reproduction."""
+    import tomllib
+
+    from reports.scoreboard import failures, load_results
+
+    root = Path(__file__).resolve().parents[1]
+    docs = load_results(root / "docs" / "scoreboard")
+    entries = [e for e in tomllib.loads((root / "traces" / "known_divergences.toml").read_text())["entry"]
+               if e["kind"] == "subject"]
+    missing = []
+    for f in failures(docs):
+        hit = [e for e in entries if e["runner"] == f["engine"] and e["check"] == f["check"]
+               and f["mode"] in e["modes"]]
+        if not hit:
+            missing.append(f"{f['engine']} {f['mode']}/{f['check']}: {f['detail']}")
+        for e in hit:
+            assert e["reproduce"] and e["reason"].strip() and e["targets"], e["id"]
+    assert not missing, "failures without a [[entry]] kind = 'subject' in traces/known_divergences.toml:\n" + \
+        "\n".join(missing)
+    for e in entries:  # and no stale entry: each still matches a committed failure
+        assert any(f["engine"] == e["runner"] and f["check"] == e["check"] and f["mode"] in e["modes"]
+                   for f in failures(docs)), f"{e['id']} matches no failure of docs/scoreboard"
