@@ -1,0 +1,213 @@
+"""Crash safety (issue 16): ``kill -9`` of ``run``, ``regen`` and ``ab`` at a random point.
+
+After each kill: every file under a final name is whole (traces validate, JSON
+parses, nothing 0-byte, no temp files published), the directory's lock died
+with the process, the killed run's report says INCOMPLETE (never CONFORMS),
+no pool worker outlives a killed ``regen``, and a re-run either completes
+(resume or fresh start) or refuses in one clear line. The default variants
+kill once per command at a random delay inside the work (seeded, printed);
+``slow`` variants sweep several delays (opt in: ``SPECPARITY_CRASH_SWEEP=1``).
+Re-runs happen in process (``specparity.cli.main`` / ``regen()``) to keep the
+default variants near 30 s on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = int(os.environ.get("SPECPARITY_CRASH_SEED", random.randrange(1 << 16)))
+SWEEP = pytest.mark.skipif(not os.environ.get("SPECPARITY_CRASH_SWEEP"),
+                          reason="crash sweep: set SPECPARITY_CRASH_SWEEP=1")
+RUN_ARGS = ["--targets", "llama", "--drafters", "self,twin", "--gammas", "1,2", "--prompts", "1",
+            "--max-tokens", "4", "--runners", ""]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECPARITY_PROGRESS_INTERVAL="0")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _spawn(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "specparity.cli", *args], cwd=cwd, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _cli(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specparity.cli", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _kill_when(proc: subprocess.Popen[str], ready: callable, extra_s: float, limit_s: float = 120) -> bool:  # type: ignore[valid-type]
+    """SIGKILL ``proc`` (only it, not its group) ``extra_s`` after ``ready()``; False if it ended first."""
+    deadline = time.monotonic() + limit_s
+    while not ready():
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "the command never reached the kill point"
+        time.sleep(0.02)
+    time.sleep(extra_s)
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+def _all_whole(root: Path) -> None:
+    from traces.validate import validate_file
+
+    for p in root.rglob("*"):
+        if not p.is_file() or p.name.startswith("."):
+            continue
+        assert p.stat().st_size > 0, f"0-byte file under a final name: {p}"
+        if p.suffix == ".jsonl":
+            assert validate_file(p) == [], p
+        elif p.suffix == ".json":
+            json.loads(p.read_text())
+    for p in root.rglob(".*.tmp"):
+        # a killed writer's temp file: hidden, never under a final name; readers skip it
+        assert p.name.startswith(".")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _run_killed(tmp_path: Path, after_traces: int, extra_s: float) -> None:
+    out = tmp_path / "run"
+    proc = _spawn(["run", *RUN_ARGS, "--out", str(out)], tmp_path)
+    try:
+        killed = _kill_when(proc, lambda: len(list(out.glob("traces/*/*.jsonl"))) >= after_traces,
+                            extra_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"run: seed {SEED}, killed={killed} after {after_traces} traces + {extra_s:.2f} s")
+    _all_whole(out)
+    from reports.report import ReportError, build_report
+
+    if killed and (out / "traces").exists():
+        try:
+            rep = build_report(out)
+        except ReportError:
+            rep = None
+        assert rep is None or rep.status in ("INCOMPLETE", "CONFORMS"), rep.status
+        if rep is not None and not (out / ".specparity-run.json").read_text().count('"complete"'):
+            assert rep.status == "INCOMPLETE", "a killed run must never read CONFORMS"
+    from specparity.cli import main
+
+    assert main(["run", *RUN_ARGS, "--out", str(out), "--quiet"]) == 0
+    _all_whole(out)
+    assert main(["report", str(out)]) == 0
+    assert "**CONFORMS**" in (out / "report.md").read_text()
+    assert not (out / ".previous-run").exists()
+
+
+def test_kill_run_then_rerun(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    _run_killed(tmp_path, rng.randint(1, 6), rng.uniform(0.0, 0.3))
+
+
+@pytest.mark.slow
+@SWEEP
+@pytest.mark.parametrize("after", [0, 1, 3, 7])
+def test_kill_run_sweep(tmp_path: Path, after: int) -> None:
+    _run_killed(tmp_path, after, 0.05 * after)
+
+
+def _regen_killed(tmp_path: Path, extra_s: float) -> None:
+    gdir = tmp_path / "golden"
+    args = ["regen", "--golden-dir", str(gdir), "--case", "llama/*plain*", "--workers", "2",
+            "--report", str(tmp_path / "drift")]
+    proc = _spawn(args, tmp_path)
+    workers: list[int] = []
+
+    def ready() -> bool:
+        workers[:] = _children(proc.pid) or workers
+        return len(workers) >= 2 or bool(list(gdir.rglob("*.jsonl")))
+
+    try:
+        killed = _kill_when(proc, ready, extra_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"regen: seed {SEED}, killed={killed} + {extra_s:.2f} s, workers {workers}")
+    if killed:
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [w for w in workers if _alive(w)]
+        for w in left:
+            os.kill(w, signal.SIGKILL)
+        assert not left, f"pool workers outlived the killed regen: {left}"
+    _all_whole(gdir)
+    from specparity.regen import regen
+
+    result = regen(gdir, case_glob="llama/*plain*", workers=0, progress=False)
+    assert result.exit_code == 0, [o for o in result.outcomes if o.status == "error"]
+    _all_whole(gdir)
+    from specparity import goldens as g
+
+    manifest = g.load_manifest(gdir)["goldens"]
+    assert set(manifest) == {p.relative_to(gdir).with_suffix("").as_posix() for p in gdir.rglob("*.jsonl")}
+    assert not (gdir / ".specparity.lock").exists()
+
+
+def test_kill_regen_no_orphans_and_resume(tmp_path: Path) -> None:
+    _regen_killed(tmp_path, random.Random(SEED + 1).uniform(0.0, 1.0))
+
+
+@pytest.mark.slow
+@SWEEP
+@pytest.mark.parametrize("extra", [0.0, 0.5, 2.0])
+def test_kill_regen_sweep(tmp_path: Path, extra: float) -> None:
+    _regen_killed(tmp_path, extra)
+
+
+def test_kill_ab_leaves_nothing_partial(tmp_path: Path) -> None:
+    out = tmp_path / "ab"
+    args = ["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--prompts", "4",
+            "--allow-small", "--max-tokens", "4", "--out", str(out)]
+    proc = _spawn(args, tmp_path)
+    extra = random.Random(SEED + 2).uniform(0.0, 0.5)
+    try:
+        killed = _kill_when(proc, lambda: (out / ".specparity.lock").exists(), extra)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"ab: seed {SEED}, killed={killed} + {extra:.2f} s")
+    _all_whole(out)
+    from specparity.cli import main
+
+    assert main(args) == 0  # the dead run's lock died with it
+    _all_whole(out)
+    assert json.loads((out / "ab.json").read_text())["kind"] == "ab"
