@@ -87,8 +87,23 @@ def _unsupported(check: str, why: str, n: int = 0) -> CheckResult:
     return CheckResult(check, "unsupported", why, cases_run=n)
 
 
+class SubjectCrashed(RuntimeError):
+    """The subject raised on a case (its exception is the finding)."""
+
+    def __init__(self, case: SubjectCase, exc: BaseException) -> None:
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f" at {tb[-1].filename.split('site-packages/')[-1]}:{tb[-1].lineno}" if tb else ""
+        super().__init__(f"raised {type(exc).__name__}: {exc}{where}")
+        self.case = case
+
+
 def _run(gen: Generate, case: SubjectCase) -> SubjectRun:
-    return gen(case)
+    try:
+        return gen(case)
+    except SubjectUnsupported:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the subject's own crash, kept with its case
+        raise SubjectCrashed(case, exc) from exc
 
 
 def plant(ref_full: Sequence[int], start: int = 3) -> int | None:
@@ -354,6 +369,8 @@ def guarded(check: str, fn: Callable[[], CheckResult]) -> CheckResult:
         return fn()
     except SubjectUnsupported as exc:
         return _unsupported(check, str(exc))
+    except SubjectCrashed as exc:
+        return CheckResult(check, "fail", str(exc), case=exc.case.case_id)
     except Exception as exc:  # noqa: BLE001 - the subject's own crash is the finding
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" at {tb[-1].filename.split('site-packages/')[-1]}:{tb[-1].lineno}" if tb else ""

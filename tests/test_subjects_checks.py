@@ -153,6 +153,7 @@ def test_unsupported_and_crash_are_reported() -> None:
 
     res = guarded("identity", lambda: check_identity(crashes, plain, CASES))
     assert res.status == "fail" and "IndexError: list index out of range" in res.detail
+    assert res.case == CASES[0].case_id  # the crash keeps its case: the reproduction names it
 
 
 def _sampler(probs: dict[tuple[int, int], float]) -> Callable[[SubjectCase], list[int]]:
