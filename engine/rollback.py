@@ -140,7 +140,7 @@ class RingRound:
         j = int(c.keep) if int(c._idx) == int(c.max_size) else int(c._idx)
         ks = mx.contiguous(c.keys[..., j : j + 1, :])
         vs = mx.contiguous(c.values[..., j : j + 1, :])
-        mx.eval(ks, vs)
+        mx.eval(ks, vs)  # a real copy now, so the in-place write can still donate the buffer
         self.saved.append((j, ks, vs))
         return j
 
@@ -165,6 +165,9 @@ class RingRound:
             raise cache_ops.CacheRollbackError("RotatingKVCache rollback without a round")
         c = self.cache
         keys, values, offset, idx = self.snapshot
+        if self._concat_cut(keep):
+            self.snapshot, self.saved, self.calls = None, [], []
+            return
         for j, ks, vs in reversed(self.saved):
             keys[..., j : j + 1, :] = ks
             values[..., j : j + 1, :] = vs
@@ -183,6 +186,24 @@ class RingRound:
         if c.keys is not None:
             mx.eval(c.keys, c.values)
         self.snapshot, self.saved, self.calls = None, [], []
+
+    def _concat_cut(self, keep: int) -> bool:
+        """The target's case, without re-running the concat: one ``_update_concat`` call of
+        ``S`` positions wrote ``[_trim(_temporal_order(incoming)), window]`` with a trim that
+        depends on the incoming state only, so the kept call (``keep >= 2``, also a concat)
+        writes the same buffer minus the last ``S - keep`` positions: cut them."""
+        c = self.cache
+        assert self.snapshot is not None
+        if len(self.calls) != 1 or self.saved or keep < 2:
+            return False
+        s = int(self.calls[0][0].shape[2])
+        size = int(c.keys.shape[2])
+        if s < keep or int(c.offset) != self.snapshot[2] + s or int(c._idx) != size:
+            return False  # not the state _update_concat leaves: re-apply instead
+        n = size - (s - keep)
+        c.keys, c.values = c.keys[..., :n, :], c.values[..., :n, :]
+        c.offset, c._idx = self.snapshot[2] + keep, n
+        return True
 
 
 _RING_CLASSES: dict[type, type] = {}

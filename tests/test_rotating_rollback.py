@@ -166,3 +166,33 @@ def test_audit_rotating_exact_covers_windows_past_the_wrap(tmp_path: Path) -> No
     fig = json.loads(out.read_text())["targets"][0]
     assert fig["windows"] > 12  # the guard stops after a few; exact goes on past the wrap
     assert fig["rollback"]["error"] == 0
+
+
+def _physical(c: Any) -> tuple[Any, ...]:
+    return (int(c.offset), int(c._idx), int(c.keep), int(c.max_size), c.keys.shape,
+            bytes(memoryview(mx.array(c.keys))), bytes(memoryview(mx.array(c.values))))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+def test_target_rollback_is_physically_the_kept_only_update(size: int) -> None:
+    """Buffers and indices, not just the live state: the verify cut equals the kept-only concat."""
+    from engine.audit import clone_caches
+
+    for keep in range(min(size, 3)):
+        for pre, plain in ((size + 2, 0), (1, size + 1), (size, 3)):
+            for s in range(2, 8):
+                for kept in range(1, s + 1):
+                    c = RotatingKVCache(max_size=size, keep=keep)
+                    c.update_and_fetch(*_kv(pre, 1))
+                    for i in range(plain):
+                        c.update_and_fetch(*_kv(1, 10 + i))
+                    mx.eval(c.keys, c.values)
+                    ref = clone_caches([c])[0]
+                    k, v = _kv(s, 99)
+                    ring = RingRound(c)
+                    ring.begin()
+                    c.update_and_fetch(k, v)
+                    ring.end()
+                    ring.rollback(kept)
+                    ref.update_and_fetch(k[..., :kept, :], v[..., :kept, :])
+                    assert _physical(c) == _physical(ref), (size, keep, pre, plain, s, kept)
