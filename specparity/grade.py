@@ -20,7 +20,6 @@ summary and report are the run's (``specparity.run.finish``).
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from specparity.run import (
     available_runners,
     execute,
     finish,
+    not_compared,
 )
 from specparity.runners import runner_supports
 from traces.diff import diff_traces
@@ -171,18 +171,25 @@ def grade(
     progress: bool = True,
 ) -> RunResult:
     """Grade every trace under ``trace_dir``; see the module doc."""
-    from specparity.progress import Progress
 
     t0 = time.perf_counter()
     trace_dir = Path(trace_dir)
     out = Path(out_dir) if out_dir is not None else trace_dir / "graded"
-    graded = collect(trace_dir, out)
+    graded = collect(trace_dir, out)  # before claiming OUT: a bad folder leaves OUT as it was
+    from specparity.outdir import claim_run_dir
+
+    with claim_run_dir(out, "specparity grade"):
+        return _grade(graded, out, runners, workers, ray_address, progress, t0)
+
+
+def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: int,
+           ray_address: str | None, progress: bool, t0: float) -> RunResult:
+    from specparity.progress import Progress
+
     all_runners, unavailable = available_runners(runners)
     oracles = all_runners[1:]
     result = RunResult(out_dir=out, runners=all_runners, unavailable=unavailable)
     traces: dict[tuple[str, str], Trace] = {}
-    if (out / "traces").exists():
-        shutil.rmtree(out / "traces")
     for g in graded:
         stem = g.case_id.replace("/", "__")
         path = out / "traces" / "engine" / f"{stem}.jsonl"
@@ -234,6 +241,8 @@ def grade(
             plain = traces[("plain", f"{g.case_id}#plain")]
             result.comparisons.append(Comparison("spec-vs-plain", g.case_id, "tokens",
                                                  diff_traces(eng, plain, level="tokens")))
+        elif not any(runner_supports(o, g.case) for o in oracles):
+            result.comparisons.append(not_compared(g.case, g.case_id))
     # the report reads OUT/traces/<runner>/: the plain re-runs are plain-mode traces
     report_traces = {(k[0], k[1].removesuffix("#plain")): v for k, v in traces.items()}
     result.wall_s = time.perf_counter() - t0

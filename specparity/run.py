@@ -41,6 +41,8 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
+        if self.status == "not-compared":
+            return "not compared"
         if self.known is not None:
             return f"{self.status}: {self.known}"
         if self.status == "divergent" and self.divergence is None:
@@ -69,6 +71,17 @@ class Comparison:
         if self.divergence is not None:
             return self.divergence.message
         return self.detail or None
+
+
+def not_compared(case: Case, case_id: str | None = None) -> Comparison:
+    """The entry of a sampled speculative case that no available reference implements.
+
+    Said as such (never counted as identical, never failed) so a report does not
+    read it as conforming or as a run that stopped early.
+    """
+    return Comparison("reference", case_id or case.case_id, "none", None, status="not-compared",
+                      detail=f"no available reference implements the {case.source} source, and "
+                             "sampled speculative output is not token-identical to plain decode")
 
 
 def numerics_witness() -> Any:
@@ -310,6 +323,8 @@ def run_cases(
                 "spec-vs-plain", case.case_id, "tokens",
                 diff_traces(eng, traces[("engine", case.plain().case_id)], level="tokens",
                             witness=witness)))
+        elif not any(runner_supports(o, case) for o in available):
+            result.comparisons.append(not_compared(case))
     for case in plains:
         for oracle in available:
             result.comparisons.append(_reference_comparison(

@@ -329,3 +329,18 @@ def test_references_run_only_the_sources_they_implement() -> None:
     assert not runner_supports("mlx_lm", ngram)
     assert runner_supports("optiq", ngram) and not runner_supports("optiq", two)
     assert runner_supports("engine", ngram)
+
+
+def test_sampled_case_without_a_reference_is_said_not_compared(models, tmp_path) -> None:
+    from specparity.run import run
+    from specparity.suite import PairSpec, Sampling, suite_cases
+
+    root, pairs = models
+    t, _ = pairs["olmo2"]
+    cases = suite_cases([PairSpec(target=str(t), sources=("ngram",), gammas=(3,), max_tokens=6,
+                                  prompts_file=root / "prompts.jsonl",
+                                  sampling=(Sampling(0.8, 0.9, 0, 7),))])[:1]
+    res = run(tmp_path / "run", cases=cases, runners=["mlx_lm"], progress=False)
+    spec_verdicts = [c.verdict for c in res.comparisons if c.case_id == cases[0].case_id]
+    assert spec_verdicts == ["not compared"] and res.ok
+    assert "INCOMPLETE" not in (tmp_path / "run" / "report.md").read_text().splitlines()[2]

@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="process-pool size for the re-runs (0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run the re-runs on Ray (local when no ADDRESS)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def main(args: argparse.Namespace) -> int:
