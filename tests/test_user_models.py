@@ -344,3 +344,21 @@ def test_sampled_case_without_a_reference_is_said_not_compared(models, tmp_path)
     spec_verdicts = [c.verdict for c in res.comparisons if c.case_id == cases[0].case_id]
     assert spec_verdicts == ["not compared"] and res.ok
     assert "INCOMPLETE" not in (tmp_path / "run" / "report.md").read_text().splitlines()[2]
+
+
+def test_run_cli_on_a_local_pair(models, tmp_path, capsys) -> None:
+    root, pairs = models
+    t, d = pairs["granite"]
+    txt = tmp_path / "prompts.txt"
+    txt.write_text("ba de fi go\nku la me\n")
+    out = tmp_path / "out"
+    assert _cli("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(txt),
+                "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out", str(out),
+                "--quiet") == 0
+    cmp = json.loads((out / "comparisons.json").read_text())
+    assert {c["case_id"].split("/")[2] for c in cmp} == {"line-1", "line-2"}
+    capsys.readouterr()
+    # a model outside the zoo's vocabulary needs a prompts file: one line, exit 2
+    assert _cli("run", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "o2")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a prompts file" in err[0]
