@@ -166,9 +166,14 @@ def test_engine_drafts_match_draft_golden(runner: str, case: Any, fresh: set[str
     if key not in fresh:
         pytest.skip(f"{key} is stale/corrupt/missing (test_goldens_are_fresh names why)")
     golden = read_trace(golden_path(GOLDEN_DIR, key))
-    live, logits = engine_drafts(case)
+    if case not in _LIVE:  # the two assistant references share their cases: one engine run each
+        _LIVE[case] = engine_drafts(case)
+    live, logits = _LIVE[case]
     why = first_draft_divergence(live, logits, golden, BOUNDS[runner])
     assert why is None, f"{case.case_id}: engine vs {runner} draft golden: {why}"
+
+
+_LIVE: dict[Any, tuple[Trace, list[list[dict[str, Any]]]]] = {}
 
 
 def test_draft_goldens_are_not_vacuous(fresh: set[str]) -> None:
