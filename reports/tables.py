@@ -116,9 +116,17 @@ def _check_comparisons(path: Path, data: Any) -> list[dict[str, Any]]:
     return data
 
 
-def load_comparisons(path: Path) -> list[dict[str, Any]]:
-    """A run's ``comparisons.json``, checked (ValueError naming the file otherwise)."""
-    return _check_comparisons(path, _load_json(path, "comparisons.json"))
+def load_comparisons(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
+    """A run's ``comparisons.json``, checked (ValueError naming the file otherwise).
+
+    ``strict=False`` only requires a list of objects (readers of one field).
+    """
+    data = _load_json(path, "comparisons.json")
+    if strict:
+        return _check_comparisons(path, data)
+    if not isinstance(data, list) or not all(isinstance(c, dict) for c in data):
+        raise ValueError(f"{path}: expected a JSON list of comparison objects")
+    return data
 
 
 _RESULT_KEYS = {"ab": ("target", "drafter_a", "drafter_b", "gamma", "n_prompts", "verdict"),

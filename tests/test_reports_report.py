@@ -69,7 +69,8 @@ def test_report_includes_ab_results(run_dir: Path, tmp_path: Path) -> None:
     try:
         rep = build_report(run_dir)
         md = rep.markdown.read_text()
-        assert "Paired A/B and bench" in md and "wall_time_b_over_a" in md, md
+        # names from JSON are Markdown-escaped (reports/md.py): wall\_time... renders as wall_time...
+        assert "Paired A/B and bench" in md and r"wall\_time\_b\_over\_a" in md, md
         assert "**FAIL**" in md and "planted" in md
         assert rep.html.read_text().count("data:image/png;base64,") == 4
     finally:
