@@ -267,3 +267,16 @@ def test_planted_assistant_fixed_draft_position_is_caught(runner: str, fresh: se
     monkeypatch.setattr(assistant.AssistantDrafter, "__call__", fixed)
     found = _caught(runner, fresh, ("gemma4-assistant-self",))
     assert found and all("round " in f for f in found), found
+
+
+def test_head_weights_are_a_draft_golden_input(monkeypatch) -> None:  # noqa: ANN001
+    """A rebuilt zoo head (other weights) marks its draft goldens stale, naming the drafter."""
+    from specparity import goldens
+
+    runner, case = CASES[0]
+    key = golden_key(runner, case)
+    real = goldens._head_identity(case.drafter)
+    assert real["weights_sha256"], real
+    monkeypatch.setattr(goldens, "_head_identity", lambda name: {**real, "weights_sha256": "0" * 64})
+    stale = {p.key: p for p in check_goldens(runners=[runner], keys=[key])}
+    assert key in stale and any(f"drafter {case.drafter} weights changed" in r for r in stale[key].reasons), stale

@@ -350,6 +350,15 @@ def file_sha256(path: Path | str) -> str:
 
 
 @cache
+def _head_identity(name: str) -> dict[str, Any]:
+    from specparity.runners import model_identity
+    from zoo.heads import head_dir
+
+    ident = model_identity(head_dir(name))
+    return {"name": name, "weights_sha256": ident["weights_sha256"], "config_sha256": ident["config_sha256"]}
+
+
+@cache
 def _model_identity(name: str) -> dict[str, Any]:
     import zoo
 
@@ -380,7 +389,9 @@ class InputsContext:
         from specparity.runners import case_params
 
         info = GOLDEN_RUNNERS[runner]
-        if case.drafter is None or case.source != "two-model":
+        if case.drafter is not None and case.source in ("mtp", "assistant"):
+            drafter = _head_identity(case.drafter)  # a zoo head (draft goldens)
+        elif case.drafter is None or case.source != "two-model":
             drafter = None
         else:
             drafter = _model_identity(zoo.model_name(case.target, case.drafter))
