@@ -117,6 +117,7 @@ HOSTILE: dict[str, list[str]] = {
     ],
     "crashes: bad files": [
         "truncated safetensors", "config.json not JSON", "no config.json",
+        "(each of the three via generate --target/--draft, ab, audit, run --target)", "trace FIFO",
         "deeply nested JSON line", "non-UTF-8 trace", "malformed comparisons.json",
         "comparisons.json not a list", "ab.json malformed", "trace validate a directory",
     ],
@@ -137,6 +138,7 @@ HOSTILE: dict[str, list[str]] = {
     ],
     "finished work thrown away": [
         "ab --out an existing file", "bench --out under a file", "run --out under a file",
+        "regen --report under a file", "regen --golden-dir a file",
         "ab: results printed before a failing write",
     ],
     "environment-dependent dispatch": ["every available runner dispatchable (all installed)"],
@@ -270,7 +272,10 @@ def test_broken_model_dir(pair: tuple[Path, Path], tmp_path: Path, how: str,
                           capsys: pytest.CaptureFixture[str]) -> None:
     bad = _broken_model(pair[0], tmp_path / "model", how)
     for argv in (["generate", "--target", bad, "-n", "4", "--prompt-ids", "5,6"],
-                 ["ab", "--target", bad, "--drafter-a", "twin", "--drafter-b", "small"]):
+                 ["generate", "--target", pair[0], "--draft", bad, "-n", "4", "--prompt-ids", "5,6"],
+                 ["ab", "--target", bad, "--drafter-a", "twin", "--drafter-b", "small"],
+                 ["audit", "--target", bad, "--prompts", "1"],
+                 ["run", "--target", bad, "--draft", pair[1], "--max-tokens", "4"]):
         rc, out, err = _cli(argv, capsys)
         assert rc == 2, err
         _one_error(err, str(bad))
@@ -281,8 +286,10 @@ def test_bad_trace_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     nested.write_text("[" * 200_000 + "]" * 200_000 + "\n")
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(b"\xff\xfe\x00garbage\n")
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)  # open() on it would block forever: refused before opening
     for path, what in ((nested, "nested too deeply"), (binary, "not UTF-8"), (tmp_path, "regular file"),
-                       (tmp_path / "missing.jsonl", "No such file")):
+                       (tmp_path / "missing.jsonl", "No such file"), (fifo, "regular file")):
         rc, out, err = _cli(["trace", "validate", path], capsys)
         assert rc == 1
         assert "Traceback" not in out + err
@@ -532,14 +539,16 @@ def test_disk_full_during_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 # ---------------------------------------------------------------- finished work thrown away
 
 
-def test_unwritable_outputs_refused_before_work(tmp_path: Path,
+def test_unwritable_outputs_refused_before_work(tmp_path: Path, no_jobs: None,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     for argv in (["ab", "--target", "llama", "--drafter-a", "twin", "--drafter-b", "small",
                   "--out", afile],
                  ["bench", "--out", afile / "sub"],
-                 ["run", "--targets", "llama", "--out", afile / "sub"]):
+                 ["run", "--targets", "llama", "--out", afile / "sub"],
+                 ["regen", "--report", afile / "sub", "--case", "llama/*"],
+                 ["regen", "--golden-dir", afile, "--case", "llama/*"]):
         rc, out, err = _cli(argv, capsys)
         assert rc == 2, err
         _one_error(err, str(afile))

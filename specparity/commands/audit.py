@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specparity import args as a
 from specparity.commands import positive, str_list
 from specparity.devices import add_device_argument
 
@@ -31,8 +32,8 @@ HELP = "batched verify vs serial replay per window: |Δ| distributions and the r
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--targets", type=str_list, default=None, help="zoo targets (default: all)")
     p.add_argument("--drafter", default="twin", help="zoo drafter (default twin)")
-    p.add_argument("--target", default=None, help="a local target model dir instead of the zoo")
-    p.add_argument("--draft", default=None, help="a local drafter model dir (with --target)")
+    p.add_argument("--target", default=None, type=a.model_dir, help="a local target model dir instead of the zoo")
+    p.add_argument("--draft", default=None, type=a.model_dir, help="a local drafter model dir (with --target)")
     p.add_argument("--gamma", type=positive, default=3)
     p.add_argument("--prompts", type=positive, default=2, help="zoo prompts per target (default 2)")
     p.add_argument("--prompts-file", type=Path, default=None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specparity import args as a
 from specparity.commands import positive
 
 NAME = "regen"
@@ -33,15 +34,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="local process-pool size (default: CPU count)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run on Ray: a local instance, or the cluster at ADDRESS")
-    p.add_argument("--golden-dir", type=Path, default=None, metavar="DIR",
+    p.add_argument("--golden-dir", type=a.writable_dir, default=None, metavar="DIR",
                    help="golden directory (default: traces/golden)")
-    p.add_argument("--report", type=Path, default=Path("runs/regen"), metavar="DIR",
+    p.add_argument("--report", type=a.writable_dir, default=Path("runs/regen"), metavar="DIR",
                    help="where drift.md / drift.json go (default: runs/regen)")
 
 
 def main(args: argparse.Namespace) -> int:
     from specparity.goldens import GOLDEN_DIR
+    from specparity.outdir import prepare_dir
     from specparity.regen import drift_report, regen, write_report
+
+    prepare_dir(args.report, "--report")  # before any golden is regenerated
 
     result = regen(
         args.golden_dir or GOLDEN_DIR,

@@ -54,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     z.add_argument("--drafters", type=str_list, default=None, help="comma-separated drafters")
     z.add_argument("--prompts", type=positive, default=8, help="zoo prompts per cell (default 8)")
     u = p.add_argument_group("your own pair")
-    u.add_argument("--target", default=None, help="target: a local mlx-lm model dir (or a zoo target)")
-    u.add_argument("--draft", default=None, help="drafter model dir (omit for plain decode or --source ngram)")
+    u.add_argument("--target", default=None, type=a.model_ref, help="target: a local mlx-lm model dir (or a zoo target)")
+    u.add_argument("--draft", default=None, type=a.model_ref, help="drafter model dir (omit for plain decode or --source ngram)")
     u.add_argument("--source", default=None,
                    help="draft source kind (default: detected from --draft, §3): two-model, ngram, mtp, "
                         "assistant, deepspec, dspark")
