@@ -36,7 +36,10 @@ contract" and "Deliberate deviations":
   recorded calls cut to the first ``keep`` positions, so the cache is — byte
   for byte, buffers and indices — the incoming cache fed only the kept
   positions with the same call structure. The K/V re-applied are the ones the
-  verify forward computed (the same bytes a trim would have kept). While the
+  verify forward computed (the same bytes a trim would have kept). The
+  target's usual round (one concat call, ``keep >= 2``) is cut instead of
+  re-run: the concat's trim depends on the incoming state only, so the kept
+  call writes the verify's buffer minus its rejected tail. While the
   cache is still trimmable after the round (it did not reach ``max_size``) it
   is trimmed as in guard mode, so exact and guard agree up to the wrap. A
   cache this cannot handle (not mlx-lm's ``RotatingKVCache`` update code,
