@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("traces", "engine", "zoo", "oracles", "reports", "specparity")
+PACKAGES = ("traces", "engine", "zoo", "oracles", "subjects", "reports", "specparity")
 LINT = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
 
 pytestmark = pytest.mark.skipif(not Path(LINT).exists(), reason="import-linter not installed (pip install import-linter)")
@@ -51,6 +51,7 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         ("engine/telemetry.py", "import specparity.goldens", "engine is not allowed to import specparity"),
         ("engine/seam.py", "import zoo", "engine is not allowed to import zoo"),
         ("oracles/recording.py", "import engine.executor", "oracles is not allowed to import engine"),
+        ("subjects/checks.py", "import engine.executor", "subjects is not allowed to import engine"),
         ("traces/records.py", "import reports.stats", "traces is not allowed to import reports"),
         ("zoo/pinned.py", "import oracles.mlx_lm", "zoo is not allowed to import oracles"),
         ("reports/stats.py", "import specparity.ab", "reports is not allowed to import specparity"),
