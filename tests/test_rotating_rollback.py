@@ -196,3 +196,24 @@ def test_target_rollback_is_physically_the_kept_only_update(size: int) -> None:
                     ring.rollback(kept)
                     ref.update_and_fetch(k[..., :kept, :], v[..., :kept, :])
                     assert _physical(c) == _physical(ref), (size, keep, pre, plain, s, kept)
+
+
+def test_audit_rotating_exact_names_the_round_of_a_planted_restore_bug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specparity.cli import main
+
+    real = RingRound.rollback
+
+    def offset_not_restored(self: RingRound, keep: int) -> None:
+        assert self.snapshot is not None
+        keys, values, _, idx = self.snapshot
+        self.snapshot = (keys, values, int(self.cache.offset), idx)
+        real(self, keep)
+
+    monkeypatch.setattr(RingRound, "rollback", offset_not_restored)
+    rc = main(["audit", "--targets", "gemma3", "--prompts", "1", "--max-tokens", "48", "--rotating", "exact"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    first = err.split("rollback errors", 1)[-1].strip().splitlines()[1]
+    assert "round 1 (k_accept" in first and "layer 0 meta: offset" in first, err
