@@ -179,3 +179,26 @@ def test_deepspec_code_digest_covers_shared_oracle_code() -> None:
     files = {rel for m in info.code_modules for rel in _module_files(m, info.code_exclude)}
     for rel in ("oracles/__init__.py", "oracles/recording.py", "oracles/deepspec.py", "traces/normalize.py"):
         assert rel in files, f"deepspec code digest misses {rel}: {sorted(files)}"
+
+
+@pytest.mark.oracle
+def test_every_deepspec_normalization_fires_on_the_golden_cases() -> None:
+    """Live (``DEEPSPEC_PATH=… tox -e deepspec -- tests/test_deepspec_normalize.py``): DeepSpec on the
+    golden cases needs each of the four normalizations somewhere and nothing else (no refusal)."""
+    from collections import Counter
+
+    from oracles import availability
+    from traces.normalize import DEEPSPEC_ORDER
+
+    ok, why = availability("deepspec")
+    if not ok:
+        pytest.skip(f"oracle deepspec unavailable: {why}")
+    from oracles import deepspec
+    from specparity.goldens import deepspec_cases
+    from specparity.runners import run_case
+
+    seen: Counter[str] = Counter()
+    for case in deepspec_cases():
+        run_case("deepspec", case)
+        seen.update(deepspec.LAST_APPLIED)
+    assert set(seen) == set(DEEPSPEC_ORDER), seen
