@@ -250,12 +250,14 @@ def grade_engine_main(args: argparse.Namespace) -> int:
             return 2
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
-    failed = False
+    failed = unavailable = False
     for n in names:
         path = out / f"{n}.json"
         doc = grade_engine(n, out)
-        if not doc["available"] and path.exists() and args.engine == "all":
-            _log(f"{n}: kept {path} (graded in its own environment)")
+        if not doc["available"] and path.exists() and json.loads(path.read_text()).get("available"):
+            # never clobber a grade made in the engine's own environment with "not installed here"
+            _log(f"{n}: not available here; kept {path} (graded in its own environment)")
+            unavailable = True
             continue
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
@@ -265,7 +267,13 @@ def grade_engine_main(args: argparse.Namespace) -> int:
 
     md, html = write_scoreboard(out)
     print(f"scoreboard: {md} {html}")
-    return 1 if failed else 0
+    if failed:
+        return 1
+    if unavailable and args.engine != "all":
+        print(f"specparity grade: {args.engine} is not installed here: {SUBJECTS[args.engine].install_hint}",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 # ------------------------------------------------------------------ reproduction
