@@ -230,3 +230,30 @@ def test_planted_restore_bug_is_caught(plant: str, monkeypatch: pytest.MonkeyPat
     assert audit.errors, f"planted {plant} not caught"
     first = audit.errors[0]
     assert first.startswith("round ") and f": {who} layer 0 " in first, first
+
+
+def _windowed(path: Any, window: int) -> Any:
+    """A fresh load of a zoo gemma3 model with its sliding window set to ``window``."""
+    from engine.models import load
+
+    m = load(str(path))
+    m.model.args.sliding_window = window
+    m.model.model.window_size = window
+    return m
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_exact_tiny_windows_and_gamma_beyond_the_window(window: int) -> None:
+    """gemma3 (and its twin drafter) with windows 1-3 and γ 5: every round overruns the ring."""
+    import zoo
+
+    tdir, ddir = zoo.pair("gemma3", "twin")
+    t, d = _windowed(tdir, window), _windowed(ddir, window)
+    assert t.model.make_cache()[0].max_size == window
+    ids = list(zoo.prompts()[1].token_ids)
+    audit = RingAudit(t.model)
+    spec = spec_generate(t.model, audit.provider(d.model), ids,
+                         GenerationParams(max_tokens=48, gamma=5, eos_ids=(), rotating="exact"), observer=audit)
+    plain = plain_generate(t.model, ids, GenerationParams(max_tokens=48, eos_ids=()))
+    assert_exact(spec, plain, audit)
+    assert any(0 < r["k_accept"] < len(r["drafts"]) for r in spec.records if r["type"] == "round")
