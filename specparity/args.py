@@ -67,11 +67,18 @@ def probability(text: str) -> float:
     return v
 
 
-def _int(text: str) -> int:
+INT_LIMIT = 2**31 - 1
+"""Counts, sizes and ids above this are refused (seeds have their own, larger bound)."""
+
+
+def _int(text: str, limit: int = INT_LIMIT) -> int:
     try:
-        return int(text.strip())
+        v = int(text.strip())
     except (ValueError, AttributeError):
         raise _err(f"expected an integer, got {text!r}") from None
+    if abs(v) > limit:
+        raise _err(f"{v} is too large (limit {limit})")
+    return v
 
 
 def positive_int(text: str) -> int:
@@ -92,9 +99,9 @@ def nonneg_int(text: str) -> int:
 
 def seed(text: str) -> int:
     """A random seed: an integer in [0, 2**63)."""
-    v = nonneg_int(text)
-    if v >= 1 << 63:
-        raise _err(f"must be < 2**63, got {v}")
+    v = _int(text, (1 << 63) - 1)
+    if v < 0:
+        raise _err(f"must be >= 0, got {v}")
     return v
 
 
@@ -120,6 +127,8 @@ def _ints(text: str, minimum: int, what: str) -> tuple[int, ...]:
             v = int(p)
         except ValueError:
             raise _err(f"expected comma-separated {what}, {p!r} is not an integer") from None
+        if v > INT_LIMIT:
+            raise _err(f"{v} is too large (limit {INT_LIMIT})")
         if v < minimum:
             raise _err(f"{what} must be >= {minimum}, got {v}")
         out.append(v)
@@ -159,8 +168,14 @@ def choice_list(known: Callable[[], Iterable[str]], what: str) -> Callable[[str]
     return parse
 
 
+def _no_nul(text: str) -> None:
+    if "\x00" in text:
+        raise _err(f"{text!r}: a path cannot contain a NUL byte")
+
+
 def readable_file(text: str) -> Path:
     """An existing, readable regular file."""
+    _no_nul(text)
     p = Path(text)
     try:
         st = p.stat()
@@ -177,6 +192,7 @@ def readable_file(text: str) -> Path:
 
 def existing_dir(text: str) -> Path:
     """An existing, readable directory."""
+    _no_nul(text)
     p = Path(text)
     if not p.exists():
         raise _err(f"{text}: no such directory")
@@ -200,6 +216,7 @@ def writable_dir(text: str) -> Path:
     Nothing is created here; :func:`specparity.outdir.prepare_dir` creates it
     and probes it with a real write before any work starts.
     """
+    _no_nul(text)
     p = Path(text)
     if p.exists():
         if not p.is_dir():
@@ -217,6 +234,7 @@ def writable_dir(text: str) -> Path:
 
 def writable_file(text: str) -> Path:
     """An output file path whose directory is (or can be made) writable; not a directory."""
+    _no_nul(text)
     p = Path(text)
     if p.is_dir():
         raise _err(f"{text}: is a directory; give a file path")
@@ -289,6 +307,7 @@ def _check_safetensors(f: Path, flag: str) -> None:
 
 def model_dir(text: str) -> str:
     """argparse type: :func:`check_model_dir` of a local model directory (returns ``text``)."""
+    _no_nul(text)
     try:
         check_model_dir(text, "")
     except UsageError as exc:
@@ -298,6 +317,7 @@ def model_dir(text: str) -> str:
 
 def model_ref(text: str) -> str:
     """A zoo/trained model name, or a local model directory (checked like :func:`model_dir`)."""
+    _no_nul(text)
     if "/" in text or os.sep in text or Path(text).is_dir():
         model_dir(text)
     return text

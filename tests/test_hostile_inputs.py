@@ -112,7 +112,8 @@ HOSTILE: dict[str, list[str]] = {
         "ab --max-drop nan", "ab --max-drop inf", "ab --max-drop -1", "ab --gamma 0",
         "generate --prompt-ids 5,x", "generate --prompt-ids ''", "generate --max-tokens -1",
         "generate --max-tokens 1000000000", "bench --repeats 0", "nosuch-command",
-        "regen --workers 0", "audit --gamma -2", "report (no such dir)", "report (a file)",
+        "regen --workers 0", "audit --gamma -2", "run --gammas 1e20 (int)", "ab --prompts 1e20 (int)",
+        "bench --target with NUL", "regen --golden-dir with NUL", "generate --seed -1", "report (no such dir)", "report (a file)",
         "diff (missing files)", "known --run (not a run dir)", "non-UTF-8 argv",
     ],
     "crashes: bad files": [
@@ -144,7 +145,8 @@ HOSTILE: dict[str, list[str]] = {
     "environment-dependent dispatch": ["every available runner dispatchable (all installed)"],
     "misleading figures": ["no tok/s or speedup column in report/summary"],
     "no progress in CI logs": ["plain progress lines when stderr is not a TTY"],
-    "orphans and modes": ["published files are 0644 under umask 022"],
+    "orphans and modes": ["published files are 0644 under umask 022",
+                          "--trace /dev/null (device kept)", "--trace a symlink (link kept)"],
     "goldens depend on location": ["golden headers record zoo/<dir>, never an absolute path"],
     "markdown injection": ["<script>/|/backticks in case id, prompt id and path"],
     "any trace folder": ["mixed engine/reference/plain traces, colliding case ids"],
@@ -180,6 +182,13 @@ FLAG_CASES: list[tuple[list[str], str]] = [
     (["bench", "--repeats", "0"], "--repeats"),
     (["nosuch-command"], "nosuch-command"),
     (["regen", "--workers", "0"], "--workers"),
+    (["run", "--gammas", "99999999999999999999"], "too large"),
+    (["ab", "--target", "llama", "--drafter-a", "twin", "--drafter-b", "small", "--prompts",
+      "99999999999999999999"], "too large"),
+    (["bench", "--target", "zoo/a\x00b"], "NUL"),
+    (["regen", "--golden-dir", "a\x00b"], "NUL"),
+    (["generate", "--target", str(zoo.pair("llama", "twin")[0]), "--prompt-ids", "5", "--seed", "-1"],
+     "--seed"),
     (["audit", "--gamma", "-2"], "--gamma"),
 ]
 
@@ -689,3 +698,24 @@ def test_report_on_any_trace_folder(tiny_run: Path, pair: tuple[Path, Path], tmp
     rows = [ln for ln in cases.splitlines() if ln.startswith("|") and "---" not in ln][1:]
     assert len(rows) == 5, cases
     assert "INCOMPLETE" in md
+
+
+def test_device_and_symlink_destinations_are_not_replaced(pair: tuple[Path, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An atomic rename over /dev/null (or a FIFO) would destroy the device node: written in place."""
+    import stat
+
+    from traces.io import atomic_write_text
+
+    real = tmp_path / "real.jsonl"
+    real.write_text("old")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    for dest in ("/dev/null", link):
+        rc, _, err = _cli(["generate", "--target", pair[0], "-n", "4", "--prompt-ids", "5,6",
+                           "--trace", dest], capsys)
+        assert rc == 0, err
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode), "/dev/null was replaced"
+    assert link.is_symlink() and _records(real)[0]["type"] == "header"
+    atomic_write_text("/dev/null", "x")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

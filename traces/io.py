@@ -64,6 +64,23 @@ MAX_LINE_BYTES = int(os.environ.get("SPECPARITY_MAX_LINE_BYTES", 4 << 20))
 """Longest trace line read (bytes). A header with a 100k-token prompt is < 1 MiB."""
 
 
+def _destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """``(where to publish, atomically?)``.
+
+    A symlink is followed (the link stays, its target is replaced); an existing
+    non-regular file (``/dev/stdout``, ``/dev/null``, a FIFO) is written in
+    place, never renamed over: replacing a device node would destroy it.
+    """
+    p = Path(path)
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        return p, True
+    return p, stat.S_ISREG(st.st_mode)
+
+
 def _file_mode() -> int:
     """The mode ``open(path, "w")`` would create: 0666 minus the process umask."""
     mask = os.umask(0o022)
@@ -150,6 +167,11 @@ class TraceWriter:
         self._saw_footer = False
 
     def __enter__(self) -> TraceWriter:
+        self.path, atomic = _destination(self.path)
+        if not atomic:  # a device or FIFO: stream into it (see _destination)
+            self._fh = open(self.path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
+            self._tmp = None
+            return self
         directory = self.path.parent
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{self.path.name}.", suffix=".tmp")
         os.fchmod(fd, _file_mode())
@@ -209,7 +231,12 @@ class TraceWriter:
         if self.require_footer and not self._saw_footer:
             self._discard()
             raise TraceFormatError(self.path, None, "trace closed without a footer; not written")
-        assert self._fh is not None and self._tmp is not None
+        assert self._fh is not None
+        if self._tmp is None:  # streamed into a device/FIFO
+            self._fh.close()
+            self._fh = None
+            self._closed = True
+            return
         try:
             self._fh.flush()
             os.fsync(self._fh.fileno())
@@ -244,7 +271,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     A crash or a full disk leaves either the old file or none under ``path``,
     never a partial or 0-byte one; the temp file is removed on failure.
     """
-    path = Path(path)
+    path, atomic = _destination(path)
+    if not atomic:  # a device or FIFO: write in place (see _destination)
+        with open(path, "wb") as out:
+            out.write(data)
+        return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, _file_mode())
