@@ -54,10 +54,11 @@ class Graded:
     path: Path
     trace: Trace
     case: Case  # the case re-run for the references (its own id)
+    key: str = ""  # the header's case id; "<id> [<file>]" when several traces share it
 
     @property
     def case_id(self) -> str:
-        return str(self.trace.header["case_id"])
+        return self.key or str(self.trace.header["case_id"])
 
 
 def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: str) -> Path | None:
@@ -146,15 +147,27 @@ def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
         more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise GradeError(f"{len(problems)} problem(s) in the traces:\n" + "\n".join(problems[:20]) + more)
     graded: list[Graded] = []
-    seen: dict[str, Path] = {}
+    counts: dict[str, int] = {}
     for f in files:
         tr = read_trace(f)
         cid = str(tr.header["case_id"])
-        if cid in seen:
-            raise GradeError(f"{f}: case id {cid!r} also in {seen[cid]}; one trace per case")
-        seen[cid] = f
-        graded.append(Graded(f, tr, case_from_header(tr.header, f, trace_dir)))
+        counts[cid] = counts.get(cid, 0) + 1
+        graded.append(Graded(f, tr, case_from_header(tr.header, f, trace_dir), cid))
+    for g in graded:
+        # Engines that reuse one id for many requests are graded per file (the
+        # report's "<id> [<file>]" convention), never collapsed into one row.
+        if counts[g.key] > 1:
+            g.key = f"{g.key} [{g.path.relative_to(trace_dir).as_posix()}]"
     return graded
+
+
+def _stem(case_id: str) -> str:
+    """A file stem for any engine's case id (a digest keeps sanitized ids distinct)."""
+    import hashlib
+
+    raw = case_id.replace("/", "__")
+    safe = "".join(c if c.isalnum() or c in "-_.+=" else "_" for c in raw)
+    return safe if safe == raw else f"{safe[:120]}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"
 
 
 def _relabel(records: list[dict[str, Any]], case_id: str) -> list[dict[str, Any]]:
@@ -191,10 +204,10 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
     result = RunResult(out_dir=out, runners=all_runners, unavailable=unavailable)
     traces: dict[tuple[str, str], Trace] = {}
     for g in graded:
-        stem = g.case_id.replace("/", "__")
+        stem = _stem(g.case_id)
         path = out / "traces" / "engine" / f"{stem}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_trace(path, g.trace.records())
+        write_trace(path, _relabel(g.trace.records(), g.case_id))
         result.traces[("engine", g.case_id)] = path
         traces[("engine", g.case_id)] = g.trace
     # Re-runs: plain decode of every spec case (our engine), every oracle on every case.
@@ -220,7 +233,7 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
                 continue
             key = "plain" if cid.endswith("#plain") else runner
             records = _relabel(payload, cid.removesuffix("#plain"))
-            path = out / "traces" / key / f"{cid.removesuffix('#plain').replace('/', '__')}.jsonl"
+            path = out / "traces" / key / f"{_stem(cid.removesuffix('#plain'))}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_trace(path, records)
             result.traces[(key, cid)] = path

@@ -362,3 +362,24 @@ def test_run_cli_on_a_local_pair(models, tmp_path, capsys) -> None:
     assert _cli("run", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "o2")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a prompts file" in err[0]
+
+
+def test_grade_keeps_traces_that_share_a_case_id_apart(models, tmp_path) -> None:
+    from specparity.grade import grade
+    from specparity.run import run_task
+    from specparity.suite import PairSpec, suite_cases
+
+    root, pairs = models
+    t, d = pairs["starcoder2"]
+    cases = suite_cases([PairSpec(target=str(t), drafter=str(d), gammas=(2,), max_tokens=6,
+                                  prompts_file=root / "prompts.jsonl")])[:2]
+    folder = tmp_path / "gen"
+    folder.mkdir()
+    for i, case in enumerate(cases):  # an engine that names every request alike
+        recs = run_task("engine", case)[1]
+        recs[0]["case_id"] = "generate/starcoder2-tiny"
+        (folder / f"t{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = grade(folder, tmp_path / "graded", runners=["mlx_lm"], progress=False)
+    ids = {c.case_id for c in res.comparisons}
+    assert ids == {"generate/starcoder2-tiny [t0.jsonl]", "generate/starcoder2-tiny [t1.jsonl]"}
+    assert res.ok and len(res.comparisons) == 4
