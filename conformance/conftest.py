@@ -7,7 +7,9 @@ them); the case matrix is small by default and grows with
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,19 @@ def run_trace(runner: str, case) -> Trace:  # noqa: ANN001
     from specparity.runners import run_case
 
     return Trace.from_records(run_case(runner, case))
+
+
+@functools.cache
+def witness() -> Any:
+    """The numerics witness (``engine/witness.py``) on the session's cached models.
+
+    Pass it to ``diff_traces`` / ``compare_with_reference`` wherever a class
+    decides the outcome: a flip is ``numerics`` only when each run's own
+    arithmetic path reproduces its token (traces/INTERPRETING.md).
+    """
+    from specparity.run import numerics_witness
+
+    return numerics_witness()
 
 
 def require_oracle(name: str) -> None:

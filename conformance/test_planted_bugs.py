@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conformance.conftest import require_oracle, run_trace
+from conformance.conftest import require_oracle, run_trace, witness
 from specparity.cases import Case
 from traces.diff import diff_traces
 from traces.io import Trace
@@ -106,6 +106,6 @@ def test_leaked_eos_is_caught(oracle_ok: None) -> None:
 def test_trim_bug_breaks_spec_vs_plain(short_target_trim: None) -> None:
     spec = run_trace("engine", TWIN)
     plain = run_trace("engine", TWIN.plain())
-    div = diff_traces(spec, plain, level="tokens")
+    div = diff_traces(spec, plain, level="tokens", witness=witness())
     assert div is not None, "spec vs plain missed a target that keeps a rejected token"
     assert div.klass == "logic" and div.where.startswith("output token"), div.message

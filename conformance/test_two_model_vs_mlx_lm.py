@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.conftest import matrix_prompt_ids, require_oracle, run_trace
+from conformance.conftest import matrix_prompt_ids, require_oracle, run_trace, witness
 from specparity.cases import Case
 from traces.io import Trace
 from traces.reference import ReferenceRefused, Verdict, compare_with_reference, refusal_verdict
@@ -57,13 +57,15 @@ def verdict_for(case: Case) -> tuple[Trace, Verdict]:
         ref = run_trace("mlx_lm", case)
     except ReferenceRefused as exc:
         return eng, refusal_verdict(eng, exc)
-    return eng, compare_with_reference(eng, ref, "mlx_lm")
+    return eng, compare_with_reference(eng, ref, "mlx_lm", witness=witness())
 
 
 def _expect(case: Case, verdict: Verdict) -> None:
     if verdict.status in ("known", "refused"):
         assert verdict.known is not None
         pytest.xfail(f"known reference behaviour {verdict.known.id}: {verdict.format()[:400]}")
+    if verdict.status == "numerics":  # a witnessed arithmetic flip after the engine's fallback
+        pytest.xfail(f"arithmetic flip after the engine's fallback (numerics):\n{verdict.format()[:1200]}")
     assert verdict.status == "identical", f"{case.case_id}: engine vs mlx-lm\n{verdict.format()}"
 
 
