@@ -379,21 +379,35 @@ def spec_generate(
         if guard is not None:
             req.plain_loop(pending[-1], guard.split(":")[0], guard)
             break
+        lazy = _lazy_drafts(source, observer, taps, sampler)
+        drafts_arr: mx.array | None = None
         with sampler.drafting(req.history):
-            drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
-        if len(drafts) > n:
-            raise RuntimeError(f"draft source returned {len(drafts)} tokens, more than n={n}")
-        d = len(drafts)
+            if lazy is not None:  # kept on the device until the verify's one sync (mlx-lm)
+                drafts_arr = lazy(list(feed), n, len(stream.output), anchor)
+                drafts = []
+            else:
+                drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
+        d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
+        if d > n:
+            raise RuntimeError(f"draft source returned {d} tokens, more than n={n}")
         confidence = _confidence(source, d)
         window = pending + drafts
         if observer is not None:
             observer.before_verify(round_index, window, caches)
         with plan.round():
-            logits, ctx = _forward(target_model, caches, window, taps)
+            if drafts_arr is None:
+                logits, ctx = _forward(target_model, caches, window, taps)
+            else:
+                inputs = mx.concatenate([mx.array(pending, mx.uint32), drafts_arr.astype(mx.uint32)])
+                logits, ctx = target_model(inputs[None], cache=caches), None
             block = logits[0, -(d + 1) :, :]
             samples_arr = sampler.sample_window(block, req.history_before_pending(), window)
             margins_arr = margin_array(block)
-            mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []))
+            mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []),
+                    *([drafts_arr] if drafts_arr is not None else []))
+        if drafts_arr is not None:
+            drafts = token_ids(drafts_arr)
+            window = pending + drafts
         if observer is not None:
             observer.after_verify(round_index, window, block, caches)
         samples_all = token_ids(samples_arr)
@@ -450,6 +464,18 @@ def spec_generate(
         anchor = verified
 
     return req.result(speculative=True)
+
+
+def _lazy_drafts(source: DraftSource, observer: Any, taps: tuple[int, ...], sampler: StepSampler) -> Any:
+    """A source's ``draft_array`` (drafts as a lazy device array), when the round may use it.
+
+    Optional hook. Not with an observer (it sees the window before the verify),
+    tap layers, or logits processors (their history needs the drafts' values).
+    """
+    hook = getattr(source, "draft_array", None)
+    if hook is None or observer is not None or taps or sampler.has_processors:
+        return None
+    return hook
 
 
 def _confidence(source: DraftSource, d: int) -> list[float] | None:

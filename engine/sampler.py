@@ -283,11 +283,15 @@ def margin_array(logits: mx.array) -> mx.array | None:
     if logits.shape[-1] < 2:
         return None
     x = logits.astype(mx.float32)
-    top = mx.topk(x, 2, axis=-1)
+    # Top-1 minus the max of the row with one occurrence of its argmax masked out: the
+    # same bits as |topk[0] - topk[1]| without a sort (MLX's CUDA topk sorts the row).
+    first = mx.argmax(x, axis=-1, keepdims=True)
+    rest = mx.where(mx.arange(x.shape[-1]) == first, -mx.inf, x)
+    margin = mx.abs(mx.max(x, axis=-1) - mx.max(rest, axis=-1))
     # A row holding NaN or +inf has no meaningful sample (logsumexp is NaN, argmax
     # picks a fixed id): its margin becomes NaN so margins_list refuses the round.
     broken = mx.any(mx.isnan(x) | mx.isposinf(x), axis=-1)
-    return mx.where(broken, mx.array(float("nan")), mx.abs(top[:, 0] - top[:, 1]))
+    return mx.where(broken, mx.array(float("nan")), margin)
 
 
 class NonFiniteLogits(FloatingPointError):

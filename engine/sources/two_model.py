@@ -141,8 +141,13 @@ class TwoModelSource:
         return list(prompt_ids)
 
     def draft(self, feed: list[int], n: int, step_base: int, anchor_hidden: mx.array | None) -> list[int]:
+        return token_ids(self.draft_array(feed, n, step_base, anchor_hidden))
+
+    def draft_array(self, feed: list[int], n: int, step_base: int, anchor_hidden: mx.array | None) -> mx.array:
+        """The ``n`` drafts as a lazy ``uint32`` device array (mlx-lm ``_draft_generate``): the
+        executor builds the verify window on it without reading the drafts back first."""
         if n <= 0:
-            return []
+            return mx.array([], mx.uint32)
         if self.replay:
             self._snapshot = [
                 int(c.offset) if self.kv[i] else (list(c.cache), c.lengths, c.left_padding)
@@ -162,7 +167,7 @@ class TwoModelSource:
         finally:
             for ring in self.rings.values():
                 ring.end()
-        return token_ids(mx.concatenate(ys))
+        return mx.concatenate(ys)
 
     def commit(
         self,
