@@ -116,7 +116,20 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
             drafter = f"{source}-{model_label(dpath)}-t{p.get('confidence_threshold') or 0:g}"
         else:
             drafter = model_label(dpath) if source == "two-model" else f"{source}-{model_label(dpath)}"
+    extra: dict[str, Any] = {}
+    lp = p.get("logits_processors")
+    if isinstance(lp, dict):
+        from engine.sampler import ProcessorParams
+
+        proc = ProcessorParams(
+            logit_bias=tuple((int(t), float(v)) for t, v in lp.get("logit_bias") or ()),
+            **{k: lp[k] for k in ("repetition_penalty", "repetition_context_size", "presence_penalty",
+                                  "presence_context_size", "frequency_penalty",
+                                  "frequency_context_size", "history_prompt") if k in lp})
+        if proc.active:
+            extra["processors"] = proc.tag()
     return Case(
+        **extra,
         target=model_label(tpath), drafter=drafter, prompt_id=str(header["prompt"]["id"]),
         gamma=int(p["gamma"] or 0) if spec else 0, max_tokens=int(p["max_tokens"]),
         temperature=float(p["temperature"]), seed=int(p.get("seed") or 0),

@@ -383,3 +383,23 @@ def test_grade_keeps_traces_that_share_a_case_id_apart(models, tmp_path) -> None
     ids = {c.case_id for c in res.comparisons}
     assert ids == {"generate/starcoder2-tiny [t0.jsonl]", "generate/starcoder2-tiny [t1.jsonl]"}
     assert res.ok and len(res.comparisons) == 4
+
+
+def test_grade_reruns_references_with_the_headers_logits_processors(models, tmp_path) -> None:
+    from specparity.grade import grade
+
+    _, pairs = models
+    t, d = pairs["olmo2"]
+    folder = tmp_path / "lp"
+    assert _cli("generate", "--target", str(t), "--draft", str(d), "--prompt", "ba de fi go ku",
+                "-n", "16", "--repetition-penalty", "1.5", "--processor-history", "last",
+                "--trace", str(folder / "a.jsonl")) == 0
+    res = grade(folder, tmp_path / "g1", runners=["mlx_lm"], progress=False)
+    assert res.ok and {c.verdict for c in res.comparisons} == {"identical"}
+    # planted: a header that forgets its processors makes the references run without them
+    recs = [json.loads(x) for x in (folder / "a.jsonl").read_text().splitlines()]
+    del recs[0]["params"]["logits_processors"]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert not grade(bad, tmp_path / "g2", runners=["mlx_lm"], progress=False).ok
