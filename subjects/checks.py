@@ -93,7 +93,9 @@ class SubjectCrashed(RuntimeError):
     def __init__(self, case: SubjectCase, exc: BaseException) -> None:
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" at {tb[-1].filename.split('site-packages/')[-1]}:{tb[-1].lineno}" if tb else ""
-        super().__init__(f"raised {type(exc).__name__}: {exc}{where}")
+        msg = " ".join(str(exc).split())
+        msg = msg if len(msg) <= 240 else msg[:240] + "…"
+        super().__init__(f"raised {type(exc).__name__}: {msg}{where}")
         self.case = case
 
 

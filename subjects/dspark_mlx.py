@@ -12,7 +12,10 @@ built by instantiating its ``arch/qwen3.py`` ``Qwen3DSparkDrafter`` from a
 config derived from the zoo ``qwen3`` target (taps 0, 1; block 4) and saving
 its seeded random parameters under the checkpoint keys ``qwen3_key_map`` reads
 back (``backbone.`` prefix dropped). A random drafter still exercises reject
-(and occasional accept) paths. EOS: the single ``eos_id``. No stop ids, no
+(and occasional accept) paths. On the zoo ``gemma4`` target the drafter is the
+DeepSpec-layout Gemma 4 DSpark drafter of ``subjects/drafters.py`` (dspark-mlx's
+``arch/gemma4.py`` reads that layout) and the host is its mlx-vlm
+``Gemma4UnifiedHostAdapter``. EOS: the single ``eos_id``. No stop ids, no
 temperature, no finish reason. The ``TokenEvent.n_accepted`` of a round is
 reported on every token of that round. Trace level: token.
 """
@@ -35,6 +38,10 @@ MODES = {
     "dspark": Mode(targets=("qwen3",), drafter="qwen3-dspark-mlx-random",
                    note="dspark_mlx.generate with a tiny random Qwen3 DSpark drafter in its own format",
                    unsupported={"stop": _NO_STOP, "distribution": _GREEDY}),
+    "dspark-gemma4": Mode(targets=("gemma4",), drafter="gemma4-deepspec-taps01",
+                          note="dspark_mlx.generate, Gemma 4 host (mlx-vlm load), DeepSpec-format zoo "
+                               "drafter (taps 0,1)",
+                          unsupported={"stop": _NO_STOP, "distribution": _GREEDY}),
 }
 
 
@@ -85,14 +92,22 @@ def drafter_dir(target: str) -> str:
 
 
 def drafter_path(case: SubjectCase) -> str | None:
-    return drafter_dir(case.target)
+    return _drafter_for(case.target)
+
+
+def _drafter_for(target: str) -> str:
+    if target == "gemma4":  # DeepSpec's own Gemma 4 layout, which dspark-mlx's gemma4 arch reads
+        from subjects.drafters import deepspec_drafter
+
+        return str(deepspec_drafter(target))
+    return drafter_dir(target)
 
 
 @cache
 def _loaded(target: str) -> tuple[Any, Any, Any]:
     from dspark_mlx.loader import load_draft, load_host
 
-    drafter, cfg = load_draft(drafter_dir(target), max_seq_len=512)
+    drafter, cfg = load_draft(_drafter_for(target), max_seq_len=512)
     _model, _tok, adapter = load_host(str(zoo.model_dir(target)), cfg)
     return drafter, adapter, cfg
 
