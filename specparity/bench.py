@@ -15,13 +15,14 @@ Figures, never a gate. Five arms on the same pair, prompts and γ, temperature 0
   with no host logic (no sampler, margins, accept walk, records). Its
   schedule is read from the engine-spec run's own records of that (prompt, γ).
 
-Each block is one (pass, γ, prompt) with every arm back to back, the order
+Each block is one (γ, prompt, pass) with every arm back to back, the order
 rotated by one arm per block so drift lands on every arm (§4.7 AB/BA). Pass 0
 is **cold**: the first sight of every shape (on CUDA, MLX builds one cuDNN
-attention graph per (window, cache length), 45–65 ms each; the first arm of a
-block pays for the shapes it shares with the others; ``forwards`` runs last
-there because it replays the engine's run). Passes 1..R are **warm**: the
-same prompts, so the same shapes, already seen. Generation stops at the budget
+attention graph per (window, cache length), 45–65 ms each, and captures CUDA
+graphs; the first arm of a block pays for the shapes it shares with the
+others; ``forwards`` runs last there because it replays the engine's run).
+Passes 1..R of the same (γ, prompt) follow at once and are **warm**: the same
+shapes, still cached (``specparity bench`` also raises MLX's CUDA cache sizes). Generation stops at the budget
 or an EOS (counted as a generated token in both, as in mlx-lm's
 ``stream_generate``). Per block, paired ratios of time per generated token:
 
@@ -208,26 +209,26 @@ def run_bench(
     blocks: list[dict[str, Any]] = []
     total = (repeats + 1) * len(gs) * len(prompts)
     b = 0
-    for pas in range(repeats + 1):
-        for g in gs:
-            for p in prompts:
-                if pas == 0:  # cold: forwards replays the engine's run, so it goes last
-                    head = ARMS[:4]
-                    order = [*head[b % 4:], *head[: b % 4], "forwards"]
-                else:
-                    order = [*ARMS[b % 5:], *ARMS[: b % 5]]
-                row: dict[str, Any] = {"pass": pas, "warm": pas > 0, "gamma": g, "prompt_id": p.id,
-                                       "order": order}
-                for name in order:
-                    if name == "forwards" and (g, p.id) not in schedules:
-                        arm("engine-spec", g, p.id, list(p.token_ids))  # untimed: the schedule
-                    n, s = arm(name, g, p.id, list(p.token_ids))
-                    row[name] = {"tokens": n, "wall_s": s}
-                row["forwards"]["tokens"] = row["engine-spec"]["tokens"]
-                blocks.append(row)
-                b += 1
-                if progress is not None:
-                    progress(b, total)
+    # The warm passes of a (γ, prompt) follow its cold pass directly, so the shapes they time
+    # are still in MLX's CUDA graph/cuDNN caches (LRU, a few hundred entries by default).
+    for g, p, pas in ((g, p, pas) for g in gs for p in prompts for pas in range(repeats + 1)):
+        if pas == 0:  # cold: forwards replays the engine's run, so it goes last
+            head = ARMS[:4]
+            order = [*head[b % 4:], *head[: b % 4], "forwards"]
+        else:
+            order = [*ARMS[b % 5:], *ARMS[: b % 5]]
+        row: dict[str, Any] = {"pass": pas, "warm": pas > 0, "gamma": g, "prompt_id": p.id,
+                               "order": order}
+        for name in order:
+            if name == "forwards" and (g, p.id) not in schedules:
+                arm("engine-spec", g, p.id, list(p.token_ids))  # untimed: the schedule
+            n, s = arm(name, g, p.id, list(p.token_ids))
+            row[name] = {"tokens": n, "wall_s": s}
+        row["forwards"]["tokens"] = row["engine-spec"]["tokens"]
+        blocks.append(row)
+        b += 1
+        if progress is not None:
+            progress(b, total)
 
     def per_tok(row: dict[str, Any], name: str) -> float:
         return float(row[name]["wall_s"] / max(1, row[name]["tokens"]))
@@ -260,8 +261,8 @@ def run_bench(
         "target_path": str(tpath), "drafter_path": str(dpath),
         "target_parameters": _n_params(tgt.model), "drafter_parameters": _n_params(drf.model),
         "dtype": str(next(iter(_dtypes(tgt.model)), "unknown")),
-        "order": "per block (pass, γ, prompt) every arm back to back, order rotated by one arm per "
-                 "block; pass 0 cold (forwards last), passes 1..R warm (same prompts, same shapes)",
+        "order": "per block (γ, prompt, pass) every arm back to back, order rotated by one arm per "
+                 "block; pass 0 cold (forwards last), passes 1..R warm right after (same shapes)",
         "blocks_with_differing_token_counts": sum(
             1 for r in blocks if len({r[a]["tokens"] for a in ARMS}) != 1),
         "engine_vs_mlx_lm_identical_outputs": f"{same}/{len(gs) * len(prompts)}",
@@ -271,7 +272,7 @@ def run_bench(
         "goal": _goal(by_gamma),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "mlx": mx.__version__, "mlx_device": describe_device(),
-                    "MLX_CUDA_SDPA_CACHE_SIZE": os.environ.get("MLX_CUDA_SDPA_CACHE_SIZE")},
+                    **{k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")}},
         "blocks": blocks,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

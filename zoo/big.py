@@ -2,12 +2,14 @@
 
 The target is an mlx-lm 0.32.2 ``llama`` (``mlx_lm/models/llama.py``) whose
 deeper layers ``2 .. L-1`` have their residual branches scaled down (``o_proj``
-and ``down_proj`` × ``DEEP_SCALE`` = 0.008), so its first ``DRAFT_LAYERS`` = 2
+and ``down_proj`` × ``DEEP_SCALE`` = 0.02), so its first ``DRAFT_LAYERS`` = 2
 layers carry most of the computation. The drafter is the SAME weights cut to
 those layers + the final norm + the head (a model dir with
 ``num_hidden_layers = 2``): an ordinary two-model pair (§3 ``two-model``),
 LayerSkip-style self-speculation without any special source. Greedy acceptance
-is measured, not promised (60–80 % was the aim).
+is measured, not promised: on the ``1b`` (H200, MLX 0.32.4 CUDA) 0.02 gives
+82 / 77 / 66 % at γ 2 / 4 / 6; issue 13's ×0.008 gives 93–96 % with this
+initialisation (fan-in normal projections, unit embeddings, head gain 4).
 
 Nothing is downloaded: every tensor is drawn from ``mx.random`` with a key
 derived from ``sha256(f"{seed}:{name}")`` on the default device and cast to
@@ -35,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-DEEP_SCALE = 0.008
+DEEP_SCALE = 0.02
 DRAFT_LAYERS = 2
 FORMAT = 1
 

@@ -45,11 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # MLX's CUDA backend caches a cuDNN attention graph per (window, cache length) and a CUDA
+    # graph per op sequence, LRU (256 / 400 by default): keep every shape a block times.
+    os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")
+    os.environ.setdefault("MLX_CUDA_GRAPH_CACHE_SIZE", "4096")
     from specparity.devices import use_device
 
     device = use_device(args.device)
-    # One cuDNN attention graph per (window, cache length) on CUDA; keep every timed shape.
-    os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "8192")
     from specparity.bench import bench_markdown, run_bench, write_bench
     from specparity.outdir import lock_dir
 
