@@ -190,6 +190,8 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         # Never feed the model ids past its vocabulary (garbage or a segfault on MLX).
         ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
                                   prompt_id=case.prompt_id)
+        if draft is not None and dpath is not None:  # the drafter reads the same ids
+            check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
     tokenizer_sha256 = zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath)
     header = make_header(
         runner=_runner_info(runner),

@@ -218,14 +218,15 @@ def test_suite_file(models, tmp_path) -> None:
     s = tmp_path / "suite.toml"
     s.write_text(f'gammas = [1, 2]\nmax_tokens = 6\nprompts_file = "{root / "prompts.jsonl"}"\n'
                  'sampling = [{temperature = 0.0}, {temperature = 0.7, seed = 3}]\n'
-                 'stop_ids = [[5, 6]]\n'
+                 'stop_ids = [[5, 6]]\nstop_strings = ["la me"]\n'
                  f'[[pair]]\ntarget = "{t}"\ndrafter = "{d}"\n'
                  f'[[pair]]\ntarget = "{t}"\nsource = "ngram"\ngammas = [2]\n'
                  '[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')  # the file's prompts fit the zoo vocab
     cases = suite_cases(load_suite(s))
     ids = [c.case_id for c in cases]
     assert len(ids) == len(set(ids)) == 2 * 2 * 4 + 2 * 4 + 2 * 2 * 4
-    assert any(i.endswith("/t0.7s3/stop5-6") for i in ids)
+    la_me = "-".join(str(foreign.VOCAB.index(w)) for w in ("la", "me"))
+    assert any(i.endswith(f"/t0.7s3/stop5-6+{la_me}") for i in ids)
     assert any("/ngram/" in i for i in ids)
     bad = tmp_path / "bad.toml"
     bad.write_text('[[pair]]\ntarget = "llama"\ngamas = [1]\n')
