@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specparity.args import nonneg_int
 from specparity.commands import str_list
 
 NAME = "grade"
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output dir for references, verdicts and report (default DIR/graded)")
     p.add_argument("--runners", type=str_list, default=None,
                    help="references to re-run (default: all available)")
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--workers", type=nonneg_int, default=0,
                    help="process-pool size for the re-runs (0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run the re-runs on Ray (local when no ADDRESS)")
