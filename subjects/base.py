@@ -112,7 +112,7 @@ class SubjectRun:
     hooks: list[str]
     rounds: list[RoundReport] | None = None
     counters: dict[str, int] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # "reported_ids": the engine's own output record
     wall_s: float | None = None
     prefill_tokens: int = 0  # tokens emitted from the prefill logits, before any round
 

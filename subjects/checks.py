@@ -284,6 +284,11 @@ def counter_problems(run: SubjectRun) -> list[str]:
         for key, v in sums.items():
             if key in c and c[key] != v:
                 out.append(f"engine counter {key}={c[key]} but its rounds sum to {v}")
+    reported = run.extra.get("reported_ids")
+    if reported is not None and list(reported) != list(run.stream):
+        i = first_divergence(list(reported), list(run.stream))
+        out.append(f"the engine's own record of its output differs from its stream at token {i} "
+                   f"({len(reported)} vs {len(run.stream)} tokens)")
     if "generation_tokens" in c and c["generation_tokens"] not in (len(run.stream), len(run.stream) + 1):
         out.append(f"engine counts generation_tokens={c['generation_tokens']} for a stream of "
                    f"{len(run.stream)} tokens (at most one EOS step may be added)")

@@ -106,10 +106,12 @@ def generate(case: SubjectCase) -> SubjectRun:
     events, wall = timed(run)
     tokens = [int(e.token_id) for e in events if isinstance(e, TokenEvent)]
     summary = next((e for e in events if isinstance(e, SummaryEvent)), None)
-    counters: dict[str, int] = {"emitted": len(tokens)}
+    counters: dict[str, int] = {}
+    extra: dict[str, Any] = {}
     if summary is not None:
         counters.update(generation_tokens=int(summary.generation_tokens),
                         accepted=int(summary.accepted_from_draft), rounds=int(summary.cycles_completed))
-    return SubjectRun(stream=tokens, finish_reason=None, counters=counters, wall_s=wall,
+        extra["reported_ids"] = [int(t) for t in summary.generated_token_ids]
+    return SubjectRun(stream=tokens, finish_reason=None, counters=counters, wall_s=wall, extra=extra,
                       hooks=["dfly_mlx.loading.load_runtime", "dflash_mlx.runtime.stream_dflash_generate "
                              "(as dfly_mlx.generate.generate calls it)"])

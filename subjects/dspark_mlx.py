@@ -16,8 +16,10 @@ back (``backbone.`` prefix dropped). A random drafter still exercises reject
 DeepSpec-layout Gemma 4 DSpark drafter of ``subjects/drafters.py`` (dspark-mlx's
 ``arch/gemma4.py`` reads that layout) and the host is its mlx-vlm
 ``Gemma4UnifiedHostAdapter``. EOS: the single ``eos_id``. No stop ids, no
-temperature, no finish reason. The ``TokenEvent.n_accepted`` of a round is
-reported on every token of that round. Trace level: token.
+temperature, no finish reason. Counters: the ``TokenEvent.n_accepted`` of a
+round is reported on every token of that round; the stream is cut into rounds
+of ``n_accepted + 1`` tokens (``block_size - 1`` drafts each), and the counters
+check holds those reports against the stream. Trace level: token.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import zoo
 from subjects import Mode
 from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
 
 NAME = "dspark-mlx"
 _NO_STOP = "generate() takes one eos_id, no stop ids"
@@ -132,7 +134,26 @@ def generate(case: SubjectCase) -> SubjectRun:
     drafter, adapter, _cfg = _loaded(case.target)
     events, wall = timed(lambda: list(gen_mod.generate(adapter, drafter, list(prompt_ids(case.prompt_id)),
                                                        case.max_tokens, eos_id=next(iter(eos)) if eos else None)))
-    stream = [int(e.token) for e in events if hasattr(e, "token")]
+    toks = [e for e in events if hasattr(e, "token")]
+    stream = [int(e.token) for e in toks]
     return SubjectRun(stream=stream, finish_reason=None, hooks=["dspark_mlx.generate.generate (TokenEvent)",
                                                                 "dspark_mlx.loader.load_draft/load_host"],
-                      counters={"emitted": len(stream)}, wall_s=wall)
+                      rounds=_rounds(toks, int(_cfg["block_size"]) - 1) or None, wall_s=wall)
+
+
+def _rounds(toks: list[Any], drafted: int) -> list[RoundReport]:
+    """Rounds from ``TokenEvent.n_accepted`` (the round's accepted count, on each of its tokens).
+
+    A round emits its accepted drafts + one target token, so a run of ``m + 1`` tokens carrying
+    ``n_accepted == m`` is one round (the last may be cut by the budget or an EOS).
+    """
+    out: list[RoundReport] = []
+    i = 0
+    while i < len(toks):
+        m = int(toks[i].n_accepted)
+        j = i
+        while j < len(toks) and j - i < m + 1 and int(toks[j].n_accepted) == m:
+            j += 1
+        out.append(RoundReport(drafted=drafted, accepted=m, committed=j - i))
+        i = j
+    return out

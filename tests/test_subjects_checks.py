@@ -200,6 +200,9 @@ def test_counter_problems_name_each_disagreement() -> None:
                      rounds=[RoundReport(2, 1, 2), RoundReport(2, 0, 1)], counters={"drafted": 5, "emitted": 4})
     probs = counter_problems(run)
     assert any("drafted=5" in p for p in probs) and any("emitted=4" in p for p in probs)
+    run.extra["reported_ids"] = [5, 6, 8]
+    assert any("own record of its output differs from its stream at token 2" in p for p in counter_problems(run))
+    run.extra = {}
     run.prefill_tokens = 1
     run.rounds = [RoundReport(2, 1, 2)]
     run.counters = {}
