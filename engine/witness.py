@@ -19,13 +19,14 @@ from its own trace, in this process, on MLX's default device:
 2. every earlier record in order: a ``round`` is its batched verify forward
    over the recorded window followed by the contract's rollback to the kept
    positions ``window[:k_accept + 1]``, done by the witness itself with
-   mlx-lm's cache API and never through the engine's rollback code under test:
-   ``trim(d - k)`` where every cache can trim exactly; otherwise (a recurrent
-   ``ArraysCache``, a rotating cache whose window would wrap: §2 ring-wrap
-   guard) the caches are restored from a copy taken before the window and the
-   kept positions are fed as one forward -- the engine's spec-round trio
-   replays the verify window's own projections instead, the same values on a
-   bit-exact backend. A ``plain`` record is a one-token forward
+   mlx-lm's cache API and never through the engine's rollback code under test
+   (:class:`_ExactRound`): ``trim(d - k)`` where a cache can trim exactly; a
+   rotating cache whose window would wrap is restored from a pre-window copy
+   and given the verify's own K/V cut to the kept positions through
+   ``update_and_fetch``; a recurrent ``ArraysCache`` is restored and its mixer
+   re-run on the kept positions with the verify's own projections served (the
+   spec-round trio). The kept state thus holds the bytes the verify computed,
+   as the engine's own rollback does. A ``plain`` record is a one-token forward
    (``initial``: the prefill's last row, nothing fed);
 3. the record that sampled the contested token: its verify window (row *p*
    of the block, sampled as the window is) or its one-token step.
@@ -59,7 +60,7 @@ import mlx.core as mx
 
 from engine.audit import clone_caches
 from engine.executor import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, _prefill_chunks
-from engine.rollback import is_kv, is_rotating
+from engine.rollback import RECURRENT_MIXERS, is_arrays, is_kv, is_rotating
 from engine.sampler import SamplerParams, StepSampler, token_ids
 from traces.diff import Flip, TokenSite, WitnessDeclined, WitnessVerdict
 from traces.io import Trace
@@ -173,38 +174,151 @@ def _prefill(model: Any, trace: Trace, caches: list[Any]) -> mx.array | None:
     return _prefill_chunks(model, caches, drained, int(params.get("prefill_step_size") or default))
 
 
-def _trimmable_now(caches: list[Any], d: int) -> bool:
-    """Every cache can drop a round's rejected positions by ``trim`` (rotating: no wrap in the window)."""
-    for c in caches:
-        if not (is_kv(c) and c.is_trimmable()):
-            return False
-        if is_rotating(c) and int(c.offset) + d + 1 >= int(c.max_size):
-            return False
-    return True
+class _NoExactRollback(Exception):
+    """A cache this module cannot roll back exactly (the round is re-fed instead)."""
+
+
+def _subclass(obj: Any, name: str, attrs: dict[str, Any], swapped: list[tuple[Any, type]]) -> None:
+    swapped.append((obj, type(obj)))
+    obj.__class__ = type(f"{name}{type(obj).__name__}", (type(obj),), attrs)
+
+
+class _ExactRound:
+    """One verify forward's writes into every cache, kept to ``window[:keep]`` afterwards (§2).
+
+    Written here, independent of ``engine.rollback`` (the code under test):
+    a KV cache that can trim exactly is trimmed (mlx-lm ``trim``); a rotating
+    cache whose window would wrap is restored from a copy taken before the
+    window and given the verify's own K/V cut to the kept positions through
+    mlx-lm's ``update_and_fetch`` (the incoming cache fed only the kept
+    positions, same call structure); a recurrent ``ArraysCache`` is restored
+    and its mixer re-run on the kept positions with the verify's own
+    ``in_proj_*`` outputs served (the spec-round trio's replay). So the kept
+    state holds the bytes the verify computed, as the engine's rollback does.
+    """
+
+    def __init__(self, model: Any, caches: list[Any], d: int) -> None:
+        self.caches = caches
+        self.window = d + 1
+        self.swapped: list[tuple[Any, type]] = []
+        self.before: dict[int, Any] = {}
+        self.kv_calls: dict[int, list[tuple[mx.array, mx.array]]] = {}
+        self.recurrent: dict[int, dict[str, Any]] = {}
+        layers = getattr(model, "layers", [])
+        for i, c in enumerate(caches):
+            if is_kv(c):
+                if c.is_trimmable() and not (is_rotating(c) and int(c.offset) + d + 1 >= int(c.max_size)):
+                    continue
+                if not is_rotating(c):
+                    raise _NoExactRollback(f"layer {i} ({type(c).__name__}) cannot trim")
+                self.before[i] = clone_caches([c])[0]
+                calls: list[tuple[mx.array, mx.array]] = []
+                self.kv_calls[i] = calls
+                base: Any = type(c)
+
+                def update(self_: Any, k: mx.array, v: mx.array, _b: Any = base,
+                           _calls: list[tuple[mx.array, mx.array]] = calls) -> Any:
+                    _calls.append((k, v))
+                    return _b.update_and_fetch(self_, k, v)
+
+                _subclass(c, "Recording", {"update_and_fetch": update}, self.swapped)
+            elif is_arrays(c) and i < len(layers):
+                self._arm_recurrent(i, c, layers[i])
+            else:
+                raise _NoExactRollback(f"layer {i} ({type(c).__name__})")
+
+    def _arm_recurrent(self, i: int, c: Any, layer: Any) -> None:
+        mixer = next((getattr(layer, a) for a in RECURRENT_MIXERS if hasattr(layer, a)), None)
+        projections = {} if mixer is None else {
+            name: mod for name, mod in mixer.children().items()
+            if name.startswith("in_proj") and hasattr(mod, "weight")}
+        if not projections:
+            raise _NoExactRollback(f"layer {i} ({type(c).__name__}): no recurrent mixer to replay")
+        rec: dict[str, Any] = {"cache": c, "mixer": mixer, "projections": projections, "outputs": {},
+                               "snapshot": (list(c.cache), c.lengths, c.left_padding)}
+        self.recurrent[i] = rec
+        mixer_base = type(mixer)
+
+        def call(self_: Any, inputs: Any, mask: Any = None, cache: Any = None) -> Any:
+            rec["inputs"], rec["mask"] = inputs, mask
+            return mixer_base.__call__(self_, inputs, mask, cache)
+
+        _subclass(mixer, "Recording", {"__call__": call}, self.swapped)
+        for name, mod in projections.items():
+            proj_base = type(mod)
+
+            def proj(self_: Any, x: Any, _b: type = proj_base, _n: str = name) -> Any:
+                out = _b.__call__(self_, x)
+                rec["outputs"][_n] = out
+                return out
+
+            _subclass(mod, "Recording", {"__call__": proj}, self.swapped)
+
+    def end(self) -> None:
+        for obj, cls in reversed(self.swapped):
+            obj.__class__ = cls
+        self.swapped = []
+
+    def keep(self, keep: int) -> None:
+        drop = self.window - keep
+        if drop <= 0:
+            return
+        for i, c in enumerate(self.caches):
+            if i in self.kv_calls:
+                calls = self.kv_calls[i]
+                if len(calls) != 1:
+                    raise RuntimeError(f"witness replay: layer {i} saw {len(calls)} cache updates in one window")
+                k, v = calls[0]
+                fresh = self.before[i]
+                fresh.update_and_fetch(k[..., :keep, :], v[..., :keep, :])
+                self.caches[i] = fresh
+            elif i in self.recurrent:
+                self._replay_recurrent(self.recurrent[i], keep)
+            elif (got := c.trim(drop)) != drop:
+                raise RuntimeError(f"witness replay: layer {i} trimmed {got} of {drop} positions")
+
+    def _replay_recurrent(self, rec: dict[str, Any], keep: int) -> None:
+        c = rec["cache"]
+        c.cache, c.lengths, c.left_padding = list(rec["snapshot"][0]), rec["snapshot"][1], rec["snapshot"][2]
+        swapped: list[tuple[Any, type]] = []
+        try:
+            for name, mod in rec["projections"].items():
+                value = rec["outputs"][name][:, :keep]
+                _subclass(mod, "Serving", {"__call__": lambda self_, x, _v=value: _v}, swapped)
+            mask = rec["mask"][..., :keep] if rec.get("mask") is not None else None
+            rec["mixer"](rec["inputs"][:, :keep], mask, c)
+        finally:
+            for obj, cls in reversed(swapped):
+                obj.__class__ = cls
 
 
 def _replay_round(model: Any, caches: list[Any], rec: dict[str, Any], notes: list[str]) -> mx.array | None:
     """One earlier round: the verify forward, then the contract's rollback to ``window[:k + 1]``.
 
-    The witness rolls back on its own, with mlx-lm's cache API, never through
+    The witness rolls back on its own (:class:`_ExactRound`), never through
     the engine's rollback code under test (a planted trim bug must not be
-    replayed as if it were the contract).
+    replayed as if it were the contract). A cache it cannot roll back exactly
+    gets the kept positions re-fed as one forward from a pre-window copy.
     """
     window, d, k = list(rec["window"]), len(rec["drafts"]), int(rec["k_accept"])
-    block = None
-    if k == d or _trimmable_now(caches, d):
+    if k == d:
         block = model(_tokens(window), cache=caches)[0, -len(window):, :]
         mx.eval(block)
-        for i, c in enumerate(caches):
-            if k < d and (got := c.trim(d - k)) != d - k:
-                raise RuntimeError(f"witness replay: layer {i} trimmed {got} of {d - k} positions")
-    else:
-        # No exact trim here (a recurrent cache, a rotating cache about to
-        # wrap): start from the pre-window state and feed only the kept positions.
+        return block
+    try:
+        exact = _ExactRound(model, caches, d)
+    except _NoExactRollback as why:
         restored = clone_caches(caches)
         mx.eval(model(_tokens(window[: k + 1]), cache=restored))
         caches[:] = restored
-        notes.append(f"round {rec['index']}: kept positions re-fed as one forward (no exact trim there)")
+        notes.append(f"round {rec['index']}: kept positions re-fed as one forward ({why})")
+        return None
+    try:
+        block = model(_tokens(window), cache=caches)[0, -len(window):, :]
+        mx.eval(block)
+    finally:
+        exact.end()
+    exact.keep(k + 1)
     mx.eval([c.state for c in caches])
     return block
 

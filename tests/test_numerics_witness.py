@@ -230,3 +230,46 @@ def test_drafter_flip_names_the_run_whose_draft_its_path_does_not_give() -> None
     # without models: eps cannot judge a draft (no margins), labelled
     e = diff_traces(spec, bad)
     assert e is not None and e.label == "logic?" and "drafts carry no margins" in e.message
+
+
+def _sites_replay_exactly(trace: Trace, model: Any) -> int:
+    from engine.witness import evaluate_path
+    from traces.diff import _token_sites
+
+    sites = _token_sites(trace)[1::3]
+    for s in sites:
+        p = evaluate_path(model, trace, s, "a")
+        assert p.reproduced and p.margin == s.margin and not p.notes, (s, p.format(), p.notes)
+    return len(sites)
+
+
+def test_replay_is_exact_through_recurrent_and_past_wrap_rollbacks() -> None:
+    """The witness's own rollback keeps the verify's bytes: recorded margins reproduce exactly."""
+    import zoo
+    from engine.executor import GenerationParams, spec_generate
+    from engine.sources.two_model import TwoModelProvider
+
+    rec = Case("qwen35", "twin", "nat-03", 3, 32)  # gated-DeltaNet rounds with rejections
+    tr = _trace("engine", rec)
+    assert any(r["k_accept"] < len(r["drafts"]) for r in tr.rounds)
+    assert _sites_replay_exactly(tr, load_model(str(case_paths(rec)[0])).model) >= 8
+    ring = Case("gemma3", "twin", "nat-00", 3, 64)  # rotating="exact": speculation past the wrap
+    tp, dp = case_paths(ring)
+    target, drafter = load_model(str(tp)), load_model(str(dp))
+    params = GenerationParams(max_tokens=64, gamma=3, eos_ids=target.eos_ids, rotating="exact")
+    res = spec_generate(target.model, TwoModelProvider(drafter.model),
+                        list(zoo.prompt("nat-00").token_ids), params)
+    exact_tr = Trace.from_records([_trace("engine", ring).header, *res.records, res.footer()])
+    assert not exact_tr.plains and len(exact_tr.rounds) > 20
+    assert _sites_replay_exactly(exact_tr, target.model) >= 15
+
+
+def test_planted_recurrent_rollback_bug_is_not_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec-round trio that forgets to replay the kept positions: the witness keeps its own."""
+    from engine import rollback
+
+    monkeypatch.setattr(rollback.CacheRollback, "_replay", lambda self, r, keep: None)
+    case = Case("qwen35", "twin", "nat-03", 3, 32)
+    spec, plain = _trace("engine", case), _trace("engine", case.plain())
+    d = diff_traces(spec, plain, level="tokens", witness=_witness())
+    assert d is not None and (d.klass, d.basis) == ("logic", "witness"), d and d.message
