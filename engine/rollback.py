@@ -43,7 +43,8 @@ contract" and "Deliberate deviations":
   cache is still trimmable after the round (it did not reach ``max_size``) it
   is trimmed as in guard mode, so exact and guard agree up to the wrap. A
   cache this cannot handle (not mlx-lm's ``RotatingKVCache`` update code,
-  quantized keys) keeps the guard, with the reason recorded.
+  quantized keys, ``keep > 0`` — see ``ring_unsupported``) keeps the guard,
+  with the reason recorded.
 - A cache that is neither trimmable nor round-capable ends speculation for
   the request with a recorded reason.
 """
@@ -79,8 +80,8 @@ def is_arrays(c: Any) -> bool:
     return hasattr(c, "cache") and isinstance(getattr(c, "cache", None), list)
 
 
-def ring_unsupported(c: Any) -> str | None:
-    """Why exact ring rollback cannot handle rotating cache ``c`` (None: it can)."""
+def ring_mechanics_unsupported(c: Any) -> str | None:
+    """Why ``RingRound`` cannot restore rotating cache ``c`` exactly (None: it can)."""
     import mlx.core as mx
     from mlx_lm.models.cache import RotatingKVCache
 
@@ -95,6 +96,25 @@ def ring_unsupported(c: Any) -> str | None:
     if not 0 <= int(c.keep) < int(c.max_size):
         return f"{name} keep {c.keep} outside [0, max_size {c.max_size})"
     return None
+
+
+def ring_unsupported(c: Any) -> str | None:
+    """Why speculation past the wrap of rotating cache ``c`` cannot be exact (None: it can).
+
+    Besides the restore mechanics: with ``keep > 0`` (mlx-lm's ``max_kv_size``
+    caches keep 4) a multi-token update is not plain decode past the wrap —
+    ``make_mask`` gives window position ``i`` a sliding window of ``max_size``
+    over the concatenated buffer, which hides the first ``i`` buffer entries,
+    the kept prefix, while single-token decode always attends to it. The
+    verify itself would then differ from plain decode, whatever the rollback.
+    """
+    why = ring_mechanics_unsupported(c)
+    if why is None and int(c.keep) > 0:
+        why = (
+            f"{type(c).__name__} keep={int(c.keep)}: mlx-lm's multi-token window mask hides "
+            "the kept prefix from later window positions past the wrap (not plain decode)"
+        )
+    return why
 
 
 class RingRound:

@@ -217,3 +217,35 @@ def test_audit_rotating_exact_names_the_round_of_a_planted_restore_bug(
     assert rc == 1, err
     first = err.split("rollback errors", 1)[-1].strip().splitlines()[1]
     assert "round 1 (k_accept" in first and "layer 0 meta: offset" in first, err
+
+
+def test_keep_prefix_rings_keep_the_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlx-lm ``max_kv_size`` caches (keep=4): a multi-token verify past the wrap hides the kept
+    prefix from later window positions, so speculation there would not be plain decode."""
+    import zoo
+    from specparity.runners import load_model
+
+    c = RotatingKVCache(max_size=8, keep=4)
+    assert "keep=4" in (ring_unsupported(c) or "")
+    tdir, ddir = zoo.pair("llama", "twin")
+    t, d = load_model(str(tdir)), load_model(str(ddir))
+    ids = list(zoo.prompts()[0].token_ids)
+
+    def caches() -> list[Any]:
+        return [RotatingKVCache(max_size=40, keep=4) for _ in t.model.layers]
+
+    spec = spec_generate(t.model, TwoModelProvider(d.model), ids,
+                         GenerationParams(max_tokens=64, eos_ids=(), rotating="exact"), target_caches=caches())
+    plain = spec_generate(t.model, TwoModelProvider(d.model), ids,
+                          GenerationParams(max_tokens=64, gamma=0, eos_ids=()), target_caches=caches())
+    fallback = [r for r in spec.records if r["type"] == "plain"]
+    assert fallback and "exact rollback unsupported" in fallback[0]["detail"] and "keep=4" in fallback[0]["detail"]
+    assert spec.output_ids == plain.output_ids
+    # Why: forced past the wrap anyway, the verify windows leave plain decode (mlx-lm 0.32.2).
+    import engine.rollback as rb
+
+    monkeypatch.setattr(rb, "ring_unsupported", rb.ring_mechanics_unsupported)
+    forced = spec_generate(t.model, TwoModelProvider(d.model), ids,
+                           GenerationParams(max_tokens=64, eos_ids=(), rotating="exact"), target_caches=caches())
+    assert not [r for r in forced.records if r["type"] == "plain"]
+    assert forced.output_ids != plain.output_ids
