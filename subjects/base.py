@@ -127,16 +127,23 @@ def _round_records(run: SubjectRun, window_start: int, eos: set[int], budget: in
     """Round records when every round exposed its drafts and the committed tokens tile the stream."""
     if not run.rounds or any(r.drafts is None for r in run.rounds):
         return None
-    if run.prefill_tokens or sum(r.committed for r in run.rounds) != len(run.stream):
+    if run.prefill_tokens > 1 or sum(r.committed for r in run.rounds) + run.prefill_tokens != len(run.stream):
         return None
-    out, pos, pending = [], 0, window_start
+    out: list[dict[str, Any]] = []
+    pos, pending = 0, window_start
+    if run.prefill_tokens:  # the first token is sampled from the prefill's logits
+        tok = run.stream[0]
+        out.append({"type": "plain", "index": 0, "input": [window_start], "sample": tok, "margin": 0.0,
+                    "emitted": [] if tok in eos else [tok], "end": "eos" if tok in eos else None,
+                    "reason": "initial", "target_cache_digest": None, "time_s": None})
+        pos, pending = 1, tok
     for i, r in enumerate(run.rounds):
         toks = run.stream[pos : pos + r.committed]
         pos += r.committed
         drafts = list(r.drafts or [])
         last = i == len(run.rounds) - 1
         end = "correction" if r.accepted < len(drafts) else "bonus"
-        if last and run.finish_reason == "length" and pos >= budget:
+        if last and run.finish_reason in ("length", None) and pos >= budget:
             end = "budget"
         out.append({
             "type": "round", "index": i, "feed": [pending], "drafts": drafts,
@@ -183,7 +190,8 @@ def to_trace(info: dict[str, Any], case: SubjectCase, run: SubjectRun, prompt_id
             events[-1]["end"] = "budget" if fr == "length" else ("stop" if fr == "stop" else None)
     spec = None
     if run.rounds is not None:
-        spec = counters_from_rounds([{"drafts": [0] * r.drafted, "k_accept": r.accepted} for r in run.rounds])
+        spec = counters_from_rounds([{"drafts": [0] * r.drafted, "k_accept": r.accepted} for r in run.rounds],
+                                    n_plain=run.prefill_tokens if rounds is not None else 0)
     footer = {
         "type": "footer",
         "usage": {"prompt_tokens": len(prompt_ids), "generation_tokens": len(run.stream),

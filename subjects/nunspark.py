@@ -14,7 +14,11 @@ speculative paths (argmax verify).
 
 Drafters: the zoo ``twin`` (mlx-lm format) and the oracle drafter
 (``subjects/oracle_drafter.py``: the target's greedy continuation, one
-corrupted position per gamma + 1). Trace level: token.
+corrupted position per gamma + 1). Trace level: round. The engine instance's own
+``verify_forward`` (the window ``[b, *q]``: the round's drafts), ``commit_verified``
+(``accepted_len``: the engine's acceptance) and one-token ``forward`` (a plain step of the
+n-gram path) are wrapped on the instance, so each yielded token is attributed to the round
+that produced it; the first token comes from the prefill.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import zoo
 from subjects import Mode
 from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
 
 NAME = "nunspark"
 _NO_STOP = "no stop-token parameter (speculative_generate takes one eos_id)"
@@ -126,9 +130,58 @@ def generate(case: SubjectCase) -> SubjectRun:
             gen = speculative_generate(engine, draft, ids, max_tokens=case.max_tokens,
                                        num_draft_tokens=case.gamma, accept_top_k=1, eos_id=eos_id, stats=stats)
             hooks = ["nunspark.generate.speculative_generate(stats=SpecStats)", "nunspark.packer.pack"]
-        stream, wall = timed(lambda: [int(t) for t in gen])
+        marks = _spy(engine)
+        (stream, rounds), wall = timed(_consume, gen, marks)
     finally:
         engine.close()
     counters = {"emitted": stats.tokens_emitted, "drafted": stats.draft_tokens_proposed,
                 "accepted": stats.accepted_total, "target_passes": stats.target_passes}
-    return SubjectRun(stream=stream, finish_reason=None, hooks=hooks, counters=counters, wall_s=wall)
+    hooks = hooks + ["StreamingEngine.verify_forward/commit_verified/forward (instance wrappers)"]
+    return SubjectRun(stream=stream, finish_reason=None, hooks=hooks, counters=counters, wall_s=wall,
+                      rounds=rounds, prefill_tokens=1 if stream else 0)
+
+
+def _spy(engine: Any) -> list[tuple[str, list[int], int]]:
+    """Wrap this engine instance's verify/commit/forward calls (the methods stay nunspark's own).
+
+    ``verify_forward(tokens=[b, *q])`` is a round's window, ``commit_verified(..., accepted_len)``
+    its acceptance (``accepted_len = m + 1``), a one-token ``forward`` a plain step.
+    """
+    marks: list[tuple[str, list[int], int]] = []
+    window: list[list[int]] = [[]]
+    verify, commit, forward = engine.verify_forward, engine.commit_verified, engine.forward
+
+    def verify_forward(tokens: Any, kv: Any, *a: Any, **kw: Any) -> Any:
+        window[0] = [int(t) for t in tokens[0].tolist()]
+        return verify(tokens, kv, *a, **kw)
+
+    def commit_verified(kv: Any, recs: Any, accepted_len: int, *a: Any, **kw: Any) -> Any:
+        marks.append(("round", window[0][1:], int(accepted_len) - 1))
+        return commit(kv, recs, accepted_len, *a, **kw)
+
+    def one_step(tokens: Any, *a: Any, **kw: Any) -> Any:
+        if int(tokens.shape[-1]) == 1:
+            marks.append(("plain", [], 0))
+        return forward(tokens, *a, **kw)
+
+    engine.verify_forward, engine.commit_verified, engine.forward = verify_forward, commit_verified, one_step
+    return marks
+
+
+def _consume(gen: Any, marks: list[tuple[str, list[int], int]]) -> tuple[list[int], list[RoundReport]]:
+    """The stream, and per verify round / plain step the tokens it yielded (the first is the prefill's)."""
+    stream: list[int] = []
+    rounds: list[RoundReport] = []
+    seen = None
+    for t in gen:
+        if seen is None:  # the prefill's token: every forward so far was the prefill
+            seen = len(marks)
+        elif len(marks) > seen:
+            kind, drafts, m = marks[-1]
+            seen = len(marks)
+            rounds.append(RoundReport(drafted=len(drafts), accepted=m, committed=0, drafts=drafts,
+                                      source=kind))
+        if rounds and stream:
+            rounds[-1].committed += 1
+        stream.append(int(t))
+    return stream, rounds
