@@ -12,7 +12,11 @@ The content stream is every response's ``token`` except the final response
 that mlx-lm's own convention uses to report an EOS (``finish_reason ==
 "stop"`` with an EOS token, empty text), the same reading as
 ``oracles/mlx_lm.py``. Counters: ``generation_tokens`` of the final response,
-``from_draft`` flags (accepted drafts). Stop ids: mlx-lm has stop sequences
+``from_draft`` flags (accepted drafts). Two-model modes are recorded at round
+level: the target passed to ``stream_generate`` is a call proxy that records
+each verify window ``[pending, *drafts]`` (every call after the prefill's
+``len(prompt) - 1`` tokens) and each response is attributed to the window that
+produced it, with its ``from_draft`` flag as the engine's acceptance. Stop ids: mlx-lm has stop sequences
 only in its server (``StopSequences``), not in ``stream_generate``.
 
 Gemma 4 MTP (the fork's addition): ``stream_generate`` dispatches to
@@ -30,7 +34,7 @@ from typing import Any
 import zoo
 from subjects import Mode
 from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
 
 NAME = "mlx-lm-broomva"
 _NO_STOP = "stream_generate takes no stop ids (stop sequences live in mlx_lm.server only)"
@@ -121,10 +125,20 @@ def generate(case: SubjectCase) -> SubjectRun:
     saved = set(tok.eos_token_ids)
     tok.eos_token_ids = set(eos)
     mx.random.seed(case.seed)
+    target = model if case.mode.startswith("mtp-") else _Windows(model, len(ids) - 1)
+    owner: list[int] = []
+
+    def consume() -> list[Any]:
+        out = []
+        for r in stream_generate(target, tok, mx.array(ids), max_tokens=case.max_tokens, draft_model=draft,
+                                 num_draft_tokens=case.gamma,
+                                 sampler=make_sampler(temp=case.temperature, top_k=case.top_k)):
+            out.append(r)
+            owner.append(len(target.windows) - 1 if isinstance(target, _Windows) else -1)
+        return out
+
     try:
-        responses, wall = timed(lambda: list(stream_generate(
-            model, tok, mx.array(ids), max_tokens=case.max_tokens, draft_model=draft,
-            num_draft_tokens=case.gamma, sampler=make_sampler(temp=case.temperature, top_k=case.top_k))))
+        responses, wall = timed(consume)
     finally:
         tok.eos_token_ids = saved
     if not responses:
@@ -133,7 +147,40 @@ def generate(case: SubjectCase) -> SubjectRun:
     kept = responses[:-1] if (final.finish_reason == "stop" and int(final.token) in eos) else responses
     stream = [int(r.token) for r in kept]
     counters = {"generation_tokens": int(final.generation_tokens)}
-    return SubjectRun(stream=stream, finish_reason=final.finish_reason,
-                      hooks=["mlx_lm.stream_generate(draft_model=, num_draft_tokens=)", "mlx_lm.load"],
-                      counters=counters, wall_s=wall,
-                      extra={"from_draft": sum(bool(r.from_draft) for r in kept)})
+    rounds = None
+    if isinstance(target, _Windows) and all(o >= 0 for o in owner[: len(kept)]):
+        rounds = []
+        for w_i, window in enumerate(target.windows):
+            mine = [r for r, o in zip(kept, owner, strict=False) if o == w_i]
+            if not mine and w_i == len(target.windows) - 1:
+                break  # the verify whose only sample was the EOS / past the budget
+            rounds.append(RoundReport(drafted=len(window) - 1, accepted=sum(bool(r.from_draft) for r in mine),
+                                      committed=len(mine), drafts=window[1:]))
+    hooks = ["mlx_lm.stream_generate(draft_model=, num_draft_tokens=)", "mlx_lm.load"]
+    if isinstance(target, _Windows):
+        hooks.append("target model call proxy (verify windows), GenerationResponse.from_draft")
+    return SubjectRun(stream=stream, finish_reason=final.finish_reason, hooks=hooks, counters=counters,
+                      wall_s=wall, rounds=rounds, extra={"from_draft": sum(bool(r.from_draft) for r in kept)})
+
+
+class _Windows:
+    """The target model, recording each verify window (every call after the prefill's tokens).
+
+    mlx-lm's speculative_generate_step prefills ``len(prompt) - 1`` tokens, then calls the
+    target once per round with ``[pending, *drafts]``; attribute access is delegated.
+    """
+
+    def __init__(self, model: Any, n_prefill: int) -> None:
+        self._model, self._left = model, n_prefill
+        self.windows: list[list[int]] = []
+
+    def __call__(self, inputs: Any, *a: Any, **kw: Any) -> Any:
+        toks = [int(t) for t in inputs.reshape(-1).tolist()]
+        if self._left > 0:
+            self._left -= len(toks)
+        else:
+            self.windows.append(toks)
+        return self._model(inputs, *a, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
