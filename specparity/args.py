@@ -173,8 +173,15 @@ def _no_nul(text: str) -> None:
         raise _err(f"{text!r}: a path cannot contain a NUL byte")
 
 
+MAX_INPUT_BYTES = 256 << 20
+"""Input files (prompts, suites) larger than this are refused, not read into memory."""
+
+
 def readable_file(text: str) -> Path:
-    """An existing, readable regular file."""
+    """An existing, readable regular file of at most :data:`MAX_INPUT_BYTES`.
+
+    Regular files only: ``/dev/zero`` or a FIFO would be read forever.
+    """
     _no_nul(text)
     p = Path(text)
     try:
@@ -184,7 +191,9 @@ def readable_file(text: str) -> Path:
     except OSError as exc:
         raise _err(f"{text}: cannot access ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise _err(f"{text}: not a regular file")
+        raise _err(f"{text}: not a regular file (a device, FIFO or directory)")
+    if st.st_size > MAX_INPUT_BYTES:
+        raise _err(f"{text}: {st.st_size} bytes is too large (limit {MAX_INPUT_BYTES})")
     if not os.access(p, os.R_OK):
         raise _err(f"{text}: not readable (permission denied)")
     return p

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-b", required=True, type=a.model_ref, help="candidate drafter (same forms)")
     p.add_argument("--gamma", type=a.positive_int, default=3)
     p.add_argument("--prompts", type=a.positive_int, default=32, help="prompts (default 32; < 32 refused)")
-    p.add_argument("--prompts-file", type=Path, default=None,
+    p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
                         "of the zoo's; required for a target outside the zoo's vocabulary")
     p.add_argument("--allow-small", action="store_true", help="allow fewer than 32 prompts")

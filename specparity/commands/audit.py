@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, type=a.model_dir, help="a local drafter model dir (with --target)")
     p.add_argument("--gamma", type=positive, default=3)
     p.add_argument("--prompts", type=positive, default=2, help="zoo prompts per target (default 2)")
-    p.add_argument("--prompts-file", type=Path, default=None,
+    p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
                         "of the zoo's; required for a target outside the zoo's vocabulary")
     p.add_argument("--max-tokens", type=positive, default=32)

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=a.positive_int, default=3)
     p.add_argument("--gammas", type=a.positive_int_list, default=None, help="several γ (overrides --gamma)")
     p.add_argument("--prompts", type=a.positive_int, default=8)
-    p.add_argument("--prompts-file", type=Path, default=None,
+    p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
                         "of the zoo's; required for a target outside the zoo's vocabulary")
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)

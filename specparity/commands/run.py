@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     u.add_argument("--source", default=None,
                    help="draft source kind (default: detected from --draft, §3): two-model, ngram, mtp, "
                         "assistant, deepspec, dspark")
-    u.add_argument("--prompts-file", type=Path, default=None,
+    u.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts: JSONL {\"id\",\"text\"} / {\"id\",\"token_ids\"} or one prompt per line")
     u.add_argument("--temps", type=_floats, default=(0.0,), help="temperatures (default 0)")
     u.add_argument("--top-p", type=a.probability, default=0.0)
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     u.add_argument("--eos-ids", type=str_list, default=None, help="EOS ids (default: the tokenizer's)")
     u.add_argument("--truncate", action="store_true",
                    help="keep the tail of prompts longer than the context (default: refuse them)")
-    p.add_argument("--suite", type=Path, default=None, help="a TOML suite file (see specparity/suite.py)")
+    p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
     p.add_argument("--gammas", type=int_list, default=(1, 2, 3, 5), help="default 1,2,3,5")
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--runners", type=str_list, default=None, help="oracles to run (default: all available)")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from specparity import args as a
 from specparity.commands import positive
 
 NAME = "zoo"
@@ -16,7 +16,7 @@ def add_arguments(z: argparse.ArgumentParser) -> None:
     zl = zsub.add_parser("list", help="each target/drafter pair with measured greedy acceptance")
     zl.add_argument("--gamma", type=positive, default=3)
     zl.add_argument("--max-tokens", type=positive, default=32)
-    zl.add_argument("--prompts-file", type=Path, default=None,
+    zl.add_argument("--prompts-file", type=a.readable_file, default=None,
                     help="measure on these prompts (JSONL or one per line) instead of the zoo's")
 
 
