@@ -152,6 +152,7 @@ HOSTILE: dict[str, list[str]] = {
     "goldens depend on location": ["golden headers record zoo/<dir>, never an absolute path"],
     "markdown injection": ["<script>/|/backticks in case id, prompt id and path"],
     "any trace folder": ["mixed engine/reference/plain traces, colliding case ids"],
+    "flag sweep (every option of every command x 5 values, counted at run time)": ["sweep"],
 }
 
 
@@ -728,3 +729,68 @@ def test_device_and_symlink_destinations_are_not_replaced(pair: tuple[Path, Path
     assert link.is_symlink() and _records(real)[0]["type"] == "header"
     atomic_write_text("/dev/null", "x")
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+SWEEP_VALUES = ["nan", "-1", "99999999999999999999", "/dev/zero", "a\x00b"]
+
+
+def test_flag_sweep_every_flag_of_every_command(pair: tuple[Path, Path], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every option of every command (found by introspection, so new flags are covered) x bad
+    values: no traceback, no internal error; a refusal is one line. Accepted values start no
+    work here (the job functions are stubbed)."""
+    import argparse
+    import contextlib
+    import io
+
+    import engine.executor
+    import specparity.ab
+    import specparity.bench
+    import specparity.regen
+    import specparity.run
+    from specparity.cli import build_parser
+
+    class Started(Exception):
+        pass
+
+    def started(*_a: object, **_k: object) -> None:
+        raise Started()
+
+    for mod, name in ((specparity.run, "run_cases"), (specparity.run, "run_task"),
+                      (specparity.run, "execute"), (specparity.ab, "run_ab"),
+                      (specparity.bench, "run_bench"), (specparity.regen, "regen"),
+                      (engine.executor, "spec_generate"), (engine.executor, "plain_generate")):
+        monkeypatch.setattr(mod, name, started)
+    base = {"generate": ["--target", str(pair[0]), "--prompt-ids", "5,6", "-n", "4"],
+            "record": ["--runner", "mlx_lm", "--target", str(pair[0]), "--prompt-ids", "5,6", "-n", "4"],
+            "ab": ["--target", "llama", "--drafter-a", "twin", "--drafter-b", "small"]}
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    tried, bad = 0, []
+    for cmd, p in sub.choices.items():
+        nested = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        for words, sp in ([([cmd], p)] if not nested else
+                          [([cmd, n], q) for n, q in nested[0].choices.items()]):
+            for act in sp._actions:
+                if not act.option_strings or act.nargs == 0 or act.dest == "help":
+                    continue
+                flag = act.option_strings[-1]
+                for value in SWEEP_VALUES:
+                    argv = [*words, *base.get(cmd, [])]
+                    if flag in argv:
+                        i = argv.index(flag)
+                        del argv[i:i + 2]
+                    argv += [flag, value]
+                    err = io.StringIO()
+                    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                        rc = main(argv)
+                    tried += 1
+                    text = err.getvalue()
+                    if "Started" in text:
+                        continue  # accepted: a valid value for this flag
+                    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(
+                        ("running cases", "specparity: warning", "bench:", "ab:"))]
+                    if "Traceback" in text or "internal error" in text or (rc != 0 and len(lines) != 1):
+                        bad.append((argv, rc, text[-300:]))
+    print(f"flag sweep: {tried} inputs")
+    assert tried > 500
+    assert not bad, bad[:5]
