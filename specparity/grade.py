@@ -36,6 +36,7 @@ from specparity.run import (
     execute,
     finish,
     not_compared,
+    numerics_witness,
 )
 from specparity.runners import runner_supports
 from traces.diff import diff_traces
@@ -256,17 +257,18 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
     unique_jobs = list(dict.fromkeys(jobs))
     with Progress(len(unique_jobs), "grading (re-runs)", enabled=progress) as bar:
         execute(unique_jobs, on_result, workers=workers, ray_address=ray_address)
+    witness = numerics_witness()  # judges a flip by replaying each run's path (engine/witness.py)
     for g in graded:
         eng = g.trace
         for oracle in oracles:
             if not runner_supports(oracle, g.case):
                 continue
             ref = refusals.get((oracle, g.case_id)) or traces[(oracle, g.case_id)]
-            result.comparisons.append(_reference_comparison(oracle, g.case_id, eng, ref))
+            result.comparisons.append(_reference_comparison(oracle, g.case_id, eng, ref, witness))
         if g.case.drafter is not None and g.case.temperature == 0:
             plain = traces[("plain", f"{g.case_id}#plain")]
             result.comparisons.append(Comparison("spec-vs-plain", g.case_id, "tokens",
-                                                 diff_traces(eng, plain, level="tokens")))
+                                                 diff_traces(eng, plain, level="tokens", witness=witness)))
         elif not any(runner_supports(o, g.case) for o in oracles):
             result.comparisons.append(not_compared(g.case, g.case_id))
     # the report reads OUT/traces/<runner>/: the plain re-runs are plain-mode traces
