@@ -794,3 +794,20 @@ def test_flag_sweep_every_flag_of_every_command(pair: tuple[Path, Path], tmp_pat
     print(f"flag sweep: {tried} inputs")
     assert tried > 500
     assert not bad, bad[:5]
+
+
+def test_package_data_ignores_the_working_directory(tmp_path: Path, tiny_run: Path) -> None:
+    """Issue 14 item 7: a ``traces/`` folder in the cwd (here with a broken schema) changes nothing."""
+    from traces import validate
+
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "schema.json").write_text("{broken")
+    (tmp_path / "traces" / "known_divergences.toml").write_text("broken = [")
+    assert Path.cwd() == tmp_path
+    validate.load_schema.cache_clear()
+    validate._validator.cache_clear()
+    assert validate.load_schema()["$defs"]["header"]
+    assert all(validate.validate_file(p) == [] for p in tiny_run.rglob("*.jsonl"))
+    from traces.reference import known_entries
+
+    assert known_entries()
