@@ -69,4 +69,6 @@ def test_subject_grades_as_the_committed_scoreboard(name: str, tmp_path: Path) -
             if now != r["status"]:
                 diffs.append(f"{mode}/{check}: committed {r['status']}, now {now}: "
                              f"{got['modes'].get(mode, {}).get('checks', {}).get(check, {}).get('detail')}")
+    for mode in set(got.get("modes", {})) - set(want.get("modes", {})):
+        diffs.append(f"{mode}: graded now but not in {committed} (regenerate the scoreboard)")
     assert not diffs, "\n".join(diffs)
