@@ -31,9 +31,13 @@ def _restore_device() -> Any:
     ["audit", "--targets", "llama", "--device", "gpu"],
     ["bench", "--size", "tiny", "--device", "gpu"],
     ["run", "--targets", "llama", "--device", "gpu"],
-    ["generate", "--target", "x", "--prompt-ids", "1,2", "--device", "gpu"],
+    ["generate", "--target", "LLAMA", "--prompt-ids", "1,2", "--device", "gpu"],
+    ["record", "--runner", "mlx_lm", "--target", "LLAMA", "--prompt-ids", "1,2", "--device", "gpu"],
 ], ids=lambda a: a[0])
 def test_gpu_unavailable_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    import zoo
+
+    argv = [str(zoo.model_dir("llama")) if a == "LLAMA" else a for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--device gpu: MLX" in err and "no GPU backend" in err, err

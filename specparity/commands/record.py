@@ -89,9 +89,11 @@ def case_from_args(args: argparse.Namespace) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     from oracles import RUNNERS, run_availability
+    from specparity.devices import use_device
     from specparity.run import run_task
     from traces.io import write_trace
 
+    use_device(args.device)  # --device comes with generate's flags
     case = case_from_args(args)
     if args.runner == "all":
         runners = ["engine", *[r for r in RUNNERS if run_availability(r)[0]]]
