@@ -305,20 +305,25 @@ def check_rollback(
             x = _np(dict(arrs_r)[name])
             y = _np(dict(arrs_k)[name])
             per_pos = _position_deltas(x, y)
+            # The live view is in temporal order (a rotating cache's last max_size positions):
+            # its last (offset after - offset before) entries are this round's kept positions.
             off = incoming_offsets[layer] or 0
-            n_pre = min(off, per_pos.size)
+            end = int(getattr(kept_replay[layer], "offset", off))
+            first = end - per_pos.size  # absolute position of the view's first entry
+            n_pre = min(max(off - first, 0), per_pos.size)
             changed_pre = np.nonzero(per_pos[:n_pre])[0]
             if changed_pre.size:
                 p = int(changed_pre[0])
-                errors.append(f"layer {layer} {name}: position {p} (written before this round, offset "
-                              f"{off}) changed by |Δ| {per_pos[p]:.3g}: the rollback touched kept history")
+                errors.append(f"layer {layer} {name}: position {first + p} (written before this round, "
+                              f"offset {off}) changed by |Δ| {per_pos[p]:.3g}: the rollback touched kept "
+                              "history")
                 continue
             beyond = np.nonzero(per_pos > bound)[0]
             if beyond.size:
                 p = int(beyond[0])
-                errors.append(f"layer {layer} {name}: kept position {p} differs from the kept-only replay "
-                              f"by |Δ| {per_pos[p]:.3g}, beyond {factor:g} × the measured batched-vs-serial "
-                              f"|Δ| {scale:.3g}: a wrong value at a kept position")
+                errors.append(f"layer {layer} {name}: kept position {first + p} differs from the kept-only "
+                              f"replay by |Δ| {per_pos[p]:.3g}, beyond {factor:g} × the measured "
+                              f"batched-vs-serial |Δ| {scale:.3g}: a wrong value at a kept position")
                 continue
         elif d.max_abs > bound:
             errors.append(f"layer {layer} {name}: {d.describe()} vs the kept-only replay, beyond {factor:g} × "

@@ -345,3 +345,26 @@ def test_audit_command_gpu_unavailable_is_a_usage_error(capsys: pytest.CaptureFi
         pytest.skip("this machine has a GPU backend")
     assert main(["audit", "--targets", "llama", "--device", "gpu"]) == 2
     assert "--device gpu: MLX" in capsys.readouterr().err
+
+
+def test_check_rollback_on_a_wrapped_ring_counts_positions_in_temporal_order() -> None:
+    """Past the wrap the live view is the last max_size positions: only the newest are this round's."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    rng = np.random.default_rng(1)
+    toks = [mx.array(rng.standard_normal((1, 1, 1, 4)).astype(np.float32)) for _ in range(6)]
+
+    def ring(last_delta: float = 0.0, first_delta: float = 0.0) -> Any:
+        c = RotatingKVCache(max_size=4)
+        for i, t in enumerate(toks):
+            d = last_delta if i == 5 else first_delta if i == 3 else 0.0
+            c.update_and_fetch(t + d, t + d)
+        return c
+
+    ref = ring()
+    rc, _ = check_rollback([ring(last_delta=1e-4)], [ref], [5], scale=1e-4)  # position 5 is this round's
+    assert rc.verdict == "arithmetic", rc
+    rc, _ = check_rollback([ring(first_delta=1e-4)], [ref], [5], scale=1e-4)  # position 3: history
+    assert rc.verdict == "error" and "position 3 (written before this round" in rc.errors[0], rc.errors
+    rc, _ = check_rollback([ring(last_delta=1.0)], [ref], [5], scale=1e-4)
+    assert rc.verdict == "error" and "kept position 5 " in rc.errors[0], rc.errors
