@@ -100,6 +100,12 @@ def _target(trace: Trace) -> str:
     return str(trace.header["case_id"]).split("/")[0]
 
 
+def applies_to(entry: KnownEntry, target: str) -> bool:
+    """An entry names zoo targets, or ``"*"``: a behaviour of the reference's own
+    code that its signature/message pins down on any model (a user's too)."""
+    return "*" in entry.targets or target in entry.targets
+
+
 def fallback_point(trace: Trace) -> tuple[int, int] | None:
     """``(rounds before, output tokens before)`` the engine's first fallback plain step."""
     emitted = 0
@@ -134,7 +140,7 @@ def _match_divergence(engine: Trace, ref: Trace, runner: str, div: Divergence) -
     target = _target(engine)
     point = fallback_point(engine)
     for e in known_entries():
-        if e.kind != "divergence" or e.runner != runner or target not in e.targets:
+        if e.kind != "divergence" or e.runner != runner or not applies_to(e, target):
             continue
         if e.klass is not None and div.klass != e.klass:
             continue
@@ -186,7 +192,7 @@ def refusal_verdict(engine: Trace, refused: ReferenceRefused) -> Verdict:
         if (
             e.kind == "refusal"
             and e.runner == refused.runner
-            and target in e.targets
+            and applies_to(e, target)
             and e.message is not None
             and e.message in refused.message
         ):
