@@ -469,11 +469,17 @@ def spec_generate(
 def _lazy_drafts(source: DraftSource, observer: Any, taps: tuple[int, ...], sampler: StepSampler) -> Any:
     """A source's ``draft_array`` (drafts as a lazy device array), when the round may use it.
 
-    Optional hook. Not with an observer (it sees the window before the verify),
-    tap layers, or logits processors (their history needs the drafts' values).
+    Optional hook, used only while the source's ``draft`` is the one that reads it
+    (marked ``via_draft_array``; a subclass or instance overriding ``draft`` keeps the
+    list path). Not with an observer (it sees the window before the verify), tap
+    layers, or logits processors (their history needs the drafts' values).
     """
     hook = getattr(source, "draft_array", None)
-    if hook is None or observer is not None or taps or sampler.has_processors:
+    own = getattr(type(source), "draft", None)
+    if (hook is None or not getattr(own, "via_draft_array", False)
+            or "draft" in getattr(source, "__dict__", {})):
+        return None
+    if observer is not None or taps or sampler.has_processors:
         return None
     return hook
 

@@ -164,3 +164,40 @@ def test_drafts_kept_on_device_give_the_same_records(target: str, monkeypatch: p
                         lambda self, feed, n, step, anchor: token_ids(real(self, feed, n, step, anchor)))
     listed = spec_generate(tgt.model, TwoModelProvider(drf.model), ids, params)
     assert strip(lazy) == strip(listed)
+
+
+def test_an_overridden_draft_keeps_the_list_path() -> None:
+    """A source whose ``draft`` is replaced (a planted delay, a subclass) is called, not bypassed."""
+    from engine.sources import two_model
+
+    t, d = zoo.pair("llama", "twin")
+    tgt, drf = load_model(str(t)), load_model(str(d))
+    called: list[int] = []
+
+    class Provider(two_model.TwoModelProvider):
+        def open(self, sampler: Any, target: Any) -> Any:
+            src = super().open(sampler, target)
+            inner = src.draft
+
+            def draft(*a: Any, **k: Any) -> list[int]:
+                called.append(1)
+                return inner(*a, **k)
+
+            src.draft = draft  # type: ignore[method-assign]
+            return src
+
+    class Sub(two_model.TwoModelSource):
+        def draft(self, *a: Any, **k: Any) -> list[int]:
+            called.append(2)
+            return super().draft(*a, **k)
+
+    params = GenerationParams(max_tokens=8, gamma=3, eos_ids=tgt.eos_ids)
+    spec_generate(tgt.model, Provider(drf.model), list(zoo.prompt("nat-00").token_ids), params)
+    assert 1 in called
+    from engine.executor import _lazy_drafts
+    from engine.sampler import SamplerParams, StepSampler
+
+    sub = Sub(drf.model, StepSampler.from_params(SamplerParams()), 512)
+    assert _lazy_drafts(sub, None, (), sub.sampler) is None
+    plain = two_model.TwoModelSource(drf.model, sub.sampler, 512)
+    assert _lazy_drafts(plain, None, (), sub.sampler) is not None

@@ -143,6 +143,8 @@ class TwoModelSource:
     def draft(self, feed: list[int], n: int, step_base: int, anchor_hidden: mx.array | None) -> list[int]:
         return token_ids(self.draft_array(feed, n, step_base, anchor_hidden))
 
+    draft.via_draft_array = True  # type: ignore[attr-defined]  # the executor may call draft_array
+
     def draft_array(self, feed: list[int], n: int, step_base: int, anchor_hidden: mx.array | None) -> mx.array:
         """The ``n`` drafts as a lazy ``uint32`` device array (mlx-lm ``_draft_generate``): the
         executor builds the verify window on it without reading the drafts back first."""
