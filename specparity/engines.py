@@ -100,12 +100,19 @@ def plain_sample(case: SubjectCase) -> list[int]:
                               case.temperature, case.top_k, case.seed))
 
 
+def _golden(case: SubjectCase) -> Any:
+    name = f"{case.target}__{case.drafter}__{case.prompt_id}__g{case.gamma}__n{GOLDEN_MAX}.jsonl"
+    return read_trace(Path(__file__).resolve().parents[1] / "traces" / "golden" / "mlx_lm" / name)
+
+
 def golden_mlx_lm(case: SubjectCase) -> list[int]:
     """mlx-lm 0.32.2's two-model output for the case, from the committed golden."""
-    name = f"{case.target}__{case.drafter}__{case.prompt_id}__g{case.gamma}__n{GOLDEN_MAX}.jsonl"
-    path = Path(__file__).resolve().parents[1] / "traces" / "golden" / "mlx_lm" / name
-    ids = list(read_trace(path).footer["output_ids"])
-    return ids[: case.max_tokens]
+    return list(_golden(case).footer["output_ids"])[: case.max_tokens]
+
+
+def golden_mlx_lm_rounds(case: SubjectCase) -> list[tuple[list[int], int, list[int]]]:
+    """mlx-lm 0.32.2's rounds for the case: (drafts, k_accept, emitted) each."""
+    return [(list(r["drafts"]), int(r["k_accept"]), list(r["emitted"])) for r in _golden(case).rounds]
 
 
 def _golden_cases(mode: Mode, base: list[SubjectCase]) -> list[SubjectCase]:
@@ -170,7 +177,9 @@ def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: s
                plain_ref: Callable[[SubjectCase], list[int]] = plain,
                sample_ref: Callable[[SubjectCase], list[int]] = plain_sample,
                mlx_lm_ref: Callable[[SubjectCase], list[int]] = golden_mlx_lm,
-               dist_n: int | None = None) -> dict[str, CheckResult]:
+               dist_n: int | None = None,
+               mlx_lm_rounds: Callable[[SubjectCase], list[tuple[list[int], int, list[int]]]] | None
+               = golden_mlx_lm_rounds) -> dict[str, CheckResult]:
     """Every check on one mode of a subject."""
     base = [SubjectCase(target=t, mode=mode_name, drafter=mode.drafter, prompt_id=p, max_tokens=MAX_TOKENS)
             for t in mode.targets[:2] for p in PROMPTS]
@@ -189,7 +198,8 @@ def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: s
     golden = _golden_cases(mode, base)
     run("mlx_lm", lambda: check_mlx_lm(
         gen, mlx_lm_ref if (mode.two_model and golden) else None, golden,
-        why_not="not a two-model mode" if not mode.two_model else "no mlx-lm golden for this pair"))
+        why_not="not a two-model mode" if not mode.two_model else "no mlx-lm golden for this pair",
+        rounds=mlx_lm_rounds))
     run("budget", lambda: check_budget(gen, plain_ref, base[:2]))
     run("eos", lambda: check_eos(gen, plain_ref, base))
     run("stop", lambda: check_stop(gen, plain_ref, base[:2]))

@@ -139,11 +139,15 @@ def check_identity(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]
                        cases_run=n, hooks=hooks)
 
 
+RefRounds = Callable[[SubjectCase], list[tuple[list[int], int, list[int]]]]
+
+
 def check_mlx_lm(gen: Generate, reference: Reference | None, cases: Iterable[SubjectCase],
-                 why_not: str = "not a two-model subject") -> CheckResult:
+                 why_not: str = "not a two-model subject", rounds: RefRounds | None = None) -> CheckResult:
+    """Output identical to mlx-lm's; round for round (drafts, accepted, emitted) when both expose rounds."""
     if reference is None:
         return _unsupported("mlx_lm", why_not)
-    n, hooks = 0, []
+    n, hooks, by_round = 0, [], 0
     for case in cases:
         try:
             run = _run(gen, case)
@@ -159,9 +163,25 @@ def check_mlx_lm(gen: Generate, reference: Reference | None, cases: Iterable[Sub
             return _fail("mlx_lm", case, f"output token {i}: subject {a} vs mlx-lm {b} "
                          f"(subject {len(run.stream)} tokens, mlx-lm {len(ref)})",
                          n, hooks, index=i, subject=a, expected=b)
+        if rounds is None or not run.rounds or any(r.drafts is None for r in run.rounds) or run.prefill_tokens:
+            continue  # rounds compared only under mlx-lm's tail-split prefill (no token from the prefill)
+        ref_rounds, pos = rounds(case), run.prefill_tokens
+        by_round += 1
+        for k, (r, (drafts, acc, emitted)) in enumerate(zip(run.rounds, ref_rounds, strict=False)):
+            mine = (list(r.drafts or []), r.accepted, run.stream[pos : pos + r.committed])
+            pos += r.committed
+            for field_name, x, y in zip(("drafts", "accepted", "emitted"), mine, (drafts, acc, emitted),
+                                        strict=True):
+                if x != y:
+                    return _fail("mlx_lm", case, f"round {k} {field_name}: subject {x} vs mlx-lm {y}",
+                                 n, hooks, index=k, subject=x, expected=y)
+        if len(run.rounds) != len(ref_rounds):
+            return _fail("mlx_lm", case, f"{len(run.rounds)} rounds vs mlx-lm {len(ref_rounds)}", n, hooks,
+                         subject=len(run.rounds), expected=len(ref_rounds))
     if n == 0:
         return _unsupported("mlx_lm", "no case")
-    return CheckResult("mlx_lm", "pass", f"{n} case(s) identical to mlx-lm speculative decoding",
+    how = f", {by_round} of them round for round" if by_round else ""
+    return CheckResult("mlx_lm", "pass", f"{n} case(s) identical to mlx-lm speculative decoding{how}",
                        cases_run=n, hooks=hooks)
 
 

@@ -136,6 +136,19 @@ def test_planted_counter_bugs(bug: str, needle: str) -> None:
     assert res.status == "fail" and needle in res.detail, res
 
 
+def test_mlx_lm_round_difference_is_caught() -> None:
+    """Same tokens, different rounds (drafts or acceptance) is still a difference from mlx-lm."""
+    case = CASES[0]
+    run = SubjectRun(stream=[5, 6, 7, 8], finish_reason="length", hooks=["fake"],
+                     rounds=[RoundReport(2, 2, 3, drafts=[5, 6]), RoundReport(2, 0, 1, drafts=[9, 9])])
+    ref_rounds = [([5, 6], 2, [5, 6, 7]), ([8, 3], 1, [8])]
+    res = check_mlx_lm(lambda c: run, lambda c: [5, 6, 7, 8], [case], rounds=lambda c: ref_rounds)
+    assert res.status == "fail" and "round 1 drafts: subject [9, 9] vs mlx-lm [8, 3]" in res.detail
+    same = [([5, 6], 2, [5, 6, 7]), ([9, 9], 0, [8])]
+    ok = check_mlx_lm(lambda c: run, lambda c: [5, 6, 7, 8], [case], rounds=lambda c: same)
+    assert ok.status == "pass" and "round for round" in ok.detail
+
+
 def test_mlx_lm_difference_is_caught() -> None:
     res = check_mlx_lm(Fake(), lambda c: plain(c)[:-1] + [999], CASES)
     assert res.status == "fail" and "vs mlx-lm 999" in res.detail
