@@ -62,10 +62,14 @@ def die_with_parent() -> None:
     platforms, or a parent that died before the prctl). Pool workers of a
     killed ``regen``/``run`` thus never linger.
     """
+    import multiprocessing as mp
     import signal
     import threading
 
-    parent = os.getppid()
+    # The parent multiprocessing recorded at spawn, not getppid(): a parent killed while this
+    # worker was still starting up has already been replaced by the reaper.
+    spawner = mp.parent_process()
+    parent = spawner.pid if spawner is not None and spawner.pid else os.getppid()
     try:
         import ctypes
 

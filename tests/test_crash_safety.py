@@ -91,6 +91,19 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _in_dir(root: Path) -> list[int]:
+    """Live processes whose working directory is ``root`` (the command and anything it spawned)."""
+    me, out = os.getpid(), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if int(proc.name) != me and cwd.removesuffix(" (deleted)") == str(root) and _alive(int(proc.name)):
+            out.append(int(proc.name))
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
@@ -161,10 +174,11 @@ def _regen_killed(tmp_path: Path, extra_s: float) -> None:
             proc.wait()
     print(f"regen: seed {SEED}, killed={killed} + {extra_s:.2f} s, workers {workers}")
     if killed:
-        deadline = time.monotonic() + 10
-        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        # Every process started in tmp_path (pool workers, the resource tracker), seen or not.
+        deadline = time.monotonic() + 40  # a worker still importing exits once its init runs
+        while (_in_dir(tmp_path) or any(_alive(w) for w in workers)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = [w for w in workers if _alive(w)]
+        left = sorted({*_in_dir(tmp_path), *(w for w in workers if _alive(w))})
         for w in left:
             os.kill(w, signal.SIGKILL)
         assert not left, f"pool workers outlived the killed regen: {left}"
