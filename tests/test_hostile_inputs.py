@@ -200,6 +200,7 @@ FLAG_CASES: list[tuple[list[str], str]] = [
     (["generate", "--target", str(zoo.pair("llama", "twin")[0]), "--prompt-ids", "5", "--seed", "-1"],
      "--seed"),
     (["audit", "--gamma", "-2"], "--gamma"),
+    (["run", "--temps", "5,,6"], "empty item"),
 ]
 
 

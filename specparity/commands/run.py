@@ -28,8 +28,11 @@ HELP = "run engine + every available oracle on the zoo, a pair of yours or a sui
 
 
 def _floats(text: str) -> tuple[float, ...]:
+    parts = [v.strip() for v in text.split(",")]
+    if any(not v for v in parts):  # "5,,6": a dropped value would run a matrix nobody asked for
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0,0.8, got {text!r} (an empty item)")
     try:
-        vals = tuple(float(v) for v in text.split(",") if v.strip())
+        vals = tuple(float(v) for v in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not vals or any(not (v >= 0) or v == float("inf") for v in vals):
