@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import fnmatch
-
 import os
 import shutil
 import signal
