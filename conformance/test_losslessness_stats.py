@@ -103,6 +103,12 @@ def test_planted_unchecked_accept_is_rejected(monkeypatch: pytest.MonkeyPatch) -
         return out
 
     monkeypatch.setattr(StepSampler, "sample_window", biased)
+    # The plant needs the drafts as host ints in ``window``: take the executor's list
+    # path (the device-drafts path hands the sampler the pending token alone and reads
+    # the drafts after the round's one sync). Without this the plant is a no-op.
+    import engine.executor
+
+    monkeypatch.setattr(engine.executor, "_lazy_drafts", lambda *a, **k: None)
     spec = _draws(True, range(N))
     monkeypatch.undo()
     plain = _draws(False, range(N, 2 * N))
