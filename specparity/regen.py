@@ -31,7 +31,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -211,8 +212,10 @@ def _run_inline(jobs: list[tuple[str, Any]],
         on_result(key, records, None)
 
 
-def _run_ray(jobs: list[tuple[str, Any]], address: str | None,
-             on_result: Callable[[str, Any, BaseException | None], None]) -> None:
+@contextmanager
+def ray_session(address: str | None, num_cpus: int | None) -> Iterator[Any]:
+    """Ray, joined at ``address`` or started locally (and shut down after) — shared by
+    ``regen --ray`` and ``run``/``grade --ray``."""
     try:
         import ray
     except ImportError as exc:
@@ -222,8 +225,17 @@ def _run_ray(jobs: list[tuple[str, Any]], address: str | None,
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_ray(jobs: list[tuple[str, Any]], address: str | None,
+             on_result: Callable[[str, Any, BaseException | None], None]) -> None:
+    with ray_session(address, 2) as ray:
         task = ray.remote(regen_task)
         refs = {task.remote(r, c): g.golden_key(r, c) for r, c in jobs}
         pending = list(refs)
@@ -234,9 +246,6 @@ def _run_ray(jobs: list[tuple[str, Any]], address: str | None,
                     on_result(refs[ref], ray.get(ref)[1], None)
                 except ray.exceptions.RayTaskError as exc:
                     on_result(refs[ref], None, exc)
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def regen(

@@ -167,17 +167,9 @@ def execute(jobs: list[Job], on_result: OnResult, *, workers: int = 0,
 
 
 def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, workers: int) -> None:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ValueError("--ray needs Ray: pip install 'specparity[ray]'") from exc
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers or None, include_dashboard=False, log_to_driver=False)
-    try:
+    from specparity.regen import ray_session
+
+    with ray_session(address, workers or None) as ray:
         task = ray.remote(run_task)
         refs = {task.remote(*job): job for job in jobs}
         pending = list(refs)
@@ -185,9 +177,6 @@ def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, work
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
                 on_result(refs[ref], ray.get(ref))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def available_runners(runners: list[str] | None) -> tuple[list[str], dict[str, str]]:
