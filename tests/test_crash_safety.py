@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from whole_files import assert_whole_files
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("SPECPARITY_CRASH_SEED", random.randrange(1 << 16)))
@@ -63,22 +64,6 @@ def _kill_when(proc: subprocess.Popen[str], ready: callable, extra_s: float, lim
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return True
-
-
-def _all_whole(root: Path) -> None:
-    from traces.validate import validate_file
-
-    for p in root.rglob("*"):
-        if not p.is_file() or p.name.startswith("."):
-            continue
-        assert p.stat().st_size > 0, f"0-byte file under a final name: {p}"
-        if p.suffix == ".jsonl":
-            assert validate_file(p) == [], p
-        elif p.suffix == ".json":
-            json.loads(p.read_text())
-    for p in root.rglob(".*.tmp"):
-        # a killed writer's temp file: hidden, never under a final name; readers skip it
-        assert p.name.startswith(".")
 
 
 def _children(pid: int) -> list[int]:
@@ -123,7 +108,7 @@ def _run_killed(tmp_path: Path, after_traces: int, extra_s: float) -> None:
             proc.kill()
             proc.wait()
     print(f"run: seed {SEED}, killed={killed} after {after_traces} traces + {extra_s:.2f} s")
-    _all_whole(out)
+    assert_whole_files(killed_writers=True, root=out)
     from reports.report import ReportError, build_report
 
     if killed and (out / "traces").exists():
@@ -137,7 +122,7 @@ def _run_killed(tmp_path: Path, after_traces: int, extra_s: float) -> None:
     from specparity.cli import main
 
     assert main(["run", *RUN_ARGS, "--out", str(out), "--quiet"]) == 0
-    _all_whole(out)
+    assert_whole_files(killed_writers=True, root=out)
     assert main(["report", str(out)]) == 0
     assert "**CONFORMS**" in (out / "report.md").read_text()
     assert not (out / ".previous-run").exists()
@@ -182,12 +167,12 @@ def _regen_killed(tmp_path: Path, extra_s: float) -> None:
         for w in left:
             os.kill(w, signal.SIGKILL)
         assert not left, f"pool workers outlived the killed regen: {left}"
-    _all_whole(gdir)
+    assert_whole_files(killed_writers=True, root=gdir)
     from specparity.regen import regen
 
     result = regen(gdir, case_glob="llama/*plain*", workers=0, progress=False)
     assert result.exit_code == 0, [o for o in result.outcomes if o.status == "error"]
-    _all_whole(gdir)
+    assert_whole_files(killed_writers=True, root=gdir)
     from specparity import goldens as g
 
     manifest = g.load_manifest(gdir)["goldens"]
@@ -219,9 +204,9 @@ def test_kill_ab_leaves_nothing_partial(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     print(f"ab: seed {SEED}, killed={killed} + {extra:.2f} s")
-    _all_whole(out)
+    assert_whole_files(killed_writers=True, root=out)
     from specparity.cli import main
 
     assert main(args) == 0  # the dead run's lock died with it
-    _all_whole(out)
+    assert_whole_files(killed_writers=True, root=out)
     assert json.loads((out / "ab.json").read_text())["kind"] == "ab"

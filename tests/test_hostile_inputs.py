@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whole_files import assert_whole_files
 
 import zoo
 from specparity.cli import main
@@ -51,21 +52,6 @@ def _one_error(err: str, *must: str) -> str:
     for m in must:
         assert m in lines[0], (m, lines[0])
     return lines[0]
-
-
-def _no_partial_files(root: Path) -> None:
-    """Every file under a final name is whole: traces validate, JSON parses, nothing 0-byte."""
-    from traces.validate import validate_file
-
-    for p in root.rglob("*"):
-        if not p.is_file() or p.name.startswith("."):
-            continue
-        assert p.stat().st_size > 0, f"0-byte file under a final name: {p}"
-        if p.suffix == ".jsonl":
-            assert validate_file(p) == [], p
-        elif p.suffix == ".json":
-            json.loads(p.read_text())
-    assert not list(root.rglob(".*.tmp")), "temp files left behind"
 
 
 @pytest.fixture(scope="module")
@@ -512,7 +498,7 @@ def test_rerun_clears_stale_rows(tiny_run: Path, tmp_path: Path, capsys: pytest.
     assert "moved to .previous-run/" in err
     assert not stale.exists() and not (d / ".previous-run").exists()
     assert "STALE-ROW" not in (d / "report.md").read_text()
-    _no_partial_files(d)
+    assert_whole_files(d)
 
 
 def _enospc(*_a: object, **_k: object) -> None:
@@ -529,7 +515,7 @@ def test_disk_full_writing_report(tiny_run: Path, tmp_path: Path, monkeypatch: p
     assert rc == 1
     _one_error(err, "No space left")
     assert (d / "report.md").read_bytes() == before
-    _no_partial_files(d)
+    assert_whole_files(d)
 
 
 def test_disk_full_during_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -551,7 +537,7 @@ def test_disk_full_during_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert rc == 1
     _one_error(err, "No space left", "free some space")
     assert not (out / "comparisons.json").exists()
-    _no_partial_files(out)
+    assert_whole_files(out)
     marker = json.loads((out / ".specparity-run.json").read_text())
     assert marker["state"] == "failed"
 
