@@ -7,7 +7,7 @@ from importlib import metadata
 from typing import Any
 
 import zoo
-from subjects.base import SubjectUnavailable
+from subjects.base import SubjectUnavailable, SubjectUnsupported
 
 
 def require_module(module: str, name: str) -> None:
@@ -63,3 +63,20 @@ class EosTokenizer:
 @cache
 def prompt_ids(prompt_id: str) -> tuple[int, ...]:
     return tuple(zoo.prompt(prompt_id).token_ids)
+
+
+def case_mode(case: Any, modes: dict[str, Any], adapter: str, *, stop: str,
+              greedy: str | None = None, single_eos: bool = False) -> Any:
+    """The adapter's mode for ``case``, or :class:`SubjectUnsupported` naming why: an
+    unknown mode/target, stop ids (``stop``: why the engine takes none), temperature > 0
+    (``greedy``: why, for a greedy-only engine), several EOS ids (``single_eos``)."""
+    mode = modes.get(case.mode)
+    if mode is None or case.target not in mode.targets:
+        raise SubjectUnsupported(f"{adapter} adapter: no mode {case.mode!r} on target {case.target!r}")
+    if case.stop_ids:
+        raise SubjectUnsupported(stop)
+    if greedy is not None and case.temperature > 0:
+        raise SubjectUnsupported(greedy)
+    if single_eos and len(eos_for(case.eos_ids)) > 1:
+        raise SubjectUnsupported("eos_id takes a single id")
+    return mode

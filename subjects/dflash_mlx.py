@@ -29,8 +29,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
+from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
 
 NAME = "dflash-mlx"
 _STOP = "stop_token_ids is the EOS list itself: no separate stop-id parameter"
@@ -96,13 +96,7 @@ def generate(case: SubjectCase) -> SubjectRun:
     from dflash_mlx.engine.events import CycleCompleteEvent, SummaryEvent, TokenEvent
     from dflash_mlx.runtime import stream_dflash_generate
 
-    mode = MODES.get(case.mode)
-    if mode is None or case.target not in mode.targets:
-        raise SubjectUnsupported(f"dflash-mlx adapter: no mode {case.mode!r} on target {case.target!r}")
-    if case.stop_ids:
-        raise SubjectUnsupported(_STOP)
-    if case.temperature > 0:
-        raise SubjectUnsupported(_GREEDY)
+    case_mode(case, MODES, "dflash-mlx", stop=_STOP, greedy=_GREEDY)
     ctx, b = _bundle(case.target, case.mode.removeprefix("verify-"))
     eos = sorted(eos_for(case.eos_ids))
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
+from subjects.base import SubjectCase, SubjectRun, timed
 
 NAME = "dfly-mlx"
 _STOP = "stop_token_ids is the EOS list itself: no separate stop-id parameter"
@@ -83,13 +83,7 @@ def generate(case: SubjectCase) -> SubjectRun:
     from dflash_mlx.runtime import stream_dflash_generate
     from dflash_mlx.runtime.context import build_offline_runtime_context
 
-    mode = MODES.get(case.mode)
-    if mode is None or case.target not in mode.targets:
-        raise SubjectUnsupported(f"dfly-mlx adapter: no mode {case.mode!r} on target {case.target!r}")
-    if case.stop_ids:
-        raise SubjectUnsupported(_STOP)
-    if case.temperature > 0:
-        raise SubjectUnsupported(_GREEDY)
+    case_mode(case, MODES, "dfly-mlx", stop=_STOP, greedy=_GREEDY)
     b = _bundle(case.target)
     ctx = build_offline_runtime_context(verify_mode="dflash")
     if hasattr(ctx.runtime, "copyspec_mode"):

@@ -30,8 +30,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
+from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
 
 NAME = "dspark-mlx"
 _NO_STOP = "generate() takes one eos_id, no stop ids"
@@ -117,16 +117,8 @@ def _loaded(target: str) -> tuple[Any, Any, Any]:
 def generate(case: SubjectCase) -> SubjectRun:
     import importlib
 
-    mode = MODES.get(case.mode)
-    if mode is None or case.target not in mode.targets:
-        raise SubjectUnsupported(f"dspark-mlx adapter: no mode {case.mode!r} on target {case.target!r}")
-    if case.stop_ids:
-        raise SubjectUnsupported(_NO_STOP)
-    if case.temperature > 0:
-        raise SubjectUnsupported(_GREEDY)
+    case_mode(case, MODES, "dspark-mlx", stop=_NO_STOP, greedy=_GREEDY, single_eos=True)
     eos = eos_for(case.eos_ids)
-    if len(eos) > 1:
-        raise SubjectUnsupported("eos_id takes a single id")
     gen_mod = importlib.import_module("dspark_mlx.generate")
     drafter, adapter, _cfg = _loaded(case.target)
     # the loaders build fresh state per load; reload so every request starts from empty caches

@@ -33,8 +33,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
+from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
 
 NAME = "mlx-lm-broomva"
 _NO_STOP = "stream_generate takes no stop ids (stop sequences live in mlx_lm.server only)"
@@ -105,11 +105,7 @@ def generate(case: SubjectCase) -> SubjectRun:
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    mode = MODES.get(case.mode)
-    if mode is None or case.target not in mode.targets:
-        raise SubjectUnsupported(f"mlx-lm-broomva adapter: no mode {case.mode!r} on target {case.target!r}")
-    if case.stop_ids:
-        raise SubjectUnsupported(_NO_STOP)
+    mode = case_mode(case, MODES, "mlx-lm-broomva", stop=_NO_STOP)
     model, tok = _load(str(zoo.model_dir(case.target)))
     ids = list(prompt_ids(case.prompt_id))
     if case.mode == "two-model":

@@ -36,8 +36,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import dist_version, eos_for, prompt_ids
-from subjects.base import SubjectCase, SubjectRun, SubjectUnavailable, SubjectUnsupported, timed
+from subjects._common import case_mode, dist_version, eos_for, prompt_ids
+from subjects.base import SubjectCase, SubjectRun, SubjectUnavailable, timed
 
 NAME = "mtplx"
 _NO_STOP = "stop_token_ids is the EOS set itself: no separate stop-id parameter"
@@ -159,11 +159,7 @@ def generate(case: SubjectCase) -> SubjectRun:
     gen = _import_generation()
     from mtplx.sampling import SamplerConfig
 
-    mode = MODES.get(case.mode)
-    if mode is None or case.target not in mode.targets:
-        raise SubjectUnsupported(f"mtplx adapter: no mode {case.mode!r} on target {case.target!r}")
-    if case.stop_ids:
-        raise SubjectUnsupported(_NO_STOP)
+    case_mode(case, MODES, "mtplx", stop=_NO_STOP)
     rt = _runtime(case.target)
     sampler = SamplerConfig(temperature=case.temperature, top_p=1.0, top_k=case.top_k)
     kw: dict[str, Any] = dict(max_tokens=case.max_tokens, sampler=sampler, seed=case.seed,

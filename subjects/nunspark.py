@@ -28,8 +28,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import dist_version, eos_for, prompt_ids, require_module
-from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
+from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
 
 NAME = "nunspark"
 _NO_STOP = "no stop-token parameter (speculative_generate takes one eos_id)"
@@ -102,16 +102,8 @@ def _oracle(case: SubjectCase, n: int) -> Any:
 def generate(case: SubjectCase) -> SubjectRun:
     from nunspark.generate import SpecStats, ngram_speculative_generate, speculative_generate
 
-    mode = MODES.get(case.mode)
-    if mode is None or case.target not in mode.targets:
-        raise SubjectUnsupported(f"nunspark adapter: no mode {case.mode!r} on target {case.target!r}")
-    if case.stop_ids:
-        raise SubjectUnsupported(_NO_STOP)
-    if case.temperature > 0:
-        raise SubjectUnsupported(_GREEDY)
+    case_mode(case, MODES, "nunspark", stop=_NO_STOP, greedy=_GREEDY, single_eos=True)
     eos = eos_for(case.eos_ids)
-    if len(eos) > 1:
-        raise SubjectUnsupported("eos_id takes a single id")
     eos_id = next(iter(eos)) if eos else None
     stats = SpecStats()
     engine = _engine(case.target)
