@@ -575,6 +575,9 @@ def diff_main(argv: Sequence[str] | None = None, witness: Witness | None = None)
     traces: list[Trace] = []
     for name in (args.a, args.b):
         errors = validate_file(name)
+        if len(errors) == 1:  # e.g. a missing file: one line, naming it
+            print(f"specparity diff: not a valid trace: {errors[0].format()}", file=sys.stderr)
+            return 2
         if errors:
             shown = "\n".join(f"  {e.format()}" for e in errors[:5])
             more = f"\n  ... and {len(errors) - 5} more" if len(errors) > 5 else ""
