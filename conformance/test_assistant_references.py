@@ -22,6 +22,7 @@ from traces.diff import diff_traces
 from traces.io import Trace
 from traces.normalize import mlx_vlm_stopping_eos, optiq_spec_budget_drafts, optiq_stopping_eos
 from traces.reference import compare_with_reference
+from traces.testing import round_samples_agree
 
 PROMPTS = ("nat-03", "nat-09", "nat-22", "rnd-15", "rnd-14")
 HEADS = ("gemma4-assistant-self", "gemma4-assistant-centroid-self", "gemma4-assistant")
@@ -246,7 +247,7 @@ def test_assistant_rounds_vs_mlx_vlm_loop(case: Case) -> None:
     print(f"\n{case.case_id}: first difference {div and div.where} drafts")
     assert div is not None and div.where.startswith("round") and div.field == "drafts", div and div.message
     assert "first differing draft" in div.message, div.message
-    assert _samples_agree(eng, ref, div.where), div.message
+    assert round_samples_agree(eng, ref, div.where), div.message
 
 
 def test_mlx_vlm_stopping_eos_normalization_can_fail() -> None:
@@ -262,12 +263,3 @@ def test_mlx_vlm_stopping_eos_normalization_can_fail() -> None:
         apply("mlx-vlm-stopping-eos", [header, {**rnd, "emitted": [7, 9]}, {**footer, "output_ids": [5, 7, 9]}])
     with pytest.raises(NotApplicable):  # stopped, but the last record did not end on EOS
         apply("mlx-vlm-stopping-eos", [header, {**rnd, "end": "budget"}, footer])
-
-
-def _samples_agree(a, b, where: str) -> bool:  # noqa: ANN001
-    """The target samples of the divergent round agree on their common prefix: the
-    difference is the drafter's alone."""
-    idx = int(where.split()[1])
-    ra = next(r for r in a.rounds if r["index"] == idx)
-    rb = next(r for r in b.rounds if r["index"] == idx)
-    return all(x == y for x, y in zip(ra["samples"], rb["samples"], strict=False))

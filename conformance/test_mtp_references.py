@@ -29,6 +29,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.conftest import require_oracle
+from traces.testing import round_samples_agree
 
 BOUND = 1e-3
 CHAIN = 3
@@ -115,7 +116,7 @@ def test_mtp_rounds_vs_mlx_vlm_native(case) -> None:  # noqa: ANN001
     if div is not None:
         assert div.where.startswith("round") and div.field == "drafts", div.message
         assert "first differing draft" in div.message, div.message
-        assert _samples_agree(eng, ref, div.where), div.message
+        assert round_samples_agree(eng, ref, div.where), div.message
 
 
 @pytest.mark.oracle
@@ -204,12 +205,3 @@ def test_mtp_draft_logit_parity_vs_mlx_vlm(head: str, pid: str) -> None:
     assert worst <= BOUND, f"{head}/{pid}: worst |dlogprob| {worst} > {BOUND}"
     assert mx.argmax(eng_chain, -1).tolist() == mx.argmax(ref_chain, -1).tolist()
     assert mx.argmax(eng_rows, -1).tolist() == mx.argmax(ref_rows, -1).tolist()
-
-
-def _samples_agree(a, b, where: str) -> bool:  # noqa: ANN001
-    """The target samples of the divergent round agree on their common prefix: the
-    difference is the drafter's alone."""
-    idx = int(where.split()[1])
-    ra = next(r for r in a.rounds if r["index"] == idx)
-    rb = next(r for r in b.rounds if r["index"] == idx)
-    return all(x == y for x, y in zip(ra["samples"], rb["samples"], strict=False))

@@ -413,3 +413,14 @@ def test_diff_main_passes_the_witness(tmp_path: Path, capsys: pytest.CaptureFixt
 
     assert diff_main([str(a), str(b)], witness=declines) == 1
     assert "logic? (eps-based, witness declined: ran elsewhere" in capsys.readouterr().out
+
+
+def test_round_samples_agree_sees_a_target_sample_difference() -> None:
+    from traces.testing import make_spec_trace, round_samples_agree
+
+    rounds = [(None, [10, 11], [10, 11, 12], 2, [10, 11, 12], "bonus")]
+    a = make_spec_trace(rounds)
+    same_samples_other_drafts = make_spec_trace([(None, [10, 9], [10, 11, 12], 1, [10, 11], "correction")])
+    other_sample = make_spec_trace([(None, [10, 11], [10, 13, 12], 1, [10, 13], "correction")])
+    assert round_samples_agree(a, same_samples_other_drafts, "round 0")
+    assert not round_samples_agree(a, other_sample, "round 0")

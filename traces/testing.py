@@ -293,3 +293,12 @@ def make_plain_trace(
 def clone(trace: Trace) -> Trace:
     """A deep copy of ``trace`` (safe to mutate)."""
     return Trace.from_records(copy.deepcopy(trace.records()), path=trace.path)
+
+
+def round_samples_agree(a: Trace, b: Trace, where: str) -> bool:
+    """Whether the target samples of round ``where`` (a divergence's ``"round N"``) agree
+    on their common prefix in both traces: a difference there is the drafter's alone."""
+    idx = int(where.split()[1])
+    ra = next(r for r in a.rounds if r["index"] == idx)
+    rb = next(r for r in b.rounds if r["index"] == idx)
+    return all(x == y for x, y in zip(ra["samples"], rb["samples"], strict=False))
