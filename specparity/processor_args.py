@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from specparity.args import positive_int
+
 
 def _bias(text: str) -> tuple[tuple[int, float], ...]:
     try:
@@ -25,28 +27,18 @@ def _bias(text: str) -> tuple[tuple[int, float], ...]:
     return out
 
 
-def _context(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def add_processor_arguments(g: argparse.ArgumentParser) -> None:
     """Add the processor flags to a command's parser."""
     p = g.add_argument_group("logits processors (mlx-lm make_logits_processors)")
     p.add_argument("--repetition-penalty", type=float, default=None,
                    help="sign-aware multiplicative penalty on tokens in the last --repetition-context-size")
-    p.add_argument("--repetition-context-size", type=_context, default=20)
+    p.add_argument("--repetition-context-size", type=positive_int, default=20)
     p.add_argument("--presence-penalty", type=float, default=None,
                    help="subtracted once from tokens present in the last --presence-context-size")
-    p.add_argument("--presence-context-size", type=_context, default=20)
+    p.add_argument("--presence-context-size", type=positive_int, default=20)
     p.add_argument("--frequency-penalty", type=float, default=None,
                    help="subtracted per occurrence in the last --frequency-context-size")
-    p.add_argument("--frequency-context-size", type=_context, default=20)
+    p.add_argument("--frequency-context-size", type=positive_int, default=20)
     p.add_argument("--logit-bias", type=_bias, default=(), metavar="ID=BIAS[,ID=BIAS...]",
                    help="additive logit bias per token id")
     p.add_argument("--processor-history", choices=("full", "last"), default="full",

@@ -40,16 +40,6 @@ def _floats(text: str) -> tuple[float, ...]:
     return vals
 
 
-def _nonneg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/latest"), help="output dir (default runs/latest)")
     z = p.add_argument_group("the zoo matrix (default)")
@@ -66,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompts: JSONL {\"id\",\"text\"} / {\"id\",\"token_ids\"} or one prompt per line")
     u.add_argument("--temps", type=_floats, default=(0.0,), help="temperatures (default 0)")
     u.add_argument("--top-p", type=a.probability, default=0.0)
-    u.add_argument("--top-k", type=_nonneg, default=0)
+    u.add_argument("--top-k", type=a.nonneg_int, default=0)
     u.add_argument("--seed", type=a.seed, default=0)
     u.add_argument("--eos-ids", type=str_list, default=None, help="EOS ids (default: the tokenizer's)")
     u.add_argument("--truncate", action="store_true",
@@ -75,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gammas", type=int_list, default=(1, 2, 3, 5), help="default 1,2,3,5")
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--runners", type=str_list, default=None, help="oracles to run (default: all available)")
-    p.add_argument("--workers", type=_nonneg, default=0,
+    p.add_argument("--workers", type=a.nonneg_int, default=0,
                    help="process-pool size (default 0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run cases on Ray (a local cluster when no ADDRESS)")
