@@ -35,7 +35,6 @@ from engine.sampler import (
     margin_array,
     margins_list,
     token_ids,
-    top2_margins,
 )
 from engine.seam import (
     PREFILL_MODES,
@@ -225,11 +224,23 @@ class _Request:
 
     def plain_step(self, inp: list[int], row: mx.array, reason: str, detail: str | None, ts: float | None) -> int:
         """Sample one token from a ``[1, V]`` row, emit it and record a ``plain`` record."""
-        y = token_ids(self.sampler.sample_plain(row, self.history))[0]
+        return self._emit_plain(inp, *self._sample_row(row), reason, detail, ts)
+
+    def _sample_row(self, row: mx.array) -> tuple[mx.array, mx.array | None]:
+        """The lazy sample and top-2 margin of a ``[1, V]`` row (read back together: one sync)."""
+        return self.sampler.sample_plain(row, self.history), margin_array(row)
+
+    def _emit_plain(
+        self, inp: list[int], y_arr: mx.array, m_arr: mx.array | None, reason: str, detail: str | None,
+        ts: float | None,
+    ) -> int:
+        mx.eval(y_arr, *([m_arr] if m_arr is not None else []))
+        y = token_ids(y_arr)[0]
+        margin = margins_list(m_arr, 1)[0]
         self.counters.record_plain()
         stop = self.stream.offer(y)
         index, self.plain_steps = self.plain_steps, self.plain_steps + 1
-        rec = _plain_record(index, inp, y, top2_margins(row)[0], stop, reason, self.caches, self.params, ts)
+        rec = _plain_record(index, inp, y, margin, stop, reason, self.caches, self.params, ts)
         if detail is not None:
             rec["detail"] = detail
         self.records.append(rec)
@@ -242,14 +253,39 @@ class _Request:
         assert last_logits is not None, "full prefill of an empty prompt"
         return self.plain_step([self.prompt_ids[-1]], last_logits[:, -1, :], "initial", None, None)
 
-    def plain_loop(self, next_input: int, reason: str, detail: str | None = None) -> None:
-        """Single-token decode until the stream stops (mlx-lm ``generate_step``)."""
+    def plain_loop(self, next_input: int, reason: str, detail: str | None = None, *, ahead: bool = False) -> None:
+        """Single-token decode until the stream stops (mlx-lm ``generate_step``).
+
+        ``ahead``: queue step t+1's forward on step t's still-lazy sample before
+        reading step t back (``generate_step``'s one-step-ahead ``async_eval``),
+        so the device never waits for the host between tokens. Taken only when
+        nothing reads the caches or the history between two steps (no logits
+        processors, no cache digests) and the caller owns the caches: after an
+        EOS or a stop the caches hold one token more, as mlx-lm's do. Tokens,
+        margins and records are the same bits either way (a test checks it).
+        """
+        ahead = ahead and self.history is None and not self.params.cache_digests
+        step: tuple[mx.array, mx.array | None] | None = None
         while not self.stream.done:
             ts = time.perf_counter()
             inp = [next_input]
-            row = self.model(mx.array(inp, mx.uint32)[None], cache=self.caches)[:, -1, :]
-            next_input = self.plain_step(inp, row, reason, detail, ts)
+            if step is None:
+                step = self._forward_row(mx.array(inp, mx.uint32))
+            queued: tuple[mx.array, mx.array | None] | None = None
+            if ahead and self.stream.left > 1:
+                queued = self._queue_next(step[0])
+            next_input = self._emit_plain(inp, *step, reason, detail, ts)
             detail = None  # only on the first record of a fallback
+            step = queued
+
+    def _queue_next(self, y_lazy: mx.array) -> tuple[mx.array, mx.array | None]:
+        """Step t+1 built on step t's lazy sample and started on the device."""
+        queued = self._forward_row(y_lazy.reshape(-1).astype(mx.uint32))
+        mx.async_eval(*[a for a in queued if a is not None])
+        return queued
+
+    def _forward_row(self, inp: mx.array) -> tuple[mx.array, mx.array | None]:
+        return self._sample_row(self.model(inp[None], cache=self.caches)[:, -1, :])
 
     def result(self, speculative: bool) -> GenerationResult:
         return GenerationResult(
@@ -338,7 +374,7 @@ def spec_generate(
         last = _prefill_chunks(target_model, caches, drained0, params.prefill_step_size or SPEC_PREFILL_STEP)
         req.prefill_record(drained0, None, None)
         nxt = req.prompt_ids[-1] if mode0 == "tail-split" else req.initial_sample(last)
-        req.plain_loop(nxt, "no-rollback", plan.reason)
+        req.plain_loop(nxt, "no-rollback", plan.reason, ahead=target_caches is None)
         return req.result(speculative=True)
 
     sampler, stream = req.sampler, req.stream
@@ -377,7 +413,7 @@ def spec_generate(
         n = min(params.gamma, stream.left)
         guard = plan.ring_guard(n) or _source_guard(source, feed, n)
         if guard is not None:
-            req.plain_loop(pending[-1], guard.split(":")[0], guard)
+            req.plain_loop(pending[-1], guard.split(":")[0], guard, ahead=target_caches is None)
             break
         lazy = _lazy_drafts(source, observer, taps, sampler)
         drafts_arr: mx.array | None = None
@@ -565,5 +601,5 @@ def plain_generate(
     last = _prefill_chunks(target_model, req.caches, drained, params.prefill_step_size or PLAIN_PREFILL_STEP)
     req.prefill_record(drained, None, None)
     nxt = req.prompt_ids[-1] if mode == "tail-split" else req.initial_sample(last)
-    req.plain_loop(nxt, "baseline")
+    req.plain_loop(nxt, "baseline", ahead=True)
     return req.result(speculative=False)
