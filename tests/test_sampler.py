@@ -9,11 +9,14 @@ request history then drafts 0..j-1. Processors come from mlx-lm's
 
 from __future__ import annotations
 
+import shutil
+
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from engine.sampler import ProcessorParams, SamplerParams, StepSampler
+from engine.sampler import ProcessorParams, SamplerParams, StepSampler, margin_array
 
 V = 16
 
@@ -109,3 +112,47 @@ def test_inactive_processors_build_nothing() -> None:
     assert not ProcessorParams(repetition_penalty=0.0, history_prompt="last").active
     # the SamplerParams shorthand still builds mlx-lm's repetition penalty
     assert StepSampler.from_params(SamplerParams(repetition_penalty=1.2)).has_processors
+
+
+# ---------------------------------------------------------------- compiled margins
+
+
+def _margin_rows() -> list[mx.array]:
+    """Blocks in the three logit dtypes with ties, NaN, +inf, -inf and knife-edge rows."""
+    rng = np.random.default_rng(5)
+    base = rng.normal(0, 4, size=(6, 1000)).astype(np.float32)
+    base[1, [3, 700]] = 50.0  # a tie for the top
+    base[2, 10] = np.nan
+    base[3, 11] = np.inf
+    base[4, :500] = -np.inf
+    base[5, 42], base[5, 43] = 9.0, np.nextafter(np.float32(9.0), np.float32(0))  # one ulp apart
+    return [mx.array(base).astype(dt) for dt in (mx.float32, mx.bfloat16, mx.float16)]
+
+
+def _first_differing_row(a: mx.array, b: mx.array) -> int | None:
+    na, nb = np.array(a), np.array(b)
+    for i in range(na.shape[0]):
+        if na[i].tobytes() != nb[i].tobytes():
+            return i
+    return None
+
+
+@pytest.mark.skipif(mx.default_device() == mx.cpu and shutil.which("g++") is None,
+                    reason="mx.compile on MLX's CPU needs a C++ compiler at run time")
+def test_compiled_margins_are_the_same_bits() -> None:
+    from engine.sampler import _margins, _margins_compiled
+
+    for block in _margin_rows():
+        x = block.astype(mx.float32)
+        assert _first_differing_row(_margins(x), _margins_compiled(x)) is None, block.dtype
+        # and the path margin_array takes on this device gives them too
+        assert _first_differing_row(_margins(x), margin_array(block)) is None
+
+
+def test_margin_comparison_sees_a_one_ulp_change() -> None:
+    from engine.sampler import _margins
+
+    x = _margin_rows()[0]
+    m = _margins(x)
+    bumped = mx.array(np.nextafter(np.array(m), np.float32(np.inf)))
+    assert _first_differing_row(m, mx.where(mx.arange(6) == 4, bumped, m)) == 4
