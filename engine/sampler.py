@@ -270,7 +270,17 @@ class StepSampler:
 
 
 def token_ids(a: mx.array) -> list[int]:
-    """A 1-D token array as Python ints (one host read)."""
+    """A token array as Python ints (one host read).
+
+    A 1-D array (every sample and draft array here) is read as it is: a
+    ``reshape`` would be a NEW lazy array, evaluated behind whatever the stream
+    holds by then — with plain decode's look-ahead that is the next step's whole
+    forward, so the host would wait for step t+1 before it could emit step t.
+    """
+    if a.ndim == 1:
+        return [int(t) for t in cast(list, a.tolist())]
+    if a.ndim == 0:
+        return [int(a.item())]
     return [int(t) for t in cast(list, a.reshape(-1).tolist())]
 
 

@@ -156,3 +156,22 @@ def test_margin_comparison_sees_a_one_ulp_change() -> None:
     m = _margins(x)
     bumped = mx.array(np.nextafter(np.array(m), np.float32(np.inf)))
     assert _first_differing_row(m, mx.where(mx.arange(6) == 4, bumped, m)) == 4
+
+
+def test_token_ids_reads_a_1d_array_without_a_new_lazy_array() -> None:
+    """A reshape before the read would be evaluated behind the work queued since (plain
+    decode's look-ahead forward): the host would wait for step t+1 to emit step t."""
+    from engine.sampler import token_ids
+
+    class OneD:
+        ndim = 1
+
+        def tolist(self) -> list[int]:
+            return [3, 1, 4]
+
+        def reshape(self, *shape: int) -> OneD:
+            raise AssertionError("token_ids made a new lazy array to read a 1-D one")
+
+    assert token_ids(OneD()) == [3, 1, 4]  # type: ignore[arg-type]
+    assert token_ids(mx.array([[2, 7]], mx.uint32)) == [2, 7]
+    assert token_ids(mx.array(5, mx.uint32)) == [5]
