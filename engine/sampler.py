@@ -280,7 +280,7 @@ def token_ids(a: mx.array) -> list[int]:
     if a.ndim == 1:
         return [int(t) for t in cast(list, a.tolist())]
     if a.ndim == 0:
-        return [int(a.item())]
+        return [int(cast(int, a.item()))]
     return [int(t) for t in cast(list, a.reshape(-1).tolist())]
 
 

@@ -112,6 +112,22 @@ def forwards_only(target: Any, drafter: Any, prompt_ids: list[int],
         trim(dc, max(n - k - 1, 0), "drafter")
 
 
+def arm_order(warm: bool, index: int) -> list[str]:
+    """The arms' order in the ``index``-th warm (or cold) pass.
+
+    Warm: all five rotated by one per warm pass. Cold: the four timed arms
+    rotated by one per COLD pass (each runs first — paying every first-sight
+    shape — in a quarter of them), then ``forwards``, which replays the engine's
+    run. (Rotating cold passes by the global block index put the engine first in
+    every cold pass whenever ``repeats + 1`` was a multiple of 4.)
+    """
+    if warm:
+        k = index % len(ARMS)
+        return [*ARMS[k:], *ARMS[:k]]
+    head, k = ARMS[:4], index % 4
+    return [*head[k:], *head[:k], "forwards"]
+
+
 def _resolve(target: str | None, drafter: str | None, size: str | None, seed: int,
              log: Callable[[str], None]) -> tuple[str, str, Path, Path]:
     from specparity.ab import resolve_drafter, resolve_target
@@ -209,14 +225,12 @@ def run_bench(
     blocks: list[dict[str, Any]] = []
     total = (repeats + 1) * len(gs) * len(prompts)
     b = 0
+    seen = {True: 0, False: 0}  # warm / cold passes so far
     # The warm passes of a (γ, prompt) follow its cold pass directly, so the shapes they time
     # are still in MLX's CUDA graph/cuDNN caches (LRU, a few hundred entries by default).
     for g, p, pas in ((g, p, pas) for g in gs for p in prompts for pas in range(repeats + 1)):
-        if pas == 0:  # cold: forwards replays the engine's run, so it goes last
-            head = ARMS[:4]
-            order = [*head[b % 4:], *head[: b % 4], "forwards"]
-        else:
-            order = [*ARMS[b % 5:], *ARMS[: b % 5]]
+        order = arm_order(pas > 0, seen[pas > 0])
+        seen[pas > 0] += 1
         row: dict[str, Any] = {"pass": pas, "warm": pas > 0, "gamma": g, "prompt_id": p.id,
                                "order": order}
         for name in order:

@@ -95,6 +95,8 @@ def test_bench_tiny_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             assert iv["low"] <= iv["median"] <= iv["high"] and iv["n"] == 2
     assert {b["pass"] for b in data["blocks"]} == {0, 1}
     assert all(b["order"][-1] == "forwards" for b in data["blocks"] if b["pass"] == 0)
+    # 4 cold passes: each timed arm first in one of them (the shape builds are not all one arm's)
+    assert len({b["order"][0] for b in data["blocks"] if b["pass"] == 0}) == 4
     assert len(data["goal"]) == 2 and "efficiency_engine γ=3" in data["ratios"]
     out = capsys.readouterr().out
     assert "## γ=2: acceptance" in out and "cold (first sight" in out
@@ -201,3 +203,12 @@ def test_an_overridden_draft_keeps_the_list_path() -> None:
     assert _lazy_drafts(sub, None, (), sub.sampler) is None
     plain = two_model.TwoModelSource(drf.model, sub.sampler, 512)
     assert _lazy_drafts(plain, None, (), sub.sampler) is not None
+
+
+def test_cold_passes_rotate_by_their_own_count() -> None:
+    from specparity.bench import ARMS, arm_order
+
+    firsts = [arm_order(False, i)[0] for i in range(4)]
+    assert sorted(firsts) == sorted(ARMS[:4])
+    assert all(arm_order(False, i)[-1] == "forwards" for i in range(8))
+    assert sorted(arm_order(True, i)[0] for i in range(5)) == sorted(ARMS)
