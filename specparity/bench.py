@@ -115,17 +115,20 @@ def forwards_only(target: Any, drafter: Any, prompt_ids: list[int],
 def arm_order(warm: bool, index: int) -> list[str]:
     """The arms' order in the ``index``-th warm (or cold) pass.
 
-    Warm: all five rotated by one per warm pass. Cold: the four timed arms
-    rotated by one per COLD pass (each runs first — paying every first-sight
-    shape — in a quarter of them), then ``forwards``, which replays the engine's
-    run. (Rotating cold passes by the global block index put the engine first in
-    every cold pass whenever ``repeats + 1`` was a multiple of 4.)
+    Warm: all five rotated by one per warm pass. Cold: over every 4 cold passes
+    each timed arm runs first once, and each of the two pairs (engine vs mlx-lm
+    speculative, engine vs mlx-lm plain) runs in each order twice — whichever
+    arm of a pair runs first pays the first-sight shape builds for both (on
+    CUDA: cuDNN attention graphs per window and cache length), so a plain
+    rotation, which puts the engine first in 3 of 4, biased the cold ratio.
+    ``forwards`` goes last: it replays the engine's run.
     """
     if warm:
         k = index % len(ARMS)
         return [*ARMS[k:], *ARMS[:k]]
-    head, k = ARMS[:4], index % 4
-    return [*head[k:], *head[:k], "forwards"]
+    es, ms, ep, mp = ARMS[:4]
+    cold = ([es, ms, ep, mp], [ms, es, mp, ep], [ep, mp, es, ms], [mp, ep, ms, es])
+    return [*cold[index % 4], "forwards"]
 
 
 def _resolve(target: str | None, drafter: str | None, size: str | None, seed: int,

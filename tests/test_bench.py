@@ -205,10 +205,13 @@ def test_an_overridden_draft_keeps_the_list_path() -> None:
     assert _lazy_drafts(plain, None, (), sub.sampler) is not None
 
 
-def test_cold_passes_rotate_by_their_own_count() -> None:
+def test_cold_passes_are_balanced() -> None:
     from specparity.bench import ARMS, arm_order
 
-    firsts = [arm_order(False, i)[0] for i in range(4)]
-    assert sorted(firsts) == sorted(ARMS[:4])
-    assert all(arm_order(False, i)[-1] == "forwards" for i in range(8))
+    cold = [arm_order(False, i) for i in range(4)]
+    assert sorted(o[0] for o in cold) == sorted(ARMS[:4])  # each timed arm first once
+    assert all(o[-1] == "forwards" and sorted(o) == sorted(ARMS) for o in cold)
+    for a, b in (("engine-spec", "mlx_lm-spec"), ("engine-plain", "mlx_lm-plain")):
+        assert sum(o.index(a) < o.index(b) for o in cold) == 2, (a, b)  # each order twice
+    assert arm_order(False, 5) == cold[1]
     assert sorted(arm_order(True, i)[0] for i in range(5)) == sorted(ARMS)
