@@ -56,6 +56,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from oracles import OracleUnavailable
+from oracles.recording import accept_walk
 from traces.records import counters_from_rounds
 
 NAME = "deepspec"
@@ -301,26 +302,8 @@ def _rebuild(
         ell = r["d"]
         d = min(ell, n)
         drafts = r["drafts"][:d]
-        samples: list[int] = []
-        emitted: list[int] = []
-        k = 0
-        end = "bonus"
-        for p in range(d + 1):
-            t = r["argmax"][p]
-            samples.append(t)
-            matched = p < d and t == drafts[p]
-            k += matched
-            if t in eos:
-                end = "eos"
-                break
-            emitted.append(t)
-            emitted_total += 1
-            if emitted_total == max_tokens:
-                end = "budget"
-                break
-            if not matched:
-                end = "correction" if p < d else "bonus"
-                break
+        samples, emitted, k, end = accept_walk(drafts, r["argmax"], eos, emitted_total, max_tokens)
+        emitted_total += len(emitted)
         if d == ell:  # nothing clipped: the rebuilt walk must be DeepSpec's own decision
             ref_k, ref_next = r["accepted"], r["next"]
             if end == "eos" and r["stop"]:

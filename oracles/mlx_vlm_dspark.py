@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from oracles import OracleUnavailable
+from oracles.recording import accept_walk
 from traces.records import counters_from_rounds
 
 NAME = "mlx_vlm_dspark"
@@ -227,22 +228,7 @@ def _rebuild(prompt_ids: list[int], first_logits: Any, walks: list[dict[str, Any
         if end0 is not None:
             break
         drafts, targets = w["drafts"], w["targets"]
-        samples, emitted, k, end = [], [], 0, "bonus"
-        for p in range(len(drafts) + 1):
-            t = targets[p]
-            samples.append(t)
-            matched = p < len(drafts) and t == drafts[p]
-            k += matched
-            if t in eos:
-                end = "eos"
-                break
-            emitted.append(t)
-            if len(out) + len(emitted) == max_tokens:
-                end = "budget"
-                break
-            if not matched:
-                end = "correction" if p < len(drafts) else "bonus"
-                break
+        samples, emitted, k, end = accept_walk(drafts, targets, eos, len(out), max_tokens)
         expected = (drafts[:k] + targets[k : k + 1])
         if end not in ("eos", "budget") and (k != w["accepted"] or w["new"] != expected):
             raise RuntimeError(f"mlx-vlm round {i}: rebuilt k={k} but its walk accepted {w['accepted']} → {w['new']}")

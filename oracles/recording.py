@@ -22,6 +22,39 @@ def top2_margins(block: Any) -> list[float]:
     return [float(m) for m in mx.abs(top[:, 0] - top[:, 1]).tolist()]
 
 
+def accept_walk(
+    drafts: list[int], targets: list[int], eos: set[int] | frozenset[int], produced: int, budget: int,
+) -> tuple[list[int], list[int], int, str]:
+    """A round record's ``samples, emitted, k_accept, end`` from a reference's greedy picks.
+
+    mlx-lm 0.32.2 ``speculative_generate_step``'s accept loop, as the runners
+    that rebuild rounds from a reference's own picks (``targets[p]``: the
+    target's pick after window position ``p``) need it: walk the window, stop
+    at an EOS (counted, never emitted), at the budget (``produced`` tokens
+    emitted before this round, ``budget`` in all), or after the first pick
+    that is not the draft (``correction``; ``bonus`` when every draft matched).
+    """
+    samples: list[int] = []
+    emitted: list[int] = []
+    k, end = 0, "bonus"
+    for p in range(len(drafts) + 1):
+        t = targets[p]
+        samples.append(t)
+        matched = p < len(drafts) and t == drafts[p]
+        k += matched
+        if t in eos:
+            end = "eos"
+            break
+        emitted.append(t)
+        if produced + len(emitted) == budget:
+            end = "budget"
+            break
+        if not matched:
+            end = "correction" if p < len(drafts) else "bonus"
+            break
+    return samples, emitted, k, end
+
+
 class CallRecorder:
     """Transparent proxy over a model that logs each forward.
 

@@ -135,6 +135,7 @@ def produce_mlx_vlm_assistant(case: Any) -> list[dict[str, Any]]:
 
     from oracles.drafts import logits_digest
     from oracles.mlx_vlm import assistant_step_logits, version
+    from oracles.recording import accept_walk
     from traces.records import counters_from_rounds
     from zoo.heads import head_dir
 
@@ -177,22 +178,7 @@ def produce_mlx_vlm_assistant(case: Any) -> list[dict[str, Any]]:
         window = [pending, *drafts]
         rows = forward(ctx + window).logits[0, -len(window):]
         argmax = [int(t) for t in mx.argmax(rows, axis=-1).tolist()]
-        samples, emitted, k, end = [], [], 0, "bonus"
-        for p in range(len(drafts) + 1):
-            t = argmax[p]
-            samples.append(t)
-            matched = p < len(drafts) and t == drafts[p]
-            k += matched
-            if t in eos:
-                end = "eos"
-                break
-            emitted.append(t)
-            if len(out) + len(emitted) == budget:
-                end = "budget"
-                break
-            if not matched:
-                end = "correction" if p < len(drafts) else "bonus"
-                break
+        samples, emitted, k, end = accept_walk(drafts, argmax, eos, len(out), budget)
         rounds.append({
             "type": "round", "index": len(rounds), "feed": list(feed), "drafts": drafts, "window": window,
             "samples": samples, "k_accept": k, "emitted": emitted, "end": end, "margins": _margins(rows),

@@ -372,3 +372,47 @@ def test_on_token_stop_mid_burst_excludes_rest() -> None:
     (only,) = rounds(r)
     assert (only["samples"], only["emitted"], only["end"]) == ([1, 2], [1, 2], "stop")
     assert (seen, r.output_ids, usage(r)) == ([1, 2], [1, 2], (2, "stop"))
+
+
+# ---------------------------------------------------------------- the references' walk
+
+
+def _rebuild(result: Any, eos: tuple[int, ...], max_tokens: int, walk: Callable[..., Any]) -> str | None:
+    """Rebuild every engine round with ``walk`` from its own picks; where the first differs."""
+    produced = 0
+    for r in rounds(result):
+        got = walk(r["drafts"], r["samples"], set(eos), produced, max_tokens)
+        want = (r["samples"], r["emitted"], r["k_accept"], r["end"])
+        if tuple(got) != want:
+            return f"round {r['index']}: rebuilt {got} != engine {want}"
+        produced += len(r["emitted"])
+    return None
+
+
+SCENARIOS = [(perfect, 3, 8, ()), (perfect, 3, 8, (CONT[1],)), (wrong_at(0), 3, 8, ()),
+             (wrong_at(2, first_round_only=False), 3, 12, ()), (wrong_at(1), 3, 8, (CONT[1],)),
+             (perfect, 2, 5, ()), (perfect, 3, 3, (CONT[3],)), (empty, 3, 4, ())]
+
+
+@pytest.mark.parametrize("i", range(len(SCENARIOS)))
+def test_reference_walk_rebuilds_the_engine_rounds(i: int) -> None:
+    """``oracles.recording.accept_walk`` (the DeepSpec, mlx-vlm DSpark and draft-golden
+    runners' walk) and the executor's walk: two codings of §2 steps 2-5, one answer."""
+    from oracles.recording import accept_walk
+
+    script, gamma, max_tokens, eos = SCENARIOS[i]
+    r, _, _ = run(script, gamma=gamma, max_tokens=max_tokens, eos=eos)
+    assert rounds(r)
+    assert _rebuild(r, eos, max_tokens, accept_walk) is None
+
+
+def test_reference_walk_check_sees_an_emitted_eos() -> None:
+    from oracles.recording import accept_walk
+
+    def leaky(drafts: list[int], targets: list[int], eos: set[int], produced: int, budget: int) -> Any:
+        samples, emitted, k, end = accept_walk(drafts, targets, eos, produced, budget)
+        return samples, emitted + samples[-1:] if end == "eos" else emitted, k, end  # emits the EOS
+
+    r, _, _ = run(perfect, gamma=3, max_tokens=8, eos=(CONT[1],))
+    msg = _rebuild(r, (CONT[1],), 8, leaky)
+    assert msg is not None and msg.startswith("round 0: rebuilt")
