@@ -92,8 +92,20 @@ def _bundle(target: str, verify_mode: str) -> tuple[Any, Any]:
     return ctx, bundle
 
 
+def summary_counters(events: list[Any]) -> tuple[dict[str, int], dict[str, Any]]:
+    """The counters and reported ids of dflash-mlx's ``SummaryEvent`` (dfly-mlx streams the same)."""
+    from dflash_mlx.engine.events import SummaryEvent
+
+    summary = next((e for e in events if isinstance(e, SummaryEvent)), None)
+    if summary is None:
+        return {}, {}
+    counters = {"generation_tokens": int(summary.generation_tokens),
+                "accepted": int(summary.accepted_from_draft), "rounds": int(summary.cycles_completed)}
+    return counters, {"reported_ids": [int(t) for t in summary.generated_token_ids]}
+
+
 def generate(case: SubjectCase) -> SubjectRun:
-    from dflash_mlx.engine.events import CycleCompleteEvent, SummaryEvent, TokenEvent
+    from dflash_mlx.engine.events import CycleCompleteEvent, TokenEvent
     from dflash_mlx.runtime import stream_dflash_generate
 
     case_mode(case, MODES, "dflash-mlx", stop=_STOP, greedy=_GREEDY)
@@ -116,15 +128,9 @@ def generate(case: SubjectCase) -> SubjectRun:
     events, wall = timed(run)
     tokens = [int(e.token_id) for e in events if isinstance(e, TokenEvent)]
     cycles = [e for e in events if isinstance(e, CycleCompleteEvent)]
-    summary = next((e for e in events if isinstance(e, SummaryEvent)), None)
     rounds = [RoundReport(drafted=max(int(c.block_len) - 1, 0), accepted=int(c.acceptance_len),
                           committed=int(c.commit_count), source=c.draft_source) for c in cycles] or None
-    counters: dict[str, int] = {}
-    extra: dict[str, Any] = {}
-    if summary is not None:
-        counters.update(generation_tokens=int(summary.generation_tokens),
-                        accepted=int(summary.accepted_from_draft), rounds=int(summary.cycles_completed))
-        extra["reported_ids"] = [int(t) for t in summary.generated_token_ids]
+    counters, extra = summary_counters(events)
     prefill = max(len(tokens) - sum(r.committed for r in rounds), 0) if rounds else 0
     return SubjectRun(stream=tokens, finish_reason=None, rounds=rounds, counters=counters, wall_s=wall,
                       prefill_tokens=min(prefill, 1), extra=extra,

@@ -29,6 +29,7 @@ import zoo
 from subjects import Mode
 from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
 from subjects.base import SubjectCase, SubjectRun, timed
+from subjects.dflash_mlx import summary_counters
 
 NAME = "dfly-mlx"
 _STOP = "stop_token_ids is the EOS list itself: no separate stop-id parameter"
@@ -79,7 +80,7 @@ def _bundle(target: str) -> Any:
 
 
 def generate(case: SubjectCase) -> SubjectRun:
-    from dflash_mlx.engine.events import SummaryEvent, TokenEvent
+    from dflash_mlx.engine.events import TokenEvent
     from dflash_mlx.runtime import stream_dflash_generate
     from dflash_mlx.runtime.context import build_offline_runtime_context
 
@@ -99,13 +100,7 @@ def generate(case: SubjectCase) -> SubjectRun:
 
     events, wall = timed(run)
     tokens = [int(e.token_id) for e in events if isinstance(e, TokenEvent)]
-    summary = next((e for e in events if isinstance(e, SummaryEvent)), None)
-    counters: dict[str, int] = {}
-    extra: dict[str, Any] = {}
-    if summary is not None:
-        counters.update(generation_tokens=int(summary.generation_tokens),
-                        accepted=int(summary.accepted_from_draft), rounds=int(summary.cycles_completed))
-        extra["reported_ids"] = [int(t) for t in summary.generated_token_ids]
+    counters, extra = summary_counters(events)
     return SubjectRun(stream=tokens, finish_reason=None, counters=counters, wall_s=wall, extra=extra,
                       hooks=["dfly_mlx.loading.load_runtime", "dflash_mlx.runtime.stream_dflash_generate "
                              "(as dfly_mlx.generate.generate calls it)"])
