@@ -64,17 +64,11 @@ def _zoo_dir(name: str) -> Path:
 
 
 def model_identity(path: Path) -> dict[str, Any]:
-    import zoo
+    """``{"path", "weights_sha256", "config_sha256"}``: one weights digest for every layout and dtype."""
+    from traces.digest import weights_digest
+    from zoo.dspark import _config_sha
 
-    if not (path / "model.safetensors").exists() or (path / "dspark.json").exists() or '"Gemma4DSparkModel"' in (path / "config.json").read_text():
-        from zoo.dspark import _config_sha, tensors_digest
-
-        return {"path": str(path), "weights_sha256": tensors_digest(path), "config_sha256": _config_sha(path)}
-    return {
-        "path": str(path),
-        "weights_sha256": zoo.weights_digest(path),
-        "config_sha256": zoo.config_digest(path),
-    }
+    return {"path": str(path), "weights_sha256": weights_digest(path), "config_sha256": _config_sha(path)}
 
 
 def tokenizer_digest(model_dir: Path) -> str | None:

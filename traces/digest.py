@@ -16,10 +16,13 @@ digest is bit-exact: equal only for identical cache contents.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["array_bytes", "cache_digest", "layer_digest", "live_state"]
+__all__ = ["array_bytes", "cache_digest", "layer_digest", "live_state", "weight_files", "weights_digest"]
 
 
 def array_bytes(a: Any) -> tuple[str, tuple[int, ...], bytes]:
@@ -39,6 +42,55 @@ def array_bytes(a: Any) -> tuple[str, tuple[int, ...], bytes]:
     flat = a.reshape(-1) if a.ndim else a.reshape(1)
     raw = np.array(flat.view(as_uint) if a.dtype != as_uint else flat, copy=True)
     return dtype, shape, raw.tobytes()
+
+
+def weight_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The ``*.safetensors`` regular files of a model dir (or ``[path]`` for one file), sorted.
+
+    Only regular files: a FIFO or a device named ``*.safetensors`` would block
+    or never end a read, so it is refused with a one-line ``ValueError``.
+    """
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"{f}: not a regular file (a weights file must be one)")
+    return files
+
+
+def weights_digest(path: str | os.PathLike[str]) -> str:
+    """Canonical sha256 of a model's weights, for every dtype and quantization MLX saves.
+
+    ``path`` is a model dir (every ``*.safetensors`` in it: single-file or
+    sharded give the same digest) or one ``.safetensors`` file. The digest
+    covers the sorted tensor names and, per tensor, ``str(dtype)`` (e.g.
+    ``mlx.core.bfloat16``), the shape as JSON and the raw little-endian bytes
+    as ``mx.load`` gives them: independent of the safetensors header layout,
+    key order and sharding. Quantized checkpoints (uint32 packed weights with
+    float scales/biases, mxfp4's uint8 scales) are hashed like any other
+    tensors. The bytes are read through an unsigned view of the same width,
+    since numpy has no bfloat16 (``np.asarray`` of a bf16 array raises
+    "'bfloat16' is not a valid PEP 3118 buffer format string"); for every other
+    dtype that view gives the same bytes ``np.asarray`` would, so the digests
+    pinned before this function existed are unchanged.
+
+    The one weights digest of the project: trace headers (``weights_sha256``),
+    the zoo manifests, the golden manifest and case ids all call it.
+    """
+    import mlx.core as mx
+
+    tensors: dict[str, Any] = {}
+    for f in weight_files(path):
+        tensors.update(mx.load(str(f)))  # type: ignore[arg-type]
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        a = tensors[name]
+        h.update(name.encode() + b"\0" + str(a.dtype).encode() + b"\0"
+                 + json.dumps([int(s) for s in a.shape]).encode() + b"\0")
+        h.update(array_bytes(a)[2])
+        del a
+        tensors[name] = None  # free each tensor once hashed (a model may not fit twice)
+    return h.hexdigest()
 
 
 def _hash_arrays(h: Any, name: str, arrays: Iterable[Any]) -> None:

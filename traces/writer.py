@@ -40,13 +40,13 @@ the ``config.json`` bytes. This module imports nothing above ``traces``.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from traces.digest import weights_digest
 from traces.io import Record, TraceWriter, write_trace
 from traces.records import counters_from_rounds, make_header
 
@@ -68,21 +68,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
 
 
 def weights_sha256(model_dir: str | os.PathLike[str]) -> str:
-    """Canonical digest of a model dir's weights (every ``*.safetensors``; needs mlx)."""
-    import mlx.core as mx
-    import numpy as np
-
-    tensors: dict[str, Any] = {}
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        tensors.update(mx.load(str(f)))  # type: ignore[arg-type]
-    h = hashlib.sha256()
-    for k in sorted(tensors):
-        a = tensors[k]
-        raw = a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
-        h.update(k.encode() + b"\0" + str(a.dtype).encode() + b"\0"
-                 + json.dumps(list(a.shape)).encode() + b"\0")
-        h.update(np.ascontiguousarray(np.asarray(raw)).tobytes())
-    return h.hexdigest()
+    """Canonical digest of a model dir's weights (``traces.digest.weights_digest``; needs mlx)."""
+    return weights_digest(model_dir)
 
 
 def model_identity(model_dir: str | os.PathLike[str], *, digests: bool = True) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from zoo import pinned
 
@@ -117,28 +117,13 @@ def pairs() -> list[tuple[str, str]]:
 
 
 def weights_digest(path: Path | str) -> str:
-    """Canonical sha256 of a model's weights.
+    """Canonical sha256 of a model's weights (``traces.digest.weights_digest``).
 
-    ``path`` is a model dir or a ``.safetensors`` file.  The digest covers the
-    sorted tensor names, dtype, shape and raw little-endian bytes, as loaded by
-    ``mx.load`` (independent of safetensors header layout / key order).
+    ``path`` is a model dir or a ``.safetensors`` file; every dtype MLX saves.
     """
-    import mlx.core as mx
-    import numpy as np
+    from traces.digest import weights_digest as digest
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / "model.safetensors"
-    tensors = cast(dict[str, Any], mx.load(str(p)))
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        a = tensors[name]
-        arr = np.ascontiguousarray(np.asarray(a))
-        h.update(name.encode() + b"\0")
-        h.update(str(a.dtype).encode() + b"\0")
-        h.update(json.dumps(list(a.shape)).encode() + b"\0")
-        h.update(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
-    return h.hexdigest()
+    return digest(path)
 
 
 def _file_sha256(p: Path) -> str:

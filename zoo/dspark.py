@@ -296,20 +296,10 @@ def write_artifact(name: str, out_dir: Path, bigrams: list[list[int]] | None = N
 
 
 def tensors_digest(path: Path | str) -> str:
-    """sha256 over sorted tensor names, dtypes, shapes and raw bytes (any dtype)."""
-    import mlx.core as mx
+    """sha256 over sorted tensor names, dtypes, shapes and raw bytes (``traces.digest.weights_digest``)."""
+    from traces.digest import weights_digest
 
-    p = Path(path)
-    h = hashlib.sha256()
-    tensors: dict[str, Any] = {}
-    for f in sorted(p.glob("*.safetensors")):
-        tensors.update(mx.load(str(f)))  # type: ignore[arg-type]
-    for k in sorted(tensors):
-        a = tensors[k]
-        raw = a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
-        h.update(k.encode() + b"\0" + str(a.dtype).encode() + b"\0" + json.dumps(list(a.shape)).encode() + b"\0")
-        h.update(np.ascontiguousarray(np.asarray(raw)).tobytes())
-    return h.hexdigest()
+    return weights_digest(path)
 
 
 def _config_sha(d: Path) -> str:
