@@ -29,12 +29,70 @@ class LoadedModel:
         return tuple(sorted(int(t) for t in self.tokenizer.eos_token_ids))
 
 
+CONFIG_INTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "intermediate_size", "max_position_embeddings", "head_dim",
+               "sliding_window")
+"""config.json keys that mlx-lm's ``ModelArgs`` read as positive integers (when present)."""
+CONFIG_FLOATS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "rope_theta")
+
+
+def check_config(data: Any, where: str | os.PathLike[str]) -> dict[str, Any]:
+    """The one check of a model's parsed ``config.json``: required keys and their types.
+
+    mlx-lm 0.32.2 (``mlx_lm/utils.py`` ``load_model``/``_get_classes``) needs
+    ``model_type`` to pick the architecture and reads the sizes below as
+    integers; a missing or mistyped one would otherwise surface as a
+    ``KeyError``/``TypeError`` deep inside the loader. Nested ``text_config``
+    (multimodal checkpoints) is checked by the same rules.
+
+    Raises:
+        ModelLoadError: naming ``where`` (the config file) and the key.
+    """
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{where}: config.json is not a JSON object")
+    nested = data.get("text_config")
+    mt = data.get("model_type")
+    if not isinstance(mt, str) or not mt.strip():
+        if mt is None:
+            raise ModelLoadError(f"{where}: no 'model_type' (mlx-lm needs it to pick the "
+                                 "architecture); not an mlx-lm model config")
+        raise ModelLoadError(f"{where}: 'model_type' must be a non-empty string, got {mt!r}")
+    for cfg, prefix in ((data, ""), (nested if isinstance(nested, dict) else {}, "text_config.")):
+        for key in CONFIG_INTS:
+            v = cfg.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ModelLoadError(f"{where}: '{prefix}{key}' must be a positive integer, "
+                                     f"got {v!r}")
+        for key in CONFIG_FLOATS:
+            v = cfg.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                                  or v != v or v in (float("inf"), float("-inf"))):
+                raise ModelLoadError(f"{where}: '{prefix}{key}' must be a finite number, got {v!r}")
+        eos = cfg.get("eos_token_id")
+        if eos is not None and not (
+                (isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0)
+                or (isinstance(eos, list) and all(isinstance(e, int) and not isinstance(e, bool)
+                                                  and e >= 0 for e in eos))):
+            raise ModelLoadError(f"{where}: '{prefix}eos_token_id' must be a token id or a list of "
+                                 f"them, got {eos!r}")
+    return data
+
+
 def check_model_dir(path: str | os.PathLike[str]) -> Path:
+    """A local model directory: ``config.json`` (checked by :func:`check_config`) + safetensors."""
+    import json
+
     p = Path(path).expanduser()
     if not p.is_dir():
         raise ModelLoadError(f"model path {str(p)!r} is not a local directory (nothing is downloaded)")
-    if not (p / "config.json").is_file():
+    cfg = p / "config.json"
+    if not cfg.is_file():
         raise ModelLoadError(f"{p}: no config.json; expected an mlx-lm model directory")
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ModelLoadError(f"{cfg}: unreadable config.json ({exc})") from None
+    check_config(data, cfg)
     if not list(p.glob("model*.safetensors")):
         raise ModelLoadError(f"{p}: no model*.safetensors; mlx-lm needs safetensors weights")
     return p

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,24 @@ from traces.io import atomic_write_bytes, atomic_write_text
 
 class ReportError(RuntimeError):
     """The report could not be built (missing or unreadable run output)."""
+
+
+class _Refused(Exception):
+    """The output directory's ``track`` refused a file (re-raised as its own error)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+def _guarded(track: Callable[[Path], Any]) -> Callable[[Path], Any]:
+    def call(p: Path) -> Any:
+        try:
+            return track(p)
+        except Exception as exc:
+            raise _Refused(exc) from exc
+
+    return call
 
 
 @dataclass
@@ -79,21 +98,27 @@ def _ab_text(res: dict[str, Any]) -> tuple[str, pd.DataFrame]:
     return head, arms
 
 
-def build_report(run_dir: Path | str) -> Report:
-    """Build ``report.md`` and ``report.html`` in ``run_dir``; raise :class:`ReportError` on failure."""
+def build_report(run_dir: Path | str, track: Callable[[Path], Any] | None = None) -> Report:
+    """Build ``report.md`` and ``report.html`` in ``run_dir``; raise :class:`ReportError` on failure.
+
+    ``track`` is called with each file's path before it is written (the output
+    directory's ownership list, ``specparity.outdir``); it may refuse by raising.
+    """
     run_dir = Path(run_dir)
     try:
         data = tables.load_run(run_dir)
     except (OSError, ValueError) as exc:
         raise ReportError(f"report: cannot read run {run_dir}: {exc}") from exc
     try:
-        return _build(run_dir, data)
+        return _build(run_dir, data, _guarded(track or (lambda p: p)))
+    except _Refused as exc:
+        raise exc.original from None
     except Exception as exc:
         raise ReportError(f"report: failed to build the report of {run_dir}: "
                           f"{type(exc).__name__}: {exc}") from exc
 
 
-def _build(run_dir: Path, data: tables.RunData) -> Report:
+def _build(run_dir: Path, data: tables.RunData, track: Callable[[Path], Any]) -> Report:
 
     by_pos = tables.acceptance_by_position(data.traces)
     lengths = tables.acceptance_lengths(data.traces)
@@ -145,7 +170,10 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
     md_lines = ["# specparity report", "", intro, ""]
     html_parts = [f"<h1>specparity report</h1><p>{_md_inline(intro)}</p>"]
     files = run_dir / "report_files"
-    files.mkdir(parents=True, exist_ok=True)
+    md_path = run_dir / "report.md"
+    html_path = run_dir / "report.html"
+    track(md_path)  # refused here, before anything is written, if not ours
+    track(html_path)
     n_png = 0
     for title, prose, body in sections:
         if title:
@@ -160,6 +188,8 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
         elif isinstance(body, bytes):
             n_png += 1
             name = f"plot{n_png}.png"
+            track(files / name)
+            files.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(files / name, body)
             md_lines += [f"![{md.text(title or name)}](report_files/{name})", ""]
             b64 = base64.b64encode(body).decode()
@@ -168,8 +198,6 @@ def _build(run_dir: Path, data: tables.RunData) -> Report:
         elif body is None and title:
             md_lines += ["_no data_", ""]
             html_parts.append("<p><em>no data</em></p>")
-    md_path = run_dir / "report.md"
-    html_path = run_dir / "report.html"
     atomic_write_text(md_path, "\n".join(md_lines) + "\n")
     atomic_write_text(html_path, _HTML.format(body="\n".join(html_parts)))
     return Report(run_dir, md_path, html_path, tau, sections, status, intro)

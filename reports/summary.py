@@ -8,6 +8,8 @@ DataFrames (the same ones the full report uses), rendered with
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from reports import md
@@ -15,8 +17,14 @@ from reports.tables import tau_table, verdict_table
 from traces.io import atomic_write_text
 
 
-def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
-    """Write ``summary.md`` into the run directory and return its text."""
+def write_summary(result: Any, traces: dict[tuple[str, str], Any],
+                  track: Callable[[Path], Any] | None = None) -> str:
+    """Write ``summary.md`` into the run directory and return its text.
+
+    The verdict: a run writes it last, after its traces, ``comparisons.json``
+    and report are on disk (``specparity.run.finish``); ``track`` registers the
+    file with the output directory before it is written.
+    """
     lines = ["# specparity run", ""]
     status = "CONFORMS" if result.ok else "DIVERGES"
     lines += [f"**{status}** — runners: {', '.join(result.runners)}; "
@@ -61,6 +69,18 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
               "are not compared."]
     text = "\n".join(lines) + "\n"
     out = result.out_dir / "summary.md"
+    if track is not None:
+        track(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)
     return text
+
+
+def incomplete_summary(why: str, kept: list[str]) -> str:
+    """The ``summary.md`` of a run that did not finish: INCOMPLETE, why, what is on disk."""
+    lines = ["# specparity run", "",
+             f"**INCOMPLETE** — {md.text(why)}; not a conformance verdict.", ""]
+    lines += [f"- kept: {md.text(k)}" for k in kept] or ["- nothing else was written"]
+    lines += ["", "`specparity report DIR` builds a report from what is here (it says INCOMPLETE); "
+              "run again for a verdict."]
+    return "\n".join(lines) + "\n"

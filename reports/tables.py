@@ -43,31 +43,37 @@ class RunData:
     state: tuple[str, str] = ("unknown", "")
 
 
-def _lock_held(run_dir: Path) -> bool:
+def _lock_holder(run_dir: Path) -> dict[str, Any] | None:
+    """The lock file's holder info (pid, command, run id) while the lock is held, else None."""
     import fcntl
     import os
 
     try:
         fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
+        try:
+            info = json.loads(os.read(fd, 1 << 16) or b"{}")
+        except ValueError:
+            info = {}
+        return info if isinstance(info, dict) else {}
     finally:
         os.close(fd)
-    return False
+    return None
 
 
 def run_state(run_dir: Path) -> tuple[str, str]:
     """``(state, detail)`` of the run that wrote ``run_dir`` from its marker.
 
-    ``complete``; ``failed`` (it raised); ``killed`` (marked running, its lock
-    no longer held: the process died); ``writing`` (another live process is
-    still writing it); ``self`` (this process is writing it: a report built
-    from inside the run); ``unknown`` (no marker: a folder of traces, or a run
-    from before markers).
+    ``complete``; ``failed`` (it raised or was interrupted); ``killed`` (marked
+    running, and the directory's lock is not held by that run: the process
+    died); ``writing`` (another live process is still writing it); ``self``
+    (this process is writing it: a report built from inside the run);
+    ``unknown`` (no marker, or a marker that only lists files other commands
+    added: a folder of traces, or a run from before markers).
     """
     import os
 
@@ -84,9 +90,13 @@ def run_state(run_dir: Path) -> tuple[str, str]:
         return "complete", who
     if state == "failed":
         return "failed", f"the run {who} failed: {m.get('error', '?')}"
-    if m.get("pid") == os.getpid() and _lock_held(run_dir):
-        return "self", who
-    if _lock_held(run_dir):
+    if state != "running":
+        return "unknown", ""
+    holder = _lock_holder(run_dir)
+    if holder is not None and holder.get("run_id", m.get("run_id")) == m.get("run_id") \
+            and holder.get("pid", m.get("pid")) == m.get("pid"):
+        if m.get("pid") == os.getpid():
+            return "self", who
         return "writing", f"the run {who} is still writing this directory"
     return "killed", f"the run {who} stopped before finishing (killed or crashed)"
 

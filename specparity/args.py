@@ -36,6 +36,14 @@ class RunFailed(RuntimeError):
     """Valid input, but the run could not complete (a model produced NaN, ...): exit 1."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by the CLI's handler (``specparity/cli.py``).
+
+    A ``KeyboardInterrupt`` so that every cleanup that runs on Ctrl-C (temp
+    files removed, locks released, run markers set to failed) runs on SIGTERM too.
+    """
+
+
 def _err(msg: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(msg)
 
@@ -173,6 +181,61 @@ def _no_nul(text: str) -> None:
         raise _err(f"{text!r}: a path cannot contain a NUL byte")
 
 
+NAME_MAX = 255
+"""Longest file-name component in bytes (Linux, macOS): a longer one is ENAMETOOLONG."""
+PATH_MAX = 4096
+"""Longest path in bytes (Linux)."""
+OUT_HEADROOM = 512
+"""Bytes an output directory leaves for what is written under it (``traces/<runner>/<stem>.jsonl``)."""
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 80 else f"{text[:40]}...{text[-30:]}"
+
+
+def user_path(text: str, *, headroom: int = 0) -> Path:
+    """The one path type: no NUL, ``~``/``~user`` expanded, lengths within the OS limits.
+
+    ``headroom``: bytes that must stay free below :data:`PATH_MAX` (an output
+    directory gets files under it). Every path flag goes through this, so an
+    unknown user or an over-long name is one usage line, never an ``OSError``
+    traceback from inside the work.
+    """
+    _no_nul(text)
+    if not text.strip():
+        raise _err("an empty path")
+    p = Path(text)
+    if text.startswith("~"):
+        try:
+            p = p.expanduser()
+        except RuntimeError:
+            raise _err(f"{_short(text)}: cannot expand {text.split('/', 1)[0]!r}: no such user "
+                       "(or no home directory)") from None
+    for part in p.parts:
+        n = len(os.fsencode(part))
+        if n > NAME_MAX:
+            raise _err(f"{_short(text)}: a path component is {n} bytes long (limit {NAME_MAX}): "
+                       f"{_short(part)}")
+    try:
+        full = len(os.fsencode(p.absolute()))
+    except OSError as exc:  # the working directory was removed
+        raise _err(f"{_short(text)}: cannot resolve ({exc.strerror})") from None
+    if full + headroom >= PATH_MAX:
+        room = f" with {headroom} bytes for the files under it" if headroom else ""
+        raise _err(f"{_short(text)}: path too long ({full} bytes{room}; limit {PATH_MAX - 1})")
+    return p
+
+
+def _stat(p: Path, text: str) -> os.stat_result | None:
+    """``os.stat`` or None when absent; any other OS error is one usage line."""
+    try:
+        return p.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _err(f"{_short(text)}: cannot access ({exc.strerror})") from None
+
+
 MAX_INPUT_BYTES = 256 << 20
 """Input files (prompts, suites) larger than this are refused, not read into memory."""
 
@@ -182,14 +245,10 @@ def readable_file(text: str) -> Path:
 
     Regular files only: ``/dev/zero`` or a FIFO would be read forever.
     """
-    _no_nul(text)
-    p = Path(text)
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise _err(f"{text}: no such file") from None
-    except OSError as exc:
-        raise _err(f"{text}: cannot access ({exc.strerror})") from None
+    p = user_path(text)
+    st = _stat(p, text)
+    if st is None:
+        raise _err(f"{text}: no such file")
     if not stat.S_ISREG(st.st_mode):
         raise _err(f"{text}: not a regular file (a device, FIFO or directory)")
     if st.st_size > MAX_INPUT_BYTES:
@@ -201,11 +260,11 @@ def readable_file(text: str) -> Path:
 
 def existing_dir(text: str) -> Path:
     """An existing, readable directory."""
-    _no_nul(text)
-    p = Path(text)
-    if not p.exists():
+    p = user_path(text)
+    st = _stat(p, text)
+    if st is None:
         raise _err(f"{text}: no such directory")
-    if not p.is_dir():
+    if not stat.S_ISDIR(st.st_mode):
         raise _err(f"{text}: not a directory")
     if not os.access(p, os.R_OK | os.X_OK):
         raise _err(f"{text}: not readable (permission denied)")
@@ -223,17 +282,22 @@ def writable_dir(text: str) -> Path:
     """An output directory that exists and is writable, or can be created.
 
     Nothing is created here; :func:`specparity.outdir.prepare_dir` creates it
-    and probes it with a real write before any work starts.
+    and probes it with a real write before any work starts, and
+    :mod:`specparity.outdir` refuses a directory holding files no specparity
+    command wrote.
     """
-    _no_nul(text)
-    p = Path(text)
-    if p.exists():
-        if not p.is_dir():
+    p = user_path(text, headroom=OUT_HEADROOM)
+    st = _stat(p, text)
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
             raise _err(f"{text}: exists and is not a directory; give a directory")
         if not os.access(p, os.W_OK | os.X_OK):
             raise _err(f"{text}: not writable (permission denied); give a writable directory")
         return p
-    base = _nearest_existing(p)
+    try:
+        base = _nearest_existing(p)
+    except OSError as exc:
+        raise _err(f"{_short(text)}: cannot access ({exc.strerror})") from None
     if not base.is_dir():
         raise _err(f"{text}: cannot be created ({base} is not a directory)")
     if not os.access(base, os.W_OK | os.X_OK):
@@ -243,14 +307,65 @@ def writable_dir(text: str) -> Path:
 
 def writable_file(text: str) -> Path:
     """An output file path whose directory is (or can be made) writable; not a directory."""
-    _no_nul(text)
-    p = Path(text)
-    if p.is_dir():
+    p = user_path(text)
+    st = _stat(p, text)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise _err(f"{text}: is a directory; give a file path")
-    if p.exists() and not os.access(p, os.W_OK):
+    if st is not None and not os.access(p, os.W_OK):
         raise _err(f"{text}: exists and is not writable")
     writable_dir(str(p.parent) if str(p.parent) else ".")
     return p
+
+
+def _first_line(p: Path, limit: int = 1 << 20) -> bytes:
+    with open(p, "rb") as fh:
+        return fh.readline(limit)
+
+
+def is_trace(p: Path) -> bool:
+    """Whether the file at ``p`` is a specparity trace (its first line a trace header)."""
+    import json
+
+    try:
+        head = json.loads(_first_line(p))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(head, dict) and head.get("type") == "header" and "schema_version" in head
+
+
+def read_small_json(p: Path, limit: int = 64 << 20) -> object:
+    """A JSON file's value, or None if it is unreadable, not JSON or larger than ``limit``."""
+    import json
+
+    try:
+        if p.stat().st_size > limit:
+            return None
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def output_file(ours: Callable[[Path], bool], what: str) -> Callable[[str], Path]:
+    """:func:`writable_file` that replaces an existing regular file only if ``ours(path)``.
+
+    A device (``/dev/null``, ``/dev/stdout``) or FIFO is written in place; a
+    regular file that specparity did not write (``ours`` is False) is refused:
+    no flag can overwrite a file the project did not write.
+    """
+
+    def parse(text: str) -> Path:
+        p = writable_file(text)
+        try:
+            st = os.stat(p)  # follows a symlink: its target is what would be replaced
+        except OSError:
+            return p
+        if stat.S_ISREG(st.st_mode) and st.st_size > 0 and not ours(p):
+            raise _err(f"{text}: exists and is not a {what} written by specparity; refusing to "
+                       "overwrite it: give a new file name")
+        return p
+
+    parse.__name__ = f"{what} file"
+    return parse
 
 
 def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
@@ -266,6 +381,12 @@ def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
     import json
 
     p = Path(path)
+    if str(p).startswith("~"):
+        try:
+            p = p.expanduser()
+        except RuntimeError:
+            raise UsageError(f"{flag} {p}: cannot expand {str(p).split('/', 1)[0]!r}: no such "
+                             "user") from None
     if not p.is_dir():
         raise UsageError(f"{flag} {p}: " + ("not a directory" if p.exists() else "no such directory"))
     cfg = p / "config.json"
@@ -275,8 +396,12 @@ def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
         raise UsageError(f"{flag} {p}: no config.json (not an mlx-lm model directory)") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{flag} {cfg}: unreadable config.json ({exc}); re-download or rebuild the model") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{flag} {cfg}: config.json is not a JSON object")
+    from engine.models import ModelLoadError, check_config
+
+    try:
+        check_config(data, cfg)
+    except ModelLoadError as exc:
+        raise UsageError(f"{flag} {exc}") from None
     for f in sorted(p.glob("*.safetensors")):
         _check_safetensors(f, flag)
     return p
@@ -315,18 +440,18 @@ def _check_safetensors(f: Path, flag: str) -> None:
 
 
 def model_dir(text: str) -> str:
-    """argparse type: :func:`check_model_dir` of a local model directory (returns ``text``)."""
-    _no_nul(text)
+    """argparse type: :func:`check_model_dir` of a local model directory (returns the path)."""
+    p = user_path(text)
     try:
-        check_model_dir(text, "")
+        check_model_dir(p, "")
     except UsageError as exc:
         raise _err(str(exc).lstrip()) from None
-    return text
+    return str(p)
 
 
 def model_ref(text: str) -> str:
     """A zoo/trained model name, or a local model directory (checked like :func:`model_dir`)."""
-    _no_nul(text)
-    if "/" in text or os.sep in text or Path(text).is_dir():
-        model_dir(text)
+    p = user_path(text)
+    if "/" in text or os.sep in text or text.startswith("~") or p.is_dir():
+        return model_dir(text)
     return text

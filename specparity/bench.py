@@ -39,7 +39,6 @@ keeps the functions with the most own time: where the host time goes.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -383,9 +382,16 @@ def bench_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_bench(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
+def write_bench(res: dict[str, Any], out: Path,
+                track: Callable[[Path], Any] | None = None) -> tuple[Path, Path]:
+    """Write ``bench.json`` and ``bench.md`` atomically (never a truncated or 0-byte file)."""
+    from traces.io import atomic_write_json, atomic_write_text
+
     out.mkdir(parents=True, exist_ok=True)
     jp, mp = out / "bench.json", out / "bench.md"
-    jp.write_text(json.dumps(res, indent=1) + "\n")
-    mp.write_text(bench_markdown(res))
+    for p in (jp, mp):
+        if track is not None:
+            track(p)
+    atomic_write_json(jp, res, nan_as_null=True)
+    atomic_write_text(mp, bench_markdown(res))
     return jp, mp

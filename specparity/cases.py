@@ -76,11 +76,32 @@ class Case:
 
     @property
     def file_stem(self) -> str:
-        return self.case_id.replace("/", "__")
+        """The case id as a file name: ``/`` -> ``__``; see :func:`file_stem`."""
+        return file_stem(self.case_id)
 
     def plain(self) -> Case:
         """The plain-decode baseline of this case."""
         return replace(self, drafter=None, gamma=0, source="two-model", draft_path=None)
+
+
+STEM_MAX_BYTES = 200
+"""Longest file stem (bytes) a case id becomes; the OS limit is 255 per name."""
+
+
+def file_stem(case_id: str) -> str:
+    """A file name for a case id: ``/`` -> ``__``; never hidden, never too long.
+
+    An id starting with ``.`` (a hidden file every reader skips) gets a ``_``
+    in front; an id longer than :data:`STEM_MAX_BYTES` bytes (ENAMETOOLONG at
+    255) is cut and made unique again by 8 hex of its SHA-256. Every other id
+    keeps its exact stem (the goldens' file names are unchanged).
+    """
+    raw = case_id.replace("/", "__")
+    stem = f"_{raw}" if raw.startswith(".") else raw
+    if len(stem.encode()) <= STEM_MAX_BYTES:
+        return stem
+    cut = stem.encode()[:STEM_MAX_BYTES - 9].decode("utf-8", "ignore")
+    return f"{cut}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"
 
 
 def model_label(path: str | Path) -> str:

@@ -12,16 +12,25 @@ exit 2; :class:`specparity.args.RunFailed` and ``OSError`` while writing
 (disk full, permission) exit 1. Anything else is a bug: one ``internal error``
 line asking for ``--debug``. ``--debug`` (or ``SPECPARITY_DEBUG=1``) re-raises
 with the full traceback.
+
+SIGTERM (and Ctrl-C) unwind like an exception (:class:`specparity.args.Terminated`
+is a ``KeyboardInterrupt``): temp files are removed, locks released, a run's
+marker and summary say it did not finish; then one line says what was
+interrupted and what was kept, and the exit status is 143 (130 for Ctrl-C),
+as a shell reports a process ended by that signal.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from typing import NoReturn
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
-from specparity.args import RunFailed, UsageError
+from specparity.args import RunFailed, Terminated, UsageError
 from specparity.commands import discover
 
 
@@ -71,12 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or one error line (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
+    except Exception as exc:  # a flag type that raised something argparse does not catch
+        if debug:
+            raise
+        code, line = _classify(exc)
+        print(f"specparity: {line}", file=sys.stderr)
+        return 2 if code == 1 and not line.startswith("internal") else code
     commands = {m.NAME: m for m in discover()}
     try:
-        return int(commands[args.command].main(args))
-    except KeyboardInterrupt:
-        print("specparity: interrupted", file=sys.stderr)
-        return 130
+        with _sigterm_raises():
+            return int(commands[args.command].main(args))
+    except KeyboardInterrupt as exc:
+        return _interrupted(args.command, exc)
     except BrokenPipeError:
         # stdout closed early (`specparity ... | head`): not an error worth a line.
         try:
@@ -90,6 +105,39 @@ def main(argv: list[str] | None = None) -> int:
         code, line = _classify(exc)
         print(f"specparity: {line}", file=sys.stderr)
         return code
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread (once; a second one kills)."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield  # someone else (a test runner, an embedding program) handles SIGTERM
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated()
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _interrupted(command: str, exc: BaseException) -> int:
+    """One line: what was interrupted, what was kept; 143 for SIGTERM, 130 for Ctrl-C."""
+    from specparity.outdir import interrupt_notes
+
+    sig, code = ("SIGTERM", 143) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+    notes = interrupt_notes()
+    kept = "; ".join(notes) if notes else "no output was written (or only whole files)"
+    print(f"specparity {command}: interrupted by {sig}; {kept}", file=sys.stderr)
+    return code
 
 
 def _classify(exc: Exception) -> tuple[int, str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.cases import Case, model_label
+from specparity.outdir import track
 from specparity.run import (
     Comparison,
     Job,
@@ -181,6 +182,7 @@ def _stem(case_id: str) -> str:
 
     raw = case_id.replace("/", "__")
     safe = "".join(c if c.isalnum() or c in "-_.+=" else "_" for c in raw)
+    safe = f"_{safe}" if safe.startswith(".") else safe  # never a hidden file
     return safe if safe == raw else f"{safe[:120]}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"
 
 
@@ -203,10 +205,10 @@ def grade(
     trace_dir = Path(trace_dir)
     out = Path(out_dir) if out_dir is not None else trace_dir / "graded"
     graded = collect(trace_dir, out)  # before claiming OUT: a bad folder leaves OUT as it was
-    from specparity.outdir import claim_run_dir
+    from specparity.run import in_run_dir
 
-    with claim_run_dir(out, "specparity grade"):
-        return _grade(graded, out, runners, workers, ray_address, progress, t0)
+    return in_run_dir(out, "specparity grade",
+                      lambda: _grade(graded, out, runners, workers, ray_address, progress, t0))
 
 
 def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: int,
@@ -219,8 +221,7 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
     traces: dict[tuple[str, str], Trace] = {}
     for g in graded:
         stem = _stem(g.case_id)
-        path = out / "traces" / "engine" / f"{stem}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = track(out / "traces" / "engine" / f"{stem}.jsonl")
         write_trace(path, _relabel(g.trace.records(), g.case_id))
         result.traces[("engine", g.case_id)] = path
         traces[("engine", g.case_id)] = g.trace
@@ -247,8 +248,7 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
                 continue
             key = "plain" if cid.endswith("#plain") else runner
             records = _relabel(payload, cid.removesuffix("#plain"))
-            path = out / "traces" / key / f"{_stem(cid.removesuffix('#plain'))}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path = track(out / "traces" / key / f"{_stem(cid.removesuffix('#plain'))}.jsonl")
             write_trace(path, records)
             result.traces[(key, cid)] = path
             traces[(key, cid)] = Trace.from_records(records)

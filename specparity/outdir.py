@@ -1,17 +1,28 @@
-"""Output directories: writability before work, one writer per directory, atomic files.
+"""Output directories: writability before work, one writer per directory, only our own files.
 
 - :func:`prepare_dir` creates an output directory and probes it with a real
   write, so an unwritable ``--out`` fails in one line before any measurement.
 - :class:`DirLock` is an exclusive ``fcntl.flock`` on ``DIR/.specparity.lock``
-  (the holder's pid and command written into it). A second writer is refused
-  with one line naming the holder; the kernel drops the lock when the holder
-  dies, even by ``kill -9``, so a crash never leaves a stale lock.
-- :func:`claim_run_dir` gives a run directory to one run: it takes the lock,
-  moves the outputs an earlier run left to ``DIR/.previous-run/`` (so no stale
-  rows reach the report; removed once the new run completes, kept if it fails)
-  and writes a marker (``.specparity-run.json``: run id, command, pid, state).
-  The state becomes ``complete`` only when the run finishes; a killed run leaves
-  ``running`` and ``specparity report`` then says INCOMPLETE.
+  (the holder's pid, command and run id written into it). A second writer is
+  refused with one line naming the holder; the kernel drops the lock when the
+  holder dies, even by ``kill -9``, so a crash never leaves a stale lock.
+- Ownership: ``DIR/.specparity-run.json`` (the marker) lists every file a
+  specparity command wrote in ``DIR`` — ``files``, the outputs of the run that
+  owns the directory, and ``added``, what other commands (``bench``, ``ab``,
+  ``record``, ...) put there. A writer registers a file (:meth:`Claim.track`)
+  *before* creating it, in the append-only journal ``DIR/.specparity-run.files``,
+  so even a ``kill -9`` leaves every file it wrote listed. Nothing that is not
+  listed is ever moved, deleted or overwritten:
+
+  * :func:`claim_output_dir` (``run``, ``grade``) owns a whole directory: it is
+    refused in one line if ``DIR`` holds any file no specparity command wrote;
+    the earlier run's listed files are moved to ``DIR/.previous-run/`` and
+    removed only once the new run completes. The last *finished* run is never
+    lost: an unfinished run's files are dropped rather than replace a finished
+    run already kept there.
+  * :func:`add_outputs` (``bench``, ``ab``, ``report``, ``regen --report``,
+    ``record --out``) writes named files into a directory that may hold anything
+    else; a file it would replace must be absent or listed.
 - Files are published with :func:`traces.io.atomic_write_text` /
   :func:`traces.io.atomic_write_json` (temp file, fsync, rename, mode
   ``0666 & ~umask``): never a 0-byte or partial file under a final name.
@@ -31,8 +42,8 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +52,39 @@ from specparity.args import UsageError
 from traces.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 __all__ = [
+    "JOURNAL",
     "LOCK_NAME",
+    "PREVIOUS",
     "RUN_MARKER",
     "Busy",
+    "Claim",
     "DirLock",
-    "RunClaim",
+    "add_outputs",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "claim_output_dir",
     "claim_run_dir",
+    "interrupt_notes",
     "prepare_dir",
+    "track",
 ]
 
 LOCK_NAME = ".specparity.lock"
+JOURNAL = ".specparity-run.files"
+"""Append-only list of the files a command is writing (``F rel`` run output, ``A rel`` added)."""
+PREVIOUS = ".previous-run"
+"""Where an earlier run's outputs wait until the new run completes (then removed)."""
+PROBE_PREFIX = ".specparity-probe-"
+BOOKKEEPING = frozenset({LOCK_NAME, RUN_MARKER, JOURNAL, PREVIOUS})
 
-RUN_OUTPUTS = ("traces", "comparisons.json", "summary.md", "report.md", "report.html", "report_files")
-"""What a ``specparity run`` writes into its directory (cleared before a new run)."""
+_NOTES: list[str] = []
+_ACTIVE: list[Claim] = []
+
+
+def interrupt_notes() -> list[str]:
+    """What the output directories of an interrupted command kept (for the CLI's one line)."""
+    return list(_NOTES)
 
 
 class Busy(UsageError):
@@ -70,7 +98,7 @@ def prepare_dir(path: Path | str, flag: str = "--out") -> Path:
         raise UsageError(f"{flag} {p}: exists and is not a directory; give a directory")
     try:
         p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".specparity-probe-{os.getpid()}"
+        probe = p / f"{PROBE_PREFIX}{os.getpid()}"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, b"probe\n")
@@ -96,10 +124,10 @@ class DirLock:
     """Exclusive, non-blocking lock on a directory (``DIR/.specparity.lock``)."""
 
     def __init__(self, directory: Path | str, command: str, *, flag: str = "--out",
-                 what: str = "output directory") -> None:
+                 what: str = "output directory", run_id: str | None = None) -> None:
         self.directory = Path(directory)
         self.path = self.directory / LOCK_NAME
-        self.command, self.flag, self.what = command, flag, what
+        self.command, self.flag, self.what, self.run_id = command, flag, what, run_id
         self._fd: int | None = None
 
     def acquire(self) -> DirLock:
@@ -119,7 +147,7 @@ class DirLock:
             if same:
                 break
             os.close(fd)  # the previous holder unlinked it between our open and flock
-        info = {"pid": os.getpid(), "command": self.command,
+        info = {"pid": os.getpid(), "command": self.command, "run_id": self.run_id,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(info).encode())
@@ -141,71 +169,309 @@ class DirLock:
         self.release()
 
 
+# ---------------------------------------------------------------- ownership
+
+
+def _read_marker(directory: Path) -> dict[str, Any] | None:
+    try:
+        m = json.loads((directory / RUN_MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError):
+        return {"state": "unreadable", "files": [], "added": []}
+    return m if isinstance(m, dict) else {"state": "unreadable", "files": [], "added": []}
+
+
+def _listed(marker: dict[str, Any] | None, directory: Path) -> tuple[set[str], set[str]]:
+    """``(run outputs, added outputs)`` the marker and the journal list (relative paths)."""
+    files: set[str] = set()
+    added: set[str] = set()
+    if marker is not None:
+        for key, into in (("files", files), ("added", added)):
+            v = marker.get(key)
+            if isinstance(v, list):
+                into.update(x for x in v if isinstance(x, str))
+    try:
+        lines = (directory / JOURNAL).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        kind, _, rel = line.partition(" ")
+        if rel:
+            (files if kind == "F" else added).add(rel)
+    return files, added
+
+
+def _inventory(directory: Path) -> list[str]:
+    """Every file (any non-directory) under ``directory`` except our bookkeeping, probe files
+    and nested specparity output directories (a folder with its own marker)."""
+    out: list[str] = []
+    for root, dirs, files in os.walk(directory):
+        here = Path(root)
+        if here != directory and (here / RUN_MARKER).exists():
+            dirs[:] = []
+            continue
+        top = here == directory
+        keep = []
+        for d in dirs:
+            if top and d in BOOKKEEPING:
+                continue
+            if (here / d).is_symlink():
+                files.append(d)  # a link to a directory is a file for us: never followed
+                continue
+            keep.append(d)
+        dirs[:] = keep
+        for f in files:
+            if top and (f in BOOKKEEPING or f.startswith(PROBE_PREFIX)):
+                continue
+            out.append((here / f).relative_to(directory).as_posix())
+    return sorted(out)
+
+
+def _ours(rel: str, listed: set[str]) -> bool:
+    """Listed, or the hidden temp file of a listed file (``.NAME.xxxx.tmp``, a killed writer's)."""
+    if rel in listed:
+        return True
+    parent, _, name = rel.rpartition("/")
+    if name.startswith(".") and name.endswith(".tmp"):
+        stem = name[1:].rsplit(".", 2)[0]
+        return (f"{parent}/{stem}" if parent else stem) in listed
+    return False
+
+
+def _foreign(directory: Path, listed: set[str]) -> list[str]:
+    return [rel for rel in _inventory(directory) if not _ours(rel, listed)]
+
+
+def _refuse_foreign(directory: Path, flag: str, foreign: list[str]) -> None:
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    raise UsageError(f"{flag} {directory}: not empty and not a specparity output directory: "
+                     f"{len(foreign)} file(s) no specparity command wrote ({shown}); nothing was "
+                     "moved or deleted: give a new or empty directory, or move them away")
+
+
+def _remove_empty_parents(directory: Path, rels: list[str]) -> None:
+    for rel in sorted(rels, key=lambda r: -r.count("/")):
+        parent = (directory / rel).parent
+        while parent != directory and directory in parent.parents:
+            try:
+                parent.rmdir()  # only an empty directory
+            except OSError:
+                break
+            parent = parent.parent
+
+
+def _previous_is_ours(prev: Path) -> bool:
+    if not (prev.exists() or prev.is_symlink()):
+        return True
+    if prev.is_symlink() or not prev.is_dir():
+        return False
+    marker = _read_marker(prev)
+    if marker is None:
+        return False
+    files, added = _listed(marker, prev)
+    return not _foreign(prev, files | added)
+
+
+def _delete_listed(directory: Path, rels: list[str]) -> None:
+    for rel in rels:
+        p = directory / rel
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+    _remove_empty_parents(directory, rels)
+
+
+def _set_aside(directory: Path, marker: dict[str, Any] | None, files: set[str],
+               flag: str) -> str | None:
+    """Move the earlier run's outputs away (see the module doc); a line saying what happened."""
+    present = [r for r in sorted(files) if (directory / r).exists() or (directory / r).is_symlink()]
+    temps = [rel for rel in _inventory(directory) if _ours(rel, files) and rel not in files]
+    if not present and not temps:
+        return None
+    prev = directory / PREVIOUS
+    finished = marker is not None and marker.get("state") == "complete"
+    prev_finished = (_read_marker(prev) or {}).get("state") == "complete" if prev.is_dir() else False
+    _delete_listed(directory, temps)
+    if not finished and prev_finished:
+        _delete_listed(directory, present)
+        return (f"the unfinished earlier run's {len(present)} file(s) removed; the last finished "
+                f"run stays in {PREVIOUS}/ until this run completes")
+    if prev.exists() or prev.is_symlink():
+        if not _previous_is_ours(prev):
+            raise UsageError(f"{flag} {directory}: {PREVIOUS}/ holds files no specparity run "
+                             "wrote; move it away")
+        shutil.rmtree(prev)
+    prev.mkdir()
+    for rel in present:
+        (prev / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(directory / rel, prev / rel)
+    old = dict(marker or {})
+    old["files"], old["added"] = present, []
+    atomic_write_json(prev / RUN_MARKER, old)
+    _remove_empty_parents(directory, present)
+    tops = sorted({r.split("/")[0] for r in present})
+    what = "earlier run's" if finished else "unfinished earlier run's"
+    return f"the {what} {', '.join(tops)} moved to {PREVIOUS}/ (removed when this run completes)"
+
+
 @dataclass
-class RunClaim:
+class Claim:
+    """A directory this process writes into; every file goes through :meth:`track` first."""
+
     directory: Path
     run_id: str
     command: str
     marker: dict[str, Any]
+    kind: str = "F"  # "F": the run's own outputs, "A": added to someone's directory
+    written: list[str] = field(default_factory=list)
+    guard_existing: bool = False
+    listed: set[str] = field(default_factory=set)
+    stage: str = "starting"
+    note: str = ""
+    recognise: Callable[[Path], bool] | None = None
 
-    def finish(self, state: str = "complete", **extra: Any) -> None:
-        self.marker.update(state=state, finished=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
+    def check(self, path: Path | str) -> Path:
+        """Refuse (one line) to replace ``path`` if it exists and no specparity command wrote it."""
+        p = Path(path)
+        rel = self._rel(p)
+        if (self.guard_existing and (p.exists() or p.is_symlink()) and rel not in self.listed
+                and rel not in self.written and not (self.recognise and self.recognise(p))):
+            raise UsageError(f"{p}: exists and was not written by specparity; refusing to "
+                             "overwrite it: move it away or choose another directory")
+        return p
+
+    def _rel(self, path: Path | str) -> str:
+        p = Path(path)
+        rel = os.path.relpath(p.absolute(), self.directory.absolute())
+        if rel == "." or rel.startswith(".."):
+            raise ValueError(f"{p} is not under the output directory {self.directory}")
+        return Path(rel).as_posix()
+
+    def track(self, path: Path | str) -> Path:
+        """Register ``path`` (under the directory) before it is written; create its parents."""
+        p = Path(path)
+        rel = self._rel(p)
+        if rel in self.written:
+            return p
+        self.check(p)
+        fd = os.open(self.directory / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, f"{self.kind} {rel}\n".encode())
+        finally:
+            os.close(fd)
+        self.written.append(rel)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def finish(self, state: str | None = "complete", **extra: Any) -> None:
+        """Write the marker: the files listed, the state (``None``: unchanged)."""
+        files, added = _listed(self.marker, self.directory)
+        self.marker["files"], self.marker["added"] = sorted(files), sorted(added - files)
+        if state is not None:
+            self.marker.update(state=state, finished=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
         atomic_write_json(self.directory / RUN_MARKER, self.marker)
+        (self.directory / JOURNAL).unlink(missing_ok=True)
 
 
-PREVIOUS = ".previous-run"
-"""Where an earlier run's outputs wait until the new run completes (then removed)."""
+def track(path: Path | str) -> Path:
+    """:meth:`Claim.track` on the innermost active claim holding ``path`` (else just mkdir)."""
+    p = Path(path)
+    for claim in reversed(_ACTIVE):
+        if claim.directory.absolute() in p.absolute().parents:
+            return claim.track(p)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
 
 
-def _set_aside(directory: Path, names: tuple[str, ...]) -> list[str]:
-    """Move an earlier run's outputs into ``DIR/.previous-run`` (replacing an older one)."""
-    present = [n for n in names if (directory / n).exists() or (directory / n).is_symlink()]
-    if not present:
-        return []
-    prev = directory / PREVIOUS
-    if prev.exists():
-        shutil.rmtree(prev)
-    prev.mkdir()
-    for name in present:
-        os.replace(directory / name, prev / name)
-    marker = directory / RUN_MARKER
-    if marker.exists():
-        os.replace(marker, prev / RUN_MARKER)
-    return present
+def set_stage(path: Path | str, stage: str) -> None:
+    """Say what the active claim of ``path`` is doing (named if it is interrupted)."""
+    p = Path(path).absolute()
+    for claim in reversed(_ACTIVE):
+        if claim.directory.absolute() == p:
+            claim.stage = stage
 
 
 @contextlib.contextmanager
-def claim_run_dir(path: Path | str, command: str, *, flag: str = "--out",
-                  outputs: tuple[str, ...] = RUN_OUTPUTS,
-                  extra: dict[str, Any] | None = None) -> Iterator[RunClaim]:
-    """Own ``path`` for one run: writable, locked, earlier outputs set aside, marker written.
+def claim_output_dir(path: Path | str, command: str, *, flag: str = "--out",
+                     extra: dict[str, Any] | None = None) -> Iterator[Claim]:
+    """Own ``path`` for one run: writable, locked, only our files in it, earlier run set aside.
 
     The marker's state is ``complete`` on a normal exit, ``failed`` when the
-    block raises, and stays ``running`` if the process is killed.
+    block raises (an interrupt too), and stays ``running`` if the process is killed.
     """
     directory = prepare_dir(path, flag)
-    with DirLock(directory, command, flag=flag, what="run directory"):
-        moved = _set_aside(directory, outputs)
-        if moved:
-            print(f"specparity: {flag} {directory}: the earlier run's {', '.join(moved)} moved to "
-                  f"{PREVIOUS}/ (removed when this run completes)", file=sys.stderr)
-        (directory / RUN_MARKER).unlink(missing_ok=True)
-        claim = RunClaim(directory, uuid.uuid4().hex[:12], command, {})
-        claim.marker = {"run_id": claim.run_id, "command": command, "pid": os.getpid(),
-                        "state": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                        **(extra or {})}
+    run_id = uuid.uuid4().hex[:12]
+    with DirLock(directory, command, flag=flag, what="run directory", run_id=run_id):
+        marker = _read_marker(directory)
+        files, added = _listed(marker, directory)
+        foreign = _foreign(directory, files | added)
+        if foreign:
+            _refuse_foreign(directory, flag, foreign)
+        note = _set_aside(directory, marker, files, flag)
+        if note:
+            print(f"specparity: {flag} {directory}: {note}", file=sys.stderr)
+        kept = sorted(r for r in added if (directory / r).exists())
+        claim = Claim(directory, run_id, command, {
+            "run_id": run_id, "command": command, "pid": os.getpid(), "state": "running",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": [], "added": kept,
+            **(extra or {})})
+        (directory / JOURNAL).unlink(missing_ok=True)
         atomic_write_json(directory / RUN_MARKER, claim.marker)
+        _ACTIVE.append(claim)
         try:
             yield claim
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 claim.finish("failed", error=f"{type(exc).__name__}: {exc}"[:500])
-            if (directory / PREVIOUS).exists():
+            kept_prev = (directory / PREVIOUS).exists()
+            _NOTES.append(f"{directory}: " + (claim.note or f"stopped while {claim.stage}; the "
+                                              "files written so far are kept, marked unfinished")
+                          + (f"; the earlier run is kept in {PREVIOUS}/" if kept_prev else ""))
+            if kept_prev and not isinstance(exc, KeyboardInterrupt):
                 print(f"specparity: {flag} {directory}: this run did not complete; the earlier "
                       f"run's outputs are kept in {directory / PREVIOUS}/", file=sys.stderr)
             raise
+        finally:
+            _ACTIVE.remove(claim)
         claim.finish("complete")
         shutil.rmtree(directory / PREVIOUS, ignore_errors=True)
+
+
+claim_run_dir = claim_output_dir
+"""The name ``run`` and ``grade`` used before the ownership rules (same function)."""
+
+
+@contextlib.contextmanager
+def add_outputs(path: Path | str, command: str, *, flag: str = "--out",
+                what: str = "output directory", run_output: bool = False,
+                create: bool = True,
+                recognise: Callable[[Path], bool] | None = None) -> Iterator[Claim]:
+    """Write some named files into a directory that may hold anything else (locked).
+
+    Each file goes through :meth:`Claim.track`, which refuses one that exists
+    and that no specparity command wrote; the files are then listed in the
+    directory's marker (as the run's outputs with ``run_output``, e.g. a
+    rebuilt report; else as added outputs that a later run keeps).
+    """
+    directory = prepare_dir(path, flag) if create else Path(path)
+    if not create and not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {directory}: not writable; give a writable directory")
+    with DirLock(directory, command, flag=flag, what=what):
+        marker = _read_marker(directory)
+        files, added = _listed(marker, directory)
+        if marker is None:
+            marker = {"command": command, "state": "outputs", "files": [], "added": []}
+        claim = Claim(directory, str(marker.get("run_id") or ""), command, marker,
+                      kind="F" if run_output else "A", guard_existing=True, listed=files | added,
+                      recognise=recognise)
+        _ACTIVE.append(claim)
+        try:
+            yield claim
+        finally:
+            _ACTIVE.remove(claim)
+            if claim.written:
+                with contextlib.suppress(OSError):
+                    claim.finish(None)
 
 
 def lock_dir(path: Path | str, command: str, *, flag: str, what: str) -> DirLock:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.cases import DEFAULT_GAMMAS, Case, pick_prompts, spec_matrix
+from specparity.outdir import set_stage, track
 from specparity.progress import Progress
 from specparity.runners import run_case, runner_supports
 from traces.diff import Divergence, diff_traces
@@ -229,19 +230,66 @@ def run(out_dir: Path, **kwargs: Any) -> RunResult:
     """:func:`run_cases` in a run directory owned by this run (``specparity.outdir``).
 
     ``out_dir`` is probed writable and locked before any case runs (a second
-    run into it is refused in one line), outputs an earlier run left there are
-    cleared, and its marker says ``complete`` only when the run finished (a
-    killed run's report says INCOMPLETE).
+    run into it is refused in one line), a directory holding files no
+    specparity command wrote is refused, the outputs of an earlier run there
+    are set aside, and its marker says ``complete`` only when the run finished
+    (a killed run's report says INCOMPLETE).
     """
-    from specparity.outdir import claim_run_dir
-
     # Bad runner names / an empty selection are refused before the directory is touched.
     available_runners(kwargs.get("runners"))
     if kwargs.get("cases") is None:
         zoo_cases(**{k: kwargs[k] for k in ("targets", "drafters", "gammas", "n_prompts",
                                             "max_tokens") if k in kwargs})
-    with claim_run_dir(out_dir, "specparity run"):
-        return run_cases(Path(out_dir), **kwargs)
+    return in_run_dir(Path(out_dir), "specparity run", lambda: run_cases(Path(out_dir), **kwargs))
+
+
+def in_run_dir(out_dir: Path, command: str, work: Callable[[], RunResult]) -> RunResult:
+    """``work()`` in ``out_dir`` claimed for one run; an unfinished run says INCOMPLETE.
+
+    Whatever stops ``work`` (an error, a full disk, SIGTERM, Ctrl-C), the
+    directory is left with no verdict it did not earn: the report this run
+    wrote is removed and ``summary.md`` says INCOMPLETE with what was kept.
+    """
+    from specparity.outdir import claim_output_dir
+
+    with claim_output_dir(out_dir, command) as claim:
+        try:
+            return work()
+        except BaseException as exc:
+            _leave_incomplete(out_dir, claim, exc)
+            raise
+
+
+def _leave_incomplete(out_dir: Path, claim: Any, exc: BaseException) -> None:
+    import contextlib
+
+    from reports.summary import incomplete_summary
+    from specparity.args import Terminated
+
+    written = set(claim.written)
+    for name in ("report.md", "report.html"):  # written from state "self": they would read CONFORMS
+        if name in written:
+            with contextlib.suppress(OSError):
+                (out_dir / name).unlink()
+    if isinstance(exc, Terminated):
+        why = "interrupted by SIGTERM"
+    elif isinstance(exc, KeyboardInterrupt):
+        why = "interrupted by Ctrl-C"
+    else:
+        why = f"stopped by {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    why += f" while {claim.stage}"
+    n = sum(1 for w in written if w.startswith("traces/"))
+    kept = [f"{n} trace(s) under traces/"] if n else []
+    if "comparisons.json" in written and (out_dir / "comparisons.json").exists():
+        kept.append("comparisons.json")
+    claim.note = f"{why}; kept {', '.join(kept) or 'nothing'}; summary.md says INCOMPLETE"
+    try:
+        claim.track(out_dir / "summary.md")
+        atomic_write_text(out_dir / "summary.md", incomplete_summary(why, kept))
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):  # never leave a verdict behind (disk full: remove it)
+            if "summary.md" in set(claim.written):
+                (out_dir / "summary.md").unlink()
 
 
 def run_cases(
@@ -284,15 +332,16 @@ def run_cases(
         if kind == "refused":
             refusals[(runner, case.case_id)] = ReferenceRefused(runner, case.case_id, payload)
         else:
-            path = out_dir / "traces" / runner / f"{case.file_stem}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path = track(out_dir / "traces" / runner / f"{case.file_stem}.jsonl")
             write_trace(path, payload)
             paths[(runner, case.case_id)] = path
             traces[(runner, case.case_id)] = Trace.from_records(payload)
         bar.update(1)
 
+    set_stage(out_dir, f"running {len(jobs)} (runner, case) jobs")
     with Progress(len(jobs), "running cases", enabled=progress) as bar:
         execute(jobs, on_result, workers=workers, ray_address=ray_address)
+    set_stage(out_dir, "comparing the traces")
     order = [(r, c.case_id) for r, c in jobs]
     result.traces = {k: paths[k] for k in order if k in paths}
     traces = {k: traces[k] for k in order if k in traces}
@@ -324,19 +373,26 @@ def run_cases(
 
 
 def finish(result: RunResult, traces: dict[tuple[str, str], Trace]) -> None:
-    """Write ``summary.md``, ``comparisons.json`` and the report of a run or a grade."""
+    """Write ``comparisons.json``, the report and, last, ``summary.md`` of a run or a grade.
+
+    The summary carries the verdict, so it is written only once everything it
+    summarises is on disk (until then it does not exist, and an interrupted
+    run leaves it INCOMPLETE: :func:`in_run_dir`).
+    """
+    from reports.report import build_report
     from reports.summary import write_summary
 
     out_dir = result.out_dir
-    write_summary(result, traces)
-    atomic_write_text(out_dir / "comparisons.json", json.dumps([
+    set_stage(out_dir, "writing comparisons.json")
+    atomic_write_text(track(out_dir / "comparisons.json"), json.dumps([
         {"kind": c.kind, "case_id": c.case_id, "level": c.level, "verdict": c.verdict,
          "fails": c.fails, "known": c.known, "message": c.message,
          "divergence": c.divergence.to_dict() if c.divergence is not None else None}
         for c in result.comparisons], indent=1))
-    from reports.report import build_report
-
-    build_report(out_dir)  # raises ReportError: a report failure fails the run
+    set_stage(out_dir, "writing the report")
+    build_report(out_dir, track=track)  # raises ReportError: a report failure fails the run
+    set_stage(out_dir, "writing the summary")
+    write_summary(result, traces, track=track)
 
 
 def case_from_id(case_id: str) -> Case:

@@ -488,13 +488,23 @@ def test_second_regen_on_locked_golden_dir_is_refused(tmp_path: Path,
 
 
 def test_rerun_clears_stale_rows(tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An earlier run's rows (listed in its marker) are set aside; a file no run wrote is refused
+    (issue 23: it is never moved or deleted), so no stale row reaches the report either way."""
     d = _copy_run(tiny_run, tmp_path / "run")
     stale = d / "traces" / "engine" / "stale__case.jsonl"
     recs = _records(_engine_trace(d, "plain"))
     recs[0]["case_id"] = "qwen3/plain/STALE-ROW/n4"
     _write_records(stale, recs)
-    rc, _, err = _cli(["run", "--targets", "llama", "--drafters", "self", "--gammas", "1",
-                       "--prompts", "1", "--max-tokens", "4", "--runners", "", "--out", d], capsys)
+    argv = ["run", "--targets", "llama", "--drafters", "self", "--gammas", "1", "--prompts", "1",
+            "--max-tokens", "4", "--runners", "", "--out", d]
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 2, err
+    _one_error(err, "stale__case.jsonl", "no specparity command wrote")
+    assert stale.exists() and "STALE-ROW" not in (d / "report.md").read_text()
+    marker = json.loads((d / ".specparity-run.json").read_text())
+    marker["files"].append("traces/engine/stale__case.jsonl")  # now the earlier run wrote it
+    (d / ".specparity-run.json").write_text(json.dumps(marker))
+    rc, _, err = _cli(argv, capsys)
     assert rc == 0, err
     assert "moved to .previous-run/" in err
     assert not stale.exists() and not (d / ".previous-run").exists()
@@ -706,7 +716,7 @@ def test_device_and_symlink_destinations_are_not_replaced(pair: tuple[Path, Path
     from traces.io import atomic_write_text
 
     real = tmp_path / "real.jsonl"
-    real.write_text("old")
+    real.write_text(json.dumps({"type": "header", "schema_version": 1}) + "\n")  # an earlier trace
     link = tmp_path / "link.jsonl"
     link.symlink_to(real)
     for dest in ("/dev/null", link):

@@ -40,9 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from specparity.ab import run_ab, write_ab
-    from specparity.outdir import lock_dir
+    from specparity.outdir import add_outputs
 
-    with lock_dir(args.out, "specparity ab", flag="--out", what="output directory"):
+    with add_outputs(args.out, "specparity ab", flag="--out") as claim:
+        for name in ("ab.json", "ab.md"):  # refused before measuring if not ours
+            claim.check(args.out / name)
         def progress(i: int, n: int) -> None:
             if i == n or i % 8 == 0:
                 print(f"ab: {i}/{n} prompts", file=sys.stderr, flush=True)
@@ -57,6 +59,8 @@ def main(args: argparse.Namespace) -> int:
         for r in v["reasons"]:
             print(f"  {r}", flush=True)
         try:
+            for name in ("ab.json", "ab.md"):
+                claim.track(args.out / name)
             jp, mp = write_ab(res, args.out)
         except OSError as exc:
             raise OSError(exc.errno, f"{exc.strerror} (the verdict above is complete; only the "

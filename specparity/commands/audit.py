@@ -16,7 +16,6 @@ Exit status 1 only for a rollback error; arithmetic is reported, never failed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-windows", action="store_true", help="print one line per window")
     p.add_argument("--rotating", choices=("guard", "exact"), default="guard",
                    help="rotating caches: guard (§2: stop at the ring wrap) or exact (audit windows past it)")
-    p.add_argument("--json", type=Path, default=None, help="write the figures and verdicts here")
+    p.add_argument("--json", type=a.output_file(_is_audit_json, "audit JSON"), default=None,
+                   help="write the figures and verdicts here (atomically; an existing file is "
+                        "replaced only if it is an earlier audit's)")
     add_device_argument(p)
+
+
+def _is_audit_json(p: Path) -> bool:
+    data = a.read_small_json(p)
+    return isinstance(data, dict) and (data.get("kind") == "audit"
+                                       or {"targets", "factor", "gamma"} <= set(data))
 
 
 def _runs(args: argparse.Namespace) -> list[tuple[str, Any, Any, list[tuple[str, list[int]]]]]:
@@ -149,10 +156,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"{fig['target']:10} {fig['windows']:>7} {fig['top1_flipped_rows']:>11} {rb['exact']:>6} "
               f"{rb['arithmetic']:>10} {rb['error']:>6} {_g(fig['rollback_bound_max']):>9}")
     if args.json:
+        from traces.io import atomic_write_json
+
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"device": device, "gamma": args.gamma, "prompts": args.prompts,
-                                         "max_tokens": args.max_tokens, "factor": ARITHMETIC_FACTOR,
-                                         "targets": figures}, indent=1) + "\n")
+        atomic_write_json(args.json, {"kind": "audit", "device": device, "gamma": args.gamma,
+                                      "prompts": args.prompts, "max_tokens": args.max_tokens,
+                                      "factor": ARITHMETIC_FACTOR, "targets": figures},
+                          nan_as_null=True)
         print(f"written {args.json}", file=sys.stderr)
     errors = [f"{fig['target']} {e}" for fig in figures for e in fig["rollback_errors"]]
     if errors:

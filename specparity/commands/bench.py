@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
 
     device = use_device(args.device)
     from specparity.bench import bench_markdown, run_bench, write_bench
-    from specparity.outdir import lock_dir
+    from specparity.outdir import add_outputs
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -65,14 +65,16 @@ def main(args: argparse.Namespace) -> int:
             log(f"bench: block {done}/{total}")
 
     log(f"bench: device {device}")
-    with lock_dir(args.out, "specparity bench", flag="--out", what="output directory"):
+    with add_outputs(args.out, "specparity bench", flag="--out") as claim:
+        for name in ("bench.json", "bench.md"):  # refused before measuring if not ours
+            claim.check(args.out / name)
         res = run_bench(args.target, args.drafter, gamma=args.gamma, gammas=args.gammas,
                         n_prompts=args.prompts, max_tokens=args.max_tokens, repeats=args.repeats,
                         size=args.size, seed=args.seed, profile=args.profile, progress=progress,
                         log=log, prompts_file=args.prompts_file)
         print(bench_markdown(res), flush=True)
         try:
-            write_bench(res, args.out)
+            write_bench(res, args.out, track=claim.track)
         except OSError as exc:
             raise OSError(exc.errno, f"{exc.strerror} (the figures above are complete; only the "
                           "files were not written)", exc.filename) from None

@@ -56,7 +56,8 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--rotating", choices=("guard", "exact"), default="guard",
                    help="rotating (sliding-window) caches: guard = stop speculating at the ring wrap "
                         "(§2, default); exact = exact rollback past the wrap (guard only where it cannot)")
-    g.add_argument("--trace", type=a.writable_file, default=None, help="write the trace (JSONL) here")
+    g.add_argument("--trace", type=a.output_file(a.is_trace, "trace"), default=None,
+                   help="write the trace (JSONL) here (an existing file only if it is a trace)")
     add_processor_arguments(g)
     add_device_argument(g)
 

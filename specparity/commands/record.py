@@ -14,6 +14,7 @@ reported with its reason and exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import sys
 from pathlib import Path
@@ -30,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runner", required=True,
                    help="reference runner: mlx_lm, optiq, hf_prompt_lookup, mlx_vlm, deepspec, engine, "
                         "or 'all' (every runner importable here)")
-    p.add_argument("--out", type=Path, default=None,
+    from specparity import args as a
+
+    p.add_argument("--out", type=a.writable_dir, default=None,
                    help="write DIR/<runner>/<case>.jsonl (default: --trace FILE, or runs/record)")
 
 
@@ -90,8 +93,6 @@ def case_from_args(args: argparse.Namespace) -> Any:
 def main(args: argparse.Namespace) -> int:
     from oracles import RUNNERS, run_availability
     from specparity.devices import use_device
-    from specparity.run import run_task
-    from traces.io import write_trace
 
     use_device(args.device)  # --device comes with generate's flags
     case = case_from_args(args)
@@ -110,6 +111,20 @@ def main(args: argparse.Namespace) -> int:
     if args.trace is not None and len(runners) > 1:
         raise ValueError("--trace names one file; with several runners use --out DIR")
     out = args.out if args.out is not None else Path("runs/record")
+    with contextlib.ExitStack() as stack:
+        claim = None
+        if args.trace is None:
+            from specparity.args import is_trace
+            from specparity.outdir import add_outputs
+
+            claim = stack.enter_context(add_outputs(out, "specparity record", recognise=is_trace))
+        return _record(args, case, runners, out, claim)
+
+
+def _record(args: argparse.Namespace, case: Any, runners: list[str], out: Path, claim: Any) -> int:
+    from specparity.run import run_task
+    from traces.io import write_trace
+
     failed = 0
     for r in runners:
         kind, payload = run_task(r, case)
@@ -117,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"{r} refused {case.case_id}: {payload}", file=sys.stderr)
             failed += 1
             continue
-        path = args.trace if args.trace is not None else out / r / f"{case.file_stem}.jsonl"
+        path = args.trace if args.trace is not None else claim.track(out / r / f"{case.file_stem}.jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_trace(path, payload)
         footer = payload[-1]

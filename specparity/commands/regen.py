@@ -41,11 +41,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.goldens import GOLDEN_DIR
-    from specparity.outdir import prepare_dir
-    from specparity.regen import drift_report, regen, write_report
+    from specparity.outdir import add_outputs
 
-    prepare_dir(args.report, "--report")  # before any golden is regenerated
+    with add_outputs(args.report, "specparity regen", flag="--report") as claim:
+        for name in ("drift.json", "drift.md"):  # refused before any golden is regenerated
+            claim.check(args.report / name)
+        return _regen(args, claim)
+
+
+def _regen(args: argparse.Namespace, claim: object) -> int:
+    from specparity.goldens import GOLDEN_DIR
+    from specparity.regen import drift_report, regen, write_report
 
     result = regen(
         args.golden_dir or GOLDEN_DIR,
@@ -57,6 +63,8 @@ def main(args: argparse.Namespace) -> int:
         ray=args.ray is not None,
         ray_address=args.ray or None,
     )
+    for name in ("drift.json", "drift.md"):
+        claim.track(args.report / name)  # type: ignore[attr-defined]
     path = write_report(result, args.report)
     print(drift_report(result), end="")
     print(f"drift report: {path}")

@@ -3,7 +3,9 @@
 DIR is a ``specparity run`` output or any folder of traces (engine, reference
 and plain, any mix). Exit status: 0 when the run CONFORMS, 1 when it diverges,
 is INCOMPLETE (killed midway, fewer comparisons than cases, or no
-comparisons at all) or cannot be read (one line naming the file).
+comparisons at all) or cannot be read (one line naming the file). An existing
+``report.md``/``report.html``/``report_files/`` that specparity did not write
+is refused (exit 2), never overwritten.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from reports.report import ReportError, build_report
+    from specparity.outdir import add_outputs
 
     try:
-        rep = build_report(Path(args.run_dir))
+        with add_outputs(args.run_dir, "specparity report", flag="report", run_output=True,
+                         create=False) as claim:
+            rep = build_report(Path(args.run_dir), track=claim.track)
     except ReportError as exc:
         print(f"specparity: error: {exc}", file=sys.stderr)
         return 1
