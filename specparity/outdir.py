@@ -366,7 +366,12 @@ class Claim:
     def finish(self, state: str | None = "complete", **extra: Any) -> None:
         """Write the marker: the files listed, the state (``None``: unchanged)."""
         files, added = _listed(self.marker, self.directory)
-        self.marker["files"], self.marker["added"] = sorted(files), sorted(added - files)
+
+        def present(rels: set[str]) -> list[str]:  # a refused or failed write lists nothing
+            return sorted(r for r in rels
+                          if (self.directory / r).exists() or (self.directory / r).is_symlink())
+
+        self.marker["files"], self.marker["added"] = present(files), present(added - files)
         if state is not None:
             self.marker.update(state=state, finished=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
         atomic_write_json(self.directory / RUN_MARKER, self.marker)
@@ -459,6 +464,7 @@ def add_outputs(path: Path | str, command: str, *, flag: str = "--out",
     with DirLock(directory, command, flag=flag, what=what):
         marker = _read_marker(directory)
         files, added = _listed(marker, directory)
+        new = marker is None
         if marker is None:
             marker = {"command": command, "state": "outputs", "files": [], "added": []}
         claim = Claim(directory, str(marker.get("run_id") or ""), command, marker,
@@ -471,7 +477,10 @@ def add_outputs(path: Path | str, command: str, *, flag: str = "--out",
             _ACTIVE.remove(claim)
             if claim.written:
                 with contextlib.suppress(OSError):
-                    claim.finish(None)
+                    if new and not any((directory / r).exists() for r in claim.written):
+                        (directory / JOURNAL).unlink(missing_ok=True)  # nothing of ours here
+                    else:
+                        claim.finish(None)
 
 
 def lock_dir(path: Path | str, command: str, *, flag: str, what: str) -> DirLock:

@@ -282,7 +282,8 @@ def _leave_incomplete(out_dir: Path, claim: Any, exc: BaseException) -> None:
     kept = [f"{n} trace(s) under traces/"] if n else []
     if "comparisons.json" in written and (out_dir / "comparisons.json").exists():
         kept.append("comparisons.json")
-    claim.note = f"{why}; kept {', '.join(kept) or 'nothing'}; summary.md says INCOMPLETE"
+    claim.note = (f"stopped while {claim.stage}; kept {', '.join(kept) or 'nothing'}; "
+                  "summary.md says INCOMPLETE")
     try:
         claim.track(out_dir / "summary.md")
         atomic_write_text(out_dir / "summary.md", incomplete_summary(why, kept))

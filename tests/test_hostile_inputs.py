@@ -809,3 +809,498 @@ def test_package_data_ignores_the_working_directory(tmp_path: Path, tiny_run: Pa
     from traces.reference import known_entries
 
     assert known_entries()
+
+
+# ================================================================ issue 23: output safety and rough edges
+# (wt/hosta) Three classes of issue 23, each input planted with its expected outcome:
+#   1. destroying what is not ours: no input deletes or overwrites a file no specparity command
+#      wrote; the last finished run survives unfinished ones; bench/audit files are atomic;
+#   2. a verdict before the work is done: summary.md is written last; a failure or a signal in
+#      the report step leaves INCOMPLETE (or nothing) and a non-zero exit;
+#   3. rough edges: SIGTERM is one line + exit 143 with locks released; over-long paths, ~user,
+#      a 2^70 seed, a bad config.json and a case id starting with "." are one usage line.
+
+HOSTILE_23: dict[str, list[str]] = {
+    "destroying what is not ours": [
+        "run --out . in a checkout (traces/ package, summary.md, report.md)",
+        "run --out DIR holding a user's notes.txt", "run --out DIR holding a user's report_files/x.png",
+        "run --out DIR whose .previous-run/ is not ours", "grade --out DIR holding user files",
+        "report DIR with a user's report.md", "report DIR with a user's report.html",
+        "bench --out DIR with a user's bench.json", "ab --out DIR with a user's ab.md",
+        "regen --report DIR with a user's drift.md", "record --out DIR with a user's file at the trace path",
+        "audit --json a user's file", "generate --trace a user's file",
+        "generate --trace a symlink to a user's file",
+        "invariant: every dir-writing command on a dir of user files (run, grade, report, bench, ab, "
+        "regen --report, record --out) leaves every byte",
+        "two unfinished runs after a finished one: the finished one is kept",
+        "a finished run replaced only once the new run completes",
+        "bench.json: a failed write leaves the old file", "audit --json: a failed write leaves no file",
+        "bench files listed, not foreign, for a later run into the same dir",
+    ],
+    "a verdict before the work is done": [
+        "planted failure in the report step", "SIGTERM in the report step", "Ctrl-C in the summary step",
+        "full disk writing summary.md", "full disk writing comparisons.json (summary absent)",
+        "SIGTERM to a real `specparity run` process (test_crash_safety)",
+    ],
+    "rough edges": [
+        "SIGTERM: run", "SIGTERM: ab", "SIGTERM: bench", "SIGTERM: regen", "SIGTERM: generate",
+        "SIGTERM: audit", "SIGTERM: grade",
+        "--out with a 300-byte component", "--out past PATH_MAX", "--trace with a 300-byte name",
+        "--json past PATH_MAX", "--report with a 300-byte component", "record --out 300-byte component",
+        "long model dir name -> case ids past 255 bytes as file names",
+        "--seed 2^70 (generate, run, bench)", "--out ~nosuchuser/x", "--target ~nosuchuser/m",
+        "--prompts-file ~nosuchuser/p", "--trace ~nosuchuser/t", "report ~nosuchuser",
+        "config.json without model_type", "config.json with a string vocab_size",
+        "config.json with vocab_size true", "config.json with a string eos_token_id",
+        "config.json with text_config.hidden_size 0", "case id starting with '.' (run)",
+        "case id starting with '.' (grade)",
+    ],
+}
+
+
+def test_catalogue_counts_issue_23() -> None:
+    counts = {k: len(v) for k, v in HOSTILE_23.items()}
+    print("issue 23 (wt/hosta):", counts, "total", sum(counts.values()))
+    assert sum(counts.values()) >= 50, counts
+
+
+RUN_TINY = ["run", "--targets", "llama", "--drafters", "self", "--gammas", "1", "--prompts", "1",
+            "--max-tokens", "4", "--runners", ""]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _user_dir(root: Path, names: list[str]) -> dict[str, bytes]:
+    """A directory of a user's files under names specparity writes; its snapshot."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names):
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"user file {i}: {name}\n")
+    return _snapshot(root)
+
+
+# ---------------------------------------------------------------- 1. destroying what is not ours
+
+
+def test_out_dot_in_a_checkout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          no_jobs: None) -> None:
+    checkout = tmp_path / "checkout"
+    before = _user_dir(checkout, ["traces/__init__.py", "traces/io.py", "summary.md", "report.md",
+                                  "comparisons.json", "report_files/logo.png", "README.md"])
+    os.chdir(checkout)
+    rc, out, err = _cli([*RUN_TINY, "--out", "."], capsys)
+    assert rc == 2, err
+    _one_error(err, "--out", "no specparity command wrote", "nothing was moved or deleted")
+    assert _snapshot(checkout) == before
+    assert not (checkout / ".previous-run").exists() and not (checkout / ".specparity-run.json").exists()
+
+
+@pytest.mark.parametrize("names", [["notes.txt"], ["report_files/x.png"], ["traces/engine/mine.jsonl"],
+                                   [".previous-run/keep.txt"]],
+                         ids=["notes.txt", "report_files/x.png", "a trace of mine", ".previous-run"])
+def test_run_into_a_finished_run_with_user_files_is_refused(
+        tiny_run: Path, tmp_path: Path, names: list[str], capsys: pytest.CaptureFixture[str],
+        no_jobs: None) -> None:
+    d = _copy_run(tiny_run, tmp_path / "run")
+    _user_dir(d, names)
+    before = _snapshot(d)
+    rc, _, err = _cli([*RUN_TINY, "--out", d], capsys)
+    assert rc == 2, err
+    _one_error(err, str(d), names[0].split("/")[0])
+    assert _snapshot(d) == before
+
+
+def test_grade_out_with_user_files_is_refused(tiny_run: Path, tmp_path: Path, no_jobs: None,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "graded"
+    before = _user_dir(out, ["summary.md", "traces/engine/x.jsonl"])
+    rc, _, err = _cli(["grade", tiny_run / "traces" / "engine", "--out", out, "--runners", ""], capsys)
+    assert rc == 2, err
+    _one_error(err, str(out), "no specparity command wrote")
+    assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize("name", ["report.md", "report.html"])
+def test_report_never_overwrites_a_users_report(tiny_run: Path, tmp_path: Path, name: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "folder"
+    d.mkdir()
+    shutil.copy(_engine_trace(tiny_run, "spec"), d / "t.jsonl")
+    before = _user_dir(d, [name])
+    rc, _, err = _cli(["report", d], capsys)
+    assert rc == 2, err
+    _one_error(err, name, "not written by specparity")
+    assert _snapshot(d) == before
+    (d / name).unlink()  # without it, the report is written and listed as ours; a re-report is fine
+    assert _cli(["report", d], capsys)[0] == 1  # INCOMPLETE: a folder without comparisons
+    assert _cli(["report", d], capsys)[0] == 1
+    assert "report.md" in json.loads((d / ".specparity-run.json").read_text())["files"]
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["bench", "--out", "{d}"], "bench.json"),
+    (["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"], "ab.md"),
+    (["regen", "--case", "nothing-matches", "--report", "{d}"], "drift.md"),
+], ids=["bench", "ab", "regen --report"])
+def test_named_outputs_never_overwrite_user_files(tmp_path: Path, argv: list[str], name: str,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  no_jobs: None) -> None:
+    d = tmp_path / "out"
+    before = _user_dir(d, [name])
+    rc, out, err = _cli([a.replace("{d}", str(d)) for a in argv], capsys)
+    assert rc == 2, err
+    _one_error(err, name, "not written by specparity")
+    assert _snapshot(d) == before
+    assert not (d / ".specparity.lock").exists(), "lock released"
+
+
+def test_record_out_never_overwrites_user_files(pair: tuple[Path, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "rec"
+    argv = ["record", "--runner", "engine", "--target", pair[0], "--prompt-ids", "5,6", "-n", "4",
+            "--out", d]
+    assert _cli(argv, capsys)[0] == 0
+    assert _cli(argv, capsys)[0] == 0, "our own trace is replaced"
+    (trace,) = (d / "engine").glob("*.jsonl")
+    user = tmp_path / "user"  # the same name in a folder of the user's
+    (user / "engine").mkdir(parents=True)
+    (user / "engine" / trace.name).write_text("my own notes\n")
+    before = _snapshot(user)
+    rc, _, err = _cli([*argv[:-1], user], capsys)
+    assert rc == 2, err
+    _one_error(err, trace.name, "not written by specparity")
+    assert _snapshot(user) == before
+
+
+@pytest.mark.parametrize("cmd", ["audit", "generate", "generate via symlink"])
+def test_single_output_files_never_overwrite_user_files(pair: tuple[Path, Path], tmp_path: Path,
+                                                         cmd: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    user = tmp_path / "mine.json"
+    user.write_text('{"my": "data"}\n')
+    dest = user
+    if cmd == "generate via symlink":
+        dest = tmp_path / "link.jsonl"
+        dest.symlink_to(user)
+    argv = (["audit", "--targets", "llama", "--prompts", "1", "--max-tokens", "4", "--json", dest]
+            if cmd == "audit" else
+            ["generate", "--target", pair[0], "--prompt-ids", "5,6", "-n", "4", "--trace", dest])
+    rc, out, err = _cli(argv, capsys)
+    assert rc == 2, err
+    _one_error(err, "--json" if cmd == "audit" else "--trace", "refusing to overwrite")
+    assert user.read_text() == '{"my": "data"}\n' and out == ""
+
+
+def test_audit_json_is_atomic_and_replaces_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    dest = tmp_path / "audit.json"
+    argv = ["audit", "--targets", "llama", "--prompts", "1", "--max-tokens", "4", "--json", dest]
+    monkeypatch.setattr(os, "fsync", _enospc)
+    rc, _, err = _cli(argv, capsys)
+    monkeypatch.undo()
+    assert rc == 1
+    _one_error(err, "No space left")
+    assert not dest.exists() and not list(tmp_path.glob(".*.tmp")), "no 0-byte or partial file"
+    assert _cli(argv, capsys)[0] == 0
+    assert json.loads(dest.read_text())["kind"] == "audit"
+    assert _cli(argv, capsys)[0] == 0, "an earlier audit's file is replaced"
+
+
+def test_bench_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specparity.bench import write_bench
+
+    res = {"kind": "bench", "target": "llama", "drafter": "twin", "gamma": 3, "n_prompts": 1,
+           "repeats": 1, "arms": [], "by_gamma": {}}
+    monkeypatch.setattr("specparity.bench.bench_markdown", lambda r: "# bench\n")
+    write_bench(res, tmp_path)
+    before = _snapshot(tmp_path)
+    monkeypatch.setattr(os, "fsync", _enospc)
+    with pytest.raises(OSError):
+        write_bench({**res, "gamma": 5}, tmp_path)
+    monkeypatch.undo()
+    assert _snapshot(tmp_path) == before, "a failed write leaves the old files whole"
+    assert_whole_files(tmp_path)
+
+
+def _interrupt_in(monkeypatch: pytest.MonkeyPatch, target: str, exc: BaseException | None = None,
+                  sig: int | None = None) -> None:
+    """Make ``target`` (module:attr) raise ``exc`` or deliver ``sig`` to this process."""
+    import signal
+
+    mod, attr = target.split(":")
+
+    def boom(*_a: object, **_k: object) -> Any:
+        if sig is not None:
+            os.kill(os.getpid(), sig)
+            signal.sigtimedwait([], 0)  # the handler has run by now (it raises)
+        raise exc  # type: ignore[misc]
+
+    monkeypatch.setattr(__import__(mod, fromlist=[attr]), attr, boom)
+
+
+def test_unfinished_runs_never_lose_the_last_finished_one(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from specparity.args import Terminated
+
+    d = tmp_path / "run"
+    assert _cli([*RUN_TINY, "--out", d], capsys)[0] == 0
+    finished = _snapshot(d)
+    finished_traces = sorted(k for k in finished if k.startswith("traces/"))
+    for n in range(2):  # two interrupted runs in a row (Terminated: as SIGTERM would)
+        with monkeypatch.context() as m:
+            _interrupt_in(m, "specparity.run:numerics_witness", Terminated())
+            rc, _, err = _cli([*RUN_TINY, "--out", d], capsys)
+        assert rc == 143, err
+        kept = d / ".previous-run"
+        assert "**CONFORMS**" in (kept / "summary.md").read_text(), f"after {n + 1} interrupted runs"
+        assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("traces/*/*.jsonl")) \
+            == finished_traces
+        assert "INCOMPLETE" in (d / "summary.md").read_text()
+    assert _cli([*RUN_TINY, "--out", d], capsys)[0] == 0
+    assert not (d / ".previous-run").exists(), "removed once a new run completed"
+    assert "**CONFORMS**" in (d / "summary.md").read_text()
+
+
+def test_every_dir_writing_command_leaves_user_files(tiny_run: Path, pair: tuple[Path, Path],
+                                                     tmp_path: Path, no_jobs: None,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The invariant: whatever a command does (refuse, fail, run), user files keep every byte."""
+    names = ["traces/engine/a.jsonl", "traces/__init__.py", "summary.md", "comparisons.json",
+             "report.md", "report.html", "report_files/plot1.png", "bench.json", "bench.md",
+             "ab.json", "ab.md", "drift.json", "drift.md", "engine/x.jsonl", ".previous-run/x",
+             "notes.txt"]
+    commands = [
+        [*RUN_TINY, "--out", "{d}"],
+        ["grade", tiny_run / "traces" / "engine", "--out", "{d}", "--runners", ""],
+        ["report", "{d}"],
+        ["bench", "--out", "{d}"],
+        ["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"],
+        ["regen", "--case", "nothing-matches", "--report", "{d}"],
+        ["record", "--runner", "engine", "--target", pair[0], "--prompt-ids", "5,6", "-n", "4",
+         "--out", "{d}"],
+    ]
+    for i, argv in enumerate(commands):
+        d = tmp_path / f"d{i}"
+        before = _user_dir(d, names)
+        rc, _, err = _cli([str(a).replace("{d}", str(d)) for a in argv], capsys)
+        assert "Traceback" not in err, err
+        after = _snapshot(d)
+        assert {k: after.get(k) for k in before} == before, (argv[0], err)
+
+
+# ---------------------------------------------------------------- 2. a verdict before the work is done
+
+
+def _verdict_state(d: Path) -> tuple[str | None, bool, str]:
+    summary = (d / "summary.md").read_text() if (d / "summary.md").exists() else None
+    marker = json.loads((d / ".specparity-run.json").read_text())
+    return summary, (d / "report.md").exists(), marker["state"]
+
+
+@pytest.mark.parametrize("where,how,rc_want", [
+    ("reports.report:_build", "error", 1),
+    ("reports.report:_build", "sigterm", 143),
+    ("reports.summary:tau_table", "ctrl-c", 130),
+    ("reports.summary:atomic_write_text", "disk full", 1),
+], ids=["failure in the report", "SIGTERM in the report", "Ctrl-C in the summary",
+        "disk full writing summary.md"])
+def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            where: str, how: str, rc_want: int,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    d = tmp_path / "run"
+    if how == "error":
+        _interrupt_in(monkeypatch, where, RuntimeError("planted report failure"))
+    elif how == "sigterm":
+        _interrupt_in(monkeypatch, where, sig=signal.SIGTERM)
+    elif how == "ctrl-c":
+        _interrupt_in(monkeypatch, where, KeyboardInterrupt())
+    else:
+        _interrupt_in(monkeypatch, where, OSError(errno.ENOSPC, "No space left on device"))
+    rc, out, err = _cli([*RUN_TINY, "--out", d], capsys)
+    monkeypatch.undo()
+    assert rc == rc_want, err
+    assert "CONFORMS" not in out
+    summary, has_report, state = _verdict_state(d)
+    assert state == "failed"
+    assert summary is None or ("INCOMPLETE" in summary and "CONFORMS" not in summary), summary
+    if how != "disk full":
+        assert summary is not None and "while writing the" in summary, summary
+    assert not has_report, "a report written from inside the run (it read CONFORMS) is removed"
+    assert (d / "comparisons.json").exists() and list(d.glob("traces/engine/*.jsonl")), "work kept"
+    assert_whole_files(d)
+    if how in ("sigterm", "ctrl-c"):
+        (line,) = [ln for ln in err.strip().splitlines() if not ln.startswith("running cases")]
+        assert "interrupted by" in line and "summary.md says INCOMPLETE" in line, line
+    rc, _, _ = _cli(["report", d], capsys)
+    assert rc == 1 and "**INCOMPLETE" in (d / "report.md").read_text()
+
+
+# ---------------------------------------------------------------- 3. rough edges
+
+
+SIGTERM_AT = [
+    ("run", [*RUN_TINY, "--out", "{d}"], "specparity.run:run_cases"),
+    ("ab", ["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"],
+     "specparity.ab:run_ab"),
+    ("bench", ["bench", "--out", "{d}"], "specparity.bench:run_bench"),
+    ("regen", ["regen", "--golden-dir", "{d}", "--case", "x", "--report", "{d}/rep"],
+     "specparity.regen:_regen"),
+    ("generate", ["generate", "--target", "{t}", "--prompt-ids", "5,6", "-n", "4", "--trace",
+                  "{d}/t.jsonl"], "engine.executor:plain_generate"),
+    ("audit", ["audit", "--targets", "llama", "--prompts", "1", "--max-tokens", "4", "--json",
+               "{d}/a.json"], "specparity.commands.audit:target_figures"),
+    ("grade", ["grade", "{run}/traces/engine", "--out", "{d}", "--runners", ""],
+     "specparity.grade:_grade"),
+]
+
+
+@pytest.mark.parametrize("name,argv,where", SIGTERM_AT, ids=[s[0] for s in SIGTERM_AT])
+def test_sigterm_is_one_line_and_143(tiny_run: Path, pair: tuple[Path, Path], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch, name: str, argv: list[str],
+                                     where: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    d = tmp_path / "out"
+    _interrupt_in(monkeypatch, where, sig=signal.SIGTERM)
+    argv = [str(a).replace("{d}", str(d)).replace("{t}", str(pair[0])).replace("{run}", str(tiny_run))
+            for a in argv]
+    rc, _, err = _cli(argv, capsys)
+    monkeypatch.undo()
+    assert rc == 143, err
+    lines = [ln for ln in err.splitlines()
+             if ln.strip() and not ln.startswith(("device", "bench:", "running cases", "grading"))]
+    assert len(lines) == 1 and f"specparity {name}: interrupted by SIGTERM" in lines[0], err
+    assert "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "handler restored"
+    if d.exists():
+        assert not list(d.rglob(".specparity.lock")), "lock released"
+        assert_whole_files(d)
+        for marker in d.rglob(".specparity-run.json"):
+            assert json.loads(marker.read_text())["state"] != "running"
+    assert not (d / "t.jsonl").exists() and not (d / "a.json").exists()
+
+
+LONG = "x" * 300
+
+
+@pytest.mark.parametrize("argv,flag", [
+    ([*RUN_TINY, "--out", f"{LONG}/run"], "--out"),
+    ([*RUN_TINY, "--out", "/".join(["y" * 200] * 21)], "--out"),
+    (["generate", "--target", "{t}", "--prompt-ids", "5", "-n", "2", "--trace", f"{LONG}.jsonl"],
+     "--trace"),
+    (["audit", "--targets", "llama", "--json", "/".join(["z" * 200] * 21) + ".json"], "--json"),
+    (["regen", "--case", "x", "--report", f"r/{LONG}"], "--report"),
+    (["record", "--runner", "engine", "--target", "{t}", "--prompt-ids", "5", "-n", "2", "--out",
+      f"{LONG}"], "--out"),
+    (["bench", "--out", f"{LONG}"], "--out"),
+    (["grade", ".", "--out", f"{LONG}"], "--out"),
+], ids=["run --out component", "run --out PATH_MAX", "generate --trace", "audit --json",
+        "regen --report", "record --out", "bench --out", "grade --out"])
+def test_over_long_paths_are_one_line(pair: tuple[Path, Path], argv: list[str], flag: str,
+                                      capsys: pytest.CaptureFixture[str], no_jobs: None) -> None:
+    rc, _, err = _cli([a.replace("{t}", str(pair[0])) for a in argv], capsys)
+    assert rc == 2, err
+    _one_error(err, flag, "long")
+
+
+def test_long_case_ids_become_short_file_names(pair: tuple[Path, Path], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from specparity.cases import STEM_MAX_BYTES, file_stem
+
+    model = tmp_path / ("m" * 250)
+    shutil.copytree(pair[0], model)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("ba de fi\n")
+    d = tmp_path / "run"
+    rc, _, err = _cli(["run", "--target", model, "--prompts-file", prompts, "--max-tokens", "4",
+                       "--runners", "", "--out", d, "--quiet"], capsys)
+    assert rc == 0, err
+    (trace,) = (d / "traces" / "engine").glob("*.jsonl")
+    assert len(trace.stem.encode()) <= STEM_MAX_BYTES and "m" * 150 in trace.stem
+    assert file_stem("a" * 300) != file_stem("a" * 299 + "b"), "cut ids stay distinct"
+    assert file_stem("llama/twin/nat-00/g1/n4") == "llama__twin__nat-00__g1__n4", "short ids unchanged"
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["generate", "--target", "{t}", "--prompt-ids", "5", "-n", "2", "--seed", str(2**70)], "--seed"),
+    ([*RUN_TINY, "--seed", str(2**70)], "--seed"),
+    (["bench", "--size", "tiny", "--seed", str(2**70)], "--seed"),
+    ([*RUN_TINY, "--out", "~nosuchuser-23/x"], "no such user"),
+    (["generate", "--target", "~nosuchuser-23/m", "--prompt-ids", "5"], "no such user"),
+    (["run", "--target", "{t}", "--prompts-file", "~nosuchuser-23/p"], "no such user"),
+    (["generate", "--target", "{t}", "--prompt-ids", "5", "--trace", "~nosuchuser-23/t"],
+     "no such user"),
+    (["report", "~nosuchuser-23"], "no such user"),
+], ids=["generate --seed 2^70", "run --seed 2^70", "bench --seed 2^70", "--out ~nosuchuser",
+        "--target ~nosuchuser", "--prompts-file ~nosuchuser", "--trace ~nosuchuser",
+        "report ~nosuchuser"])
+def test_seed_and_home_paths_are_one_line(pair: tuple[Path, Path], argv: list[str], flag: str,
+                                          capsys: pytest.CaptureFixture[str], no_jobs: None) -> None:
+    rc, out, err = _cli([a.replace("{t}", str(pair[0])) for a in argv], capsys)
+    assert rc == 2, err
+    _one_error(err, flag)
+    assert not Path("~nosuchuser-23").exists(), "no literal '~user' directory created"
+
+
+@pytest.mark.parametrize("edit,key", [
+    (lambda c: c.pop("model_type"), "model_type"),
+    (lambda c: c.update(vocab_size=str(c["vocab_size"])), "vocab_size"),
+    (lambda c: c.update(vocab_size=True), "vocab_size"),
+    (lambda c: c.update(eos_token_id="two"), "eos_token_id"),
+    (lambda c: c.update(text_config={"hidden_size": 0}), "text_config.hidden_size"),
+], ids=["no model_type", "string vocab_size", "vocab_size true", "string eos_token_id",
+        "text_config.hidden_size 0"])
+def test_bad_config_json_is_one_line(pair: tuple[Path, Path], tmp_path: Path, edit: Callable[..., Any],
+                                     key: str, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "model"
+    shutil.copytree(pair[0], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    edit(cfg)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("ba de\n")
+    for argv in (["generate", "--target", bad, "-n", "2", "--prompt-ids", "5"],
+                 ["generate", "--target", pair[0], "--draft", bad, "-n", "2", "--prompt-ids", "5"],
+                 ["run", "--target", bad, "--prompts-file", prompts, "--max-tokens", "2"],
+                 ["audit", "--target", bad, "--prompts", "1"]):
+        rc, _, err = _cli(argv, capsys)
+        assert rc == 2, (argv, err)
+        _one_error(err, "config.json", key)
+    from engine.models import ModelLoadError, check_model_dir
+
+    with pytest.raises(ModelLoadError, match=key):
+        check_model_dir(bad)
+
+
+def test_case_ids_starting_with_a_dot_are_not_hidden(pair: tuple[Path, Path], tiny_run: Path,
+                                                     tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / ".hidden-model"
+    shutil.copytree(pair[0], model)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("ba de fi\n")
+    d = tmp_path / "run"
+    rc, _, err = _cli(["run", "--target", model, "--draft", pair[1], "--prompts-file", prompts,
+                       "--max-tokens", "4", "--gammas", "1", "--runners", "", "--out", d, "--quiet"],
+                      capsys)
+    assert rc == 0, err
+    traces = list((d / "traces" / "engine").iterdir())
+    assert len(traces) == 2 and not any(p.name.startswith(".") for p in traces), traces
+    assert "**CONFORMS**" in (d / "report.md").read_text()
+    folder = tmp_path / "engine-traces"
+    folder.mkdir()
+    recs = _records(_engine_trace(tiny_run, "spec"))
+    recs[0]["case_id"] = ".hidden/case"
+    _write_records(folder / "t.jsonl", recs)
+    rc, _, err = _cli(["grade", folder, "--out", tmp_path / "graded", "--runners", "", "--quiet"],
+                      capsys)
+    assert rc == 0, err
+    graded = list((tmp_path / "graded" / "traces" / "engine").iterdir())
+    assert graded and not any(p.name.startswith(".") for p in graded), graded

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity.args import nonneg_int
+from specparity.args import nonneg_int, writable_dir
 from specparity.commands import str_list
 
 NAME = "grade"
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=None, metavar="NAME",
                    help="run the registered third-party engine NAME on the cases and grade it "
                         "(see specparity.engines)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=writable_dir, default=None,
                    help="output dir for references, verdicts and report (default DIR/graded)")
     p.add_argument("--runners", type=str_list, default=None,
                    help="references to re-run (default: all available)")
