@@ -163,8 +163,12 @@ def execute(jobs: list[Job], on_result: OnResult, *, workers: int = 0,
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                  initializer=_pool_init) as ex:
             futs = {ex.submit(run_task, *job): job for job in jobs}
-            for fut in as_completed(futs):
-                on_result(futs[fut], fut.result())
+            try:
+                for fut in as_completed(futs):
+                    on_result(futs[fut], fut.result())
+            except BaseException:  # an error, SIGTERM, Ctrl-C: queued jobs are not started
+                ex.shutdown(wait=True, cancel_futures=True)
+                raise
 
 
 def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, workers: int) -> None:
@@ -278,7 +282,7 @@ def _leave_incomplete(out_dir: Path, claim: Any, exc: BaseException) -> None:
     else:
         why = f"stopped by {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
     why += f" while {claim.stage}"
-    n = sum(1 for w in written if w.startswith("traces/"))
+    n = sum(1 for w in written if w.startswith("traces/") and (out_dir / w).exists())
     kept = [f"{n} trace(s) under traces/"] if n else []
     if "comparisons.json" in written and (out_dir / "comparisons.json").exists():
         kept.append("comparisons.json")

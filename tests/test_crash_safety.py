@@ -211,3 +211,50 @@ def test_kill_ab_leaves_nothing_partial(tmp_path: Path) -> None:
     assert main(args) == 0  # the dead run's lock died with it
     assert_whole_files(killed_writers=True, root=out)
     assert json.loads((out / "ab.json").read_text())["kind"] == "ab"
+
+
+def _term_when(proc: subprocess.Popen[str], ready: callable, limit_s: float = 120) -> bool:  # type: ignore[valid-type]
+    """SIGTERM ``proc`` once ``ready()``; False if it ended first."""
+    deadline = time.monotonic() + limit_s
+    while not ready():
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "the command never reached the signal point"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    return True
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_sigterm_run_is_one_line_incomplete_and_unlocked(tmp_path: Path, workers: str) -> None:
+    """Issue 23: SIGTERM ends `specparity run` with one line, exit 143, the lock released, no temp
+    file left, summary.md INCOMPLETE; the earlier finished run is kept; a re-run completes."""
+    from specparity.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", *RUN_ARGS, "--out", str(out), "--quiet"]) == 0
+    finished = (out / "summary.md").read_text()
+    proc = _spawn(["run", *RUN_ARGS, "--out", str(out), "--workers", workers], tmp_path)
+    try:
+        termed = _term_when(proc, lambda: (out / ".previous-run").exists()
+                            and len(list(out.glob("traces/*/*.jsonl"))) >= 1)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if not termed:
+        pytest.skip("the run finished before the signal point")
+    assert proc.returncode == 143, output
+    lines = [ln for ln in output.splitlines() if ln.strip() and not ln.startswith(
+        ("running cases", "specparity: --out"))]
+    assert len(lines) == 1 and "interrupted by SIGTERM" in lines[0], output
+    assert "Traceback" not in output
+    assert not (out / ".specparity.lock").exists(), "lock released"
+    assert_whole_files(out)  # no temp files left either
+    assert "INCOMPLETE" in (out / "summary.md").read_text()
+    assert (out / ".previous-run" / "summary.md").read_text() == finished, "finished run kept"
+    assert json.loads((out / ".specparity-run.json").read_text())["state"] == "failed"
+    assert not _in_dir(tmp_path), "no worker outlived the run"
+    assert main(["run", *RUN_ARGS, "--out", str(out), "--quiet"]) == 0
+    assert not (out / ".previous-run").exists()
