@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,10 @@ CHECK_TITLES = {
 def load_results(d: Path) -> list[dict[str, Any]]:
     docs = []
     for p in sorted(Path(d).glob("*.json")):
-        doc = json.loads(p.read_text())
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            continue  # not a result document (another file in the folder)
         if isinstance(doc, dict) and "engine" in doc and "modes" in doc:
             docs.append(doc)
     return docs
@@ -151,14 +155,17 @@ def render_html(docs: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_scoreboard(d: Path) -> tuple[Path, Path]:
-    """Rewrite ``d/scoreboard.md`` and ``d/scoreboard.html`` from ``d/*.json``."""
+def write_scoreboard(d: Path, track: Callable[[Path], Any] | None = None) -> tuple[Path, Path]:
+    """Rewrite ``d/scoreboard.md`` and ``d/scoreboard.html`` from ``d/*.json`` (atomically;
+    ``track`` registers each file with its output directory before it is written)."""
+    from traces.io import atomic_write_text
+
     docs = load_results(d)
     md, ht = Path(d) / "scoreboard.md", Path(d) / "scoreboard.html"
     for path, text in ((md, render_markdown(docs)), (ht, render_html(docs))):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        if track is not None:
+            track(path)
+        atomic_write_text(path, text)
     return md, ht
 
 

@@ -156,8 +156,9 @@ class Recorder:
         drafter = {"path": dpath, "weights_sha256": None, "config_sha256": None} if dpath else None
         recs = to_trace(self.info, case, run, ids, list(_eos(case)), target, drafter)
         safe = case.case_id.replace(":", "__").replace("/", "__")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_trace(self.dir / f"{safe}.jsonl", recs)
+        from specparity.outdir import track
+
+        write_trace(track(self.dir / f"{safe}.jsonl"), recs)
 
 
 def _eos_cases(base: list[SubjectCase], plain_ref: Callable[[SubjectCase], list[int]]) -> list[SubjectCase]:
@@ -259,7 +260,37 @@ def grade_engine_main(args: argparse.Namespace) -> int:
             print(f"specparity grade: unknown engine {n!r}; known: {', '.join(SUBJECTS)}, all", file=sys.stderr)
             return 2
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
-    out.mkdir(parents=True, exist_ok=True)
+    from specparity.outdir import add_outputs
+
+    with add_outputs(out, "specparity grade --engine", recognise=_engine_output) as claim:
+        for n in names:  # refused before any engine runs if one of these is not ours
+            claim.check(out / f"{n}.json")
+        for name in ("scoreboard.md", "scoreboard.html"):
+            claim.check(out / name)
+        return _grade_engines(args, names, out, claim)
+
+
+def _engine_output(p: Path) -> bool:
+    """Whether an existing file is one ``grade --engine`` wrote (before output markers existed)."""
+    from specparity.args import is_trace, read_small_json
+
+    if p.suffix == ".jsonl":
+        return is_trace(p)
+    if p.suffix == ".json":
+        doc = read_small_json(p)
+        return isinstance(doc, dict) and "engine" in doc and "modes" in doc
+    try:
+        with open(p, encoding="utf-8") as fh:
+            head = fh.read(200)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return head.startswith(("# Scoreboard:", "<!doctype html><html><head><meta charset='utf-8'>"
+                                             "<title>Scoreboard</title>"))
+
+
+def _grade_engines(args: argparse.Namespace, names: list[str], out: Path, claim: Any) -> int:
+    from traces.io import atomic_write_text
+
     failed = unavailable = False
     for n in names:
         path = out / f"{n}.json"
@@ -269,13 +300,11 @@ def grade_engine_main(args: argparse.Namespace) -> int:
             _log(f"{n}: not available here; kept {path} (graded in its own environment)")
             unavailable = True
             continue
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)
+        atomic_write_text(claim.track(path), json.dumps(doc, indent=2, sort_keys=True) + "\n")
         failed |= _failed(doc)
     from reports.scoreboard import write_scoreboard
 
-    md, html = write_scoreboard(out)
+    md, html = write_scoreboard(out, track=claim.track)
     print(f"scoreboard: {md} {html}")
     if failed:
         return 1

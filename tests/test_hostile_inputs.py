@@ -827,11 +827,13 @@ HOSTILE_23: dict[str, list[str]] = {
         "run --out DIR whose .previous-run/ is not ours", "grade --out DIR holding user files",
         "report DIR with a user's report.md", "report DIR with a user's report.html",
         "bench --out DIR with a user's bench.json", "ab --out DIR with a user's ab.md",
+        "grade --engine --out DIR with a user's NAME.json", "grade --engine with a user's scoreboard.md",
+        "regen --golden-dir with a user's manifest.json", "regen --golden-dir with a user's .x.tmp",
         "regen --report DIR with a user's drift.md", "record --out DIR with a user's file at the trace path",
         "audit --json a user's file", "generate --trace a user's file",
         "generate --trace a symlink to a user's file",
         "invariant: every dir-writing command on a dir of user files (run, grade, report, bench, ab, "
-        "regen --report, record --out) leaves every byte",
+        "regen --report, regen --golden-dir, record --out, grade --engine) leaves every byte",
         "two unfinished runs after a finished one: the finished one is kept",
         "a finished run replaced only once the new run completes",
         "bench.json: a failed write leaves the old file", "audit --json: a failed write leaves no file",
@@ -941,19 +943,34 @@ def test_report_never_overwrites_a_users_report(tiny_run: Path, tmp_path: Path, 
     assert "report.md" in json.loads((d / ".specparity-run.json").read_text())["files"]
 
 
+def _a_subject() -> str:
+    from subjects import SUBJECTS
+
+    return next(iter(SUBJECTS))
+
+
 @pytest.mark.parametrize("argv,name", [
     (["bench", "--out", "{d}"], "bench.json"),
+    (["grade", "--engine", "{subject}", "--out", "{d}"], "{subject}.json"),
+    (["grade", "--engine", "{subject}", "--out", "{d}"], "scoreboard.md"),
+    (["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
+     "manifest.json"),
+    (["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
+     "engine/.x.tmp"),
     (["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"], "ab.md"),
     (["regen", "--case", "nothing-matches", "--report", "{d}"], "drift.md"),
-], ids=["bench", "ab", "regen --report"])
+], ids=["bench", "grade --engine NAME.json", "grade --engine scoreboard.md",
+         "regen --golden-dir manifest.json", "regen --golden-dir .x.tmp", "ab", "regen --report"])
 def test_named_outputs_never_overwrite_user_files(tmp_path: Path, argv: list[str], name: str,
                                                   capsys: pytest.CaptureFixture[str],
                                                   no_jobs: None) -> None:
     d = tmp_path / "out"
+    name = name.replace("{subject}", _a_subject())
     before = _user_dir(d, [name])
-    rc, out, err = _cli([a.replace("{d}", str(d)) for a in argv], capsys)
+    rc, out, err = _cli([a.replace("{d}", str(d)).replace("{subject}", _a_subject())
+                         for a in argv], capsys)
     assert rc == 2, err
-    _one_error(err, name, "not written by specparity")
+    _one_error(err, name, "not written by specparity" if "--golden-dir" not in argv else "not goldens")
     assert _snapshot(d) == before
     assert not (d / ".specparity.lock").exists(), "lock released"
 
@@ -1083,6 +1100,8 @@ def test_every_dir_writing_command_leaves_user_files(tiny_run: Path, pair: tuple
         ["regen", "--case", "nothing-matches", "--report", "{d}"],
         ["record", "--runner", "engine", "--target", pair[0], "--prompt-ids", "5,6", "-n", "4",
          "--out", "{d}"],
+        ["grade", "--engine", _a_subject(), "--out", "{d}"],
+        ["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
     ]
     for i, argv in enumerate(commands):
         d = tmp_path / f"d{i}"

@@ -43,10 +43,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from specparity.outdir import add_outputs
 
+    if args.golden_dir is not None:
+        _check_golden_dir(args.golden_dir)
     with add_outputs(args.report, "specparity regen", flag="--report") as claim:
         for name in ("drift.json", "drift.md"):  # refused before any golden is regenerated
             claim.check(args.report / name)
         return _regen(args, claim)
+
+
+def _check_golden_dir(d: Path) -> None:
+    """Refuse a ``--golden-dir`` holding files regen did not write (it replaces goldens, the
+    manifest and its journal there, and removes its own temp files): one line, nothing touched."""
+    from specparity.args import UsageError, is_trace, read_small_json
+    from specparity.goldens import MANIFEST_NAME
+    from specparity.outdir import LOCK_NAME, PROBE_PREFIX
+    from specparity.regen import JOURNAL_NAME
+
+    if not d.is_dir():
+        return
+    foreign = []
+    for p in sorted(d.rglob("*")):
+        if p.is_dir() and not p.is_symlink():
+            continue
+        name = p.name
+        if p.parent == d and (name in (LOCK_NAME, JOURNAL_NAME) or name.startswith(PROBE_PREFIX)):
+            continue
+        if name.startswith(".") and name.endswith(".tmp") and (
+                ".jsonl." in name or name.startswith((f".{MANIFEST_NAME}.", f".{JOURNAL_NAME}."))):
+            continue  # a killed writer's temp file of a golden, the manifest or the journal
+        if p.suffix == ".jsonl" and not p.is_symlink() and is_trace(p):
+            continue
+        if p.parent == d and name == MANIFEST_NAME:
+            doc = read_small_json(p)
+            if isinstance(doc, dict) and isinstance(doc.get("goldens"), dict):
+                continue
+        foreign.append(p.relative_to(d).as_posix())
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UsageError(f"--golden-dir {d}: holds {len(foreign)} file(s) that are not goldens "
+                         f"or their manifest ({shown}); regen replaces files there: give a "
+                         "golden directory or a new one")
 
 
 def _regen(args: argparse.Namespace, claim: object) -> int:
