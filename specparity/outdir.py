@@ -243,6 +243,44 @@ def _foreign(directory: Path, listed: set[str]) -> list[str]:
     return [rel for rel in _inventory(directory) if not _ours(rel, listed)]
 
 
+def _head(p: Path, n: int = 200) -> str:
+    try:
+        with open(p, encoding="utf-8") as fh:
+            return fh.read(n)
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def run_output(directory: Path, rel: str) -> bool:
+    """Whether ``DIR/rel`` is recognisably a run output by its content (a trace, the summary,
+    comparisons, the report and its plots): for run directories written before the markers
+    listed their files, and for a report rebuilt over one."""
+    from specparity.args import is_trace, read_small_json
+
+    p = directory / rel
+    if p.is_symlink() or not p.is_file():
+        return False
+    if rel.startswith("traces/") and rel.endswith(".jsonl"):
+        return is_trace(p)
+    if rel == "summary.md":
+        return _head(p).startswith("# specparity run")
+    if rel == "report.md":
+        return _head(p).startswith("# specparity report")
+    if rel == "report.html":
+        return "<title>specparity report</title>" in _head(p)
+    if rel == "comparisons.json":
+        data = read_small_json(p)
+        return isinstance(data, list) and all(isinstance(c, dict) and "case_id" in c for c in data)
+    if rel.startswith("report_files/plot") and rel.endswith(".png"):
+        return run_output(directory, "report.md")
+    return False
+
+
+def _legacy(marker: dict[str, Any] | None) -> bool:
+    """A marker from before markers listed files (it has a run id, no ``files``)."""
+    return marker is not None and "run_id" in marker and "files" not in marker
+
+
 def _refuse_foreign(directory: Path, flag: str, foreign: list[str]) -> None:
     shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
     raise UsageError(f"{flag} {directory}: not empty and not a specparity output directory: "
@@ -334,6 +372,9 @@ class Claim:
         """Refuse (one line) to replace ``path`` if it exists and no specparity command wrote it."""
         p = Path(path)
         rel = self._rel(p)
+        if self.guard_existing and p.is_symlink() and not (self.recognise and self.recognise(p)):
+            raise UsageError(f"{p}: is a symbolic link; refusing to write through it to a file "
+                             "specparity may not have written: remove the link")
         if (self.guard_existing and (p.exists() or p.is_symlink()) and rel not in self.listed
                 and rel not in self.written and not (self.recognise and self.recognise(p))):
             raise UsageError(f"{p}: exists and was not written by specparity; refusing to "
@@ -410,6 +451,9 @@ def claim_output_dir(path: Path | str, command: str, *, flag: str = "--out",
         marker = _read_marker(directory)
         files, added = _listed(marker, directory)
         foreign = _foreign(directory, files | added)
+        if _legacy(marker):  # an older specparity's run: its outputs recognised by content
+            files |= {rel for rel in foreign if run_output(directory, rel)}
+            foreign = [rel for rel in foreign if rel not in files]
         if foreign:
             _refuse_foreign(directory, flag, foreign)
         note = _set_aside(directory, marker, files, flag)

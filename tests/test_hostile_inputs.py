@@ -825,6 +825,9 @@ HOSTILE_23: dict[str, list[str]] = {
         "run --out . in a checkout (traces/ package, summary.md, report.md)",
         "run --out DIR holding a user's notes.txt", "run --out DIR holding a user's report_files/x.png",
         "run --out DIR whose .previous-run/ is not ours", "grade --out DIR holding user files",
+        "run dir of an older specparity (no file list): recognised outputs set aside",
+        "older run dir + a user's notes.txt", "older run dir + a user's summary.md",
+        "a listed output replaced by a symlink to a user's file",
         "report DIR with a user's report.md", "report DIR with a user's report.html",
         "bench --out DIR with a user's bench.json", "ab --out DIR with a user's ab.md",
         "grade --engine --out DIR with a user's NAME.json", "grade --engine with a user's scoreboard.md",
@@ -914,6 +917,44 @@ def test_run_into_a_finished_run_with_user_files_is_refused(
     assert rc == 2, err
     _one_error(err, str(d), names[0].split("/")[0])
     assert _snapshot(d) == before
+
+
+@pytest.mark.parametrize("user", [None, "notes.txt", "summary.md"])
+def test_run_dir_of_an_older_specparity(tiny_run: Path, tmp_path: Path, user: str | None,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run directory whose marker predates file lists: its outputs are recognised by content
+    (moved aside as before); anything else, even under an output's name, is refused."""
+    d = _copy_run(tiny_run, tmp_path / "run")
+    marker = json.loads((d / ".specparity-run.json").read_text())
+    del marker["files"], marker["added"]
+    (d / ".specparity-run.json").write_text(json.dumps(marker))
+    if user is not None:
+        (d / user).write_text("a user's own file\n")
+    before = _snapshot(d)
+    rc, _, err = _cli([*RUN_TINY, "--out", d], capsys)
+    if user is None:
+        assert rc == 0 and "moved to .previous-run/" in err, err
+        return
+    assert rc == 2, err
+    _one_error(err, user, "no specparity command wrote")
+    assert _snapshot(d) == before
+
+
+def test_listed_output_replaced_by_a_symlink_is_not_written_through(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], no_jobs: None) -> None:
+    from specparity.outdir import add_outputs
+
+    d = tmp_path / "bench"
+    with add_outputs(d, "test") as claim:
+        (claim.track(d / "bench.json")).write_text("{}")
+    (d / "bench.json").unlink()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("mine\n")
+    (d / "bench.json").symlink_to(secret)
+    rc, _, err = _cli(["bench", "--out", d], capsys)
+    assert rc == 2, err
+    _one_error(err, "bench.json", "symbolic link")
+    assert secret.read_text() == "mine\n"
 
 
 def test_grade_out_with_user_files_is_refused(tiny_run: Path, tmp_path: Path, no_jobs: None,

@@ -26,11 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from reports.report import ReportError, build_report
-    from specparity.outdir import add_outputs
+    from specparity.outdir import add_outputs, run_output
 
     try:
-        with add_outputs(args.run_dir, "specparity report", flag="report", run_output=True,
-                         create=False) as claim:
+        d = Path(args.run_dir)
+        with add_outputs(d, "specparity report", flag="report", run_output=True, create=False,
+                         recognise=lambda p: run_output(d, p.relative_to(d).as_posix())) as claim:
             rep = build_report(Path(args.run_dir), track=claim.track)
     except ReportError as exc:
         print(f"specparity: error: {exc}", file=sys.stderr)
