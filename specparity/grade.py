@@ -37,6 +37,7 @@ from specparity.run import (
     finish,
     not_compared,
     numerics_witness,
+    skip_reasons,
 )
 from specparity.runners import runner_supports
 from traces.diff import diff_traces
@@ -104,6 +105,13 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
     dpath = _find_model(header.get("drafter"), trace_path, root, "drafter") if spec else None
     if dpath is not None:
         _check_identity(dpath, header["drafter"], trace_path, "drafter")
+    if spec:
+        from specparity.runners import registry
+
+        engine = registry.get("engine")
+        if source not in engine.sources or source == registry.PLAIN:
+            raise GradeError(f"{trace_path}: header source {source!r} is not a draft source the "
+                             f"harness knows ({', '.join(s for s in engine.sources if s != registry.PLAIN)})")
     p = header["params"]
     eos = tuple(int(t) for t in header["eos_ids"])
     tok_eos = load_model(str(tpath)).eos_ids
@@ -254,6 +262,7 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
             traces[(key, cid)] = Trace.from_records(records)
         bar.update(1)
 
+    result.skipped = skip_reasons(oracles, [g.case for g in graded])  # a header's source/options
     unique_jobs = list(dict.fromkeys(jobs))
     with Progress(len(unique_jobs), "grading (re-runs)", enabled=progress) as bar:
         execute(unique_jobs, on_result, workers=workers, ray_address=ray_address)

@@ -113,6 +113,7 @@ class RunResult:
     traces: dict[tuple[str, str], Path] = field(default_factory=dict)
     comparisons: list[Comparison] = field(default_factory=list)
     wall_s: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)  # runner -> cases it does not implement
 
     @property
     def ok(self) -> bool:
@@ -180,19 +181,37 @@ def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, work
 
 
 def available_runners(runners: list[str] | None) -> tuple[list[str], dict[str, str]]:
-    """``(["engine", available oracles...], {unavailable oracle: why})``."""
-    from oracles import RUNNERS, run_availability
+    """``(["engine", available per-case references...], {skipped runner: why})``.
 
-    names = runners if runners is not None else list(RUNNERS)
+    Default: every reference of the registry (``specparity.runners.registry``); a named
+    runner that is not available here, or not run per case (a reference exercised by its own
+    conformance tests, a subject graded by ``grade --engine``), is skipped with the reason.
+    """
+    from specparity.runners import registry
+
+    names = runners if runners is not None else registry.names("reference")
     available, unavailable = [], {}
     for name in names:
         if name == "engine":
             continue
-        if name not in RUNNERS:
-            raise ValueError(f"unknown runner {name!r}; known: {', '.join(RUNNERS)}")
-        ok, why = run_availability(name)  # importable AND dispatched per case (else skipped, why)
+        registry.get(name)  # unknown/blank names: one line naming the known runners
+        ok, why = registry.run_availability(name)  # available AND run per case (else skipped, why)
         (available.append(name) if ok else unavailable.__setitem__(name, why))
     return ["engine", *available], unavailable
+
+
+def skip_reasons(runners: list[str], cases: list[Case]) -> dict[str, str]:
+    """``{runner: "N case(s) skipped: <first reason>"}``: cases a runner does not implement."""
+    from specparity.runners.registry import unsupported
+
+    out: dict[str, tuple[int, str]] = {}
+    for r in runners:
+        for c in cases:
+            why = unsupported(r, c)
+            if why is not None:
+                n, first = out.get(r, (0, why))
+                out[r] = (n + 1, first)
+    return {r: f"{n} case(s) skipped: {first}" for r, (n, first) in out.items()}
 
 
 def zoo_cases(
@@ -277,6 +296,7 @@ def run_cases(
     refusals: dict[tuple[str, str], ReferenceRefused] = {}
     paths: dict[tuple[str, str], Path] = {}
     jobs = [(r, c) for c in [*plains, *specs] for r in all_runners if runner_supports(r, c)]
+    result.skipped = skip_reasons(available, [*plains, *specs])
 
     def on_result(job: Job, res: tuple[str, Any]) -> None:
         runner, case = job
@@ -315,7 +335,7 @@ def run_cases(
         elif not any(runner_supports(o, case) for o in available):
             result.comparisons.append(not_compared(case))
     for case in plains:
-        for oracle in available:
+        for oracle in [o for o in available if runner_supports(o, case)]:
             result.comparisons.append(_reference_comparison(
                 oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id), witness))
     result.wall_s = time.perf_counter() - t0

@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     from engine.sampler import SamplerParams
     from engine.sources import open_drafter
     from engine.sources.detect import resolve_kind
-    from specparity.commands.record import case_from_args
+    from specparity.case_args import case_from_args
     from specparity.runners import load_model, model_identity, tokenizer_digest
     from traces.io import write_trace
     from traces.records import make_header
