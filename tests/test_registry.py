@@ -259,3 +259,18 @@ def test_grade_refuses_a_header_source_no_runner_implements(pair: tuple[Path, Pa
     rc, _, err = _cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--quiet"], capsys)
     assert rc == 1, err
     assert "header source 'warp-drive'" in err and "t.jsonl" in err, err
+
+
+def test_grade_skips_a_reference_lacking_the_header_source_with_the_reason(
+        pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from traces.io import write_trace
+
+    case = Case("llama", "ngram", "x", 2, 6, source="ngram", target_path=str(pair[0]),
+                prompt_tokens=(5, 6, 7, 5, 6, 7, 5))
+    (tmp_path / "traces").mkdir()
+    write_trace(tmp_path / "traces" / "t.jsonl", run_case("engine", case))
+    rc, out, err = _cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--runners", "mlx_lm",
+                         "--quiet"], capsys)
+    assert rc == 0, err
+    assert "oracle `mlx_lm`: 1 case(s) skipped: mlx\\_lm does not implement the ngram source" in out, out
+    assert not (tmp_path / "g" / "traces" / "mlx_lm").exists()  # never a plain decode labelled ngram
