@@ -2,7 +2,8 @@
 (``oracles/optiq.py``: ``optiq.runtime.ngram_spec``, ``optiq.runtime.spec``).
 
 Plain and n-gram decode take sampling, top-p/top-k and EOS ids (no stop sequences, no
-logits processors); the assistant loop is greedy with the target's EOS.
+logits processors); the assistant loop is greedy and stops on one EOS id (the case's
+single id, else the target's first).
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from specparity.runners.registry import CaseRun, Runner, oracle_availability, sources
+from specparity.runners.registry import (
+    CaseRun,
+    Runner,
+    RunnerUnsupported,
+    oracle_availability,
+    sources,
+)
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:
@@ -18,6 +25,9 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
 
     case = x.case
     if case.drafter is not None and case.source == "assistant":
+        if case.eos_ids is not None and len(case.eos_ids) != 1:
+            raise RunnerUnsupported(f"optiq's assistant loop stops on one EOS id, case {case.case_id} "
+                                    f"has {list(case.eos_ids)}")
         return optiq.run_assistant(x.target.model, str(x.dpath), x.ids, gamma=case.gamma,
                                    max_tokens=case.max_tokens, eos_id=x.eos_ids[0])
     return optiq.run(
@@ -42,7 +52,7 @@ RUNNER = Runner(
     kind="reference",
     package="mlx-optiq",
     sources={**sources(("sampling", "top_p", "top_k", "eos_ids"), "plain", "ngram"),
-             **sources((), "assistant")},
+             **sources(("eos_ids",), "assistant")},  # one EOS id (the first of the target's)
     run=run,
     available=oracle_availability("optiq"),
     install_hint="tox -e optiq  (mlx-optiq pins transformers<5.13: its own environment)",
