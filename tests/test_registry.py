@@ -105,6 +105,24 @@ def test_every_runner_is_declared_consistently() -> None:
     assert all(set(o) == set(registry.OPTIONS) for o in engine.sources.values())
 
 
+# Case fields and how the registry sees them: the case's identity and models, or an option.
+CASE_FIELDS = {
+    "target", "drafter", "prompt_id", "gamma", "max_tokens", "seed", "source", "target_path",
+    "draft_path", "prompt_tokens",  # what every runner takes (seed: with sampling)
+    "temperature", "top_p", "top_k", "eos_ids", "stop_sequences", "processors",  # OPTIONS
+}
+
+
+def test_a_new_case_field_is_an_option_runners_declare() -> None:
+    """A case field a reference might silently ignore must be an option in registry.OPTIONS,
+    declared by the runners that honour it (refused by the others)."""
+    from dataclasses import fields
+
+    new = {f.name for f in fields(Case)} - CASE_FIELDS
+    assert not new, (f"new Case field(s) {sorted(new)}: add an option to registry.OPTIONS, name it "
+                     "under the sources of the runners that honour it, then list the field here")
+
+
 @pytest.mark.parametrize("bad, msg", [
     (Runner("x", "engine", "p", sources={"plain": frozenset({"warp"})}, run=lambda x: []), "unknown option"),
     (Runner("x", "engine", "p", run=lambda x: []), "must declare the sources"),
