@@ -388,7 +388,7 @@ def grade_main(args: argparse.Namespace) -> int:
         result = grade(args.dir, args.out, runners=args.runners, workers=args.workers,
                        ray_address=args.ray, progress=not getattr(args, "quiet", False))
     except GradeError as exc:
-        print(f"specparity grade: {exc}", file=sys.stderr)
+        print(f"specparity grade: error: {exc}", file=sys.stderr)
         return 1
     print((result.out_dir / "summary.md").read_text())
     print(f"graded {sum(1 for k in result.traces if k[0] == 'engine')} traces; verdicts and report "

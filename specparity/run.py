@@ -318,7 +318,8 @@ def run_cases(
         bar.update(1)
 
     if progress:  # the size of the work, said before it starts
-        print(f"specparity run: {len(cases)} cases ({len(specs)} speculative, {len(plains)} plain), "
+        print(f"specparity run: {len(specs) + len(plains)} cases ({len(specs)} speculative, "
+              f"{len(plains)} plain), "
               f"{len(jobs)} runs on {', '.join(all_runners)}", file=sys.stderr)
     with Progress(len(jobs), "running cases", enabled=progress) as bar:
         execute(jobs, on_result, workers=workers, ray_address=ray_address)
