@@ -22,6 +22,12 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     drafter = "twin"                   # a zoo drafter, or a path; omit for plain / ngram
     sources = ["two-model"]            # default: detected from the drafter (§3 order)
 
+Every value goes through the validator of the flag that sets the same thing
+(``specparity.args.check_value``: ``gammas`` as ``--gammas``, ``seed`` as
+``--seed``, ``prompts_file`` as ``--prompts-file``, ...), so a suite accepts
+exactly what the flags accept. ``suite_cases(..., max_cases=N)`` refuses a suite
+of more than N cases before any prompt is encoded.
+
 Case ids: a zoo pair keeps its zoo ids; a model path is named by
 :func:`specparity.cases.model_label` (directory name + short digest), a
 non-two-model drafter path is prefixed by its source kind.
