@@ -359,6 +359,9 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
         bar.update(1)
 
     unique_jobs = list(dict.fromkeys(jobs))
+    if progress:  # the size of the work, said before it starts
+        print(f"specparity grade: {len(graded)} traces, {len(unique_jobs)} re-runs on "
+              f"{', '.join(['engine', *oracles])}", file=sys.stderr)
     with Progress(len(unique_jobs), "grading (re-runs)", enabled=progress) as bar:
         execute(unique_jobs, on_result, workers=workers, ray_address=ray_address)
     witness = numerics_witness()  # judges a flip by replaying each run's path (engine/witness.py)

@@ -833,7 +833,7 @@ HOSTILE_23: dict[str, list[str]] = {
         "grade: folders nested past the depth limit", "grade: a FIFO named x.jsonl",
         "grade: a symlink loop", "FIFO model.safetensors (load, --target)",
         "FIFO config.json", "FIFO tokenizer.json", "FIFO prompts file (suite)",
-        "/dev/zero as a suite's prompts_file",
+        "/dev/zero as a suite's prompts_file", "FIFO run marker (report)",
     ],
 }
 
@@ -1308,25 +1308,34 @@ def test_grade_walk_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str
     d = tmp_path / "d"
     d.mkdir()
     os.mkfifo(d / "x.jsonl")
+    opened = _fifo_guard(d / "x.jsonl")
     (d / "loop").symlink_to(d)
     (d / "a.jsonl").write_text("{}\n")
     assert find_traces(d) == [d / "a.jsonl"]
+    rc, _, err = _cli(["grade", d, "--out", tmp_path / "g2"], capsys)
+    assert rc == 1 and "a.jsonl" in err and "x.jsonl" not in err, err
+    assert not opened.is_set(), "the FIFO was opened"
 
 
-def _fifo_guard(fifo: Path) -> None:
-    """If the code under test wrongly opens ``fifo``, a writer unblocks it after 5 s, so a
-    regression fails the test instead of hanging it."""
+def _fifo_guard(fifo: Path) -> Any:
+    """If the code under test wrongly opens ``fifo``, a writer unblocks it after 5 s (so a
+    regression fails the test instead of hanging it) and sets the returned event: a blocking
+    write-open of a FIFO returns only once a reader has it open."""
     import threading
+
+    opened = threading.Event()
 
     def unblock() -> None:
         try:
             os.close(os.open(fifo, os.O_WRONLY))
+            opened.set()
         except OSError:
             pass
 
     t = threading.Timer(5.0, unblock)
     t.daemon = True
     t.start()
+    return opened
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
@@ -1338,11 +1347,12 @@ def test_fifo_model_files_are_refused(pair: tuple[Path, Path], tmp_path: Path, n
     d = shutil.copytree(pair[0], tmp_path / "m")
     (d / name).unlink()
     os.mkfifo(d / name)
-    _fifo_guard(d / name)
+    opened = _fifo_guard(d / name)
     with pytest.raises(ModelLoadError, match=f"{name}: not a regular file"):
         load(d)
     rc, _, err = _cli(["generate", "--target", d, "-n", "2", "--prompt-ids", "5,6"], capsys)
     _refused(rc, err, name, "not a regular file")
+    assert not opened.is_set(), f"{name} was opened"
 
 
 def test_fifo_and_device_prompts_files_are_refused(tmp_path: Path,
@@ -1351,7 +1361,7 @@ def test_fifo_and_device_prompts_files_are_refused(tmp_path: Path,
 
     fifo = tmp_path / "p.jsonl"
     os.mkfifo(fifo)
-    _fifo_guard(fifo)
+    opened = _fifo_guard(fifo)
     with pytest.raises(PromptError, match="not a regular file"):
         read_prompts_file(fifo)
     for target in (fifo, "/dev/zero"):
@@ -1359,3 +1369,19 @@ def test_fifo_and_device_prompts_files_are_refused(tmp_path: Path,
         suite.write_text(f'prompts_file = "{target}"\n[[pair]]\ntarget = "llama"\n')
         rc, _, err = _cli(["run", "--suite", suite], capsys)
         _refused(rc, err, "prompts_file", "not a regular file")
+    assert not opened.is_set(), "the FIFO was opened"
+
+
+def test_report_with_a_fifo_run_marker(tiny_run: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: reading the marker blocked on a FIFO; now: unreadable marker, INCOMPLETE, exit 1."""
+    from reports.tables import RUN_MARKER
+
+    d = _copy_run(tiny_run, tmp_path / "r")
+    (d / RUN_MARKER).unlink()
+    os.mkfifo(d / RUN_MARKER)
+    opened = _fifo_guard(d / RUN_MARKER)
+    rc, out, err = _cli(["report", d], capsys)
+    assert rc == 1 and "INCOMPLETE" in err, (out, err)
+    assert "unreadable run marker" in (d / "report.md").read_text()
+    assert not opened.is_set(), "the FIFO marker was opened"
