@@ -211,10 +211,10 @@ def zoo_drafters() -> list[str]:
 
 
 def runner_names() -> list[str]:
-    """The oracle runners (``--runners``), installed or not (availability is said per run)."""
-    from oracles import RUNNERS
+    """The references (``--runners``), installed or not (availability is said per run)."""
+    from specparity.runners import registry
 
-    return list(RUNNERS)
+    return registry.names("reference")
 
 
 def runner_list(text: str) -> list[str]:
