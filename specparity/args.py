@@ -430,7 +430,17 @@ def writable_file(text: str) -> Path:
     return p
 
 
+def _is_regular(p: Path) -> bool:
+    """A regular file (a FIFO or device is never opened: it could block or never end)."""
+    try:
+        return stat.S_ISREG(os.stat(p).st_mode)
+    except OSError:
+        return False
+
+
 def _first_line(p: Path, limit: int = 1 << 20) -> bytes:
+    if not _is_regular(p):
+        return b""
     with open(p, "rb") as fh:
         return fh.readline(limit)
 
@@ -451,7 +461,7 @@ def read_small_json(p: Path, limit: int = 64 << 20) -> object:
     import json
 
     try:
-        if p.stat().st_size > limit:
+        if not _is_regular(p) or p.stat().st_size > limit:
             return None
         return json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):

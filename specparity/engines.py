@@ -302,6 +302,8 @@ def _engine_output(p: Path) -> bool:
         doc = read_small_json(p)
         return isinstance(doc, dict) and "engine" in doc and "modes" in doc
     try:
+        if not p.is_file():
+            return False
         with open(p, encoding="utf-8") as fh:
             head = fh.read(200)
     except (OSError, UnicodeDecodeError):

@@ -39,6 +39,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 import uuid
@@ -172,9 +173,21 @@ class DirLock:
 # ---------------------------------------------------------------- ownership
 
 
-def _read_marker(directory: Path) -> dict[str, Any] | None:
+def _regular(p: Path) -> bool:
     try:
-        m = json.loads((directory / RUN_MARKER).read_text(encoding="utf-8"))
+        return stat.S_ISREG(os.stat(p).st_mode)
+    except OSError:
+        return False
+
+
+def _read_marker(directory: Path) -> dict[str, Any] | None:
+    path = directory / RUN_MARKER
+    if not (path.exists() or path.is_symlink()):
+        return None
+    if not _regular(path):  # a FIFO or device: never opened
+        return {"state": "unreadable", "files": [], "added": []}
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError):
@@ -192,7 +205,9 @@ def _listed(marker: dict[str, Any] | None, directory: Path) -> tuple[set[str], s
             if isinstance(v, list):
                 into.update(x for x in v if isinstance(x, str))
     try:
-        lines = (directory / JOURNAL).read_text(encoding="utf-8", errors="replace").splitlines()
+        journal = directory / JOURNAL
+        lines = (journal.read_text(encoding="utf-8", errors="replace").splitlines()
+                 if _regular(journal) else [])
     except OSError:
         lines = []
     for line in lines:
@@ -244,6 +259,8 @@ def _foreign(directory: Path, listed: set[str]) -> list[str]:
 
 
 def _head(p: Path, n: int = 200) -> str:
+    if not _regular(p):
+        return ""
     try:
         with open(p, encoding="utf-8") as fh:
             return fh.read(n)
@@ -395,7 +412,8 @@ class Claim:
         if rel in self.written:
             return p
         self.check(p)
-        fd = os.open(self.directory / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.directory / JOURNAL,  # O_NONBLOCK: a FIFO planted there fails, never blocks
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644)
         try:
             os.write(fd, f"{self.kind} {rel}\n".encode())
         finally:
@@ -415,7 +433,10 @@ class Claim:
         self.marker["files"], self.marker["added"] = present(files), present(added - files)
         if state is not None:
             self.marker.update(state=state, finished=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
-        atomic_write_json(self.directory / RUN_MARKER, self.marker)
+        path = self.directory / RUN_MARKER
+        if (path.exists() or path.is_symlink()) and (path.is_symlink() or not _regular(path)):
+            path.unlink()  # our marker's name: never written through a link, FIFO or device
+        atomic_write_json(path, self.marker)
         (self.directory / JOURNAL).unlink(missing_ok=True)
 
 

@@ -1742,6 +1742,15 @@ def test_every_dir_writing_command_leaves_user_files(tiny_run: Path, pair: tuple
 # ---------------------------------------------------------------- 2. a verdict before the work is done
 
 
+def _stderr_lines(err: str) -> list[str]:
+    """stderr without progress, device and work-size announcement lines."""
+    import re
+
+    return [ln for ln in err.splitlines() if ln.strip()
+            and not ln.startswith(("device", "bench:", "running cases", "grading"))
+            and not re.match(r"specparity \w+: (grading )?\d+ ", ln)]
+
+
 def _verdict_state(d: Path) -> tuple[str | None, bool, str]:
     summary = (d / "summary.md").read_text() if (d / "summary.md").exists() else None
     marker = json.loads((d / ".specparity-run.json").read_text())
@@ -1782,7 +1791,7 @@ def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.
     assert (d / "comparisons.json").exists() and list(d.glob("traces/engine/*.jsonl")), "work kept"
     assert_whole_files(d)
     if how in ("sigterm", "ctrl-c"):
-        (line,) = [ln for ln in err.strip().splitlines() if not ln.startswith("running cases")]
+        (line,) = _stderr_lines(err)
         assert "interrupted by" in line and "summary.md says INCOMPLETE" in line, line
     rc, _, _ = _cli(["report", d], capsys)
     assert rc == 1 and "**INCOMPLETE" in (d / "report.md").read_text()
@@ -1820,8 +1829,7 @@ def test_sigterm_is_one_line_and_143(tiny_run: Path, pair: tuple[Path, Path], tm
     rc, _, err = _cli(argv, capsys)
     monkeypatch.undo()
     assert rc == 143, err
-    lines = [ln for ln in err.splitlines()
-             if ln.strip() and not ln.startswith(("device", "bench:", "running cases", "grading"))]
+    lines = _stderr_lines(err)
     assert len(lines) == 1 and f"specparity {name}: interrupted by SIGTERM" in lines[0], err
     assert "Traceback" not in err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "handler restored"
