@@ -144,7 +144,8 @@ def _classify(exc: Exception) -> tuple[int, str]:
     """(exit status, message) of an exception that reached the CLI boundary."""
     if isinstance(exc, UsageError):
         return 2, f"error: {_one_line(exc)}"
-    if isinstance(exc, (RunFailed, ArithmeticError)):
+    if isinstance(exc, RunFailed | ArithmeticError) or type(exc).__name__ == "ReportError":
+        # ReportError (reports.report): a run's files could not be read or the report written.
         # ArithmeticError: engine.sampler.NonFiniteLogits (a model producing NaN/inf).
         return 1, f"error: {_one_line(exc)}"
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):

@@ -1431,6 +1431,7 @@ HOSTILE_23_OUTPUT: dict[str, list[str]] = {
     "a verdict before the work is done": [
         "planted failure in the report step", "SIGTERM in the report step", "Ctrl-C in the summary step",
         "full disk writing summary.md", "full disk writing comparisons.json (summary absent)",
+        "full disk from comparisons.json on (no summary at all)",
         "SIGTERM to a real `specparity run` process (test_crash_safety)",
     ],
     "rough edges": [
@@ -1739,6 +1740,21 @@ def test_every_dir_writing_command_leaves_user_files(tiny_run: Path, pair: tuple
         assert {k: after.get(k) for k in before} == before, (argv[0], err)
 
 
+def test_files_added_to_a_run_dir_survive_the_next_run(tiny_run: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/ab/record files put into a run directory are ours (listed as added): a later run
+    neither refuses the directory nor moves them."""
+    from specparity.outdir import add_outputs
+
+    d = _copy_run(tiny_run, tmp_path / "run")
+    with add_outputs(d, "specparity ab") as claim:
+        claim.track(d / "ab.md").write_text("# A/B\n")
+    rc, _, err = _cli([*RUN_TINY, "--out", d], capsys)
+    assert rc == 0, err
+    assert (d / "ab.md").read_text() == "# A/B\n"
+    assert "ab.md" in json.loads((d / ".specparity-run.json").read_text())["added"]
+
+
 # ---------------------------------------------------------------- 2. a verdict before the work is done
 
 
@@ -1762,8 +1778,9 @@ def _verdict_state(d: Path) -> tuple[str | None, bool, str]:
     ("reports.report:_build", "sigterm", 143),
     ("reports.summary:tau_table", "ctrl-c", 130),
     ("reports.summary:atomic_write_text", "disk full", 1),
+    ("specparity.run:atomic_write_text", "disk full", 1),
 ], ids=["failure in the report", "SIGTERM in the report", "Ctrl-C in the summary",
-        "disk full writing summary.md"])
+        "disk full writing summary.md", "disk full writing comparisons.json"])
 def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             where: str, how: str, rc_want: int,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -1788,7 +1805,11 @@ def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.
     if how != "disk full":
         assert summary is not None and "while writing the" in summary, summary
     assert not has_report, "a report written from inside the run (it read CONFORMS) is removed"
-    assert (d / "comparisons.json").exists() and list(d.glob("traces/engine/*.jsonl")), "work kept"
+    assert list(d.glob("traces/engine/*.jsonl")), "work kept"
+    if where.startswith("specparity.run"):  # comparisons.json and the INCOMPLETE summary failed
+        assert summary is None and not (d / "comparisons.json").exists()
+    else:
+        assert (d / "comparisons.json").exists()
     assert_whole_files(d)
     if how in ("sigterm", "ctrl-c"):
         (line,) = _stderr_lines(err)
