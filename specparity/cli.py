@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specparity: {line}", file=sys.stderr)
         return 2 if code == 1 and not line.startswith("internal") else code
     commands = {m.NAME: m for m in discover()}
+    if "specparity.outdir" in sys.modules:  # a second command in one process (tests, embedding)
+        sys.modules["specparity.outdir"].interrupt_notes(clear=True)
     try:
         with _sigterm_raises():
             return int(commands[args.command].main(args))
@@ -134,7 +136,7 @@ def _interrupted(command: str, exc: BaseException) -> int:
     from specparity.outdir import interrupt_notes
 
     sig, code = ("SIGTERM", 143) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
-    notes = interrupt_notes()
+    notes = interrupt_notes(clear=True)
     kept = "; ".join(notes) if notes else "no output was written (or only whole files)"
     print(f"specparity {command}: interrupted by {sig}; {kept}", file=sys.stderr)
     return code

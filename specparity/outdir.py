@@ -67,6 +67,7 @@ __all__ = [
     "claim_output_dir",
     "claim_run_dir",
     "interrupt_notes",
+    "note_interrupt",
     "prepare_dir",
     "track",
 ]
@@ -83,9 +84,17 @@ _NOTES: list[str] = []
 _ACTIVE: list[Claim] = []
 
 
-def interrupt_notes() -> list[str]:
+def note_interrupt(text: str) -> None:
+    """Add what a command kept to the CLI's one interrupt line."""
+    _NOTES.append(text)
+
+
+def interrupt_notes(clear: bool = False) -> list[str]:
     """What the output directories of an interrupted command kept (for the CLI's one line)."""
-    return list(_NOTES)
+    notes = list(_NOTES)
+    if clear:
+        _NOTES.clear()
+    return notes
 
 
 class Busy(UsageError):

@@ -194,9 +194,13 @@ def _run_pool(jobs: list[tuple[str, Any]], workers: int,
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init) as ex:
         futs = {ex.submit(regen_task, r, c): g.golden_key(r, c) for r, c in jobs}
-        for fut in as_completed(futs):
-            exc = fut.exception()
-            on_result(futs[fut], None if exc else fut.result()[1], exc)
+        try:
+            for fut in as_completed(futs):
+                exc = fut.exception()
+                on_result(futs[fut], None if exc else fut.result()[1], exc)
+        except BaseException:  # SIGTERM, Ctrl-C, a failed write: queued goldens are not started
+            ex.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def _run_inline(jobs: list[tuple[str, Any]],

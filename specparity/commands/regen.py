@@ -89,16 +89,23 @@ def _regen(args: argparse.Namespace, claim: object) -> int:
     from specparity.goldens import GOLDEN_DIR
     from specparity.regen import drift_report, regen, write_report
 
-    result = regen(
-        args.golden_dir or GOLDEN_DIR,
-        runners=args.runner,
-        case_glob=args.case,
-        stale_only=args.stale_only,
-        accept=args.accept,
-        workers=args.workers,
-        ray=args.ray is not None,
-        ray_address=args.ray or None,
-    )
+    try:
+        result = regen(
+            args.golden_dir or GOLDEN_DIR,
+            runners=args.runner,
+            case_glob=args.case,
+            stale_only=args.stale_only,
+            accept=args.accept,
+            workers=args.workers,
+            ray=args.ray is not None,
+            ray_address=args.ray or None,
+        )
+    except KeyboardInterrupt:
+        from specparity.outdir import note_interrupt
+
+        note_interrupt("the goldens written so far are whole and in the manifest; the same "
+                       "`specparity regen` resumes from its journal")
+        raise
     for name in ("drift.json", "drift.md"):
         claim.track(args.report / name)  # type: ignore[attr-defined]
     path = write_report(result, args.report)
