@@ -226,10 +226,9 @@ def _listed(marker: dict[str, Any] | None, directory: Path) -> tuple[set[str], s
     return files, added
 
 
-def _inventory(directory: Path) -> list[str]:
+def _inventory(directory: Path) -> Iterator[str]:
     """Every file (any non-directory) under ``directory`` except our bookkeeping, probe files
-    and nested specparity output directories (a folder with its own marker)."""
-    out: list[str] = []
+    and nested specparity output directories (a folder with its own marker), walk order."""
     for root, dirs, files in os.walk(directory):
         here = Path(root)
         if here != directory and (here / RUN_MARKER).exists():
@@ -245,11 +244,11 @@ def _inventory(directory: Path) -> list[str]:
                 continue
             keep.append(d)
         dirs[:] = keep
-        for f in files:
+        dirs.sort()
+        for f in sorted(files):
             if top and (f in BOOKKEEPING or f.startswith(PROBE_PREFIX)):
                 continue
-            out.append((here / f).relative_to(directory).as_posix())
-    return sorted(out)
+            yield (here / f).relative_to(directory).as_posix()
 
 
 def _ours(rel: str, listed: set[str]) -> bool:
@@ -263,8 +262,18 @@ def _ours(rel: str, listed: set[str]) -> bool:
     return False
 
 
-def _foreign(directory: Path, listed: set[str]) -> list[str]:
-    return [rel for rel in _inventory(directory) if not _ours(rel, listed)]
+FOREIGN_SCAN_LIMIT = 1000
+"""Foreign files counted before a refusal (``--out ~`` must not walk a whole home folder)."""
+
+
+def _foreign(directory: Path, listed: set[str], limit: int = FOREIGN_SCAN_LIMIT) -> list[str]:
+    out = []
+    for rel in _inventory(directory):
+        if not _ours(rel, listed):
+            out.append(rel)
+            if len(out) >= limit:
+                break
+    return out
 
 
 def _head(p: Path, n: int = 200) -> str:
@@ -308,9 +317,10 @@ def _legacy(marker: dict[str, Any] | None) -> bool:
 
 
 def _refuse_foreign(directory: Path, flag: str, foreign: list[str]) -> None:
-    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    more = "+" if len(foreign) >= FOREIGN_SCAN_LIMIT else ""
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3}{more} more" if len(foreign) > 3 else "")
     raise UsageError(f"{flag} {directory}: not empty and not a specparity output directory: "
-                     f"{len(foreign)} file(s) no specparity command wrote ({shown}); nothing was "
+                     f"{len(foreign)}{more} file(s) no specparity command wrote ({shown}); nothing was "
                      "moved or deleted: give a new or empty directory, or move them away")
 
 
@@ -480,10 +490,10 @@ def claim_output_dir(path: Path | str, command: str, *, flag: str = "--out",
     with DirLock(directory, command, flag=flag, what="run directory", run_id=run_id):
         marker = _read_marker(directory)
         files, added = _listed(marker, directory)
-        foreign = _foreign(directory, files | added)
         if _legacy(marker):  # an older specparity's run: its outputs recognised by content
-            files |= {rel for rel in foreign if run_output(directory, rel)}
-            foreign = [rel for rel in foreign if rel not in files]
+            everything = _foreign(directory, files | added, limit=1 << 62)
+            files |= {rel for rel in everything if run_output(directory, rel)}
+        foreign = _foreign(directory, files | added)
         if foreign:
             _refuse_foreign(directory, flag, foreign)
         note = _set_aside(directory, marker, files, flag)

@@ -1411,6 +1411,7 @@ HOSTILE_23_OUTPUT: dict[str, list[str]] = {
         "run --out . in a checkout (traces/ package, summary.md, report.md)",
         "run --out DIR holding a user's notes.txt", "run --out DIR holding a user's report_files/x.png",
         "run --out DIR whose .previous-run/ is not ours", "grade --out DIR holding user files",
+        "run --out a 1500-file folder (a home folder): refused after 1000, not walked further",
         "run dir of an older specparity (no file list): recognised outputs set aside",
         "older run dir + a user's notes.txt", "older run dir + a user's summary.md",
         "a listed output replaced by a symlink to a user's file",
@@ -1542,6 +1543,30 @@ def test_listed_output_replaced_by_a_symlink_is_not_written_through(
     assert rc == 2, err
     _one_error(err, "bench.json", "symbolic link")
     assert secret.read_text() == "mine\n"
+
+
+def test_run_out_a_big_folder_is_refused_without_walking_it_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        no_jobs: None) -> None:
+    """``--out ~``: refused after the first 1000 foreign files, the rest never walked."""
+    from specparity import outdir
+
+    home = tmp_path / "home"
+    for i in range(30):
+        _user_dir(home / f"d{i:02d}", [f"f{j}.txt" for j in range(50)])
+    seen: list[str] = []
+    walk = outdir._inventory
+
+    def counting(directory: Path) -> Any:
+        for rel in walk(directory):
+            seen.append(rel)
+            yield rel
+
+    monkeypatch.setattr(outdir, "_inventory", counting)
+    rc, _, err = _cli([*RUN_TINY, "--out", home], capsys)
+    assert rc == 2, err
+    _one_error(err, "1000+ file(s) no specparity command wrote")
+    assert len(seen) == outdir.FOREIGN_SCAN_LIMIT < 1500
 
 
 def test_grade_out_with_user_files_is_refused(tiny_run: Path, tmp_path: Path, no_jobs: None,
