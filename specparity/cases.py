@@ -45,6 +45,12 @@ class Case:
     prompt_tokens: tuple[int, ...] | None = None
     # Logits processors in engine.sampler.ProcessorParams.tag() form ('' = none).
     processors: str = ""
+    # Quantized KV (mlx-lm kv_bits / kv_group_size / quantized_kv_start); None: off / mlx-lm's default.
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
+    quantized_kv_start: int | None = None
+    # Rotating caches past the ring wrap: "guard" (§2) or "exact" (engine.rollback.RingRound).
+    rotating: str = "guard"
 
     @property
     def on_zoo(self) -> bool:
@@ -72,6 +78,14 @@ class Case:
             base += "/stop" + "+".join("-".join(str(t) for t in s) for s in self.stop_sequences)
         if self.processors:
             base += "/lp-" + self.processors
+        if self.kv_bits is not None:
+            base += f"/kv{self.kv_bits}"
+            if self.kv_group_size is not None:
+                base += f"g{self.kv_group_size}"
+            if self.quantized_kv_start is not None:
+                base += f"s{self.quantized_kv_start}"
+        if self.rotating != "guard" and self.drafter is not None:
+            base += f"/rot-{self.rotating}"
         return base
 
     @property
@@ -80,7 +94,7 @@ class Case:
 
     def plain(self) -> Case:
         """The plain-decode baseline of this case."""
-        return replace(self, drafter=None, gamma=0, source="two-model", draft_path=None)
+        return replace(self, drafter=None, gamma=0, source="two-model", draft_path=None, rotating="guard")
 
 
 def model_label(path: str | Path) -> str:

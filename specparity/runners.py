@@ -28,6 +28,8 @@ def runner_supports(runner: str, case: Case) -> bool:
     block drafter. A reference never runs a source it lacks (it would decode plainly and be
     compared with the engine's speculative trace as if it were one).
     """
+    if case.kv_bits is not None and runner not in ("engine", "mlx_lm"):
+        return False  # quantized KV: mlx-lm's kv_bits only
     if runner == "engine" or case.drafter is None:
         return True
     return case.source in {"mlx_lm": ("two-model",), "optiq": ("ngram", "assistant"),
@@ -140,6 +142,9 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
     extra = {"logits_processors": processors_block(processor_params(case))} if case.processors else {}
     if case.stop_sequences:  # absent when none: existing traces keep their bytes
         extra["stop_sequences"] = [list(q) for q in case.stop_sequences]
+    extra.update(kv_params(case))
+    if case.rotating != "guard" and case.drafter is not None:
+        extra["rotating"] = case.rotating
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,
@@ -153,6 +158,15 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
         "confidence_threshold": None,
         **extra,
     }
+
+
+def kv_params(case: Case) -> dict[str, Any]:
+    """The header's quantized-KV params (absent without ``kv_bits``), mlx-lm's defaults filled in."""
+    if case.kv_bits is None:
+        return {}
+    return {"kv_bits": case.kv_bits,
+            "kv_group_size": case.kv_group_size if case.kv_group_size is not None else 64,
+            "quantized_kv_start": case.quantized_kv_start if case.quantized_kv_start is not None else 5000}
 
 
 def _runner_info(name: str) -> dict[str, Any]:
@@ -187,6 +201,11 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         if draft is not None and dpath is not None:  # the drafter reads the same ids
             check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
     tokenizer_sha256 = zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath)
+    params = case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split")
+    if params.get("rotating") == "exact":  # where mlx-lm's rollback stops (traces.reference)
+        from engine.rollback import ring_window
+
+        params["sliding_window"] = ring_window(target.model, draft.model if draft is not None else None)
     header = make_header(
         runner=_runner_info(runner),
         mode=case.mode,
@@ -195,7 +214,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         target=_identity(str(tpath)),
         drafter=_identity(str(dpath)) if dpath is not None else None,
         tokenizer_sha256=tokenizer_sha256,
-        params=case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split"),
+        params=params,
         prompt_id=case.prompt_id,
         prompt_ids=ids,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
@@ -224,6 +243,8 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
                 stop_sequences=[list(s) for s in case.stop_sequences],
                 logits_processors=processor_params(case).kwargs() if case.processors else None,
                 processor_history=processor_params(case).history_prompt if case.processors else None,
+                kv_bits=case.kv_bits, kv_group_size=case.kv_group_size,
+                quantized_kv_start=case.quantized_kv_start,
             )
         except ReferenceRefused as exc:
             raise ReferenceRefused(runner, case.case_id, exc.message) from None
@@ -285,6 +306,8 @@ def _run_engine(case: Case, target: Any, draft: Any, ids: list[int], dpath: Path
         seed=case.seed,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
         stop_sequences=case.stop_sequences,
+        rotating=case.rotating,
+        **kv_params(case),
     )
     if case.drafter is None:
         result = plain_generate(target.model, ids, params)

@@ -41,7 +41,8 @@ from specparity.cases import DEFAULT_GAMMAS, Case, model_label, pick_prompts
 __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "suite_cases"]
 
 _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling", "eos_ids",
-               "stop_ids", "stop_strings", "truncate"}
+               "stop_ids", "stop_strings", "truncate", "kv_bits", "kv_group_size", "quantized_kv_start",
+               "rotating"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
 SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
@@ -77,6 +78,11 @@ class PairSpec:
     stop_strings: tuple[str, ...] = ()
     truncate: bool = False
     confidence_threshold: float = 0.0
+    # quantized KV and rotating rollback (specparity.kv_args); None / "guard": off
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
+    quantized_kv_start: int | None = None
+    rotating: str = "guard"
     where: str = "pair"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -159,6 +165,23 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
             if not isinstance(v, bool):
                 raise SuiteError(f"{w}: expected true or false, got {v!r}")
             s.truncate = v
+        elif key in ("kv_bits", "kv_group_size", "quantized_kv_start"):
+            from specparity import args as a
+
+            parse = {"kv_bits": a.kv_bits, "kv_group_size": a.kv_group_size,
+                     "quantized_kv_start": a.nonneg_int}[key]
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise SuiteError(f"{w}: expected an integer, got {v!r}")
+            try:
+                setattr(s, key, parse(str(v)))
+            except Exception as exc:  # argparse.ArgumentTypeError: one line
+                raise SuiteError(f"{w}: {exc}") from None
+        elif key == "rotating":
+            if v not in ("guard", "exact"):
+                raise SuiteError(f"{w}: expected \"guard\" or \"exact\", got {v!r}")
+            s.rotating = v
+    if s.kv_bits is None and (s.kv_group_size is not None or s.quantized_kv_start is not None):
+        raise SuiteError(f"{where}: kv_group_size/quantized_kv_start need kv_bits")
     return s
 
 
@@ -248,6 +271,8 @@ def pair_cases(spec: PairSpec) -> list[Case]:
     common: dict[str, Any] = {
         "max_tokens": spec.max_tokens, "eos_ids": spec.eos_ids, "stop_sequences": stops,
         "target_path": None if on_zoo else spec.target,
+        "kv_bits": spec.kv_bits, "kv_group_size": spec.kv_group_size,
+        "quantized_kv_start": spec.quantized_kv_start,
     }
     cases: list[Case] = []
     sources = _sources(spec)
@@ -263,7 +288,7 @@ def pair_cases(spec: PairSpec) -> list[Case]:
             for g in gammas:
                 for pid, ids in prompts:
                     cases.append(Case(tlabel, dlabel, pid, g, **common, **smp, source=source,
-                                      draft_path=dpath, prompt_tokens=ids))
+                                      draft_path=dpath, prompt_tokens=ids, rotating=spec.rotating))
     return cases
 
 

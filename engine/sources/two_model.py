@@ -102,6 +102,16 @@ class TwoModelSource:
         self._feed: list[int] = []
         self.rings: dict[int, RingRound] = {}  # rotating="exact": layer -> its ring round
         self.ring_fallback: dict[int, str] = {}
+        self.kv_quantization: cache_ops.KVQuantization | None = None
+
+    def set_kv_quantization(self, q: cache_ops.KVQuantization) -> None:
+        """Quantized KV: the drafter's caches convert as mlx-lm's ``speculative_generate_step``
+        converts its draft cache (``maybe_quantize_kv_cache`` after every drafter forward, on
+        the offset before the round's trim). Drafts only: the output does not depend on it."""
+        self.kv_quantization = q
+
+    def _quantize(self) -> None:
+        cache_ops.quantize_kv(self.caches, self.kv_quantization, "two-model drafter")
 
     def set_rotating(self, mode: str) -> None:
         """Request option ``rotating``: ``"exact"`` arms a RingRound per rotating cache."""
@@ -137,6 +147,7 @@ class TwoModelSource:
         for pos in range(0, len(prompt_ids), self.step):
             chunk = prompt_ids[pos : pos + self.step]
             self.model(mx.array(chunk, mx.uint32)[None], cache=self.caches)
+            self._quantize()
             mx.eval([c.state for c in self.caches])
         return list(prompt_ids)
 
@@ -163,6 +174,7 @@ class TwoModelSource:
         try:
             for _ in range(n):
                 logits = self.model(y[None], cache=self.caches)[:, -1:, :]
+                self._quantize()
                 y = self.sampler.sample_window(logits.squeeze(0))
                 mx.async_eval(y)
                 ys.append(y)
@@ -201,6 +213,7 @@ class TwoModelSource:
         drafts = list(accepted_tokens or [])
         for chunk in [self._feed] + [[t] for t in drafts[:k_accept]]:
             self.model(mx.array(chunk, mx.uint32)[None], cache=self.caches)
+            self._quantize()
         mx.eval([c.state for c in self.caches])
         self._snapshot = None
 

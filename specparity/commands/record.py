@@ -78,7 +78,10 @@ def case_from_args(args: argparse.Namespace) -> Any:
     except (ImportError, AttributeError):
         pass
     eos = tuple(args.eos_ids) if getattr(args, "eos_ids", None) else None
+    from specparity.kv_args import cache_fields
+
     kw: dict[str, Any] = {"processors": processors} if processors else {}
+    kw.update(cache_fields(args))
     return Case(
         target=model_label(target.path), drafter=drafter, prompt_id=pid,
         gamma=args.gamma if kind else 0, max_tokens=args.max_tokens, temperature=args.temp,

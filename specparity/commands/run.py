@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from specparity import args as a
 from specparity.commands import int_list, positive, str_list
 from specparity.devices import add_device_argument
+from specparity.kv_args import add_kv_arguments, cache_fields
 
 NAME = "run"
 HELP = "run engine + every available oracle on the zoo, a pair of yours or a suite, and report"
@@ -64,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
     p.add_argument("--gammas", type=int_list, default=(1, 2, 3, 5), help="default 1,2,3,5")
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
+    add_kv_arguments(p)
     p.add_argument("--runners", type=str_list, default=None, help="oracles to run (default: all available)")
     p.add_argument("--workers", type=a.nonneg_int, default=0,
                    help="process-pool size (default 0: in this process)")
@@ -77,13 +80,22 @@ def cases_from_args(args: argparse.Namespace) -> list | None:
     """The cases the flags select (None: the zoo matrix)."""
     from specparity.suite import PairSpec, Sampling, load_suite, suite_cases
 
+    fields = cache_fields(args)
     if args.suite is not None:
         if args.target or args.draft or args.prompts_file:
             raise ValueError("--suite names its own pairs and prompts; drop --target/--draft/--prompts-file")
+        if fields:
+            raise ValueError("--suite: set kv_bits/kv_group_size/quantized_kv_start/rotating in the suite file")
         return suite_cases(load_suite(args.suite))
     if args.target is None:
         if args.draft or args.source or args.prompts_file:
             raise ValueError("--draft/--source/--prompts-file need --target")
+        if fields:  # the zoo matrix with these cache settings
+            from specparity.run import zoo_cases
+
+            return [replace(c, **fields) for c in zoo_cases(
+                targets=args.targets, drafters=args.drafters, gammas=tuple(args.gammas),
+                n_prompts=args.prompts, max_tokens=args.max_tokens)]
         return None
     if args.targets or args.drafters:
         raise ValueError("--target (one pair) and --targets/--drafters (the zoo matrix) exclude each other")
@@ -101,6 +113,7 @@ def cases_from_args(args: argparse.Namespace) -> list | None:
         prompts_file=args.prompts_file, zoo_prompts=args.prompts,
         sampling=tuple(Sampling(t, args.top_p, args.top_k, args.seed) for t in args.temps),
         eos_ids=eos, truncate=args.truncate, where="--target",
+        **fields,
     )
     return suite_cases([spec])
 
