@@ -81,9 +81,10 @@ def quantize_kv(caches: list[Any], q: KVQuantization | None, who: str = "target"
             try:
                 caches[i] = c.to_quantized(group_size=q.group_size, bits=q.bits)
             except (NotImplementedError, ValueError) as exc:
+                how = "" if isinstance(exc, NotImplementedError) else f" with group size {q.group_size}"
                 raise ValueError(
-                    f"kv_bits {q.bits}: {who} layer {i} ({type(c).__name__}) cannot be quantized "
-                    f"with group size {q.group_size}: {str(exc).splitlines()[0]}"
+                    f"kv_bits {q.bits}: {who} layer {i} ({type(c).__name__}) cannot be quantized"
+                    f"{how}: {str(exc).splitlines()[0]}"
                 ) from None
             done = True
     return done

@@ -127,6 +127,11 @@ def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | No
     return [zoo.prompt(i) for i in pick_prompts(all_ids, n)]
 
 
+def _engine_cache(cache: dict[str, Any] | None) -> dict[str, Any]:
+    """``GenerationParams`` keywords of the cache flags (None values: the engine's defaults)."""
+    return {k: v for k, v in (cache or {}).items() if v is not None}
+
+
 def run_ab(
     target: str,
     drafter_a: str,
@@ -139,8 +144,13 @@ def run_ab(
     allow_small: bool = False,
     progress: Any = None,
     prompts_file: Path | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the A/B and return its result (the ``ab.json`` content)."""
+    """Run the A/B and return its result (the ``ab.json`` content).
+
+    ``cache``: :func:`specparity.kv_args.cache_fields` (``kv_bits``, ``kv_group_size``,
+    ``quantized_kv_start``, ``rotating``), applied to both arms and recorded.
+    """
     import math
 
     if not (isinstance(max_drop, int | float) and math.isfinite(max_drop) and max_drop >= 0):
@@ -167,7 +177,7 @@ def run_ab(
         provider.check_target(tgt.model, tgt.tokenizer)
         arms[label] = (Arm(label, spec, path, loaded.model), provider)
     params = GenerationParams(max_tokens=max_tokens, gamma=gamma, eos_ids=tgt.eos_ids,
-                              cache_digests=False)
+                              cache_digests=False, **_engine_cache(cache))
 
     def go(label: str, ids: list[int]) -> Any:
         return spec_generate(tgt.model, arms[label][1], ids, params)
@@ -227,6 +237,7 @@ def run_ab(
             by_pos.append({"arm": label, "position": j + 1, "drafted": d, "accepted": a,
                            "acceptance": round(a / d, 4) if d else None})
     return {
+        **({"cache": dict(cache)} if cache else {}),
         "kind": "ab", "target": target, "target_path": str(tpath), "drafter_a": drafter_a,
         "drafter_b": drafter_b, "gamma": gamma, "max_tokens": max_tokens,
         "n_prompts": len(prompts), "prompt_ids": [p.id for p in prompts],

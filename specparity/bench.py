@@ -86,30 +86,37 @@ def schedule_of(records: list[dict[str, Any]]) -> list[tuple[str, list[int], int
 
 
 def forwards_only(target: Any, drafter: Any, prompt_ids: list[int],
-                  schedule: list[tuple[str, list[int], int, list[int], int]]) -> None:
-    """Replay the forward calls of ``schedule`` (see module docstring) with no host logic."""
+                  schedule: list[tuple[str, list[int], int, list[int], int]], kv: Any = None) -> None:
+    """Replay the forward calls of ``schedule`` (see module docstring) with no host logic.
+
+    ``kv`` (``engine.caches.KVQuantization``): caches converted after each forward, as mlx-lm.
+    """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from engine.caches import trim
+    from engine.caches import quantize_kv, trim
 
     tc, dc = make_prompt_cache(target), make_prompt_cache(drafter)
     drained = prompt_ids[:-1]
     for model, caches in ((drafter, dc), (target, tc)):
         for pos in range(0, len(drained), SPEC_PREFILL_STEP):
             model(mx.array(drained[pos : pos + SPEC_PREFILL_STEP], mx.uint32)[None], cache=caches)
+            quantize_kv(caches, kv)
             mx.eval([c.state for c in caches])
     for kind, feed, n, window, k in schedule:
         if kind == "plain":
             mx.eval(mx.argmax(target(mx.array(window, mx.uint32)[None], cache=tc)[0, -1]))
+            quantize_kv(tc, kv)
             continue
         y = mx.array(feed, mx.uint32)
         for _ in range(n):
             y = mx.argmax(drafter(y[None], cache=dc)[0, -1:, :], axis=-1).astype(mx.uint32)
+            quantize_kv(dc, kv)
             mx.async_eval(y)
         mx.eval(mx.argmax(target(mx.array(window, mx.uint32)[None], cache=tc)[0], axis=-1))
         trim(tc, n - k, "target")
         trim(dc, max(n - k - 1, 0), "drafter")
+        quantize_kv(tc, kv)
 
 
 def arm_order(warm: bool, index: int) -> list[str]:
@@ -167,15 +174,20 @@ def run_bench(
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
     prompts_file: Path | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Time the five arms (module docstring); ``gammas`` overrides ``gamma``."""
+    """Time the five arms (module docstring); ``gammas`` overrides ``gamma``.
+
+    ``cache``: :func:`specparity.kv_args.cache_fields`; ``kv_*`` go to both engines (mlx-lm's
+    ``kv_bits``/``kv_group_size``/``quantized_kv_start``), ``rotating`` to the engine only.
+    """
     import mlx.core as mx
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
-    from specparity.ab import _pick_prompts
+    from specparity.ab import _engine_cache, _pick_prompts
     from specparity.devices import describe_device
     from specparity.runners import load_model
 
@@ -192,7 +204,10 @@ def run_bench(
     accept: dict[int, list[int]] = {g: [0, 0] for g in gs}
 
     def params(g: int) -> GenerationParams:
-        return GenerationParams(max_tokens=max_tokens, gamma=g, eos_ids=tgt.eos_ids, cache_digests=False)
+        return GenerationParams(max_tokens=max_tokens, gamma=g, eos_ids=tgt.eos_ids, cache_digests=False,
+                                **_engine_cache(cache))
+
+    mlx_kv = {k: v for k, v in _engine_cache(cache).items() if k != "rotating"}
 
     def arm(name: str, g: int, pid: str, ids: list[int]) -> tuple[int, float]:
         t0 = time.perf_counter()
@@ -211,16 +226,16 @@ def run_bench(
         elif name == "mlx_lm-spec":
             toks = _mlx_lm_run(speculative_generate_step(
                 mx.array(ids, mx.uint32), tgt.model, drf.model, num_draft_tokens=g,
-                max_tokens=max_tokens), eos)
+                max_tokens=max_tokens, **mlx_kv), eos)
             wall = time.perf_counter() - t0
             outputs.setdefault((g, pid, name), [t if t not in eos else -1 for t in toks])
             return len(toks), wall
         elif name == "mlx_lm-plain":
             n = len(_mlx_lm_run(generate_step(mx.array(ids, mx.uint32), tgt.model,
-                                              max_tokens=max_tokens), eos))
+                                              max_tokens=max_tokens, **mlx_kv), eos))
         else:
             sched = schedules[(g, pid)]
-            forwards_only(tgt.model, drf.model, ids, sched)
+            forwards_only(tgt.model, drf.model, ids, sched, params(g).kv)
             wall = time.perf_counter() - t0
             return -1, wall  # tokens: the engine-spec run's
         return n, time.perf_counter() - t0
@@ -271,6 +286,7 @@ def run_bench(
     flat = {(k if len(gs) == 1 else f"{k} γ={g}"): v
             for g in gs for k, v in by_gamma[str(g)]["warm"].items()}
     res: dict[str, Any] = {
+        **({"cache": dict(cache)} if cache else {}),
         "kind": "bench", "target": tname, "drafter": dname,
         "gamma": gs[0] if len(gs) == 1 else ",".join(map(str, gs)), "gammas": list(gs),
         "max_tokens": max_tokens, "n_prompts": len(prompts), "repeats": repeats,

@@ -129,6 +129,11 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
                                   "frequency_context_size", "history_prompt") if k in lp})
         if proc.active:
             extra["processors"] = proc.tag()
+    if p.get("kv_bits") is not None:  # quantized KV (specparity.runners.kv_params)
+        extra.update(kv_bits=int(p["kv_bits"]), kv_group_size=int(p.get("kv_group_size", 64)),
+                     quantized_kv_start=int(p.get("quantized_kv_start", 5000)))
+    if spec and p.get("rotating", "guard") != "guard":
+        extra["rotating"] = str(p["rotating"])
     return Case(
         **extra,
         target=model_label(tpath), drafter=drafter, prompt_id=str(header["prompt"]["id"]),

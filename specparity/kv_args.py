@@ -42,3 +42,37 @@ def cache_fields(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "rotating", "guard") != "guard":
         out["rotating"] = args.rotating
     return out
+
+
+def check_kv_models(cases: list[Any]) -> None:
+    """Refuse, in one line before anything runs, a KV group size a model's head dim rejects
+    (``mx.quantize`` groups along the head dim; every zoo model's is 16)."""
+    import json
+    from pathlib import Path
+
+    from specparity.runners import case_paths
+
+    seen: set[tuple[str, int]] = set()
+    for c in cases:
+        if c.kv_bits is None:
+            continue
+        group = c.kv_group_size if c.kv_group_size is not None else 64
+        tpath, dpath = case_paths(c)
+        for path in (tpath, dpath):
+            if path is None or (str(path), group) in seen:
+                continue
+            seen.add((str(path), group))
+            cfg_file = Path(path) / "config.json"
+            if not cfg_file.is_file():
+                continue
+            cfg = json.loads(cfg_file.read_text())
+            cfg = cfg.get("text_config", cfg)
+            heads = cfg.get("num_attention_heads") or 1
+            dims = {int(d) for d in (cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads,
+                                     cfg.get("global_head_dim")) if d}
+            bad = sorted(d for d in dims if d % group)
+            if bad:
+                raise ValueError(
+                    f"--kv-group-size {group}: {Path(path).name}'s head dim {bad[0]} is not a multiple "
+                    f"of it (mx.quantize groups along the head dim; the zoo's models have head dim 16, "
+                    f"so quantized KV needs a model with head dim 32, 64 or 128)")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from specparity import args as a
+from specparity.kv_args import add_kv_arguments, cache_fields
 
 NAME = "ab"
 HELP = "paired drafter A/B: McNemar acceptance gate + paired wall-clock verdict"
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/ab"))
     p.add_argument("--strict", action="store_true", help="exit 1 when the verdict is FAIL")
+    add_kv_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -50,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
         res = run_ab(args.target, args.drafter_a, args.drafter_b, gamma=args.gamma,
                      n_prompts=args.prompts, max_tokens=args.max_tokens, max_drop=args.max_drop,
                      allow_small=args.allow_small, progress=progress,
-                     prompts_file=args.prompts_file)
+                     prompts_file=args.prompts_file, cache=cache_fields(args))
         v = res["verdict"]
         print(f"A/B {res['target']}: A={res['drafter_a']} vs B={res['drafter_b']} "
               f"(γ={res['gamma']}, {res['n_prompts']} prompts): {v['verdict']}", flush=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specparity import args as a
 from specparity.devices import add_device_argument
+from specparity.kv_args import add_kv_arguments, cache_fields
 
 NAME = "bench"
 HELP = "paired timing: engine vs mlx-lm speculative_generate_step, spec vs plain, forwards-only bound"
@@ -41,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="also profile one warm engine generation (cProfile: where host time goes)")
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/bench"))
+    add_kv_arguments(p)
     add_device_argument(p)
 
 
@@ -69,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
         res = run_bench(args.target, args.drafter, gamma=args.gamma, gammas=args.gammas,
                         n_prompts=args.prompts, max_tokens=args.max_tokens, repeats=args.repeats,
                         size=args.size, seed=args.seed, profile=args.profile, progress=progress,
-                        log=log, prompts_file=args.prompts_file)
+                        log=log, prompts_file=args.prompts_file, cache=cache_fields(args))
         print(bench_markdown(res), flush=True)
         try:
             write_bench(res, args.out)

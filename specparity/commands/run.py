@@ -23,7 +23,7 @@ from pathlib import Path
 from specparity import args as a
 from specparity.commands import int_list, positive, str_list
 from specparity.devices import add_device_argument
-from specparity.kv_args import add_kv_arguments, cache_fields
+from specparity.kv_args import add_kv_arguments, cache_fields, check_kv_models
 
 NAME = "run"
 HELP = "run engine + every available oracle on the zoo, a pair of yours or a suite, and report"
@@ -128,6 +128,8 @@ def main(args: argparse.Namespace) -> int:
     if args.device is not None or on_gpu():
         print(f"device {device}", file=sys.stderr)
     cases = cases_from_args(args)
+    if cases is not None:
+        check_kv_models(cases)
     result = run(
         args.out, targets=args.targets, drafters=args.drafters, gammas=args.gammas,
         n_prompts=args.prompts, max_tokens=args.max_tokens, runners=args.runners,
