@@ -339,3 +339,88 @@ def test_exact_machine_catches_restore_bugs(plant: Any, monkeypatch: pytest.Monk
     monkeypatch.setattr(RingRound, "rollback", plant)
     with pytest.raises(AssertionError, match=r"after round \d+ \((target|drafter)"):
         run_state_machine_as_test(ExactRotatingMachine, settings=settings(PLANT, report_multiple_bugs=False, phases=NO_SHRINK))
+
+
+# Quantized KV (mlx-lm 0.32.2 QuantizedKVCache, KVCache.to_quantized via engine.caches.quantize_kv).
+QDIM, QGROUP = 32, 32  # mx.quantize groups along the head dim: it must divide it
+
+
+def _qkv(rng: np.random.Generator, n: int) -> tuple[mx.array, mx.array]:
+    k = rng.standard_normal((1, HEADS, n, QDIM)).astype(np.float32)
+    v = rng.standard_normal((1, HEADS, n, QDIM)).astype(np.float32)
+    return mx.array(k), mx.array(v)
+
+
+class QuantizedMachine(RuleBasedStateMachine):
+    """A KVCache that converts to QuantizedKVCache mid-request (``quantize_kv`` on the committed
+    offset, as the executor does), then keeps taking verify windows trimmed by ``d - k``."""
+
+    @initialize(seed=st.integers(0, 2**16), n=st.integers(1, 6), bits=st.sampled_from(cache_ops.KV_BITS),
+                start_quantized=st.booleans())
+    def prefill(self, seed: int, n: int, bits: int, start_quantized: bool) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.q = cache_ops.KVQuantization(bits, QGROUP, 0)
+        self.caches: list[Any] = [KVCache()]
+        self.events: list[Any] = []  # accepted (k, v) calls and "convert" markers, in order
+        k, v = _qkv(self.rng, n)
+        self.caches[0].update_and_fetch(k, v)
+        self.events.append((k, v))
+        if start_quantized:
+            self.convert()
+        self.plan = CacheRollback(SimpleNamespace(layers=[object()]), self.caches)
+
+    @rule()
+    def convert(self) -> None:
+        if cache_ops.quantize_kv(self.caches, self.q):
+            self.events.append("convert")
+            self.plan = CacheRollback(SimpleNamespace(layers=[object()]), self.caches)
+
+    @rule(d=st.integers(0, 4), data=st.data())
+    def verify_round(self, d: int, data: st.DataObject) -> None:
+        k, v = _qkv(self.rng, d + 1)
+        with self.plan.round():
+            self.caches[0].update_and_fetch(k, v)
+        k_accept = data.draw(st.integers(0, d), label="k_accept")
+        self.plan.rollback(d, k_accept)
+        self.events.append((k[:, :, : k_accept + 1], v[:, :, : k_accept + 1]))
+
+    @rule()
+    def plain_step(self) -> None:
+        k, v = _qkv(self.rng, 1)
+        self.caches[0].update_and_fetch(k, v)
+        self.events.append((k, v))
+
+    @invariant()
+    def matches_fresh_cache(self) -> None:
+        fresh: list[Any] = [KVCache()]
+        for ev in self.events:
+            if ev == "convert":
+                cache_ops.quantize_kv(fresh, self.q)
+            else:
+                fresh[0].update_and_fetch(*ev)
+        assert type(fresh[0]) is type(self.caches[0])
+        _assert_same(self.caches[0], fresh[0], type(self.caches[0]).__name__)
+
+
+TestQuantizedKVCache = QuantizedMachine.TestCase
+TestQuantizedKVCache.settings = settings(max_examples=40, stateful_step_count=12, deadline=None)
+
+
+def test_quantized_machine_catches_short_trim(short_target_trim: None) -> None:
+    """A quantized cache rolled back one position short is caught."""
+    with pytest.raises(AssertionError, match="QuantizedKVCache: live cache differs"):
+        run_state_machine_as_test(QuantizedMachine, settings=settings(PLANT, phases=NO_SHRINK))
+
+
+def test_quantized_machine_catches_untrimmed_quantized_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant: the rollback leaves a quantized cache untrimmed (the rejected tail stays)."""
+    real = CacheRollback.rollback
+
+    def keep_tail(self: CacheRollback, d: int, k: int) -> None:
+        if any(type(c).__name__ == "QuantizedKVCache" for c in self.caches):
+            return
+        real(self, d, k)
+
+    monkeypatch.setattr(CacheRollback, "rollback", keep_tail)
+    with pytest.raises(AssertionError, match="QuantizedKVCache: live cache differs"):
+        run_state_machine_as_test(QuantizedMachine, settings=settings(PLANT, phases=NO_SHRINK))

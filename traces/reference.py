@@ -244,6 +244,10 @@ def compare_with_reference(
     if point is None:
         div = diff_traces(engine, ref, level="round", **kw)
         detail = "round for round"
+    elif point[0] == 0 and fallback_reason(engine) in ("quantized-kv", "no-rollback"):
+        # The engine never opened speculation (no drafter prefill): only the tokens compare.
+        div = diff_traces(engine, ref, level="tokens", **kw)
+        detail = f"tokens (the engine did not speculate: {fallback_reason(engine)})"
     else:
         n_rounds = point[0]
         footer = engine.footer
