@@ -560,10 +560,10 @@ def spec_generate(
                 break
 
         plan.rollback(d, k)
-        if req.quantize():  # on the committed offset: where plain decode converts
-            plan = CacheRollback(target_model, caches, rotating=params.rotating)
         if observer is not None:
             observer.after_rollback(round_index, k, caches)
+        if req.quantize():  # on the committed offset: where plain decode converts
+            plan = CacheRollback(target_model, caches, rotating=params.rotating)
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         req.counters.record_round(d, k)

@@ -295,3 +295,29 @@ def test_planted_divergence_before_kv_point_still_fails(loaded: tuple[Any, Any])
     recs[first_round] = dict(recs[first_round], feed=[*recs[first_round]["feed"], 7])  # round 0 < point
     v = compare_with_reference(Trace.from_records(recs), ref, "mlx_lm")
     assert v.status == "divergent" and v.divergence is not None and v.divergence.where == "round 0", v.format()
+
+
+# -- the serial-replay audit over quantized caches -------------------------------------------------
+
+
+def _audit(loaded: tuple[Any, Any], start: int) -> Any:
+    from engine.audit import SerialReplayAudit
+
+    audit = SerialReplayAudit(loaded[0].model)
+    audit.prompt = "p"
+    spec_generate(loaded[0].model, _provider(loaded), list(PROMPT),
+                  params(quantized_kv_start=start, kv_bits=4, max_tokens=32, cache_digests=False),
+                  observer=audit)
+    return audit
+
+
+@pytest.mark.parametrize("start", [0, 16])
+def test_audit_rollback_exact_over_quantized_caches(loaded: tuple[Any, Any], start: int) -> None:
+    audit = _audit(loaded, start)
+    assert audit.windows and not audit.rollback_errors(), audit.rollback_errors()
+    assert all(w.rollback_check is None or w.rollback_check.verdict == "exact" for w in audit.windows)
+
+
+def test_audit_catches_quantized_short_trim(loaded: tuple[Any, Any], short_target_trim: None) -> None:
+    errors = _audit(loaded, 0).rollback_errors()
+    assert errors and "round" in errors[0], errors

@@ -24,6 +24,7 @@ from typing import Any
 from specparity import args as a
 from specparity.commands import positive, str_list
 from specparity.devices import add_device_argument
+from specparity.kv_args import add_kv_arguments, cache_fields
 
 NAME = "audit"
 HELP = "batched verify vs serial replay per window: |Δ| distributions and the rollback check"
@@ -44,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rotating", choices=("guard", "exact"), default="guard",
                    help="rotating caches: guard (§2: stop at the ring wrap) or exact (audit windows past it)")
     p.add_argument("--json", type=Path, default=None, help="write the figures and verdicts here")
+    add_kv_arguments(p, rotating=False)
     add_device_argument(p)
 
 
@@ -107,6 +109,7 @@ def main(args: argparse.Namespace) -> int:
     from specparity.devices import use_device
 
     device = use_device(args.device)
+    kv = {k: v for k, v in cache_fields(args).items() if v is not None}
     runs = _runs(args)
     print(f"device {device}; γ={args.gamma}, {args.prompts} prompt(s) × {args.max_tokens} tokens per target",
           file=sys.stderr)
@@ -119,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
         for pid, ids in prompts:
             audit.prompt = pid
             params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids,
-                                      cache_digests=False, rotating=args.rotating)
+                                      cache_digests=False, rotating=args.rotating, **kv)
             n0 = len(audit.windows)
             spec_generate(t.model, TwoModelProvider(d.model), ids, params, observer=audit)
             if args.all_windows:
