@@ -16,6 +16,9 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     stop_ids = [[5, 6]]                # stop sequences as token ids
     stop_strings = ["la me"]           # stop sequences as text (target's tokenizer)
     truncate = false                   # true: over-long prompts keep their tail (warning)
+    kv_bits = 4                        # quantized KV (mlx-lm kv_bits); with kv_group_size = 32,
+    quantized_kv_start = 0             #   ... (defaults 64 / 5000); head dim must be a multiple
+    rotating = "exact"                 # rotating caches past the ring wrap (default "guard")
 
     [[pair]]
     target = "llama"                   # a zoo target, or a path to an mlx-lm model dir

@@ -109,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
     from specparity.devices import use_device
 
     device = use_device(args.device)
-    kv = {k: v for k, v in cache_fields(args).items() if v is not None}
+    kv = {k: v for k, v in cache_fields(args).items() if v is not None and k != "rotating"}
     runs = _runs(args)
     print(f"device {device}; γ={args.gamma}, {args.prompts} prompt(s) × {args.max_tokens} tokens per target",
           file=sys.stderr)
