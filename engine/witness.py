@@ -622,6 +622,8 @@ class NumericsWitness:
                 raise WitnessDeclined(f"{why}: its arithmetic cannot be replayed here")
         if list(a.header["prompt"]["token_ids"]) != list(b.header["prompt"]["token_ids"]):
             raise WitnessDeclined("the two runs have different prompts")
+        if any((t.header.get("params") or {}).get("kv_bits") is not None for t in (a, b)):
+            raise WitnessDeclined("quantized KV (params.kv_bits): the witness replays full-precision caches")
         if flip.lane == "drafter":
             if any(t.header.get("source") not in (None, "two-model") for t in (a, b)):
                 raise WitnessDeclined("only a two-model drafter's path is replayed")

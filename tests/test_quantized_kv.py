@@ -321,3 +321,18 @@ def test_audit_rollback_exact_over_quantized_caches(loaded: tuple[Any, Any], sta
 def test_audit_catches_quantized_short_trim(loaded: tuple[Any, Any], short_target_trim: None) -> None:
     errors = _audit(loaded, 0).rollback_errors()
     assert errors and "round" in errors[0], errors
+
+
+def test_witness_declines_quantized_kv(loaded: tuple[Any, Any]) -> None:
+    """The numerics witness replays full-precision caches: it must not judge a quantized-KV flip."""
+    from engine.witness import NumericsWitness
+
+    p = params(quantized_kv_start=0)
+    a = _trace(spec(loaded, p), p)
+    recs = a.records()
+    i = next(j for j, r in enumerate(recs) if r["type"] == "round" and r["k_accept"] < len(r["drafts"]))
+    bad = dict(recs[i], samples=[*recs[i]["samples"][:-1], (recs[i]["samples"][-1] + 1) % 112])
+    b = Trace.from_records([*recs[:i], bad, *recs[i + 1:]])
+    div = diff_traces(a, b, level="round", witness=NumericsWitness.for_model(loaded[0].model))
+    assert div is not None and div.basis != "witness", div
+    assert "quantized KV" in div.message, div.message
