@@ -92,3 +92,20 @@ def test_rotating_target_refused_by_both() -> None:
                                          r"Quantization NYI"):
         run_trace("engine", c)
 
+
+
+@pytest.mark.oracle
+def test_zoo_matrix_kv_cases() -> None:
+    """The zoo matrix's two quantized-KV cases (``specparity.run.kv_cases``, the zoo's
+    head-dim-32 pair): identical round for round when converted after the prefill, the known
+    entry when converted inside the run; spec == plain in both."""
+    require_oracle("mlx_lm")
+    from specparity.run import kv_cases
+
+    got = []
+    for c in kv_cases("nat-00", (3,), 32):
+        eng = run_trace("engine", c)
+        got.append(compare_with_reference(eng, run_trace("mlx_lm", c), "mlx_lm", witness=witness()))
+        assert diff_traces(eng, run_trace("engine", c.plain()), level="tokens") is None, c.case_id
+    assert got[0].status == "identical", got[0].format()
+    assert got[1].known is not None and got[1].known.id == "mlx-lm-kv-quantized-on-unverified-offset", got[1].format()

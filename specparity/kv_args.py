@@ -74,5 +74,5 @@ def check_kv_models(cases: list[Any]) -> None:
             if bad:
                 raise ValueError(
                     f"--kv-group-size {group}: {Path(path).name}'s head dim {bad[0]} is not a multiple "
-                    f"of it (mx.quantize groups along the head dim; the zoo's models have head dim 16, "
-                    f"so quantized KV needs a model with head dim 32, 64 or 128)")
+                    f"of it (mx.quantize groups along the head dim; the zoo's pair matrix has head dim 16: "
+                    f"use --targets llama-kv, head dim 32, or your own model)")

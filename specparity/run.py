@@ -203,15 +203,30 @@ def zoo_cases(
     n_prompts: int = 8,
     max_tokens: int = 32,
 ) -> list[Case]:
-    """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts."""
+    """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts, plus the
+    quantized-KV cases (:func:`kv_cases`)."""
     import zoo
 
     pairs = [(t, d) for (t, d) in zoo.pairs()
              if (targets is None or t in targets) and (drafters is None or d in drafters)]
-    if not pairs:
-        raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)
-    return spec_matrix(pairs, prompt_ids, gammas, max_tokens)
+    kv = kv_cases(prompt_ids[0], tuple(gammas), max_tokens) if (
+        (targets is None or zoo.KV_TARGET in targets) and (drafters is None or "twin" in drafters)) else []
+    if not pairs and not kv:
+        raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
+    return spec_matrix(pairs, prompt_ids, gammas, max_tokens) + kv
+
+
+def kv_cases(prompt_id: str, gammas: tuple[int, ...], max_tokens: int) -> list[Case]:
+    """Two quantized-KV cases on the zoo's head-dim-32 pair (``llama-kv``/``twin``, 4-bit KV in
+    groups of 32): converted right after the prefill (``quantized_kv_start`` 0: the engine and
+    mlx-lm agree round for round) and inside the run (36: mlx-lm converts on the verify window's
+    offset, the known entry ``mlx-lm-kv-quantized-on-unverified-offset``)."""
+    import zoo
+
+    g = 3 if 3 in gammas else gammas[-1]
+    return [Case(zoo.KV_TARGET, "twin", prompt_id, g, max_tokens, kv_bits=4, kv_group_size=32,
+                 quantized_kv_start=start) for start in (0, 36)]
 
 
 def check_unique(cases: list[Case]) -> list[Case]:

@@ -336,3 +336,13 @@ def test_witness_declines_quantized_kv(loaded: tuple[Any, Any]) -> None:
     div = diff_traces(a, b, level="round", witness=NumericsWitness.for_model(loaded[0].model))
     assert div is not None and div.basis != "witness", div
     assert "quantized KV" in div.message, div.message
+
+
+def test_zoo_matrix_has_two_quantized_kv_cases() -> None:
+    from specparity.run import zoo_cases
+
+    kv = [c for c in zoo_cases(n_prompts=1) if c.kv_bits is not None]
+    assert [c.case_id for c in kv] == ["llama-kv/twin/nat-00/g3/n32/kv4g32s0",
+                                       "llama-kv/twin/nat-00/g3/n32/kv4g32s36"]
+    assert not [c for c in zoo_cases(targets=["llama"], n_prompts=1) if c.kv_bits is not None]
+    assert {c.target for c in zoo_cases(targets=["llama-kv"], n_prompts=1)} == {"llama-kv"}
