@@ -346,3 +346,38 @@ def test_zoo_matrix_has_two_quantized_kv_cases() -> None:
                                        "llama-kv/twin/nat-00/g3/n32/kv4g32s36"]
     assert not [c for c in zoo_cases(targets=["llama"], n_prompts=1) if c.kv_bits is not None]
     assert {c.target for c in zoo_cases(targets=["llama-kv"], n_prompts=1)} == {"llama-kv"}
+
+
+def test_bench_and_ab_take_the_cache_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both arms of bench/ab run with the cache settings (quantize_kv converts something) and
+    record them."""
+    from engine import caches as cache_ops
+    from specparity.ab import run_ab
+    from specparity.bench import run_bench
+
+    real, converted = cache_ops.quantize_kv, []
+
+    def counting(caches: list[Any], q: Any, who: str = "target") -> bool:
+        done = real(caches, q, who)
+        converted.append(done)
+        return done
+
+    monkeypatch.setattr(cache_ops, "quantize_kv", counting)
+    cache = {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 0, "rotating": "exact"}
+    b = run_bench("llama-kv", "twin", gamma=3, n_prompts=1, max_tokens=8, repeats=1, cache=cache)
+    assert b["cache"] == cache and b["engine_vs_mlx_lm_identical_outputs"] == "1/1" and any(converted)
+    converted.clear()
+    a = run_ab("llama-kv", "twin", "twin", gamma=3, n_prompts=2, max_tokens=8, allow_small=True, cache=cache)
+    assert a["cache"] == cache and any(converted)
+
+
+def test_run_flags_set_the_zoo_matrix_cases() -> None:
+    from specparity.cli import build_parser
+    from specparity.commands.run import cases_from_args
+
+    args = build_parser().parse_args(["run", "--targets", "gemma3", "--drafters", "twin", "--gammas", "3",
+                                      "--prompts", "1", "--rotating", "exact"])
+    assert [c.case_id for c in cases_from_args(args)] == ["gemma3/twin/nat-00/g3/n32/rot-exact"]
+    args = build_parser().parse_args(["run", "--targets", "llama-kv", "--prompts", "1", "--kv-bits", "8",
+                                      "--kv-group-size", "32"])
+    assert [c.case_id for c in cases_from_args(args)] == ["llama-kv/twin/nat-00/g3/n32/kv8g32"]

@@ -93,9 +93,10 @@ def cases_from_args(args: argparse.Namespace) -> list | None:
         if fields:  # the zoo matrix with these cache settings
             from specparity.run import zoo_cases
 
-            return [replace(c, **fields) for c in zoo_cases(
+            # the flags' settings replace the matrix's own (its two quantized-KV cases may merge)
+            return list(dict.fromkeys(replace(c, **fields) for c in zoo_cases(
                 targets=args.targets, drafters=args.drafters, gammas=tuple(args.gammas),
-                n_prompts=args.prompts, max_tokens=args.max_tokens)]
+                n_prompts=args.prompts, max_tokens=args.max_tokens)))
         return None
     if args.targets or args.drafters:
         raise ValueError("--target (one pair) and --targets/--drafters (the zoo matrix) exclude each other")
