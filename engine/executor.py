@@ -458,7 +458,7 @@ def spec_generate(
         _set_rotating(source, params.rotating)
     if req.kv is not None and not _set_kv_quantization(source, req.kv):
         # §6: quantized KV wins over speculation for a source that reads the target's state.
-        mode_q: PrefillMode = params.prefill or "tail-split"
+        mode_q: PrefillMode = params.prefill or source.prefill_mode
         drained_q = req.drained(mode_q)
         last = _prefill_chunks(target_model, caches, drained_q, params.prefill_step_size or SPEC_PREFILL_STEP,
                                req.kv)
