@@ -137,12 +137,17 @@ def test_spec_equals_plain_under_quantized_kv(loaded: tuple[Any, Any], start: in
     s = spec(loaded, p)
     plain = plain_generate(loaded[0].model, list(PROMPT), p)
     assert s.output_ids == plain.output_ids, f"start {start}: spec {s.output_ids} vs plain {plain.output_ids}"
-    offset = len(PROMPT) - 1
+    offset, emitted, capped = len(PROMPT) - 1, 0, 0
     for r in (x for x in s.records if x["type"] == "round"):
         # no window straddles the threshold: all positions below it or all at/after it
         last = offset + len(r["drafts"])
-        assert offset >= start or last < start or (offset == 0 and not r["drafts"]), (r["index"], offset, last)
+        assert offset >= start or last < start, (r["index"], offset, last)
+        if len(r["drafts"]) < min(p.gamma, p.max_tokens - emitted):  # cut: only to end below it
+            assert last == start - 1, (r["index"], offset, last)
+            capped += 1
         offset += r["k_accept"] + 1
+        emitted += len(r["emitted"])
+    assert (capped > 0) == (start > len(PROMPT) - 1), capped
     assert any(type(c).__name__ == "QuantizedKVCache" for c in _target_caches(loaded, p))
 
 
@@ -180,8 +185,7 @@ def test_mlx_lm_order_of_conversion_is_caught(loaded: tuple[Any, Any], monkeypat
     p = params()
     s = spec(loaded, p)
     plain = plain_generate(loaded[0].model, list(PROMPT), p)
-    rec = [{"type": "footer", "usage": r.usage.to_dict(), "output_ids": r.output_ids} for r in (s, plain)]
-    assert rec[0]["output_ids"] != rec[1]["output_ids"], "the plant changed nothing"
+    assert s.output_ids != plain.output_ids, "the plant changed nothing"
     div = diff_traces(_trace(s, p), _trace(plain, p), level="tokens")
     assert div is not None and "output token" in div.where, div
 
