@@ -1,39 +1,26 @@
-"""Run one case with one runner (the engine or an oracle) and return its trace.
+"""Run one case with one runner and return its trace; the case helpers every runner shares.
 
-Models are loaded once per process and shared (importing mlx-lm and loading
-costs seconds; the zoo models are tiny).
+Which runners exist and what each implements is the registry
+(:mod:`specparity.runners.registry`; one declaration module per runner in this
+package, docs/runners.md); :func:`run_case` loads the case's models, writes the
+header and hands the rest to the runner's ``run``. Models are loaded once per
+process and shared (importing mlx-lm and loading costs seconds; the zoo models
+are tiny).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from specparity.cases import Case
+from specparity.runners import registry
+from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
 from traces.records import make_header
 
-RUNNER_NAMES = ("engine", "mlx_lm", "optiq", "mlx_vlm", "deepspec")
 HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (zoo/heads.py)
 DSPARK_SOURCES = ("deepspec", "dspark")  # block drafters (zoo/dspark.py artifacts)
-
-
-def runner_supports(runner: str, case: Case) -> bool:
-    """Whether ``runner`` implements ``case``'s draft source (every case runner decodes plainly).
-
-    mlx-lm 0.32.2 speculates with a draft model only (``speculative_generate_step``);
-    mlx-optiq with its n-gram lookup or a gemma4 assistant drafter; DeepSpec with its own
-    block drafter. A reference never runs a source it lacks (it would decode plainly and be
-    compared with the engine's speculative trace as if it were one).
-    """
-    if case.kv_bits is not None and runner not in ("engine", "mlx_lm"):
-        return False  # quantized KV: mlx-lm's kv_bits only
-    if runner == "engine" or case.drafter is None:
-        return True
-    return case.source in {"mlx_lm": ("two-model",), "optiq": ("ngram", "assistant"),
-                           "deepspec": ("deepspec",)}.get(runner, ())
 
 
 def dspark_drafter(case: Case) -> tuple[str, float]:
@@ -169,22 +156,20 @@ def kv_params(case: Case) -> dict[str, Any]:
             "quantized_kv_start": case.quantized_kv_start if case.quantized_kv_start is not None else 5000}
 
 
-def _runner_info(name: str) -> dict[str, Any]:
-    if name == "engine":
-        return {"name": "engine", "package": "specparity", "version": metadata.version("specparity")}
-    if name == "deepspec":
-        from oracles import deepspec
+def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
+    """All records (header to footer) of ``case`` run by ``runner`` (a registry name or declaration).
 
-        return {"name": name, "package": "deepspec", "version": deepspec.version(), "commit": deepspec.commit()}
-    if name == "optiq":
-        return {"name": name, "package": "mlx-optiq", "version": metadata.version("mlx-optiq")}
-    return {"name": name, "package": "mlx-lm", "version": metadata.version("mlx-lm")}
-
-
-def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
-    """All records (header to footer) of ``case`` run by ``runner``."""
+    A runner that does not implement the case's source or one of its options
+    (:func:`registry.unsupported`) is refused with :class:`RunnerUnsupported` before
+    anything loads: never a plain decode under a speculative label.
+    """
     import zoo
 
+    r = runner if isinstance(runner, Runner) else registry.get(runner)
+    why = registry.unsupported(r, case)
+    if why is not None:
+        raise RunnerUnsupported(why)
+    assert r.run is not None
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
     draft = load_model(str(dpath)) if dpath is not None and case.source not in (*HEAD_SOURCES, *DSPARK_SOURCES) else None
@@ -207,7 +192,7 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
 
         params["sliding_window"] = ring_window(target.model, draft.model if draft is not None else None)
     header = make_header(
-        runner=_runner_info(runner),
+        runner=r.runner_info(),
         mode=case.mode,
         source=case.source if case.drafter is not None else None,
         case_id=case.case_id,
@@ -219,118 +204,10 @@ def run_case(runner: str, case: Case) -> list[dict[str, Any]]:
         prompt_ids=ids,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
     )
-    if case.processors and runner not in ("engine", "mlx_lm"):
-        raise ValueError(f"runner {runner!r} has no logits processors; {case.case_id} needs them")
-    if runner == "engine":
-        body = _run_engine(case, target, draft, ids, dpath)
-    elif runner == "mlx_lm":
-        from oracles import mlx_lm as oracle
-        from traces.reference import ReferenceRefused
-
-        try:
-            body = oracle.run(
-                target.model,
-                target.tokenizer,
-                ids,
-                draft=draft.model if draft is not None else None,
-                gamma=case.gamma,
-                max_tokens=case.max_tokens,
-                temperature=case.temperature,
-                top_p=case.top_p,
-                top_k=case.top_k,
-                seed=case.seed,
-                eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
-                stop_sequences=[list(s) for s in case.stop_sequences],
-                logits_processors=processor_params(case).kwargs() if case.processors else None,
-                processor_history=processor_params(case).history_prompt if case.processors else None,
-                kv_bits=case.kv_bits, kv_group_size=case.kv_group_size,
-                quantized_kv_start=case.quantized_kv_start,
-            )
-        except ReferenceRefused as exc:
-            raise ReferenceRefused(runner, case.case_id, exc.message) from None
-    elif runner == "optiq" and case.source == "assistant":
-        from oracles import optiq
-
-        body = optiq.run_assistant(
-            target.model, str(dpath), ids, gamma=case.gamma, max_tokens=case.max_tokens,
-            eos_id=(case.eos_ids or target.eos_ids)[0],
-        )
-    elif runner == "deepspec":
-        from oracles import deepspec
-        from zoo.dspark import artifact_dir
-
-        if case.source != "deepspec" or dpath is None:
-            raise ValueError(f"the deepspec runner runs deepspec cases only, not {case.case_id}")
-        body = deepspec.run(
-            artifact_dir(f"{case.target}-hf"),
-            dpath,
-            ids,
-            max_tokens=case.max_tokens,
-            confidence_threshold=dspark_drafter(case)[1],
-            eos_ids=list(case.eos_ids) if case.eos_ids is not None else list(target.eos_ids),
-            seed=case.seed,
-        )
-    elif runner == "optiq":
-        from oracles import optiq
-
-        body = optiq.run(
-            target.model,
-            target.tokenizer,
-            ids,
-            ngram=case.source == "ngram" and case.drafter is not None,
-            gamma=case.gamma,
-            ngram_min=1,
-            ngram_max=3,
-            max_tokens=case.max_tokens,
-            temperature=case.temperature,
-            top_p=case.top_p,
-            top_k=case.top_k,
-            seed=case.seed,
-            eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
-        )
-    else:
-        raise ValueError(f"unknown runner {runner!r}; known: {', '.join(RUNNER_NAMES)}")
+    body = r.run(CaseRun(case=case, target=target, draft=draft, ids=ids, tpath=tpath, dpath=dpath))
     return [header, *body]
 
 
-def _run_engine(case: Case, target: Any, draft: Any, ids: list[int], dpath: Path | None = None) -> list[dict[str, Any]]:
-    from engine.executor import GenerationParams, plain_generate, spec_generate
-    from engine.sampler import SamplerParams
-    from engine.sources.two_model import TwoModelProvider
-
-    params = GenerationParams(
-        max_tokens=case.max_tokens,
-        gamma=case.gamma,
-        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
-                              processors=processor_params(case)),
-        seed=case.seed,
-        eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
-        stop_sequences=case.stop_sequences,
-        rotating=case.rotating,
-        **kv_params(case),
-    )
-    if case.drafter is None:
-        result = plain_generate(target.model, ids, params)
-    elif case.source in DSPARK_SOURCES:
-        from engine.sources import make_provider
-
-        assert dpath is not None
-        provider = make_provider(case.source, model=dpath, confidence_threshold=dspark_drafter(case)[1])
-        params = replace(params, prefill="full" if case.source == "deepspec" else params.prefill)
-        result = spec_generate(target.model, provider, ids, params)
-    elif case.source == "two-model":
-        provider = TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
-        provider.check_target(target.model, target.tokenizer)
-        result = spec_generate(target.model, provider, ids, params)
-    elif case.source == "ngram":
-        from engine.sources import make_provider
-
-        result = spec_generate(target.model, make_provider("ngram", gamma=case.gamma), ids, params)
-    elif case.source in HEAD_SOURCES:
-        from engine.sources import make_provider
-
-        provider = make_provider(case.source, path=dpath)
-        result = spec_generate(target.model, provider, ids, params)
-    else:
-        raise ValueError(f"the engine runner has no source {case.source!r} yet")
-    return [*result.records, result.footer()]
+def runner_supports(runner: str, case: Case) -> bool:
+    """Whether ``runner`` implements ``case``'s draft source and every option it uses."""
+    return registry.supports(runner, case)
