@@ -385,3 +385,17 @@ def test_run_flags_set_the_zoo_matrix_cases() -> None:
     args = build_parser().parse_args(["run", "--targets", "llama-kv", "--prompts", "1", "--kv-bits", "8",
                                       "--kv-group-size", "32"])
     assert [c.case_id for c in cases_from_args(args)] == ["llama-kv/twin/nat-00/g3/n32/kv8g32"]
+
+
+def test_grade_checks_cache_params_in_headers() -> None:
+    from specparity.grade import header_problems
+
+    base = {"mode": "spec", "source": "two-model", "eos_ids": [1], "prompt": {"token_ids": [1, 2]},
+            "params": {"gamma": 3, "max_tokens": 8, "temperature": 0.0, "top_p": 0.0, "top_k": 0, "seed": 0}}
+    assert not header_problems(base)
+    ok = dict(base, params={**base["params"], "kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 0,
+                            "rotating": "exact", "sliding_window": 32})
+    assert not header_problems(ok)
+    for key, bad in (("kv_bits", 7), ("kv_group_size", 16), ("quantized_kv_start", -1), ("rotating", "wrap")):
+        got = header_problems(dict(ok, params={**ok["params"], key: bad}))
+        assert [f for f, _ in got] == [f"header.params.{key}"], got
