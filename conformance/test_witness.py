@@ -104,7 +104,7 @@ def test_short_trim_stays_logic_vs_plain(
     bad = run_trace("engine", case)
     div = diff_traces(bad, good, level="tokens", witness=witness)  # the bug's own first effect
     assert div is not None, f"{case.case_id}: a short target trim went unnoticed"
-    assert div.klass == "logic", div.message
+    assert (div.klass, div.label) == ("logic", "logic") and div.basis in ("witness", "structural"), div.message
     vs_plain = diff_traces(bad, plain, level="tokens", witness=witness)
     assert vs_plain is not None
     if vs_plain.klass == "numerics":  # an arithmetic flip came first: the same one the good engine has
@@ -154,7 +154,8 @@ def test_planted_bug_stays_logic_vs_mlx_lm(
     if plant == "wrong-refeed" and not any(r["k_accept"] == len(r["drafts"]) > 0 for r in ref.rounds[:-1]):
         pytest.skip(f"{case.case_id}: no all-accept round, the re-feed bug cannot show")
     assert v.status == "divergent" and v.divergence is not None, f"{case.case_id}: {plant} went unnoticed"
-    assert v.divergence.klass == "logic", v.divergence.message
+    assert v.fails and v.divergence.klass == "logic", v.divergence.message
+    assert v.divergence.basis in ("witness", "structural"), v.divergence.message  # evidence, not eps
 
 
 @pytest.mark.oracle
@@ -167,7 +168,7 @@ def test_leaked_eos_stays_logic(nonexact_backend: None, witness: Any, case: Case
     bad = run_trace("engine", Case(case.target, case.drafter, case.prompt_id, case.gamma,
                                    case.max_tokens, eos_ids=()))
     div = diff_traces(bad, ref, level="round", witness=witness)
-    assert div is not None and div.klass == "logic", div and div.message
+    assert div is not None and (div.klass, div.basis) == ("logic", "structural"), div and div.message
 
 
 # --- the CPU case of issue 13: mlx-lm after the ring-wrap ----------------------------------

@@ -199,7 +199,7 @@ def test_target_rollback_is_physically_the_kept_only_update(size: int) -> None:
 
 
 def test_audit_rotating_exact_names_the_round_of_a_planted_restore_bug(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from specparity.cli import main
 
@@ -212,9 +212,16 @@ def test_audit_rotating_exact_names_the_round_of_a_planted_restore_bug(
         real(self, keep)
 
     monkeypatch.setattr(RingRound, "rollback", offset_not_restored)
-    rc = main(["audit", "--targets", "gemma3", "--prompts", "1", "--max-tokens", "48", "--rotating", "exact"])
+    import json
+
+    out = tmp_path / "audit.json"
+    rc = main(["audit", "--targets", "gemma3", "--prompts", "1", "--max-tokens", "48", "--rotating", "exact",
+               "--json", str(out)])
     err = capsys.readouterr().err
     assert rc == 1, err
+    fig = json.loads(out.read_text())["targets"][0]
+    assert fig["rollback"]["error"] > 0, fig["rollback"]  # the verdict, then where
+    assert " round 1 (k_accept" in f" {fig['rollback_errors'][0]}", fig["rollback_errors"][:2]
     first = err.split("rollback errors", 1)[-1].strip().splitlines()[1]
     assert "round 1 (k_accept" in first and "layer 0 meta: offset" in first, err
 
