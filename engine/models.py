@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from traces.io import MAX_INPUT_BYTES
+
 
 class ModelLoadError(ValueError):
     """A model directory is missing or is not in mlx-lm format."""
@@ -33,11 +35,34 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     p = Path(path).expanduser()
     if not p.is_dir():
         raise ModelLoadError(f"model path {str(p)!r} is not a local directory (nothing is downloaded)")
-    if not (p / "config.json").is_file():
+    if not (p / "config.json").exists():
         raise ModelLoadError(f"{p}: no config.json; expected an mlx-lm model directory")
+    check_model_files(p)
     if not list(p.glob("model*.safetensors")):
         raise ModelLoadError(f"{p}: no model*.safetensors; mlx-lm needs safetensors weights")
     return p
+
+
+# What mlx-lm / transformers open in a model dir: config, tokenizer and weight files.
+_READ_SUFFIXES = (".json", ".safetensors", ".model", ".tiktoken", ".txt", ".jinja")
+
+
+def check_model_files(path: str | os.PathLike[str]) -> None:
+    """Every file mlx-lm's loader may open in ``path`` is a regular file (``traces.io.regular_file``).
+
+    A FIFO named ``model.safetensors`` or ``tokenizer.json`` would block the
+    loader's ``open()`` forever and ``/dev/zero`` linked as ``config.json``
+    would be read forever: refused here, by ``stat``, before anything opens them.
+    Weights have no size bound; the other files the bound of every whole-file read.
+    """
+    from traces.io import InputFileError, regular_file
+
+    for f in sorted(Path(path).iterdir()):
+        if f.name.endswith(_READ_SUFFIXES):
+            try:
+                regular_file(f, max_bytes=None if f.suffix == ".safetensors" else MAX_INPUT_BYTES)
+            except InputFileError as exc:
+                raise ModelLoadError(str(exc)) from None
 
 
 def load(path: str | os.PathLike[str]) -> LoadedModel:

@@ -55,7 +55,9 @@ def acceptance_by_position(df: pd.DataFrame) -> bytes | None:
         for g, gd in sub.groupby("gamma"):
             ax.plot(gd["position"], gd["acceptance"], marker="o", label=f"γ={g}")
         ax.set_ylim(-0.05, 1.05)
-        ax.set_xticks(range(1, int(sub["position"].max()) + 1))
+        # ticks at the positions present: a tick per value up to the max would allocate
+        # proportionally to a (hostile) header's γ, not to the data
+        ax.set_xticks(sorted(int(x) for x in sub["position"].unique()))
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance")
         ax.grid(alpha=0.3)
@@ -74,7 +76,7 @@ def acceptance_lengths(df: pd.DataFrame) -> bytes | None:
             gd = sub[sub["gamma"] == g]
             ax.bar(gd["k_accept"] + (j - (len(gammas) - 1) / 2) * width, gd["share"], width,
                    label=f"γ={g}")
-        ax.set_xticks(range(0, int(max(gammas)) + 1))
+        ax.set_xticks(sorted({0, *(int(k) for k in sub["k_accept"].unique()), *map(int, gammas)}))
         ax.set_xlim(-0.6, int(max(gammas)) + 0.6)
         ax.set_xlabel("accepted drafts per round (k)")
         ax.set_ylabel("share of rounds")

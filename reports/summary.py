@@ -23,6 +23,8 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any]) -> str:
               f"{len(result.comparisons)} comparisons; wall {result.wall_s:.1f} s", ""]
     for name, why in sorted(result.unavailable.items()):
         lines.append(f"- oracle {md.code(name)} unavailable: {md.text(why)}")
+    for name, why in sorted(getattr(result, "skipped", {}).items()):  # cases it does not implement
+        lines.append(f"- oracle {md.code(name)}: {md.text(why)}")
     lines += ["", "## Identity verdicts", "",
               "Engine vs each oracle is compared round for round; engine speculative vs "
               "engine plain at the token level (`numerics` = first flip on a knife-edge, "

@@ -71,12 +71,14 @@ def run_state(run_dir: Path) -> tuple[str, str]:
     """
     import os
 
+    from traces.io import regular_file
+
     path = Path(run_dir) / RUN_MARKER
-    try:
-        m = json.loads(path.read_text())
-        state = str(m["state"])
-    except FileNotFoundError:
+    if not path.exists():
         return "unknown", ""
+    try:
+        m = json.loads(regular_file(path, max_bytes=1 << 20).read_text())  # a FIFO: refused
+        state = str(m["state"])
     except (OSError, ValueError, KeyError, TypeError):
         return "killed", f"{path}: unreadable run marker"
     who = f"`{m.get('command')}` (run {m.get('run_id')}, pid {m.get('pid')}, started {m.get('started')})"
@@ -92,12 +94,12 @@ def run_state(run_dir: Path) -> tuple[str, str]:
 
 
 def _load_json(path: Path, what: str) -> Any:
-    from traces.io import MAX_LINE_BYTES
+    from traces.io import MAX_LINE_BYTES, regular_file
 
     try:
-        if path.stat().st_size > 64 * MAX_LINE_BYTES:
-            raise ValueError(f"{path}: {path.stat().st_size} bytes is too large for {what}")
-        return json.loads(path.read_text(encoding="utf-8"))
+        # regular files of bounded size only: a FIFO named comparisons.json would block read_text
+        return json.loads(regular_file(path, max_bytes=64 * MAX_LINE_BYTES)
+                          .read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{path}: not a valid {what} ({exc.__class__.__name__}: "
                          f"{str(exc)[:120]})") from None

@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import stat
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+
+import traces.io as _io
+import traces.records as _records
 
 MAX_TOKENS_LIMIT = 1_000_000
 """``--max-tokens`` above this is refused (no model here has that context)."""
@@ -117,6 +120,22 @@ def max_tokens(text: str) -> int:
     return v
 
 
+MAX_CASES = 10_000
+"""``run`` refuses more cases than this unless ``--max-cases`` raises it (a 10^6-line prompts file
+must not start a million cases without a word); the whole zoo matrix is ~600."""
+
+MAX_GAMMA = _records.MAX_GAMMA
+"""γ above this is refused (flags, suites, trace headers; ``traces.records.MAX_GAMMA``)."""
+
+
+def gamma(text: str) -> int:
+    """A draft length γ in ``[1, MAX_GAMMA]``."""
+    v = positive_int(text)
+    if v > MAX_GAMMA:
+        raise _err(f"γ {v} is too large (limit {MAX_GAMMA})")
+    return v
+
+
 def _ints(text: str, minimum: int, what: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in parts):
@@ -136,8 +155,17 @@ def _ints(text: str, minimum: int, what: str) -> tuple[int, ...]:
 
 
 def positive_int_list(text: str) -> tuple[int, ...]:
-    """Comma-separated integers >= 1 (γ values)."""
+    """Comma-separated integers >= 1."""
     return _ints(text, 1, "positive integers")
+
+
+def gamma_list(text: str) -> tuple[int, ...]:
+    """Comma-separated γ values, each in ``[1, MAX_GAMMA]``."""
+    out = _ints(text, 1, "positive integers")
+    for v in out:
+        if v > MAX_GAMMA:
+            raise _err(f"γ {v} is too large (limit {MAX_GAMMA})")
+    return out
 
 
 def token_id_list(text: str) -> tuple[int, ...]:
@@ -146,10 +174,10 @@ def token_id_list(text: str) -> tuple[int, ...]:
 
 
 def str_list(text: str) -> list[str]:
-    """Comma-separated names (at least one)."""
-    out = [v.strip() for v in text.split(",") if v.strip()]
-    if not out:
-        raise _err(f"expected comma-separated names, got {text!r}")
+    """Comma-separated names (at least one; an empty item like ``a,,b`` is refused, not dropped)."""
+    out = [v.strip() for v in text.split(",")]
+    if not text.strip() or any(not v for v in out):
+        raise _err(f"expected comma-separated names like a,b, got {text!r}")
     return out
 
 
@@ -168,32 +196,112 @@ def choice_list(known: Callable[[], Iterable[str]], what: str) -> Callable[[str]
     return parse
 
 
+def zoo_targets() -> list[str]:
+    """The zoo's target names (``--targets``)."""
+    import zoo
+
+    return [*zoo.TARGETS, zoo.TRAINED_TARGET]
+
+
+def zoo_drafters() -> list[str]:
+    """The zoo's drafter names (``--drafters``)."""
+    import zoo
+
+    return [*zoo.DRAFTERS, zoo.TRAINED_DRAFTER]
+
+
+def runner_names() -> list[str]:
+    """The references (``--runners``), installed or not (availability is said per run)."""
+    from specparity.runners import registry
+
+    return registry.names("reference")
+
+
+def runner_list(text: str) -> list[str]:
+    """``--runners``: comma-separated oracle names (``""``: none, the engine alone)."""
+    if not text.strip():
+        return []
+    return choice_list(lambda: ["engine", *runner_names()], "runner")(text)
+
+
+def source_names() -> list[str]:
+    """The §3 draft-source roster the engine knows (``--source``, suites, trace headers)."""
+    from engine.sources import KINDS
+
+    return list(KINDS)
+
+
+def source(text: str) -> str:
+    """One draft-source kind of the §3 roster."""
+    known = source_names()
+    if text.strip() not in known:
+        raise _err(f"unknown source {text!r}; known: {', '.join(known)}")
+    return text.strip()
+
+
+_INT_PARSERS = ("positive_int", "nonneg_int", "seed", "max_tokens", "gamma")
+_FLOAT_PARSERS = ("finite_float", "nonneg_float", "probability")
+_INT_LIST_PARSERS = ("positive_int_list", "token_id_list", "gamma_list")
+
+
+def check_value(parse: Callable[[str], Any], value: Any, where: str) -> Any:
+    """``value`` from a file (a TOML suite, a trace header) through the flag's own ``parse``.
+
+    One set of bounds for flags and files: a suite's ``seed = 2**70`` or a
+    header's γ of 10^9 is refused with the message ``--seed``/``--gammas`` give.
+    Values must have the native type (an int for an integer flag, never a
+    bool or a string), so nothing is coerced.
+
+    Raises:
+        UsageError: ``"<where>: <the flag's message>"``.
+    """
+    name = getattr(parse, "__name__", "")
+    if name in _INT_LIST_PARSERS:
+        if not isinstance(value, list | tuple) or not all(_is_int(x) for x in value):
+            raise UsageError(f"{where}: expected a non-empty list of integers, got {value!r}")
+        text = ",".join(str(x) for x in value)
+    elif name in _INT_PARSERS:
+        if not _is_int(value):
+            raise UsageError(f"{where}: expected an integer, got {value!r}")
+        text = str(value)
+    elif name in _FLOAT_PARSERS:
+        if not (_is_int(value) or isinstance(value, float)):
+            raise UsageError(f"{where}: expected a number, got {value!r}")
+        text = repr(float(value)) if isinstance(value, float) else str(value)
+    else:
+        if not isinstance(value, str):
+            raise UsageError(f"{where}: expected a string, got {value!r}")
+        text = value
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _no_nul(text: str) -> None:
     if "\x00" in text:
         raise _err(f"{text!r}: a path cannot contain a NUL byte")
 
 
-MAX_INPUT_BYTES = 256 << 20
+MAX_INPUT_BYTES = _io.MAX_INPUT_BYTES
 """Input files (prompts, suites) larger than this are refused, not read into memory."""
 
 
 def readable_file(text: str) -> Path:
     """An existing, readable regular file of at most :data:`MAX_INPUT_BYTES`.
 
-    Regular files only: ``/dev/zero`` or a FIFO would be read forever.
+    Regular files only: ``/dev/zero`` or a FIFO would be read forever. The check
+    is :func:`traces.io.regular_file`, the one every read of a user file uses.
     """
     _no_nul(text)
-    p = Path(text)
     try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise _err(f"{text}: no such file") from None
-    except OSError as exc:
-        raise _err(f"{text}: cannot access ({exc.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _err(f"{text}: not a regular file (a device, FIFO or directory)")
-    if st.st_size > MAX_INPUT_BYTES:
-        raise _err(f"{text}: {st.st_size} bytes is too large (limit {MAX_INPUT_BYTES})")
+        p = _io.regular_file(text)
+    except _io.InputFileError as exc:
+        raise _err(str(exc)) from None
     if not os.access(p, os.R_OK):
         raise _err(f"{text}: not readable (permission denied)")
     return p
@@ -269,10 +377,16 @@ def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
     if not p.is_dir():
         raise UsageError(f"{flag} {p}: " + ("not a directory" if p.exists() else "no such directory"))
     cfg = p / "config.json"
+    if not cfg.exists():
+        raise UsageError(f"{flag} {p}: no config.json (not an mlx-lm model directory)")
+    from engine.models import ModelLoadError, check_model_files
+
+    try:
+        check_model_files(p)  # FIFOs, devices, oversized configs: refused before any open()
+    except ModelLoadError as exc:
+        raise UsageError(f"{flag} {exc}") from None
     try:
         data = json.loads(cfg.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{flag} {p}: no config.json (not an mlx-lm model directory)") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{flag} {cfg}: unreadable config.json ({exc}); re-download or rebuild the model") from None
     if not isinstance(data, dict):

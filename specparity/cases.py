@@ -14,6 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from traces.digest import weight_files
+from traces.io import regular_file
+
 DEFAULT_GAMMAS = (1, 2, 3, 5)
 
 
@@ -92,8 +95,8 @@ def model_label(path: str | Path) -> str:
     p = Path(path).expanduser()
     h = hashlib.sha256()
     cfg = p / "config.json"
-    h.update(cfg.read_bytes() if cfg.is_file() else b"")
-    for w in sorted(p.glob("*.safetensors")):
+    h.update(regular_file(cfg).read_bytes() if cfg.exists() else b"")  # a FIFO: refused, not read
+    for w in weight_files(p) if p.is_dir() else []:  # regular files only
         h.update(json.dumps([w.name, w.stat().st_size]).encode())
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in p.resolve().name) or "model"
     return f"{name}-{h.hexdigest()[:8]}"

@@ -1,7 +1,8 @@
 """Grade a third-party MLX speculative engine (a subject) and write the scoreboard.
 
-``specparity grade --engine NAME [--out DIR]`` (``NAME``: one of
-``subjects.SUBJECTS``, or ``all``) runs every mode of the subject on zoo cases
+``specparity grade --engine NAME [--out DIR]`` (``NAME``: a ``subject`` of the
+runner registry, ``specparity/runners/subjects.py`` from ``subjects.SUBJECTS``,
+or ``all``) runs every mode of the subject on zoo cases
 and the checks of ``subjects/checks.py`` against references computed here,
 independently of the subject:
 
@@ -16,7 +17,9 @@ Writes ``DIR/<engine>.json`` (one result per mode × check), the subject's
 traces under ``DIR/traces/<engine>/`` and regenerates ``DIR/scoreboard.md`` /
 ``.html`` from every ``DIR/*.json`` (``reports/scoreboard.py``), so runs in
 separate environments (one per subject: their pins conflict) add up to one
-scoreboard. Exit 0 when nothing failed, 1 when a check failed, 2 on usage.
+scoreboard. Exit 0 when every engine asked for was graded and nothing failed,
+1 when a check failed, 2 on usage or when a named engine is not installed here
+(with its install hint; ``all``: when none is).
 
 Reproduce one case: ``python -m specparity.engines ENGINE --case CASE_ID``
 prints the subject's stream beside plain decode and the check verdicts.
@@ -33,7 +36,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from subjects import SUBJECTS, Mode, availability, load
+from specparity.runners.registry import availability
+from subjects import SUBJECTS, Mode, load
 from subjects.base import SubjectCase, SubjectRun, to_trace
 from subjects.checks import (
     CHECKS,
@@ -251,23 +255,44 @@ def _failed(doc: dict[str, Any]) -> bool:
     return any(r["status"] == "fail" for m in doc.get("modes", {}).values() for r in m["checks"].values())
 
 
+def engine_names(given: str) -> list[str]:
+    """``--engine``'s subjects: one registry subject, or every one for ``all`` (one-line
+    RunnerUnsupported, exit 2, for a blank or unknown name or a runner that is not a subject)."""
+    from specparity.runners import registry
+
+    if given == "all":
+        return registry.names("subject")
+    return [registry.get(given, kind="subject", what="engine").name]
+
+
 def grade_engine_main(args: argparse.Namespace) -> int:
-    """``specparity grade --engine NAME|all [--out DIR]``."""
-    names = list(SUBJECTS) if args.engine == "all" else [args.engine]
-    for n in names:
-        if n not in SUBJECTS:
-            print(f"specparity grade: unknown engine {n!r}; known: {', '.join(SUBJECTS)}, all", file=sys.stderr)
-            return 2
+    """``specparity grade --engine NAME|all [--out DIR]``.
+
+    Exit 0 when every engine asked for was graded here and no check failed, 1 when a check
+    failed, 2 when a named engine is not installed here (its install hint: each subject runs in
+    its own environment) or, for ``all``, when none is; ``all`` grades the installed ones and
+    names the others (their scoreboard rows come from their own environments).
+    """
+    from specparity.runners import RunnerUnsupported, registry
+
+    try:
+        names = engine_names(args.engine)
+    except RunnerUnsupported as exc:
+        print(f"specparity grade: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
-    failed = unavailable = False
+    failed = False
+    unavailable: dict[str, str] = {}
     for n in names:
         path = out / f"{n}.json"
+        installed, why = registry.availability(n)
+        if not installed:
+            unavailable[n] = why
         doc = grade_engine(n, out)
         if not doc["available"] and path.exists() and json.loads(path.read_text()).get("available"):
             # never clobber a grade made in the engine's own environment with "not installed here"
             _log(f"{n}: not available here; kept {path} (graded in its own environment)")
-            unavailable = True
             continue
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
@@ -277,12 +302,14 @@ def grade_engine_main(args: argparse.Namespace) -> int:
 
     md, html = write_scoreboard(out)
     print(f"scoreboard: {md} {html}")
+    for n, why in unavailable.items():
+        hint = registry.get(n).install_hint
+        print(f"specparity grade: {n} is not installed here: {why}"
+              + ("" if hint in why else f"; run it with: {hint}"), file=sys.stderr)
     if failed:
         return 1
-    if unavailable and args.engine != "all":
-        print(f"specparity grade: {args.engine} is not installed here: {SUBJECTS[args.engine].install_hint}",
-              file=sys.stderr)
-        return 2
+    if unavailable and (args.engine != "all" or len(unavailable) == len(names)):
+        return 2  # nothing graded for the engine(s) asked for: never a silent success
     return 0
 
 
@@ -322,8 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case", default=None, help="a case id from the scoreboard: run it and show the difference")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
-    if a.engine not in SUBJECTS and a.engine != "all":
-        p.error(f"unknown engine {a.engine!r}; known: {', '.join(SUBJECTS)}")
+    from specparity.runners import RunnerUnsupported
+
+    try:
+        engine_names(a.engine)
+    except RunnerUnsupported as exc:
+        p.error(str(exc))
     if a.case is not None:
         try:
             return reproduce(a.engine, a.case)

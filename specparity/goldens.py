@@ -144,7 +144,8 @@ class GoldenRunner:
     """A runner that has goldens.
 
     Attributes:
-        name: The runner name ``specparity.runners.run_case`` takes.
+        name: The runner name ``specparity.runners.run_case`` takes (a registry runner,
+            ``specparity/runners/``, unless ``produce`` makes its records).
         package: The distribution whose version (and VCS commit) is an input.
         code_modules: Modules or packages whose source is the runner's code
             (a package means all its ``.py`` files, recursively;
@@ -162,8 +163,8 @@ class GoldenRunner:
         produce: Makes the golden's records of a case (header to footer)
             instead of ``specparity.runners.run_case`` (the draft-level
             runners of ``specparity/draft_goldens.py``).
-        requires: The ``oracles.RUNNERS`` entry whose availability decides
-            whether this runner can run here (default: its own name).
+        requires: The registry runner (``specparity.runners.registry``) whose
+            availability decides whether this runner can run here (default: its own name).
     """
 
     name: str
@@ -270,6 +271,14 @@ def _trimmable(target: str) -> bool:
     return bool(can_trim_prompt_cache(make_prompt_cache(load_model(str(zoo.model_dir(target))).model)))
 
 
+def _runs(runner: str, case: Any) -> bool:
+    """Whether the registry's runner implements the case (``specparity.runners.registry``):
+    a golden is never a plain decode recorded under a speculative label."""
+    from specparity.runners import registry
+
+    return registry.supports(runner, case)
+
+
 def golden_key(runner: str, case: Any) -> str:
     return f"{runner}/{case.file_stem}"
 
@@ -284,7 +293,7 @@ def golden_cases(runners: Iterable[str] | None = None) -> dict[str, tuple[str, A
     for name in runners if runners is not None else GOLDEN_RUNNERS:
         info = GOLDEN_RUNNERS[name]
         for case in info.cases():
-            if info.supports(case):
+            if info.supports(case) and (info.produce is not None or _runs(name, case)):
                 out[golden_key(name, case)] = (name, case)
     return out
 

@@ -1,8 +1,10 @@
 """``specparity grade DIR``: grade traces written by any engine.
 
-Every ``*.jsonl`` under ``DIR`` (recursively; the output folder excluded) is
-validated (``traces.validate.validate_file``; an invalid trace is reported as
-``FILE:LINE: field: message`` and fails the grade before anything runs). Each
+Every ``*.jsonl`` under ``DIR`` (recursively, bounded: :func:`find_traces`; the
+output folder and any earlier specparity output excluded) is validated
+(``traces.validate.validate_file``) and its header checked against the §3 roster
+and the flags' bounds (:func:`header_problems`); an invalid trace is reported as
+``FILE:LINE: field: message`` and fails the grade (exit 1) before anything runs. Each
 trace's header names its case: the target (and drafter) by path, the source,
 the prompt's token ids, the params and the EOS ids. For every case the models
 are found (a path as written, else relative to the trace's folder or ``DIR``;
@@ -37,6 +39,7 @@ from specparity.run import (
     finish,
     not_compared,
     numerics_witness,
+    skip_reasons,
 )
 from specparity.runners import runner_supports
 from traces.diff import diff_traces
@@ -104,6 +107,13 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
     dpath = _find_model(header.get("drafter"), trace_path, root, "drafter") if spec else None
     if dpath is not None:
         _check_identity(dpath, header["drafter"], trace_path, "drafter")
+    if spec:
+        from specparity.runners import registry
+
+        engine = registry.get("engine")
+        if source not in engine.sources or source == registry.PLAIN:
+            raise GradeError(f"{trace_path}: header source {source!r} is not a draft source the "
+                             f"harness knows ({', '.join(s for s in engine.sources if s != registry.PLAIN)})")
     p = header["params"]
     eos = tuple(int(t) for t in header["eos_ids"])
     tok_eos = load_model(str(tpath)).eos_ids
@@ -143,27 +153,129 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
     )
 
 
+MAX_WALK_DEPTH = 16
+"""Folders deeper than this under ``DIR`` are not searched (refused in one line when met)."""
+MAX_WALK_ENTRIES = 100_000
+"""Directory entries looked at before the search is refused (``grade /`` must not walk a disk)."""
+MAX_TRACES = 10_000
+"""Traces graded in one call (each is re-run by every reference)."""
+
+
+def find_traces(trace_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """The ``*.jsonl`` regular files under ``trace_dir``, bounded and without specparity outputs.
+
+    Skipped: the output folder ``out_dir``, any folder that is a specparity run or
+    grade output (it holds the run marker ``.specparity-run.json``: an earlier
+    ``grade --out`` inside ``DIR`` must not be graded as the engine's traces),
+    symlinked folders (no cycles, no escape) and special files (FIFOs, devices).
+    The walk is refused in one line past :data:`MAX_WALK_DEPTH` levels,
+    :data:`MAX_WALK_ENTRIES` entries or :data:`MAX_TRACES` traces.
+    """
+    import os
+
+    from reports.tables import RUN_MARKER
+
+    root = Path(trace_dir)
+    if not root.is_dir():
+        raise GradeError(f"{str(root)!r} is not a directory of traces")
+    if (root / RUN_MARKER).exists():
+        raise GradeError(f"{root} is a specparity run/grade output ({RUN_MARKER}), not an engine's "
+                         f"traces; give the engine's trace folder (a run's own: {root / 'traces' / 'engine'})")
+    skip = out_dir.resolve() if out_dir is not None else None
+    files: list[Path] = []
+    seen = 0
+    base_depth = len(root.resolve().parts)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        depth = len(here.resolve().parts) - base_depth
+        seen += len(dirnames) + len(filenames)
+        if seen > MAX_WALK_ENTRIES:
+            raise GradeError(f"{root}: more than {MAX_WALK_ENTRIES} files and folders under it; "
+                             "give the folder that holds the traces, not a whole disk")
+        keep = []
+        for d in sorted(dirnames):
+            sub_dir = here / d
+            if sub_dir.is_symlink() or (skip is not None and sub_dir.resolve() == skip):
+                continue
+            if (sub_dir / RUN_MARKER).exists():
+                continue  # a specparity output (e.g. an earlier grade --out): never graded
+            if depth + 1 > MAX_WALK_DEPTH:
+                raise GradeError(f"{root}: folders nested deeper than {MAX_WALK_DEPTH} levels "
+                                 f"({sub_dir}); give the folder that holds the traces")
+            keep.append(d)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            f = here / name
+            if name.endswith(".jsonl") and f.is_file():  # regular files (FIFOs never opened)
+                files.append(f)
+                if len(files) > MAX_TRACES:
+                    raise GradeError(f"{root}: more than {MAX_TRACES} traces; grade them in parts")
+    return sorted(files)
+
+
+def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
+    """``[(field, message)]``: a header's source and params checked as the flags check them.
+
+    The source must be one of the §3 roster the engine knows (a plain trace has
+    none); γ, max_tokens, the sampling params, prompt and EOS ids go through the
+    validators of ``--gammas``, ``--max-tokens``, ``--temps``, ``--top-p``,
+    ``--top-k``, ``--seed`` and ``--prompt-ids`` (``specparity.args``), so a header
+    γ of 10^9 is refused here instead of driving per-γ work.
+    """
+    from specparity import args
+
+    out: list[tuple[str, str]] = []
+    source, mode = header.get("source"), header.get("mode")
+    known = args.source_names()
+    if mode == "plain" and source is not None:
+        out.append(("header.source", f"{source!r} in a plain trace (a plain decode has no draft source)"))
+    elif source is not None and source not in known:
+        out.append(("header.source", f"unknown draft source {source!r}; known: {', '.join(known)}"))
+    p = header.get("params") or {}
+    checks: list[tuple[str, Any, Any]] = [
+        ("params.max_tokens", args.max_tokens, p.get("max_tokens")),
+        ("params.temperature", args.nonneg_float, p.get("temperature")),
+        ("params.top_p", args.probability, p.get("top_p")),
+        ("params.top_k", args.nonneg_int, p.get("top_k")),
+        ("prompt.token_ids", args.token_id_list, (header.get("prompt") or {}).get("token_ids")),
+    ]
+    if p.get("seed") is not None:  # null: the engine did not say
+        checks.append(("params.seed", args.seed, p["seed"]))
+    if header.get("eos_ids"):
+        checks.append(("eos_ids", args.token_id_list, header["eos_ids"]))
+    g = p.get("gamma")
+    if g is not None and (mode == "spec" or g != 0):  # a plain trace may say 0
+        checks.append(("params.gamma", args.gamma, g))
+    for fld, parse, value in checks:
+        try:
+            args.check_value(parse, value, "")
+        except args.UsageError as exc:
+            out.append((f"header.{fld}", str(exc).removeprefix(": ")))
+    return out
+
+
 def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
     """Validate and read every trace under ``trace_dir``; the cases they name."""
     from traces.validate import validate_file
 
     trace_dir = Path(trace_dir)
-    if not trace_dir.is_dir():
-        raise GradeError(f"{str(trace_dir)!r} is not a directory of traces")
-    skip = out_dir.resolve() if out_dir is not None else None
-    files = sorted(p for p in trace_dir.rglob("*.jsonl")
-                   if skip is None or skip not in p.resolve().parents)
+    files = find_traces(trace_dir, out_dir)
     if not files:
         raise GradeError(f"{trace_dir}: no *.jsonl traces found")
     problems = [f"{e.path}:{e.line or 0}: {e.field}: {e.message}"
                 for f in files for e in validate_file(f)]
+    traces: list[tuple[Path, Trace]] = []
+    if not problems:
+        for f in files:
+            tr = read_trace(f)
+            problems += [f"{f}:1: {fld}: {msg}" for fld, msg in header_problems(tr.header)]
+            traces.append((f, tr))
     if problems:
         more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise GradeError(f"{len(problems)} problem(s) in the traces:\n" + "\n".join(problems[:20]) + more)
     graded: list[Graded] = []
     counts: dict[str, int] = {}
-    for f in files:
-        tr = read_trace(f)
+    for f, tr in traces:
         cid = str(tr.header["case_id"])
         counts[cid] = counts.get(cid, 0) + 1
         graded.append(Graded(f, tr, case_from_header(tr.header, f, trace_dir), cid))
@@ -254,7 +366,11 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
             traces[(key, cid)] = Trace.from_records(records)
         bar.update(1)
 
+    result.skipped = skip_reasons(oracles, [g.case for g in graded])  # a header's source/options
     unique_jobs = list(dict.fromkeys(jobs))
+    if progress:  # the size of the work, said before it starts
+        print(f"specparity grade: {len(graded)} traces, {len(unique_jobs)} re-runs on "
+              f"{', '.join(['engine', *oracles])}", file=sys.stderr)
     with Progress(len(unique_jobs), "grading (re-runs)", enabled=progress) as bar:
         execute(unique_jobs, on_result, workers=workers, ray_address=ray_address)
     witness = numerics_witness()  # judges a flip by replaying each run's path (engine/witness.py)
@@ -284,7 +400,7 @@ def grade_main(args: argparse.Namespace) -> int:
         result = grade(args.dir, args.out, runners=args.runners, workers=args.workers,
                        ray_address=args.ray, progress=not getattr(args, "quiet", False))
     except GradeError as exc:
-        print(f"specparity grade: {exc}", file=sys.stderr)
+        print(f"specparity grade: error: {exc}", file=sys.stderr)
         return 1
     print((result.out_dir / "summary.md").read_text())
     print(f"graded {sum(1 for k in result.traces if k[0] == 'engine')} traces; verdicts and report "

@@ -6,10 +6,15 @@ A prompts file is one of:
   the target's tokenizer, as mlx-lm ``stream_generate`` encodes a string
   prompt: ``tokenizer.encode(text)``) or ``{"id": "...", "token_ids": [...]}``;
   blank lines are skipped;
+- a JSON array of those objects (``[{"id": ..., "text": ...}, ...]``);
 - plain text: one prompt per line (blank lines skipped), ids ``line-N`` with N
   the 1-based line number.
 
-A file is JSONL when its first non-blank line starts with ``{``. Ids are unique
+A file is a JSON array when it starts with ``[`` followed by ``{`` (or is
+``[]``), JSONL when its first non-blank line starts with ``{``, plain text
+otherwise (``[INST] hi`` is a text prompt); a UTF-8 byte-order mark is
+dropped. A file that starts like JSON and does not parse is refused, never
+read as text. Ids are unique
 within a file. Token ids are checked against the model before anything runs
 (:func:`check_prompt`): every id must lie in ``[0, vocab_size)`` (id 0 is
 valid) — an id outside it indexes past the embedding table, which on MLX is
@@ -53,22 +58,31 @@ class Prompt:
 
 
 def read_prompts_file(path: str | Path) -> list[Prompt]:
-    """Parse a prompts file (JSONL or plain text, see the module doc)."""
+    """Parse a prompts file (JSONL, a JSON array or plain text, see the module doc)."""
+    from traces.io import InputFileError, regular_file
+
     p = Path(path)
-    if not p.is_file():
-        raise PromptError(f"prompts file {str(p)!r} does not exist or is not a file")
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        regular_file(p, what="prompts file")  # FIFOs, devices, > 256 MiB: refused before open()
+    except InputFileError as exc:
+        raise PromptError(str(exc)) from None
+    try:
+        # utf-8-sig: a byte-order mark (Windows editors) is dropped, never read as text.
+        text = p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise PromptError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    lines = text.splitlines()
     first = next((ln for ln in lines if ln.strip()), None)
     if first is None:
         raise PromptError(f"{p}: no prompts (the file is empty)")
     out: list[Prompt] = []
-    if first.lstrip().startswith("{"):
+    head = text.lstrip()
+    if head.startswith("[") and head[1:].lstrip()[:1] in ("{", "]", ""):
+        out = _json_array_prompts(p, text)
+    elif first.lstrip().startswith("{"):
         for n, line in enumerate(lines, 1):
             if line.strip():
-                out.append(_jsonl_prompt(p, n, line))
+                out.append(_jsonl_prompt(f"{p}:{n}", line))
     else:
         out = [Prompt(f"line-{n}", text=line) for n, line in enumerate(lines, 1) if line.strip()]
     seen: dict[str, int] = {}
@@ -80,12 +94,31 @@ def read_prompts_file(path: str | Path) -> list[Prompt]:
     return out
 
 
-def _jsonl_prompt(p: Path, n: int, line: str) -> Prompt:
-    where = f"{p}:{n}"
+def _json_array_prompts(p: Path, text: str) -> list[Prompt]:
+    """A file holding one JSON array of prompt objects (the JSONL objects, as a list)."""
+    try:
+        items = json.loads(text)
+    except ValueError as exc:
+        raise PromptError(f"{p}: starts like a JSON array of prompts but is not valid JSON "
+                          f"({exc})") from None
+    except RecursionError:
+        raise PromptError(f"{p}: JSON nested too deeply; refused") from None
+    if not items:
+        raise PromptError(f"{p}: no prompts (an empty JSON array)")
+    return [_prompt_object(f"{p}: item {i + 1}", obj) for i, obj in enumerate(items)]
+
+
+def _jsonl_prompt(where: str, line: str) -> Prompt:
     try:
         obj = json.loads(line)
     except ValueError as exc:
         raise PromptError(f"{where}: not a JSON object ({exc})") from None
+    except RecursionError:
+        raise PromptError(f"{where}: JSON nested too deeply; refused") from None
+    return _prompt_object(where, obj)
+
+
+def _prompt_object(where: str, obj: Any) -> Prompt:
     if not isinstance(obj, dict):
         raise PromptError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     extra = set(obj) - {"id", "text", "token_ids"}
@@ -117,11 +150,16 @@ def model_limits(config: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def _config(model_dir: str | Path) -> dict[str, Any]:
+    from traces.io import regular_file
+
     path = Path(model_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(regular_file(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise PromptError(f"{path}: cannot read the model config ({exc})") from None
+    if not isinstance(data, dict):
+        raise PromptError(f"{path}: the model config is not a JSON object")
+    return data
 
 
 def check_prompt(

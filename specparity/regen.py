@@ -388,13 +388,13 @@ def _regen(
 
 def _unavailable_runners(names: Iterable[str]) -> dict[str, str]:
     """``{runner: why}`` for oracle runners whose reference is not installed here."""
-    from oracles import RUNNERS, availability
+    from specparity.runners import registry
 
     out = {}
     for name in names:
         oracle = (g.GOLDEN_RUNNERS[name].requires if name in g.GOLDEN_RUNNERS else None) or name
-        if oracle in RUNNERS:
-            ok, why = availability(oracle)
+        if oracle in registry.names("reference"):
+            ok, why = registry.availability(oracle)
             if not ok:
                 out[name] = f"oracle unavailable: {why}"
     return out

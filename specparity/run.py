@@ -15,13 +15,14 @@ knife-edge is ``numerics`` and is reported, not failed).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import DEFAULT_GAMMAS, Case, pick_prompts, spec_matrix
+from specparity.cases import DEFAULT_GAMMAS, Case
 from specparity.progress import Progress
 from specparity.runners import run_case, runner_supports
 from traces.diff import Divergence, diff_traces
@@ -113,6 +114,7 @@ class RunResult:
     traces: dict[tuple[str, str], Path] = field(default_factory=dict)
     comparisons: list[Comparison] = field(default_factory=list)
     wall_s: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)  # runner -> cases it does not implement
 
     @property
     def ok(self) -> bool:
@@ -180,19 +182,37 @@ def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, work
 
 
 def available_runners(runners: list[str] | None) -> tuple[list[str], dict[str, str]]:
-    """``(["engine", available oracles...], {unavailable oracle: why})``."""
-    from oracles import RUNNERS, run_availability
+    """``(["engine", available per-case references...], {skipped runner: why})``.
 
-    names = runners if runners is not None else list(RUNNERS)
+    Default: every reference of the registry (``specparity.runners.registry``); a named
+    runner that is not available here, or not run per case (a reference exercised by its own
+    conformance tests, a subject graded by ``grade --engine``), is skipped with the reason.
+    """
+    from specparity.runners import registry
+
+    names = runners if runners is not None else registry.names("reference")
     available, unavailable = [], {}
     for name in names:
         if name == "engine":
             continue
-        if name not in RUNNERS:
-            raise ValueError(f"unknown runner {name!r}; known: {', '.join(RUNNERS)}")
-        ok, why = run_availability(name)  # importable AND dispatched per case (else skipped, why)
+        registry.get(name)  # unknown/blank names: one line naming the known runners
+        ok, why = registry.run_availability(name)  # available AND run per case (else skipped, why)
         (available.append(name) if ok else unavailable.__setitem__(name, why))
     return ["engine", *available], unavailable
+
+
+def skip_reasons(runners: list[str], cases: list[Case]) -> dict[str, str]:
+    """``{runner: "N case(s) skipped: <first reason>"}``: cases a runner does not implement."""
+    from specparity.runners.registry import unsupported
+
+    out: dict[str, tuple[int, str]] = {}
+    for r in runners:
+        for c in cases:
+            why = unsupported(r, c)
+            if why is not None:
+                n, first = out.get(r, (0, why))
+                out[r] = (n + 1, first)
+    return {r: f"{n} case(s) skipped: {first}" for r, (n, first) in out.items()}
 
 
 def zoo_cases(
@@ -202,16 +222,35 @@ def zoo_cases(
     gammas: tuple[int, ...] = DEFAULT_GAMMAS,
     n_prompts: int = 8,
     max_tokens: int = 32,
+    sampling: tuple[Any, ...] | None = None,
+    eos_ids: tuple[int, ...] | None = None,
+    truncate: bool = False,
+    max_cases: int | None = None,
 ) -> list[Case]:
-    """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts."""
-    import zoo
+    """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts x ``sampling``.
 
+    Built as a suite (``specparity.suite``), so the zoo matrix honours the same
+    settings as a pair of one's own (sampling, EOS ids) and its prompts are
+    checked against each target's context with ``max_tokens``. Unknown target
+    or drafter names are refused with the known ones, never dropped.
+    """
+    import zoo
+    from specparity.args import zoo_drafters, zoo_targets
+    from specparity.suite import PairSpec, Sampling, suite_cases
+
+    for names, known, what in ((targets, zoo_targets(), "target"), (drafters, zoo_drafters(), "drafter")):
+        bad = [n for n in names or () if n not in known]
+        if bad:
+            raise ValueError(f"unknown zoo {what}(s) {', '.join(map(repr, bad))}; known: {', '.join(known)}")
     pairs = [(t, d) for (t, d) in zoo.pairs()
              if (targets is None or t in targets) and (drafters is None or d in drafters)]
     if not pairs:
         raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
-    prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)
-    return spec_matrix(pairs, prompt_ids, gammas, max_tokens)
+    specs = [PairSpec(target=t, drafter=d, gammas=tuple(gammas), max_tokens=max_tokens,
+                      zoo_prompts=n_prompts, sampling=tuple(sampling or (Sampling(),)),
+                      eos_ids=eos_ids, truncate=truncate, where=f"zoo pair {t}/{d}")
+             for t, d in pairs]
+    return suite_cases(specs, max_cases=max_cases)
 
 
 def check_unique(cases: list[Case]) -> list[Case]:
@@ -233,13 +272,19 @@ def run(out_dir: Path, **kwargs: Any) -> RunResult:
     cleared, and its marker says ``complete`` only when the run finished (a
     killed run's report says INCOMPLETE).
     """
+    from specparity.args import MAX_CASES
     from specparity.outdir import claim_run_dir
+    from specparity.suite import check_case_count
 
-    # Bad runner names / an empty selection are refused before the directory is touched.
+    # Bad runner names / an empty selection / too many cases are refused before the
+    # directory is touched.
     available_runners(kwargs.get("runners"))
+    max_cases = kwargs.pop("max_cases", MAX_CASES)
     if kwargs.get("cases") is None:
-        zoo_cases(**{k: kwargs[k] for k in ("targets", "drafters", "gammas", "n_prompts",
-                                            "max_tokens") if k in kwargs})
+        kwargs["cases"] = zoo_cases(max_cases=max_cases, **{
+            k: kwargs[k] for k in ("targets", "drafters", "gammas", "n_prompts", "max_tokens")
+            if k in kwargs})
+    check_case_count(len(kwargs["cases"]), max_cases)
     with claim_run_dir(out_dir, "specparity run"):
         return run_cases(Path(out_dir), **kwargs)
 
@@ -277,6 +322,7 @@ def run_cases(
     refusals: dict[tuple[str, str], ReferenceRefused] = {}
     paths: dict[tuple[str, str], Path] = {}
     jobs = [(r, c) for c in [*plains, *specs] for r in all_runners if runner_supports(r, c)]
+    result.skipped = skip_reasons(available, [*plains, *specs])
 
     def on_result(job: Job, res: tuple[str, Any]) -> None:
         runner, case = job
@@ -291,6 +337,10 @@ def run_cases(
             traces[(runner, case.case_id)] = Trace.from_records(payload)
         bar.update(1)
 
+    if progress:  # the size of the work, said before it starts
+        print(f"specparity run: {len(specs) + len(plains)} cases ({len(specs)} speculative, "
+              f"{len(plains)} plain), "
+              f"{len(jobs)} runs on {', '.join(all_runners)}", file=sys.stderr)
     with Progress(len(jobs), "running cases", enabled=progress) as bar:
         execute(jobs, on_result, workers=workers, ray_address=ray_address)
     order = [(r, c.case_id) for r, c in jobs]
@@ -315,7 +365,7 @@ def run_cases(
         elif not any(runner_supports(o, case) for o in available):
             result.comparisons.append(not_compared(case))
     for case in plains:
-        for oracle in available:
+        for oracle in [o for o in available if runner_supports(o, case)]:
             result.comparisons.append(_reference_comparison(
                 oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id), witness))
     result.wall_s = time.perf_counter() - t0

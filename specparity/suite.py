@@ -22,6 +22,12 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     drafter = "twin"                   # a zoo drafter, or a path; omit for plain / ngram
     sources = ["two-model"]            # default: detected from the drafter (§3 order)
 
+Every value goes through the validator of the flag that sets the same thing
+(``specparity.args.check_value``: ``gammas`` as ``--gammas``, ``seed`` as
+``--seed``, ``prompts_file`` as ``--prompts-file``, ...), so a suite accepts
+exactly what the flags accept. ``suite_cases(..., max_cases=N)`` refuses a suite
+of more than N cases before any prompt is encoded.
+
 Case ids: a zoo pair keeps its zoo ids; a model path is named by
 :func:`specparity.cases.model_label` (directory name + short digest), a
 non-two-model drafter path is prefixed by its source kind.
@@ -29,7 +35,6 @@ non-two-model drafter path is prefixed by its source kind.
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -87,11 +92,14 @@ def _is_zoo_target(name: str) -> bool:
     return name in (*zoo.TARGETS, zoo.TRAINED_TARGET) and not Path(name).is_dir()
 
 
-def _ints(v: Any, where: str, minimum: int) -> tuple[int, ...]:
-    if (not isinstance(v, list) or not v
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in v)):
-        raise SuiteError(f"{where}: expected a non-empty list of integers >= {minimum}, got {v!r}")
-    return tuple(v)
+def _check(parse: Any, v: Any, where: str) -> Any:
+    """A suite value through the flag's own validator (``specparity.args``): one set of bounds."""
+    from specparity import args
+
+    try:
+        return args.check_value(parse, v, where)
+    except args.UsageError as exc:
+        raise SuiteError(str(exc)) from None
 
 
 def _processors(v: Any, where: str) -> str:
@@ -107,6 +115,8 @@ def _processors(v: Any, where: str) -> str:
 
 
 def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
+    from specparity import args
+
     if isinstance(v, dict):
         v = [v]
     if not isinstance(v, list) or not v:
@@ -116,41 +126,47 @@ def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
         w = f"{where}[{i}]"
         if not isinstance(s, dict) or set(s) - _SAMPLING_KEYS:
             raise SuiteError(f"{w}: expected a table with keys among {sorted(_SAMPLING_KEYS)}, got {s!r}")
-        t, p = s.get("temperature", 0.0), s.get("top_p", 0.0)
-        k, seed = s.get("top_k", 0), s.get("seed", 0)
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-            raise SuiteError(f"{w}.temperature: must be a finite number >= 0, got {t!r}")
-        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
-            raise SuiteError(f"{w}.top_p: must be between 0 and 1, got {p!r}")
-        for name, x in (("top_k", k), ("seed", seed)):
-            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
-                raise SuiteError(f"{w}.{name}: must be an integer >= 0, got {x!r}")
+        # the bounds of --temps, --top-p, --top-k and --seed
+        t = _check(args.nonneg_float, s.get("temperature", 0.0), f"{w}.temperature")
+        p = _check(args.probability, s.get("top_p", 0.0), f"{w}.top_p")
+        k = _check(args.nonneg_int, s.get("top_k", 0), f"{w}.top_k")
+        seed = _check(args.seed, s.get("seed", 0), f"{w}.seed")
         out.append(Sampling(float(t), float(p), int(k), int(seed), _processors(s.get("processors", ""), w)))
     return tuple(out)
 
 
+def _path(v: Any, where: str, root: Path) -> Path:
+    if not isinstance(v, str) or not v or "\x00" in v:
+        raise SuiteError(f"{where}: expected a path string, got {v!r}")
+    try:
+        return root / Path(v).expanduser()
+    except RuntimeError as exc:  # ~nosuchuser
+        raise SuiteError(f"{where}: {v!r}: {exc}") from None
+
+
 def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> PairSpec:
+    """Apply ``raw`` over ``base``; every value goes through its flag's validator."""
+    from specparity import args
+
     s = PairSpec(**{**base.__dict__, "where": where})
     for key, v in raw.items():
         w = f"{where}.{key}"
         if key == "gammas":
-            s.gammas = _ints(v, w, 1)
-        elif key in ("max_tokens", "zoo_prompts"):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise SuiteError(f"{w}: expected an integer >= 1, got {v!r}")
-            setattr(s, key, v)
+            s.gammas = _check(args.gamma_list, v, w)
+        elif key == "max_tokens":
+            s.max_tokens = _check(args.max_tokens, v, w)
+        elif key == "zoo_prompts":
+            s.zoo_prompts = _check(args.positive_int, v, w)
         elif key == "prompts_file":
-            if not isinstance(v, str):
-                raise SuiteError(f"{w}: expected a path string, got {v!r}")
-            s.prompts_file = (root / Path(v).expanduser())
+            s.prompts_file = _check(args.readable_file, str(_path(v, w, root)), w)
         elif key == "sampling":
             s.sampling = _sampling(v, w)
         elif key == "eos_ids":
-            s.eos_ids = _ints(v, w, 0)
+            s.eos_ids = _check(args.token_id_list, v, w)
         elif key == "stop_ids":
             if not isinstance(v, list):
                 raise SuiteError(f"{w}: expected a list of token-id lists, got {v!r}")
-            s.stop_ids = tuple(_ints(x, f"{w}[{i}]", 0) for i, x in enumerate(v))
+            s.stop_ids = tuple(_check(args.token_id_list, x, f"{w}[{i}]") for i, x in enumerate(v))
         elif key == "stop_strings":
             if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
                 raise SuiteError(f"{w}: expected a list of non-empty strings, got {v!r}")
@@ -164,9 +180,13 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
 
 def load_suite(path: str | Path) -> list[PairSpec]:
     """The pairs of a TOML suite file, defaults applied and every value checked."""
+    from traces.io import InputFileError, regular_file
+
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(regular_file(p, what="suite").read_text(encoding="utf-8"))
+    except InputFileError as exc:
+        raise SuiteError(str(exc)) from None
     except OSError as exc:
         raise SuiteError(f"suite {str(p)!r}: cannot read ({exc.strerror or exc})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -197,9 +217,12 @@ def load_suite(path: str | Path) -> list[PairSpec]:
         spec.drafter = _model_ref(drafter, root) if drafter else None
         src = raw.get("sources", raw.get("source"))
         if src is not None:
+            from specparity.args import source_names
+
             src = [src] if isinstance(src, str) else src
-            if not isinstance(src, list) or not all(x in SOURCES for x in src):
-                raise SuiteError(f"{where}: sources must be among {', '.join(SOURCES)}, got {src!r}")
+            known = source_names()
+            if not isinstance(src, list) or not src or not all(x in known for x in src):
+                raise SuiteError(f"{where}: sources must be among {', '.join(known)}, got {src!r}")
             spec.sources = tuple(src)
         out.append(spec)
     return out
@@ -209,10 +232,15 @@ def _model_ref(ref: str, root: Path) -> str:
     """A zoo name as it is; a path made absolute (relative to the suite file)."""
     import zoo
 
+    if "\x00" in ref:
+        raise SuiteError(f"model {ref!r}: a path cannot contain a NUL byte")
     if ref in (*zoo.TARGETS, *zoo.DRAFTERS, zoo.TRAINED_TARGET, zoo.TRAINED_DRAFTER) \
             and not (root / ref).is_dir():
         return ref
-    p = (root / Path(ref).expanduser()).resolve()
+    try:
+        p = (root / Path(ref).expanduser()).resolve()
+    except RuntimeError as exc:  # ~nosuchuser
+        raise SuiteError(f"model {ref!r}: {exc}") from None
     if not p.is_dir():
         raise SuiteError(f"model {ref!r} is neither a zoo name nor a directory (looked at {p})")
     return str(p)
@@ -283,20 +311,51 @@ def _drafter(spec: PairSpec, source: str, on_zoo: bool) -> tuple[str, str | None
 
 
 def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | None]]:
-    from specparity.prompts import encode_prompts, read_prompts_file
+    """``[(prompt id, token ids)]``, every prompt checked against the target's vocabulary and
+    context with this pair's ``max_tokens`` (zoo prompts too: ``None`` keeps the zoo's ids)."""
+    import zoo
+    from specparity.prompts import (
+        PromptError,
+        check_ids_for_model,
+        encode_prompts,
+        read_prompts_file,
+    )
+
+    try:
+        if spec.prompts_file is None:
+            if not on_zoo:
+                raise SuiteError(f"{spec.where}: a model path needs a prompts file (prompts_file / "
+                                 "--prompts-file); the zoo's prompts are in the zoo's vocabulary")
+            model = zoo.model_dir(spec.target)
+            out: list[tuple[str, tuple[int, ...] | None]] = []
+            for pid in pick_prompts([p.id for p in zoo.prompts()], spec.zoo_prompts):
+                ids = tuple(zoo.prompt(pid).token_ids)
+                kept = tuple(check_ids_for_model(ids, model, max_tokens=spec.max_tokens, prompt_id=pid,
+                                                 truncate=spec.truncate))
+                out.append((pid, None if kept == ids else kept))
+            return out
+        model = zoo.model_dir(spec.target) if on_zoo else Path(spec.target)
+        return list(encode_prompts(read_prompts_file(spec.prompts_file), model,
+                                   max_tokens=spec.max_tokens, truncate=spec.truncate))
+    except PromptError as exc:
+        raise SuiteError(f"{spec.where}: {exc}") from None
+
+
+def count_cases(spec: PairSpec) -> int:
+    """How many cases :func:`pair_cases` makes of ``spec``, from the prompt count alone
+    (the prompts file is parsed, nothing is encoded or loaded)."""
+    import zoo
+    from specparity.prompts import PromptError, read_prompts_file
 
     if spec.prompts_file is None:
-        if not on_zoo:
-            raise SuiteError(f"{spec.where}: a model path needs a prompts file (prompts_file / "
-                             "--prompts-file); the zoo's prompts are in the zoo's vocabulary")
-        import zoo
-
-        return [(pid, None) for pid in pick_prompts([p.id for p in zoo.prompts()], spec.zoo_prompts)]
-    import zoo
-
-    model = zoo.model_dir(spec.target) if on_zoo else spec.target
-    return list(encode_prompts(read_prompts_file(spec.prompts_file), model,
-                               max_tokens=spec.max_tokens, truncate=spec.truncate))
+        n = len(pick_prompts([p.id for p in zoo.prompts()], spec.zoo_prompts))
+    else:
+        try:
+            n = len(read_prompts_file(spec.prompts_file))
+        except PromptError as exc:
+            raise SuiteError(f"{spec.where}: {exc}") from None
+    per_prompt = len(spec.gammas) * len(spec.sources or ("?",)) if spec.drafter or spec.sources else 1
+    return n * per_prompt * len(spec.sampling)
 
 
 def _encode_stops(spec: PairSpec) -> list[tuple[int, ...]]:
@@ -315,6 +374,19 @@ def _encode_stops(spec: PairSpec) -> list[tuple[int, ...]]:
     return out
 
 
-def suite_cases(specs: Sequence[PairSpec]) -> list[Case]:
-    """All cases of a suite, in pair order."""
+def suite_cases(specs: Sequence[PairSpec], max_cases: int | None = None) -> list[Case]:
+    """All cases of a suite, in pair order.
+
+    ``max_cases``: a suite (or prompts file) that would make more cases is
+    refused before any prompt is encoded or model loaded (``run --max-cases``).
+    """
+    if max_cases is not None:
+        check_case_count(sum(count_cases(s) for s in specs), max_cases)
     return [c for s in specs for c in pair_cases(s)]
+
+
+def check_case_count(n: int, max_cases: int) -> None:
+    """Refuse ``n`` cases above ``max_cases`` in one line saying how to raise the limit."""
+    if n > max_cases:
+        raise SuiteError(f"{n} cases exceed the limit of {max_cases} (--max-cases); select fewer "
+                         f"prompts, pairs, gammas or sampling settings, or raise --max-cases")

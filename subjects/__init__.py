@@ -9,7 +9,10 @@ pins things the others conflict with (mlx-vlm, transformers, a replaced
 
 An adapter module exposes ``require()`` (raises :class:`SubjectUnavailable`
 with the install hint), ``version()``, ``MODES`` (mode name -> :class:`Mode`)
-and ``generate(case) -> SubjectRun``.
+and ``generate(case) -> SubjectRun``. Adding a subject is its adapter plus its
+row in :data:`SUBJECTS`; the runner registry of the ``specparity`` layer
+(``specparity/runners/subjects.py``, docs/runners.md) makes each row a runner
+of kind ``subject`` (``grade --engine NAME``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -799,3 +800,588 @@ def test_package_data_ignores_the_working_directory(tmp_path: Path, tiny_run: Pa
     from traces.reference import known_entries
 
     assert known_entries()
+
+
+# ================================================================ issue 23 (wt/hostb)
+# Three classes of issue 23, each with planted inputs and the expected outcome:
+# silently misread or ignored input, grading lies, unbounded work.
+
+HOSTILE_23: dict[str, list[str]] = {
+    "silently misread or ignored input": [
+        "run --targets llama,nosuch", "run --drafters twim", "run --runners mlx_lm,nosuch",
+        "run --targets llama,,qwen3", "run --source warp --target llama", "audit --targets nosuch",
+        "grade --runners nosuch", "zoo_cases(targets=[nosuch]) (API)",
+        "JSONL prompts with a BOM", "JSON array of prompts", "JSON array cut short",
+        "'[INST] hi' plain text", "JSONL prompt nested 100k deep",
+        "zoo matrix --temps/--top-k/--seed/--eos-ids applied", "--top-k without a temperature",
+        "--suite with --temps", "--prompts with --prompts-file",
+        "every run flag honoured or refused (zoo path and user path, counted at run time)",
+        "run --max-tokens 5000 on the zoo (context 2048)",
+        "suite key x sweep value agrees with its flag (counted at run time)",
+    ],
+    "grading lies": [
+        "header source 'warp-drive'", "plain header with source 'ngram'", "header γ 10^9",
+        "header seed 2^70", "header max_tokens 0", "header top_k 2^40",
+        "grade DIR with an earlier grade --out inside", "grade a run output itself",
+        "writer prompt id 187.7", "writer prompt id '496'", "writer prompt id True",
+        "writer round sample True", "writer plain sample '5'", "writer margin 'nan'",
+        "make_header eos id 1.0",
+    ],
+    "unbounded work": [
+        "report axis ticks for a γ of 10^9", "10^6-line prompts file", "zoo matrix past --max-cases",
+        "suite past --max-cases", "case count announced before the run", "grade / (walk limit)",
+        "grade: folders nested past the depth limit", "grade: a FIFO named x.jsonl",
+        "grade: a symlink loop", "FIFO model.safetensors (load, --target)",
+        "FIFO config.json", "FIFO tokenizer.json", "FIFO prompts file (suite)",
+        "/dev/zero as a suite's prompts_file", "FIFO run marker (report)",
+    ],
+}
+
+
+def test_catalogue_counts_issue_23() -> None:
+    n = sum(len(v) for v in HOSTILE_23.values())
+    assert n >= 45, n
+    print({k: len(v) for k, v in HOSTILE_23.items()}, "total", n)
+
+
+class _Started(Exception):
+    """Raised by a stubbed job: the input was accepted and work would have started."""
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """``specparity.run.run`` stubbed: its arguments are kept and it raises :class:`_Started`."""
+    import specparity.run
+
+    calls: list[dict[str, Any]] = []
+
+    def run(out: Path, **kwargs: Any) -> None:
+        calls.append({"out": out, **kwargs})
+        raise _Started()
+
+    monkeypatch.setattr(specparity.run, "run", run)
+    return calls
+
+
+def _refused(rc: int, err: str, *must: str) -> str:
+    assert rc == 2, err
+    return _one_error(err, *must)
+
+
+# ---------------------------------------------------------------- misread or ignored input
+
+
+NAME_CASES: list[tuple[list[str], str]] = [
+    (["run", "--targets", "llama,nosuch"], "'nosuch'; known: llama"),
+    (["run", "--drafters", "twim"], "'twim'; known: self, twin"),
+    (["run", "--runners", "mlx_lm,nosuch"], "'nosuch'; known: engine, mlx_lm"),
+    (["run", "--targets", "llama,,qwen3"], "llama,,qwen3"),
+    (["run", "--source", "warp", "--target", "llama"], "'warp'; known: two-model"),
+    (["audit", "--targets", "nosuch"], "'nosuch'; known: llama"),
+    (["grade", ".", "--runners", "nosuch"], "'nosuch'; known: engine"),
+]
+
+
+@pytest.mark.parametrize("argv,names", NAME_CASES, ids=[" ".join(a) for a, _ in NAME_CASES])
+def test_unknown_names_are_refused_with_the_known_ones(argv: list[str], names: str,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      captured: list[dict[str, Any]]) -> None:
+    """Before: unknown names were dropped and the run conformed on fewer pairs/references."""
+    rc, _, err = _cli(argv, capsys)
+    _refused(rc, err, names)
+    assert not captured
+
+
+def test_zoo_cases_api_refuses_unknown_names() -> None:
+    from specparity.run import zoo_cases
+
+    with pytest.raises(ValueError, match="unknown zoo target.*'nosuch'.*known: llama"):
+        zoo_cases(targets=["llama", "nosuch"], gammas=(1,), n_prompts=1)
+    with pytest.raises(ValueError, match="unknown zoo drafter.*'twim'"):
+        zoo_cases(targets=["llama"], drafters=["twim"], gammas=(1,), n_prompts=1)
+
+
+def test_prompts_file_bom_json_array_and_text(tmp_path: Path) -> None:
+    """A BOM is dropped (before: the JSONL was read as one text prompt per line); a JSON array
+    is read as prompts; JSON-looking garbage is refused, not read as text."""
+    from specparity.prompts import PromptError, read_prompts_file
+
+    objs = [{"id": "a", "token_ids": [5, 6, 7]}, {"id": "b", "text": "ba de"}]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(o) + "\n" for o in objs).encode())
+    arr = tmp_path / "arr.json"
+    arr.write_text(json.dumps(objs, indent=2))
+    want = [("a", None, (5, 6, 7)), ("b", "ba de", None)]
+    for f in (bom, arr):
+        assert [(p.id, p.text, p.token_ids) for p in read_prompts_file(f)] == want, f
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(objs)[:-5])
+    with pytest.raises(PromptError, match="JSON array of prompts but is not valid JSON"):
+        read_prompts_file(cut)
+    bad_item = tmp_path / "item.json"
+    bad_item.write_text('[{"id": "a", "text": "x"}, 5]')
+    with pytest.raises(PromptError, match="item 2: expected a JSON object"):
+        read_prompts_file(bad_item)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": ' + "[" * 100_000 + "\n")
+    with pytest.raises(PromptError, match="deep.jsonl:1"):
+        read_prompts_file(deep)
+    inst = tmp_path / "inst.txt"
+    inst.write_text("[INST] hi [/INST]\n")
+    assert [(p.id, p.text) for p in read_prompts_file(inst)] == [("line-1", "[INST] hi [/INST]")]
+
+
+def test_zoo_matrix_applies_sampling_and_eos_flags(capsys: pytest.CaptureFixture[str],
+                                                  captured: list[dict[str, Any]]) -> None:
+    """Before: --temps/--top-k/--seed/--eos-ids were ignored on the zoo matrix (greedy only)."""
+    rc, _, err = _cli(["run", "--targets", "llama", "--drafters", "twin", "--gammas", "2",
+                       "--prompts", "1", "--temps", "0,0.7", "--top-k", "5", "--seed", "9",
+                       "--eos-ids", "1"], capsys)
+    assert rc == 1 and "_Started" in err, err
+    cases = captured[0]["cases"]
+    assert sorted(c.temperature for c in cases) == [0.0, 0.7]
+    sampled = next(c for c in cases if c.temperature)
+    assert (sampled.top_k, sampled.seed, sampled.eos_ids) == (5, 9, (1,))
+    assert sampled.case_id == "llama/twin/nat-00/g2/n32/t0.7s9k5/eos1"
+
+
+@pytest.mark.parametrize("argv,names", [
+    (["run", "--top-k", "5"], "--top-k"),
+    (["run", "--targets", "llama", "--seed", "3", "--temps", "0"], "--seed"),
+    (["run", "--suite", "SUITE", "--temps", "0.5"], "--temps"),
+    (["run", "--suite", "SUITE", "--gammas", "2", "--max-tokens", "8"], "--gammas, --max-tokens"),
+    (["run", "--target", "llama", "--prompts-file", "P", "--prompts", "2"], "--prompts"),
+], ids=["top-k greedy", "seed greedy", "suite+temps", "suite+gammas", "prompts+file"])
+def test_flags_that_cannot_apply_are_refused(argv: list[str], names: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str],
+                                            captured: list[dict[str, Any]]) -> None:
+    suite = tmp_path / "s.toml"
+    suite.write_text('[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [5, 6]}\n')
+    argv = [str(suite) if a == "SUITE" else str(prompts) if a == "P" else a for a in argv]
+    rc, _, err = _cli(argv, capsys)
+    _refused(rc, err, names)
+    assert not captured
+
+
+# A valid value other than the default for every option of `run` (a new flag fails the test
+# until it is listed here): given alone, it must change what runs or be refused.
+RUN_FLAG_VALUES: dict[str, list[str]] = {
+    "--out": ["OUT2"], "--targets": ["qwen3"], "--drafters": ["small"], "--prompts": ["2"],
+    "--target": ["TARGET"], "--draft": ["DRAFT"], "--source": ["ngram"],
+    "--prompts-file": ["PROMPTS"], "--temps": ["0,0.5"], "--top-p": ["0.9"], "--top-k": ["3"],
+    "--seed": ["4"], "--eos-ids": ["1"], "--truncate": [], "--gammas": ["2"],
+    "--max-tokens": ["6"], "--suite": ["SUITE"], "--max-cases": ["1"], "--runners": [""],
+    "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [],
+}
+# Flags that act only in a situation the baseline lacks: given with these, the baseline is refused
+# and the flag must make it run.
+CONDITIONAL = {"--truncate": ["--max-tokens", "2046"]}
+PROCESS_FLAGS = {"--device": "sets this process's MLX device (tests/test_bench_devices.py)",
+                 "--help": "prints help"}
+
+
+def test_every_run_flag_is_honoured_or_refused(pair: tuple[Path, Path], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              captured: list[dict[str, Any]]) -> None:
+    """On the zoo path and on the user-model path, each flag given alone (over a baseline)
+    either changes the cases/job the run receives or is refused in one line."""
+    import argparse
+    import contextlib
+    import io
+
+    from specparity.cli import build_parser
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [5, 6, 7]}\n{"id": "b", "token_ids": [9, 8]}\n')
+    prompts2 = tmp_path / "p2.jsonl"
+    prompts2.write_text('{"id": "c", "token_ids": [5, 6, 7]}\n')
+    suite = tmp_path / "s.toml"
+    suite.write_text('gammas = [1]\n[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    subst = {"OUT2": str(tmp_path / "out2"), "TARGET": str(zoo.model_dir("qwen3")),
+             "DRAFT": str(zoo.model_dir("llama-small")), "PROMPTS": str(prompts2), "SUITE": str(suite)}
+    paths = {
+        "zoo": ["--targets", "llama", "--drafters", "twin", "--prompts", "1", "--gammas", "1"],
+        "user": ["--target", str(pair[0]), "--draft", str(pair[1]), "--prompts-file", str(prompts),
+                 "--gammas", "1"],
+    }
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = [a for a in sub.choices["run"]._actions if a.option_strings]
+    missing = [a.option_strings[-1] for a in flags
+               if a.option_strings[-1] not in RUN_FLAG_VALUES and a.option_strings[-1] not in PROCESS_FLAGS]
+    assert not missing, f"list a non-default value for {missing} in RUN_FLAG_VALUES"
+
+    def call(argv: list[str]) -> tuple[int, str, dict[str, Any] | None]:
+        captured.clear()
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["run", "--out", str(tmp_path / "out"), *argv])
+        return rc, err.getvalue(), (captured[0] if captured else None)
+
+    def view(job: dict[str, Any] | None) -> Any:
+        if job is None:
+            return None
+        return {k: ([(c.case_id, c.prompt_tokens) for c in v] if k == "cases" else v)
+                for k, v in job.items()}
+
+    tried, ignored = 0, []
+    for name, base in paths.items():
+        rc, err, plain_job0 = call(base)
+        assert plain_job0 is not None, (name, err)
+        for flag, values in RUN_FLAG_VALUES.items():
+            job0 = call([*base, *CONDITIONAL[flag]])[2] if flag in CONDITIONAL else plain_job0
+            for value in values or [None]:
+                argv = [*base, *CONDITIONAL.get(flag, [])]
+                if flag in argv:  # replace the baseline's value
+                    i = argv.index(flag)
+                    del argv[i:i + 2]
+                argv += [flag] if value is None else [flag, subst.get(value, value)]
+                rc, err, job = call(argv)
+                tried += 1
+                if job is None:  # refused: one line, no traceback
+                    assert rc == 2 and "Traceback" not in err, (name, argv, err)
+                    assert len([ln for ln in err.splitlines() if "error:" in ln]) == 1, (name, argv, err)
+                elif view(job) == view(job0):
+                    ignored.append((name, flag, value))
+    print(f"run flags: {tried} inputs")
+    assert not ignored, f"flags accepted and ignored: {ignored}"
+
+
+def test_max_tokens_past_the_zoo_context(capsys: pytest.CaptureFixture[str],
+                                        captured: list[dict[str, Any]]) -> None:
+    """Before: only the user path checked the context; the zoo path ran past it."""
+    rc, _, err = _cli(["run", "--targets", "llama", "--drafters", "self", "--max-tokens", "5000"],
+                      capsys)
+    _refused(rc, err, "nat-00", "5000", "context of 2048")
+    assert not captured
+
+
+# TOML spelling of the flag sweep's values, and the flag whose validator a suite key shares.
+SUITE_SWEEP = {"nan": "nan", "-1": "-1", "99999999999999999999": "99999999999999999999",
+               "/dev/zero": '"/dev/zero"', "a\x00b": '"a\\u0000b"'}
+SUITE_KEY_FLAG: dict[str, str | None] = {
+    "gammas": "--gammas", "max_tokens": "--max-tokens", "zoo_prompts": "--prompts",
+    "prompts_file": "--prompts-file", "eos_ids": "--eos-ids", "stop_ids": None,
+    "stop_strings": None, "truncate": None, "sampling.temperature": "--temps",
+    "sampling.top_p": "--top-p", "sampling.top_k": "--top-k", "sampling.seed": "--seed",
+    "sampling.processors": None, "target": None, "drafter": None, "sources": None,
+}
+_LIST_KEYS = {"gammas", "eos_ids", "stop_strings", "sources"}
+
+
+def test_suite_values_go_through_the_flag_validators(tmp_path: Path,
+                                                    captured: list[dict[str, Any]]) -> None:
+    """Every suite key x every flag-sweep value: no traceback; a suite accepts a value exactly
+    when the key's flag accepts it (before: seed = 2^70, gammas = [10^20] ... were accepted)."""
+    import contextlib
+    import io
+
+    from specparity.suite import _PAIR_KEYS, _SAMPLING_KEYS
+
+    assert set(SUITE_KEY_FLAG) == ({k for k in _PAIR_KEYS if k not in ("source", "sampling")}
+                                   | {f"sampling.{k}" for k in _SAMPLING_KEYS}), "a new suite key"
+
+    def accepted(argv: list[str]) -> tuple[bool, str]:
+        captured.clear()
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["run", "--out", str(tmp_path / "out"), *argv])
+        text = err.getvalue()
+        assert "Traceback" not in text and ("internal error" not in text or captured), (argv, text)
+        if not captured:
+            assert rc == 2 and len([ln for ln in text.splitlines() if "error:" in ln]) == 1, (argv, text)
+        return bool(captured), text
+
+    tried, disagree = 0, []
+    for key, flag in SUITE_KEY_FLAG.items():
+        for raw, toml in SUITE_SWEEP.items():
+            value = f"[{toml}]" if key in _LIST_KEYS else f"[[{toml}]]" if key == "stop_ids" else toml
+            pair = {"target": '"llama"', "drafter": '"twin"', "sources": '["two-model"]'}
+            top = ["zoo_prompts = 1", "gammas = [1]"]
+            if key.startswith("sampling."):
+                temp = "" if key == "sampling.temperature" else "temperature = 0.5, "
+                top.append(f"sampling = [{{{temp}{key.split('.')[1]} = {value}}}]")
+            elif key in pair:
+                pair[key] = value
+            else:
+                top = [ln for ln in top if not ln.startswith(key)] + [f"{key} = {value}"]
+            suite = tmp_path / f"s{tried}.toml"
+            suite.write_text("\n".join(top) + "\n[[pair]]\n"
+                             + "".join(f"{k} = {v}\n" for k, v in pair.items()))
+            ok, text = accepted(["--suite", str(suite)])
+            tried += 1
+            if flag is not None:
+                extra = ["--temps", "0.5"] if flag in ("--top-p", "--top-k", "--seed") else []
+                base = ["--target", "llama", "--draft", str(zoo.model_dir("llama-twin"))] \
+                    if flag == "--prompts-file" else ["--targets", "llama", "--drafters", "twin"]
+                flag_ok, flag_text = accepted([*base, "--gammas", "1", *extra, flag, raw])
+                if ok != flag_ok:
+                    disagree.append((key, raw, text[-200:], flag_text[-200:]))
+    print(f"suite sweep: {tried} suites")
+    assert not disagree, disagree
+
+
+# ---------------------------------------------------------------- grading lies
+
+
+def _grade_dir(tiny_run: Path, tmp_path: Path, plant: Callable[[dict[str, Any]], None],
+               mode: str = "spec") -> Path:
+    d = tmp_path / "engine-traces"
+    d.mkdir()
+    recs = _records(_engine_trace(tiny_run, mode))
+    plant(recs[0])
+    _write_records(d / "t.jsonl", recs)
+    return d
+
+
+HEADER_PLANTS: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
+    ("unknown source", lambda h: h.update(source="warp-drive"), "spec", "header.source"),
+    ("plain with a source", lambda h: h.update(source="ngram"), "plain", "header.source"),
+    ("gamma 1e9", lambda h: h["params"].update(gamma=10**9), "spec", "header.params.gamma"),
+    ("seed 2^70", lambda h: h["params"].update(seed=2**70), "spec", "header.params.seed"),
+    ("max_tokens 0", lambda h: h["params"].update(max_tokens=0), "spec", "header.params.max_tokens"),
+    ("top_k 2^40", lambda h: h["params"].update(top_k=2**40), "spec", "header.params.top_k"),
+]
+
+
+@pytest.mark.parametrize("plant,mode,field", [p[1:] for p in HEADER_PLANTS],
+                         ids=[p[0] for p in HEADER_PLANTS])
+def test_grade_refuses_impossible_headers(tiny_run: Path, tmp_path: Path, plant: Any, mode: str,
+                                         field: str, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: graded as if valid (an unknown source re-run as two-model, γ 10^9 to 23 GB)."""
+    import specparity.grade
+
+    def no_models(*_a: object, **_k: object) -> None:
+        raise AssertionError("a model was looked up for an invalid header")
+
+    monkeypatch.setattr(specparity.grade, "case_from_header", no_models)
+    d = _grade_dir(tiny_run, tmp_path, plant, mode)
+    rc, _, err = _cli(["grade", d, "--out", tmp_path / "g"], capsys)
+    assert rc == 1, err
+    assert f"t.jsonl:1: {field}:" in err, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert not (tmp_path / "g").exists()
+
+
+def test_grade_skips_its_own_earlier_output(tiny_run: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `grade D --out D/g2` graded D/g1 (an earlier grade's re-runs and copies) too."""
+    from specparity.grade import GradeError, find_traces
+
+    d = tmp_path / "d"
+    shutil.copytree(tiny_run / "traces" / "engine", d)
+    own = sorted(d.glob("*.jsonl"))
+    _copy_run(tiny_run, d / "g1")  # an earlier output: marker + traces/<runner>/...
+    assert len(list((d / "g1").rglob("*.jsonl"))) >= 2
+    assert find_traces(d, d / "g2") == own
+    with pytest.raises(GradeError, match="is a specparity run/grade output"):
+        find_traces(d / "g1")
+    rc, _, err = _cli(["grade", tiny_run], capsys)
+    assert rc == 1 and "traces/engine" in _one_error(err), err
+
+
+@pytest.mark.parametrize("value,where", [
+    (187.7, "prompt_ids"), ("496", "prompt_ids"), (True, "prompt_ids"),
+    (True, "round.samples"), ("5", "plain.sample"), ("nan", "round.margins"), (1.0, "eos_ids"),
+], ids=["float id", "str id", "bool id", "bool sample", "str plain sample", "str margin", "float eos"])
+def test_writer_refuses_non_integer_token_ids(value: Any, where: str) -> None:
+    """Before: int()/float() coerced 187.7 -> 187, "496" -> 496, True -> 1 into a valid trace."""
+    from traces.records import RecordValueError
+    from traces.writer import EngineTrace
+
+    def trace(**kw: Any) -> EngineTrace:
+        args: dict[str, Any] = {"runner": {"name": "x"}, "case_id": "c", "prompt_id": "p",
+                                "prompt_ids": [1, 2], "target": {"path": "t"}, "eos_ids": [0],
+                                "drafter": {"path": "d"}}
+        return EngineTrace(**{**args, **kw})
+
+    field = {"prompt_ids": "prompt.token_ids[1]", "eos_ids": "eos_ids[0]"}.get(where, where)
+    with pytest.raises(RecordValueError, match=rf"^{re.escape(field)}"):
+        if where == "prompt_ids":
+            trace(prompt_ids=[1, value])
+        elif where == "eos_ids":
+            trace(eos_ids=[value])
+        elif where == "round.samples":
+            trace().round(feed=[1], pending=1, drafts=[2], samples=[value], k_accept=0, emitted=[],
+                          end="correction", margins=[0.5, 0.5])
+        elif where == "round.margins":
+            trace().round(feed=[1], pending=1, drafts=[2], samples=[3], k_accept=0, emitted=[3],
+                          end="correction", margins=[value, 0.5])
+        else:
+            trace(drafter=None).plain(input=[1], sample=value, margin=0.5, emitted=[5], end=None)
+
+
+def test_writer_accepts_numpy_and_mlx_integers() -> None:
+    import mlx.core as mx
+    import numpy as np
+
+    from traces.validate import validate_records
+    from traces.writer import EngineTrace
+
+    tr = EngineTrace(runner={"name": "x", "version": "1"}, case_id="c", prompt_id="p", prompt_ids=np.array([1, 2]),
+                     target={"path": "t", "weights_sha256": None, "config_sha256": None},
+                     eos_ids=[np.int64(0)], drafter={"path": "d", "weights_sha256": None,
+                                                     "config_sha256": None},
+                     params={"gamma": 1})
+    tr.round(feed=[mx.array(2)], pending=np.int32(2), drafts=[3], samples=[3, 4], k_accept=1,
+             emitted=[3, 4], end="bonus", margins=[np.float32(1.5), 2.0])
+    recs = tr.all_records()
+    assert recs[1]["window"] == [2, 3] and recs[0]["prompt"]["token_ids"] == [1, 2]
+    assert all(type(t) is int for t in recs[1]["feed"] + recs[1]["samples"])
+    assert validate_records(enumerate(json.loads(json.dumps(r)) for r in recs)) == []
+
+
+# ---------------------------------------------------------------- unbounded work
+
+
+def test_report_ticks_follow_the_values_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: one axis tick per γ up to the largest (a γ of 10^9: 23 GB)."""
+    import matplotlib.axes
+    import pandas as pd
+
+    from reports import plots
+
+    ticks: list[int] = []
+    real = matplotlib.axes.Axes.set_xticks
+
+    def count(self: Any, t: Any, *a: Any, **k: Any) -> Any:
+        ticks.append(len(t))
+        assert len(t) < 100, f"{len(t)} ticks"
+        return real(self, list(t), *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xticks", count)
+    df = pd.DataFrame({"target": ["t"] * 2, "drafter": ["d"] * 2, "gamma": [10**9] * 2,
+                       "k_accept": [0, 2], "share": [0.5, 0.5]})
+    assert plots.acceptance_lengths(df)
+    pos = pd.DataFrame({"target": ["t"] * 2, "drafter": ["d"] * 2, "gamma": [10**9] * 2,
+                        "position": [1, 10**6], "acceptance": [0.5, 0.1]})
+    assert plots.acceptance_by_position(pos)
+    assert ticks and max(ticks) <= 3
+
+
+def test_case_limit_and_count(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              captured: list[dict[str, Any]]) -> None:
+    """Before: a 10^6-line prompts file (or suite) started a million cases without a word."""
+    big = tmp_path / "big.txt"
+    big.write_text("ba de\n" * 1_000_000)
+    rc, _, err = _cli(["run", "--target", "llama", "--draft", "twin", "--prompts-file", big], capsys)
+    _refused(rc, err, "4000000 cases exceed the limit of 10000 (--max-cases)")
+    rc, _, err = _cli(["run", "--max-cases", "100"], capsys)  # the whole zoo matrix
+    _refused(rc, err, "exceed the limit of 100")
+    suite = tmp_path / "s.toml"
+    suite.write_text(f'prompts_file = "{big}"\n[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    rc, _, err = _cli(["run", "--suite", suite], capsys)
+    _refused(rc, err, "(--max-cases)")
+    assert not captured
+    small = tmp_path / "small.txt"
+    small.write_text("ba de\n" * 3)
+    rc, _, err = _cli(["run", "--target", "llama", "--draft", "twin", "--prompts-file", small,
+                       "--max-cases", "12"], capsys)
+    assert rc == 1 and "_Started" in err and len(captured[0]["cases"]) == 12, err
+
+
+def test_case_count_announced_before_the_run(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _cli(["run", "--targets", "llama", "--drafters", "self", "--gammas", "1",
+                       "--prompts", "1", "--max-tokens", "4", "--runners", "", "--out",
+                       tmp_path / "o"], capsys)
+    assert rc == 0, err
+    line = "specparity run: 2 cases (1 speculative, 1 plain), 2 runs on engine"
+    assert line in err and err.index(line) < err.index("running cases"), err
+
+
+def test_grade_walk_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `grade /` walked the whole file system (rglob), FIFOs included."""
+    import specparity.grade
+    from specparity.grade import GradeError, find_traces
+
+    monkeypatch.setattr(specparity.grade, "MAX_WALK_ENTRIES", 2000)
+    rc, _, err = _cli(["grade", "/", "--out", tmp_path / "g"], capsys)
+    assert rc == 1 and "more than 2000 files and folders" in _one_error(err), err
+    deep = tmp_path / "deep"
+    (deep / "/".join("abcdefghijklmnopqrstu")).mkdir(parents=True)
+    with pytest.raises(GradeError, match="nested deeper than 16 levels"):
+        find_traces(deep)
+    d = tmp_path / "d"
+    d.mkdir()
+    os.mkfifo(d / "x.jsonl")
+    opened = _fifo_guard(d / "x.jsonl")
+    (d / "loop").symlink_to(d)
+    (d / "a.jsonl").write_text("{}\n")
+    assert find_traces(d) == [d / "a.jsonl"]
+    rc, _, err = _cli(["grade", d, "--out", tmp_path / "g2"], capsys)
+    assert rc == 1 and "a.jsonl" in err and "x.jsonl" not in err, err
+    assert not opened.is_set(), "the FIFO was opened"
+
+
+def _fifo_guard(fifo: Path) -> Any:
+    """If the code under test wrongly opens ``fifo``, a writer unblocks it after 5 s (so a
+    regression fails the test instead of hanging it) and sets the returned event: a blocking
+    write-open of a FIFO returns only once a reader has it open."""
+    import threading
+
+    opened = threading.Event()
+
+    def unblock() -> None:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY))
+            opened.set()
+        except OSError:
+            pass
+
+    t = threading.Timer(5.0, unblock)
+    t.daemon = True
+    t.start()
+    return opened
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_fifo_model_files_are_refused(pair: tuple[Path, Path], tmp_path: Path, name: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: mlx-lm's loader (or our config read) blocked forever on a FIFO in the model dir."""
+    from engine.models import ModelLoadError, load
+
+    d = shutil.copytree(pair[0], tmp_path / "m")
+    (d / name).unlink()
+    os.mkfifo(d / name)
+    opened = _fifo_guard(d / name)
+    with pytest.raises(ModelLoadError, match=f"{name}: not a regular file"):
+        load(d)
+    rc, _, err = _cli(["generate", "--target", d, "-n", "2", "--prompt-ids", "5,6"], capsys)
+    _refused(rc, err, name, "not a regular file")
+    assert not opened.is_set(), f"{name} was opened"
+
+
+def test_fifo_and_device_prompts_files_are_refused(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from specparity.prompts import PromptError, read_prompts_file
+
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    opened = _fifo_guard(fifo)
+    with pytest.raises(PromptError, match="not a regular file"):
+        read_prompts_file(fifo)
+    for target in (fifo, "/dev/zero"):
+        suite = tmp_path / "s.toml"
+        suite.write_text(f'prompts_file = "{target}"\n[[pair]]\ntarget = "llama"\n')
+        rc, _, err = _cli(["run", "--suite", suite], capsys)
+        _refused(rc, err, "prompts_file", "not a regular file")
+    assert not opened.is_set(), "the FIFO was opened"
+
+
+def test_report_with_a_fifo_run_marker(tiny_run: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: reading the marker blocked on a FIFO; now: unreadable marker, INCOMPLETE, exit 1."""
+    from reports.tables import RUN_MARKER
+
+    d = _copy_run(tiny_run, tmp_path / "r")
+    (d / RUN_MARKER).unlink()
+    os.mkfifo(d / RUN_MARKER)
+    opened = _fifo_guard(d / RUN_MARKER)
+    rc, out, err = _cli(["report", d], capsys)
+    assert rc == 1 and "INCOMPLETE" in err, (out, err)
+    assert "unreadable run marker" in (d / "report.md").read_text()
+    assert not opened.is_set(), "the FIFO marker was opened"

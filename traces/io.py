@@ -40,6 +40,8 @@ __all__ = [
     "Trace",
     "TraceFormatError",
     "TraceWriter",
+    "InputFileError",
+    "MAX_INPUT_BYTES",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
@@ -48,6 +50,7 @@ __all__ = [
     "loads_line",
     "iter_records",
     "read_trace",
+    "regular_file",
     "write_trace",
 ]
 
@@ -62,6 +65,42 @@ Record = dict[str, Any]
 
 MAX_LINE_BYTES = int(os.environ.get("SPECPARITY_MAX_LINE_BYTES", 4 << 20))
 """Longest trace line read (bytes). A header with a 100k-token prompt is < 1 MiB."""
+
+
+MAX_INPUT_BYTES = 256 << 20
+"""Input files read whole (prompts, suites, configs, tokenizer files) above this are refused."""
+
+
+class InputFileError(ValueError):
+    """A user's input file is missing, not a regular file, or too large (one line naming it)."""
+
+
+def regular_file(path: str | os.PathLike[str], *, max_bytes: int | None = MAX_INPUT_BYTES,
+                 what: str = "") -> Path:
+    """``path`` if it is an existing regular file of at most ``max_bytes`` (None: any size).
+
+    The one bounded regular-file check of every read of a user's file (traces,
+    prompts files, suites, ``config.json``, tokenizer files, weights): a FIFO
+    would block ``open()`` forever and ``/dev/zero`` would be read forever, so
+    both are refused by ``stat`` before anything opens them.
+
+    Raises:
+        InputFileError: naming ``what`` (e.g. ``"prompts file"``) and the path.
+    """
+    name = f"{what} {path}" if what else str(path)
+    if "\x00" in os.fspath(path):
+        raise InputFileError(f"{name!r}: a path cannot contain a NUL byte")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputFileError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise InputFileError(f"{name}: cannot access ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputFileError(f"{name}: not a regular file (a device, FIFO or directory)")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise InputFileError(f"{name}: {st.st_size} bytes is too large (limit {max_bytes})")
+    return Path(path)
 
 
 def _destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:

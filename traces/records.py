@@ -8,6 +8,8 @@ round records with the same definitions as ``engine/telemetry.py``
 
 from __future__ import annotations
 
+import math
+import numbers
 import platform as _platform
 import sys
 from collections.abc import Sequence
@@ -16,7 +18,65 @@ from typing import Any
 
 from traces.io import SCHEMA_VERSION, Record
 
-__all__ = ["counters_from_rounds", "make_header", "platform_info"]
+__all__ = [
+    "MAX_GAMMA",
+    "RecordValueError",
+    "counters_from_rounds",
+    "make_header",
+    "platform_info",
+    "strict_float",
+    "strict_floats",
+    "strict_int",
+    "strict_ints",
+]
+
+MAX_GAMMA = 1024
+"""The largest γ a trace header may state (and ``--gammas``/``--gamma`` accept): a draft
+window is γ + 1 tokens through the target, and per-γ work (report axes, counters by
+position) grows with it, so a header γ of 10^9 is refused at validation."""
+
+
+class RecordValueError(TypeError, ValueError):
+    """A value given to a record builder has the wrong type (one line naming the field)."""
+
+
+def _scalar(v: object) -> object:
+    # numpy / mlx 0-d values: their Python value (an mlx int32 scalar is not numbers.Integral)
+    if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
+        return v.item()  # type: ignore[attr-defined]
+    return v
+
+
+def strict_int(field: str, v: object) -> int:
+    """``v`` as a token id / count: an int (numpy and mlx integer scalars too), never a bool,
+    a float (``187.7``) or a string (``"496"``), which ``int()`` would silently coerce."""
+    x = _scalar(v)
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise RecordValueError(f"{field}: expected an integer token id, got {v!r} "
+                               f"({type(v).__name__})")
+    return int(x)
+
+
+def strict_ints(field: str, values: Sequence[object]) -> list[int]:
+    """:func:`strict_int` of every item; the error names ``field[i]``."""
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise RecordValueError(f"{field}: expected a list of integer token ids, got {values!r}")
+    return [strict_int(f"{field}[{i}]", v) for i, v in enumerate(values)]
+
+
+def strict_float(field: str, v: object) -> float:
+    """``v`` as a finite float (ints and numpy/mlx scalars too), never a bool or a string."""
+    x = _scalar(v)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)):
+        raise RecordValueError(f"{field}: expected a finite number, got {v!r} ({type(v).__name__})")
+    return float(x)
+
+
+def strict_floats(field: str, values: Sequence[object]) -> list[float]:
+    """:func:`strict_float` of every item; the error names ``field[i]``."""
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise RecordValueError(f"{field}: expected a list of numbers, got {values!r}")
+    return [strict_float(f"{field}[{i}]", v) for i, v in enumerate(values)]
 
 
 def platform_info() -> dict[str, str]:
@@ -94,8 +154,8 @@ def make_header(
         "drafter": dict(drafter) if drafter is not None else None,
         "tokenizer_sha256": tokenizer_sha256,
         "params": dict(params),
-        "prompt": {"id": prompt_id, "token_ids": [int(t) for t in prompt_ids]},
-        "eos_ids": [int(t) for t in eos_ids],
+        "prompt": {"id": prompt_id, "token_ids": strict_ints("prompt.token_ids", prompt_ids)},
+        "eos_ids": strict_ints("eos_ids", eos_ids),
         "platform": dict(platform) if platform is not None else platform_info(),
     }
 
@@ -112,7 +172,7 @@ def counters_from_rounds(rounds: Sequence[Record], n_plain: int = 0) -> dict[str
         "acceptance_lengths", "drafted_by_pos", "accepted_by_pos"}``.
     """
     lens = [len(r["drafts"]) for r in rounds]
-    ks = [int(r["k_accept"]) for r in rounds]
+    ks = [strict_int("round.k_accept", r["k_accept"]) for r in rounds]
     drafted, accepted = sum(lens), sum(ks)
     return {
         "drafted": drafted,

@@ -27,6 +27,7 @@ from jsonschema import ValidationError as SchemaError
 from jsonschema.exceptions import best_match
 
 from traces.io import RECORD_TYPES, Record, Trace, TraceFormatError, iter_lines, loads_line
+from traces.records import MAX_GAMMA
 
 __all__ = [
     "ValidationError",
@@ -194,6 +195,10 @@ def validate_records(
                 header = record
                 eos = set(record["eos_ids"])
                 mode = record["mode"]
+                gamma = record["params"]["gamma"]
+                if gamma is not None and gamma > MAX_GAMMA:
+                    err(line, rtype, "header.params.gamma",
+                        f"γ {gamma} exceeds the limit of {MAX_GAMMA} (a draft window is γ + 1 tokens)")
             continue
         if pos == 0:
             err(line, rtype, rtype, "first record must be the header")

@@ -47,8 +47,15 @@ from pathlib import Path
 from typing import Any
 
 from traces.digest import weights_digest
-from traces.io import Record, TraceWriter, write_trace
-from traces.records import counters_from_rounds, make_header
+from traces.io import Record, TraceWriter, regular_file, write_trace
+from traces.records import (
+    counters_from_rounds,
+    make_header,
+    strict_float,
+    strict_floats,
+    strict_int,
+    strict_ints,
+)
 
 __all__ = [
     "DEFAULT_PARAMS",
@@ -80,10 +87,13 @@ def model_identity(model_dir: str | os.PathLike[str], *, digests: bool = True) -
     """
     p = Path(model_dir)
     cfg = p / "config.json"
+    config_sha = None
+    if digests and cfg.exists():
+        config_sha = hashlib.sha256(regular_file(cfg).read_bytes()).hexdigest()  # FIFO: refused
     return {
         "path": str(p),
         "weights_sha256": weights_sha256(p) if digests else None,
-        "config_sha256": hashlib.sha256(cfg.read_bytes()).hexdigest() if digests and cfg.is_file() else None,
+        "config_sha256": config_sha,
     }
 
 
@@ -98,7 +108,7 @@ def footer_record(records: Sequence[Record], *, prompt_tokens: int, wall_s: floa
     events = [r for r in records if r.get("type") in ("round", "plain")]
     rounds = [r for r in events if r["type"] == "round"]
     plains = [r for r in events if r["type"] == "plain"]
-    output = [int(t) for r in events for t in r["emitted"]]
+    output = [strict_int(f"{r['type']}.emitted", t) for r in events for t in r["emitted"]]
     last_end = events[-1]["end"] if events else None
     speculative = bool(rounds) if speculative is None else speculative
     return {
@@ -136,8 +146,9 @@ class EngineTrace:
     def prefill(self, *, target_tokens: Sequence[int], drafter_tokens: Sequence[int] | None = None,
                 target_cache_digest: Any = None, drafter_cache_digest: Any = None) -> None:
         self.records.append({
-            "type": "prefill", "target_tokens": [int(t) for t in target_tokens],
-            "drafter_tokens": None if drafter_tokens is None else [int(t) for t in drafter_tokens],
+            "type": "prefill", "target_tokens": strict_ints("prefill.target_tokens", target_tokens),
+            "drafter_tokens": (None if drafter_tokens is None
+                               else strict_ints("prefill.drafter_tokens", drafter_tokens)),
             "target_cache_digest": target_cache_digest, "drafter_cache_digest": drafter_cache_digest,
         })
 
@@ -150,13 +161,15 @@ class EngineTrace:
               target_cache_digest: Any = None, drafter_cache_digest: Any = None,
               time_s: float | None = None) -> None:
         """One verify step; ``window`` is ``[pending] + drafts``."""
+        d = strict_ints("round.drafts", drafts)
         self.records.append({
-            "type": "round", "index": self._index("round"), "feed": [int(t) for t in feed],
-            "drafts": [int(t) for t in drafts], "window": [int(pending), *map(int, drafts)],
-            "samples": [int(t) for t in samples], "k_accept": int(k_accept),
-            "emitted": [int(t) for t in emitted], "end": end,
-            "margins": [float(m) for m in margins],
-            "confidence": None if confidence is None else [float(c) for c in confidence],
+            "type": "round", "index": self._index("round"), "feed": strict_ints("round.feed", feed),
+            "drafts": d, "window": [strict_int("round.pending", pending), *d],
+            "samples": strict_ints("round.samples", samples),
+            "k_accept": strict_int("round.k_accept", k_accept),
+            "emitted": strict_ints("round.emitted", emitted), "end": end,
+            "margins": strict_floats("round.margins", margins),
+            "confidence": None if confidence is None else strict_floats("round.confidence", confidence),
             "target_cache_digest": target_cache_digest,
             "drafter_cache_digest": drafter_cache_digest, "time_s": time_s,
         })
@@ -166,8 +179,9 @@ class EngineTrace:
               time_s: float | None = None) -> None:
         """One non-speculative target step (``reason``: see INTERPRETING.md)."""
         self.records.append({
-            "type": "plain", "index": self._index("plain"), "input": [int(t) for t in input],
-            "sample": int(sample), "margin": float(margin), "emitted": [int(t) for t in emitted],
+            "type": "plain", "index": self._index("plain"), "input": strict_ints("plain.input", input),
+            "sample": strict_int("plain.sample", sample), "margin": strict_float("plain.margin", margin),
+            "emitted": strict_ints("plain.emitted", emitted),
             "end": end, "reason": reason, "target_cache_digest": target_cache_digest,
             "time_s": time_s,
         })

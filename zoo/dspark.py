@@ -304,7 +304,9 @@ def tensors_digest(path: Path | str) -> str:
 
 def _config_sha(d: Path) -> str:
     name = "dspark.json" if (d / "dspark.json").exists() else "config.json"
-    return hashlib.sha256((d / name).read_bytes()).hexdigest()
+    from traces.io import regular_file
+
+    return hashlib.sha256(regular_file(d / name).read_bytes()).hexdigest()  # a FIFO: refused
 
 
 def _manifest() -> dict[str, Any]:

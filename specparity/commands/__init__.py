@@ -13,13 +13,8 @@ from types import ModuleType
 
 from specparity import args
 
-
-def _str_list(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
-
-
-# Strict, shared flag types (specparity/args.py): "1,,2", "0", "-3" are one-line usage errors.
-int_list, str_list, positive = args.positive_int_list, _str_list, args.positive_int
+# Strict, shared flag types (specparity/args.py): "1,,2", "a,,b", "0", "-3" are one-line usage errors.
+int_list, str_list, positive = args.positive_int_list, args.str_list, args.positive_int
 
 
 def discover() -> list[ModuleType]:

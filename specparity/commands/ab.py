@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-a", required=True, type=a.model_ref,
                    help="baseline drafter: self|twin|small, trained name or dir")
     p.add_argument("--drafter-b", required=True, type=a.model_ref, help="candidate drafter (same forms)")
-    p.add_argument("--gamma", type=a.positive_int, default=3)
+    p.add_argument("--gamma", type=a.gamma, default=3)
     p.add_argument("--prompts", type=a.positive_int, default=32, help="prompts (default 32; < 32 refused)")
     p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "

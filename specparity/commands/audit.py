@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity import args as a
-from specparity.commands import positive, str_list
+from specparity.commands import positive
 from specparity.devices import add_device_argument
 
 NAME = "audit"
@@ -30,11 +30,12 @@ HELP = "batched verify vs serial replay per window: |Δ| distributions and the r
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--targets", type=str_list, default=None, help="zoo targets (default: all)")
+    p.add_argument("--targets", type=a.choice_list(a.zoo_targets, "zoo target"), default=None,
+                   help="zoo targets (default: all)")
     p.add_argument("--drafter", default="twin", help="zoo drafter (default twin)")
     p.add_argument("--target", default=None, type=a.model_dir, help="a local target model dir instead of the zoo")
     p.add_argument("--draft", default=None, type=a.model_dir, help="a local drafter model dir (with --target)")
-    p.add_argument("--gamma", type=positive, default=3)
+    p.add_argument("--gamma", type=a.gamma, default=3)
     p.add_argument("--prompts", type=positive, default=2, help="zoo prompts per target (default 2)")
     p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "

@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default=None, choices=("tiny", "small", "1b"),
                    help="bench a seeded bf16 llama + its own first 2 layers (zoo/big.py) instead")
     p.add_argument("--seed", type=a.seed, default=0, help="--size: the weights' seed")
-    p.add_argument("--gamma", type=a.positive_int, default=3)
-    p.add_argument("--gammas", type=a.positive_int_list, default=None, help="several γ (overrides --gamma)")
+    p.add_argument("--gamma", type=a.gamma, default=3)
+    p.add_argument("--gammas", type=a.gamma_list, default=None, help="several γ (overrides --gamma)")
     p.add_argument("--prompts", type=a.positive_int, default=8)
     p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "

@@ -18,7 +18,6 @@ from typing import Any
 
 from specparity import args as a
 from specparity.args import token_id_list
-from specparity.commands import positive
 from specparity.devices import add_device_argument
 from specparity.processor_args import add_processor_arguments, processors_from_args
 
@@ -46,7 +45,7 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="the prompt's id in the case id (default cli-<digest of its token ids>)")
     g.add_argument("--eos-ids", type=token_id_list, default=None,
                    help="comma-separated EOS ids (default: the tokenizer's EOS set)")
-    g.add_argument("--gamma", type=positive, default=3, help="draft length (block drafters pin their own)")
+    g.add_argument("--gamma", type=a.gamma, default=3, help="draft length (block drafters pin their own)")
     g.add_argument("--temp", type=a.nonneg_float, default=0.0)
     g.add_argument("--top-p", type=a.probability, default=0.0)
     g.add_argument("--top-k", type=a.nonneg_int, default=0)
@@ -75,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     from engine.sampler import SamplerParams
     from engine.sources import open_drafter
     from engine.sources.detect import resolve_kind
-    from specparity.commands.record import case_from_args
+    from specparity.case_args import case_from_args
     from specparity.runners import load_model, model_identity, tokenizer_digest
     from traces.io import write_trace
     from traces.records import make_header

@@ -18,8 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity.args import nonneg_int
-from specparity.commands import str_list
+from specparity.args import nonneg_int, runner_list
 
 NAME = "grade"
 HELP = "grade a folder of traces from any engine (or --engine NAME) against plain decode and the references"
@@ -33,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(see specparity.engines)")
     p.add_argument("--out", type=Path, default=None,
                    help="output dir for references, verdicts and report (default DIR/graded)")
-    p.add_argument("--runners", type=str_list, default=None,
+    p.add_argument("--runners", type=runner_list, default=None,
                    help="references to re-run (default: all available)")
     p.add_argument("--workers", type=nonneg_int, default=0,
                    help="process-pool size for the re-runs (0: in this process)")

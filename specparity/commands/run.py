@@ -8,8 +8,12 @@ Three ways to say what runs:
   --prompts-file FILE`` (a zoo target name works too);
 - a TOML suite: ``--suite FILE`` (``specparity/suite.py`` documents the keys).
 
-``--gammas``, ``--max-tokens``, ``--temps``/``--top-p``/``--top-k``/``--seed``
-apply to the first two. Cases run in this process, on a process pool
+``--gammas``, ``--max-tokens``, ``--temps``/``--top-p``/``--top-k``/``--seed``,
+``--eos-ids`` and ``--truncate`` apply to the first two; a suite sets its own
+(giving them with ``--suite`` is refused, as are ``--top-p``/``--top-k``/``--seed``
+without a temperature > 0: a flag is honoured or refused, never ignored).
+Names (``--targets``, ``--drafters``, ``--runners``, ``--source``) must be known.
+More than ``--max-cases`` cases (default 10,000) are refused before anything runs. Cases run in this process, on a process pool
 (``--workers N``) or on Ray (``--ray [ADDRESS]``), with identical traces.
 """
 
@@ -20,7 +24,7 @@ import sys
 from pathlib import Path
 
 from specparity import args as a
-from specparity.commands import int_list, positive, str_list
+from specparity.commands import positive
 from specparity.devices import add_device_argument
 
 NAME = "run"
@@ -41,30 +45,39 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    # Settings default to None so that a flag given where it cannot apply is refused
+    # (cases_from_args), never silently ignored.
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/latest"), help="output dir (default runs/latest)")
     z = p.add_argument_group("the zoo matrix (default)")
-    z.add_argument("--targets", type=str_list, default=None, help="comma-separated zoo targets")
-    z.add_argument("--drafters", type=str_list, default=None, help="comma-separated drafters")
-    z.add_argument("--prompts", type=positive, default=8, help="zoo prompts per cell (default 8)")
+    z.add_argument("--targets", type=a.choice_list(a.zoo_targets, "zoo target"), default=None,
+                   help="comma-separated zoo targets")
+    z.add_argument("--drafters", type=a.choice_list(a.zoo_drafters, "zoo drafter"), default=None,
+                   help="comma-separated zoo drafters")
+    z.add_argument("--prompts", type=positive, default=None, help="zoo prompts per cell (default 8)")
     u = p.add_argument_group("your own pair")
     u.add_argument("--target", default=None, type=a.model_ref, help="target: a local mlx-lm model dir (or a zoo target)")
     u.add_argument("--draft", default=None, type=a.model_ref, help="drafter model dir (omit for plain decode or --source ngram)")
-    u.add_argument("--source", default=None,
+    u.add_argument("--source", default=None, type=a.source,
                    help="draft source kind (default: detected from --draft, §3): two-model, ngram, mtp, "
                         "assistant, deepspec, dspark")
     u.add_argument("--prompts-file", type=a.readable_file, default=None,
-                   help="prompts: JSONL {\"id\",\"text\"} / {\"id\",\"token_ids\"} or one prompt per line")
-    u.add_argument("--temps", type=_floats, default=(0.0,), help="temperatures (default 0)")
-    u.add_argument("--top-p", type=a.probability, default=0.0)
-    u.add_argument("--top-k", type=a.nonneg_int, default=0)
-    u.add_argument("--seed", type=a.seed, default=0)
-    u.add_argument("--eos-ids", type=str_list, default=None, help="EOS ids (default: the tokenizer's)")
-    u.add_argument("--truncate", action="store_true",
+                   help="prompts: JSONL {\"id\",\"text\"} / {\"id\",\"token_ids\"}, a JSON array of "
+                        "those, or one prompt per line")
+    s = p.add_argument_group("settings of the zoo matrix and of your pair (a suite sets its own)")
+    s.add_argument("--temps", type=_floats, default=None, help="temperatures (default 0)")
+    s.add_argument("--top-p", type=a.probability, default=None)
+    s.add_argument("--top-k", type=a.nonneg_int, default=None)
+    s.add_argument("--seed", type=a.seed, default=None)
+    s.add_argument("--eos-ids", type=a.token_id_list, default=None, help="EOS ids (default: the tokenizer's)")
+    s.add_argument("--truncate", action="store_true", default=None,
                    help="keep the tail of prompts longer than the context (default: refuse them)")
+    s.add_argument("--gammas", type=a.gamma_list, default=None, help="default 1,2,3,5")
+    s.add_argument("--max-tokens", type=a.max_tokens, default=None, help="default 32")
     p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
-    p.add_argument("--gammas", type=int_list, default=(1, 2, 3, 5), help="default 1,2,3,5")
-    p.add_argument("--max-tokens", type=a.max_tokens, default=32)
-    p.add_argument("--runners", type=str_list, default=None, help="oracles to run (default: all available)")
+    p.add_argument("--max-cases", type=positive, default=a.MAX_CASES,
+                   help=f"refuse a selection of more cases than this (default {a.MAX_CASES})")
+    p.add_argument("--runners", type=a.runner_list, default=None,
+                   help="oracles to run (default: all available; \"\": the engine alone)")
     p.add_argument("--workers", type=a.nonneg_int, default=0,
                    help="process-pool size (default 0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -73,36 +86,65 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_argument(p)
 
 
-def cases_from_args(args: argparse.Namespace) -> list | None:
-    """The cases the flags select (None: the zoo matrix)."""
-    from specparity.suite import PairSpec, Sampling, load_suite, suite_cases
+_SETTINGS = ("temps", "top_p", "top_k", "seed", "eos_ids", "truncate", "gammas", "max_tokens", "prompts")
+
+
+def _given(args: argparse.Namespace, *names: str) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n, None) is not None]
+
+
+def _sampling(args: argparse.Namespace) -> tuple:
+    """``--temps`` x (``--top-p``, ``--top-k``, ``--seed``); those three need a temperature > 0."""
+    from specparity.suite import Sampling
+
+    temps = args.temps or (0.0,)
+    knobs = _given(args, "top_p", "top_k", "seed")
+    if knobs and not any(temps):
+        raise ValueError(f"{', '.join(knobs)}: only sampled cases use it: add --temps with a "
+                         "temperature > 0 (e.g. --temps 0,0.8)")
+    return tuple(Sampling(t, args.top_p or 0.0, args.top_k or 0, args.seed or 0) for t in temps)
+
+
+def cases_from_args(args: argparse.Namespace) -> list:
+    """The cases the flags select: a suite, your pair, or the zoo matrix.
+
+    Every flag is honoured or refused in one line, never ignored.
+    """
+    from specparity.run import zoo_cases
+    from specparity.suite import PairSpec, load_suite, suite_cases
 
     if args.suite is not None:
-        if args.target or args.draft or args.prompts_file:
-            raise ValueError("--suite names its own pairs and prompts; drop --target/--draft/--prompts-file")
-        return suite_cases(load_suite(args.suite))
+        clash = _given(args, "target", "draft", "source", "prompts_file", "targets", "drafters",
+                       *_SETTINGS)
+        if clash:
+            raise ValueError(f"--suite names its own pairs, prompts and settings; drop "
+                             f"{', '.join(clash)} (or put them in the suite)")
+        return suite_cases(load_suite(args.suite), max_cases=args.max_cases)
+    sampling = _sampling(args)
+    gammas = tuple(args.gammas or (1, 2, 3, 5))
+    max_tokens = args.max_tokens or 32
     if args.target is None:
         if args.draft or args.source or args.prompts_file:
             raise ValueError("--draft/--source/--prompts-file need --target")
-        return None
+        return zoo_cases(targets=args.targets, drafters=args.drafters, gammas=gammas,
+                         n_prompts=args.prompts or 8, max_tokens=max_tokens, sampling=sampling,
+                         eos_ids=args.eos_ids, truncate=bool(args.truncate), max_cases=args.max_cases)
     if args.targets or args.drafters:
         raise ValueError("--target (one pair) and --targets/--drafters (the zoo matrix) exclude each other")
+    if args.prompts is not None and args.prompts_file is not None:
+        raise ValueError("--prompts N picks zoo prompts; with --prompts-file every prompt of the "
+                         "file runs: drop one of them")
     from specparity.suite import _model_ref
 
-    try:
-        eos = tuple(int(v) for v in args.eos_ids) if args.eos_ids else None
-    except ValueError:
-        raise ValueError(f"--eos-ids: expected integers, got {','.join(args.eos_ids)}") from None
     spec = PairSpec(
         target=_model_ref(args.target, Path.cwd()),
         drafter=_model_ref(args.draft, Path.cwd()) if args.draft else None,
         sources=(args.source,) if args.source else (),
-        gammas=tuple(args.gammas), max_tokens=args.max_tokens,
-        prompts_file=args.prompts_file, zoo_prompts=args.prompts,
-        sampling=tuple(Sampling(t, args.top_p, args.top_k, args.seed) for t in args.temps),
-        eos_ids=eos, truncate=args.truncate, where="--target",
+        gammas=gammas, max_tokens=max_tokens,
+        prompts_file=args.prompts_file, zoo_prompts=args.prompts or 8,
+        sampling=sampling, eos_ids=args.eos_ids, truncate=bool(args.truncate), where="--target",
     )
-    return suite_cases([spec])
+    return suite_cases([spec], max_cases=args.max_cases)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -116,9 +158,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"device {device}", file=sys.stderr)
     cases = cases_from_args(args)
     result = run(
-        args.out, targets=args.targets, drafters=args.drafters, gammas=args.gammas,
-        n_prompts=args.prompts, max_tokens=args.max_tokens, runners=args.runners,
-        cases=cases, workers=args.workers, ray_address=args.ray, progress=not args.quiet,
+        args.out, runners=args.runners, cases=cases, max_cases=args.max_cases,
+        workers=args.workers, ray_address=args.ray, progress=not args.quiet,
     )
     print((args.out / "summary.md").read_text())
     print(f"traces and report written to {args.out}/", file=sys.stderr)

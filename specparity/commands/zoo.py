@@ -14,7 +14,7 @@ HELP = "the tiny zoo"
 def add_arguments(z: argparse.ArgumentParser) -> None:
     zsub = z.add_subparsers(dest="zoo_command", required=True)
     zl = zsub.add_parser("list", help="each target/drafter pair with measured greedy acceptance")
-    zl.add_argument("--gamma", type=positive, default=3)
+    zl.add_argument("--gamma", type=a.gamma, default=3)
     zl.add_argument("--max-tokens", type=positive, default=32)
     zl.add_argument("--prompts-file", type=a.readable_file, default=None,
                     help="measure on these prompts (JSONL or one per line) instead of the zoo's")

@@ -1,0 +1,69 @@
+"""The case that ``generate``/``record``'s flags describe (shared by both commands).
+
+``--target``/``--draft``/``--source`` and the prompt flags name the models and
+the draft source (``engine.sources.detect.resolve_kind``, §3); the ids are
+checked against the target's vocabulary and context; the case id is unique to
+the models, prompt and settings (``specparity.cases.Case``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from pathlib import Path
+from typing import Any
+
+
+def prompt_id_for(ids: list[int], given: str | None) -> str:
+    """``--prompt-id`` or ``cli-<8 hex>`` of the token ids (distinct prompts, distinct ids)."""
+    if given:
+        return given
+    return "cli-" + hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:8]
+
+
+def case_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`specparity.cases.Case` that ``generate``/``record`` flags describe."""
+    from engine.sources.detect import resolve_kind
+    from specparity.cases import Case, model_label
+    from specparity.prompts import check_ids_for_model
+    from specparity.runners import load_model
+
+    target = load_model(str(Path(args.target).expanduser().resolve()))
+    if args.prompt is not None:
+        ids = list(target.tokenizer.encode(args.prompt))
+        if not ids:
+            raise ValueError("the prompt encodes to zero tokens")
+    else:
+        ids = list(args.prompt_ids)
+    pid = prompt_id_for(ids, getattr(args, "prompt_id", None))
+    ids = check_ids_for_model(ids, target.path, max_tokens=args.max_tokens, prompt_id=pid)
+    speculative = args.draft is not None or args.source not in ("auto", None)
+    kind = resolve_kind(args.source, args.draft) if speculative else None
+    drafter = dpath = None
+    if kind == "ngram":
+        drafter = "ngram"
+    elif kind is not None:
+        dpath = str(Path(args.draft).expanduser().resolve())
+        label = model_label(dpath)
+        if kind in ("deepspec", "dspark"):
+            drafter = f"{kind}-{label}-t{args.confidence_threshold or 0:g}"
+        else:
+            drafter = label if kind == "two-model" else f"{kind}-{label}"
+    processors = ""
+    try:
+        from specparity.processor_args import processors_from_args
+
+        proc = processors_from_args(args)
+        processors = proc.tag() if proc.active else ""
+    except (ImportError, AttributeError):
+        pass
+    eos = tuple(args.eos_ids) if getattr(args, "eos_ids", None) else None
+    kw: dict[str, Any] = {"processors": processors} if processors else {}
+    return Case(
+        target=model_label(target.path), drafter=drafter, prompt_id=pid,
+        gamma=args.gamma if kind else 0, max_tokens=args.max_tokens, temperature=args.temp,
+        seed=args.seed, eos_ids=eos, source=kind or "two-model", top_p=args.top_p, top_k=args.top_k,
+        target_path=str(target.path), draft_path=dpath, prompt_tokens=tuple(ids), **kw,
+    )
+
+

@@ -1,0 +1,63 @@
+"""Runner declaration: ``engine``, the engine under our contract (``engine/executor.py``).
+
+Plain decode (``plain_generate``) and speculative decode (``spec_generate``) with
+every §3 source, every case option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import metadata
+from typing import Any
+
+from specparity.runners.registry import CaseRun, Runner, sources
+
+OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors")
+
+
+def run(x: CaseRun) -> list[dict[str, Any]]:
+    from engine.executor import GenerationParams, plain_generate, spec_generate
+    from engine.sampler import SamplerParams
+    from engine.sources import make_provider
+    from engine.sources.two_model import TwoModelProvider
+    from specparity.runners import DSPARK_SOURCES, HEAD_SOURCES, dspark_drafter, processor_params
+
+    case = x.case
+    params = GenerationParams(
+        max_tokens=case.max_tokens,
+        gamma=case.gamma,
+        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
+                              processors=processor_params(case)),
+        seed=case.seed,
+        eos_ids=case.eos_ids if case.eos_ids is not None else x.target.eos_ids,
+        stop_sequences=case.stop_sequences,
+    )
+    if case.drafter is None:
+        result = plain_generate(x.target.model, x.ids, params)
+    elif case.source in DSPARK_SOURCES:
+        assert x.dpath is not None
+        provider = make_provider(case.source, model=x.dpath, confidence_threshold=dspark_drafter(case)[1])
+        params = replace(params, prefill="full" if case.source == "deepspec" else params.prefill)
+        result = spec_generate(x.target.model, provider, x.ids, params)
+    elif case.source == "two-model":
+        provider = TwoModelProvider(x.draft.model, draft_tokenizer=x.draft.tokenizer)
+        provider.check_target(x.target.model, x.target.tokenizer)
+        result = spec_generate(x.target.model, provider, x.ids, params)
+    elif case.source == "ngram":
+        result = spec_generate(x.target.model, make_provider("ngram", gamma=case.gamma), x.ids, params)
+    elif case.source in HEAD_SOURCES:
+        result = spec_generate(x.target.model, make_provider(case.source, path=x.dpath), x.ids, params)
+    else:  # unreachable: the registry refuses an undeclared source first
+        raise ValueError(f"the engine runner has no source {case.source!r} yet")
+    return [*result.records, result.footer()]
+
+
+RUNNER = Runner(
+    name="engine",
+    kind="engine",
+    package="specparity",
+    sources=sources(OPTIONS, "plain", "two-model", "ngram", "mtp", "assistant", "deepspec", "dspark"),
+    run=run,
+    header=lambda: {"name": "engine", "package": "specparity", "version": metadata.version("specparity")},
+    rank=0,
+)

@@ -1,0 +1,52 @@
+"""Runner declaration: ``mlx_lm``, mlx-lm 0.32.2's own decode loops (``oracles/mlx_lm.py``).
+
+``generate_step`` (plain) and ``speculative_generate_step`` (a draft model only):
+sampling, top-p/top-k, EOS ids, stop sequences and logits processors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specparity.runners.registry import CaseRun, Runner, oracle_availability, sources
+
+
+def run(x: CaseRun) -> list[dict[str, Any]]:
+    from oracles import mlx_lm as oracle
+    from specparity.runners import processor_params
+    from traces.reference import ReferenceRefused
+
+    case = x.case
+    proc = processor_params(case) if case.processors else None
+    try:
+        return oracle.run(
+            x.target.model,
+            x.target.tokenizer,
+            x.ids,
+            draft=x.draft.model if x.draft is not None else None,
+            gamma=case.gamma,
+            max_tokens=case.max_tokens,
+            temperature=case.temperature,
+            top_p=case.top_p,
+            top_k=case.top_k,
+            seed=case.seed,
+            eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
+            stop_sequences=[list(s) for s in case.stop_sequences],
+            logits_processors=proc.kwargs() if proc is not None else None,
+            processor_history=proc.history_prompt if proc is not None else None,
+        )
+    except ReferenceRefused as exc:
+        raise ReferenceRefused("mlx_lm", case.case_id, exc.message) from None
+
+
+RUNNER = Runner(
+    name="mlx_lm",
+    kind="reference",
+    package="mlx-lm",
+    sources=sources(("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors"),
+                    "plain", "two-model"),
+    run=run,
+    available=oracle_availability("mlx_lm"),
+    install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33)",
+    rank=10,
+)

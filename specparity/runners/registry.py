@@ -1,0 +1,239 @@
+"""The runner registry: every runner declared once, in its own module of this package.
+
+A runner is anything that produces a trace or is graded: our ``engine``, each
+reference of ``oracles/`` (``kind="reference"``), each third-party engine of
+``subjects/`` (``kind="subject"``) and, later, each HTTP server
+(``kind="server"``). One :class:`Runner` declares its name, kind, package
+(the trace header's ``runner`` block), availability (with the install hint),
+the draft sources it implements and, per source, the case options it
+implements (:data:`OPTIONS`), and how it runs one case (``run``) — or, for a
+runner that is not run per case, where it is exercised instead.
+
+Every place that chooses or checks a runner asks this registry:
+``specparity run`` and ``grade DIR`` (which references run a case, which are
+skipped and why), ``record --runner``, ``grade --engine``, ``regen``. A
+runner asked for a source or an option it does not declare refuses in one
+line (:func:`unsupported`), never decodes plainly under a speculative label.
+
+Adding a runner touches ONE file: a module ``specparity/runners/<name>.py``
+that defines ``RUNNER = Runner(...)`` (or ``RUNNERS = (...)``); :func:`all_runners`
+finds it. Its implementation stays in its own layer (``oracles/<name>.py``,
+``subjects/<name>.py``, a server client) and never imports ``specparity``.
+The recipe, with a server example: docs/runners.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+KINDS = ("engine", "reference", "subject", "server")
+
+# option name -> whether a case uses it. A runner implements an option by naming it under the
+# source in ``Runner.sources``; a case that uses an option its runner lacks is refused, never run
+# with the option silently dropped. A new case field adds one line here (and its name where
+# the runners that honour it are declared).
+OPTIONS: dict[str, Callable[[Any], bool]] = {
+    "sampling": lambda c: c.temperature > 0,
+    "top_p": lambda c: c.top_p > 0,
+    "top_k": lambda c: c.top_k > 0,
+    "eos_ids": lambda c: c.eos_ids is not None,
+    "stop_sequences": lambda c: bool(c.stop_sequences),
+    "logits_processors": lambda c: bool(c.processors),
+}
+
+PLAIN = "plain"  # the "source" of a case without a drafter (plain decode)
+
+
+class RunnerUnsupported(ValueError):
+    """A runner was asked for a source or an option it does not implement (usage: exit 2)."""
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """What a runner's ``run`` gets: the case, its loaded models and its prompt ids.
+
+    ``target``/``draft`` are ``engine.models.load`` results (``.model``, ``.tokenizer``,
+    ``.eos_ids``); ``draft`` is None for model-free sources and for head/block drafters,
+    whose directory is ``dpath``.
+    """
+
+    case: Any
+    target: Any
+    draft: Any
+    ids: list[int]
+    tpath: Path
+    dpath: Path | None
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """The case's EOS ids, else the target tokenizer's."""
+        return list(self.case.eos_ids) if self.case.eos_ids is not None else list(self.target.eos_ids)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """One runner's declaration.
+
+    Attributes:
+        name: The name ``--runner``/``--runners``/``--engine`` take (unique).
+        kind: ``engine``, ``reference``, ``subject`` or ``server``.
+        package: The distribution named in the trace header (and whose version it records).
+        sources: Draft source (``plain`` for plain decode, ``two-model``, ``ngram``, ...) ->
+            the :data:`OPTIONS` it implements on that source.
+        run: Runs one case, returns its records after the header (rounds/plain records and
+            footer); None for a runner that is not run per case.
+        available: ``() -> (ok, reason with the install hint)``.
+        install_hint: How to get it (shown when it is not available).
+        elsewhere: For a runner not run per case: where it is exercised instead.
+        header: ``() -> the header's runner block``; default ``{name, package, version}``.
+        rank: Position in listings and in the run order (then by name).
+    """
+
+    name: str
+    kind: str
+    package: str
+    sources: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    run: Callable[[CaseRun], list[dict[str, Any]]] | None = None
+    available: Callable[[], tuple[bool, str]] = lambda: (True, "ok")
+    install_hint: str = ""
+    elsewhere: str | None = None
+    header: Callable[[], dict[str, Any]] | None = None
+    rank: int = 100
+
+    @property
+    def per_case(self) -> bool:
+        return self.run is not None
+
+    def runner_info(self) -> dict[str, Any]:
+        """The trace header's ``runner`` block."""
+        if self.header is not None:
+            return self.header()
+        return {"name": self.name, "package": self.package, "version": metadata.version(self.package)}
+
+    def describe(self) -> str:
+        """``two-model (sampling, top_p, ...); plain (...)``: what it implements, for messages."""
+        return "; ".join(f"{s} ({', '.join(sorted(o)) or 'no options'})" for s, o in self.sources.items())
+
+
+def sources(options: Iterable[str], *names: str) -> dict[str, frozenset[str]]:
+    """``{source: options}`` for several sources that implement the same options."""
+    opts = frozenset(options)
+    unknown = opts - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown case option(s) {sorted(unknown)}; known: {', '.join(OPTIONS)}")
+    return {n: opts for n in names}
+
+
+@cache
+def all_runners() -> dict[str, Runner]:
+    """Every declared runner by name: ``RUNNER``/``RUNNERS`` of each module of this package."""
+    import specparity.runners as pkg
+
+    found: list[Runner] = []
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name.startswith("_") or mod.name == "registry":
+            continue
+        m = importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        found += [*getattr(m, "RUNNERS", ()), *([m.RUNNER] if hasattr(m, "RUNNER") else [])]
+    out: dict[str, Runner] = {}
+    for r in sorted(found, key=lambda r: (r.rank, r.name)):
+        check_declaration(r)
+        if r.name in out:
+            raise ValueError(f"runner {r.name!r} is declared twice")
+        out[r.name] = r
+    return out
+
+
+def check_declaration(r: Runner) -> None:
+    """A declaration's own consistency (ValueError naming the runner and the field)."""
+    if not r.name or r.name != r.name.strip() or "," in r.name or r.name == "all":
+        raise ValueError(f"runner name {r.name!r}: must be non-blank, without commas, not 'all'")
+    if r.kind not in KINDS:
+        raise ValueError(f"runner {r.name}: kind {r.kind!r} is not one of {', '.join(KINDS)}")
+    for src, opts in r.sources.items():
+        bad = set(opts) - set(OPTIONS)
+        if bad:
+            raise ValueError(f"runner {r.name}: source {src}: unknown option(s) {sorted(bad)}")
+    if r.run is not None and not r.sources:
+        raise ValueError(f"runner {r.name}: a per-case runner must declare the sources it runs")
+    if r.run is None and not r.elsewhere:
+        raise ValueError(f"runner {r.name}: not run per case: say where it is exercised (elsewhere)")
+
+
+def names(kind: str | None = None) -> list[str]:
+    return [n for n, r in all_runners().items() if kind is None or r.kind == kind]
+
+
+def get(name: str, kind: str | Iterable[str] | None = None, what: str = "runner") -> Runner:
+    """The runner ``name`` (RunnerUnsupported, one line, for a blank or unknown name)."""
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind) if kind is not None else None
+    choices = [n for n, r in all_runners().items() if kinds is None or r.kind in kinds]
+    if not name or not name.strip():
+        raise RunnerUnsupported(f"empty {what} name; known: {', '.join(choices)}")
+    r = all_runners().get(name)
+    if r is None or (kinds is not None and r.kind not in kinds):
+        extra = f" ({r.name} is a runner of kind {r.kind})" if r is not None else ""
+        raise RunnerUnsupported(f"unknown {what} {name!r}{extra}; known: {', '.join(choices)}")
+    return r
+
+
+def case_source(case: Any) -> str:
+    return PLAIN if case.drafter is None else str(case.source)
+
+
+def case_options(case: Any) -> list[str]:
+    """The :data:`OPTIONS` a case uses."""
+    return [o for o, uses in OPTIONS.items() if uses(case)]
+
+
+def unsupported(runner: str | Runner, case: Any) -> str | None:
+    """Why ``runner`` cannot run ``case`` (a one-line reason naming the runner, the case and
+    what is missing), or None when it implements the case's source and every option it uses."""
+    r = runner if isinstance(runner, Runner) else get(runner)
+    if r.run is None:
+        return f"{r.name} is not run per case: {r.elsewhere}"
+    src = case_source(case)
+    if src not in r.sources:
+        return (f"{r.name} does not implement the {src} source (it implements: "
+                f"{', '.join(r.sources)}); case {case.case_id}")
+    missing = [o for o in case_options(case) if o not in r.sources[src]]
+    if missing:
+        return (f"{r.name} does not implement {', '.join(missing)} on the {src} source "
+                f"(it implements: {', '.join(sorted(r.sources[src])) or 'no options'}); "
+                f"case {case.case_id}")
+    return None
+
+
+def supports(runner: str | Runner, case: Any) -> bool:
+    return unsupported(runner, case) is None
+
+
+def availability(name: str) -> tuple[bool, str]:
+    """(available here, reason with the install hint) of a declared runner."""
+    return get(name).available()
+
+
+def run_availability(name: str) -> tuple[bool, str]:
+    """(usable per case by ``specparity run``/``record``/``grade``, reason): available AND per case."""
+    r = get(name)
+    if r.run is None:
+        return False, f"skipped by `specparity run`: {r.elsewhere}"
+    return r.available()
+
+
+def oracle_availability(module: str) -> Callable[[], tuple[bool, str]]:
+    """A reference's availability: ``oracles.availability(module)`` (looked up at call time)."""
+
+    def check() -> tuple[bool, str]:
+        import oracles
+
+        return oracles.availability(module)
+
+    return check

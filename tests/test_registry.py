@@ -1,0 +1,295 @@
+"""The runner registry (``specparity/runners/``): declarations, refusals, and that a runner
+runs what it declares.
+
+A declaration says which draft sources and case options a runner implements; every place
+that picks a runner trusts it. So: each declaration is consistent; a runner asked for a
+source or an option it lacks refuses in one line (record: exit 2) instead of decoding plainly
+under a speculative label; and a case of each declared source, run by each runner available
+here, is a speculative trace with rounds (a planted runner that declares a source it does not
+run is caught).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zoo
+from specparity.cases import Case
+from specparity.cli import main
+from specparity.runners import registry, run_case
+from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
+
+# One cheap zoo case per draft source (the engine implements them all).
+SOURCE_CASES: dict[str, Case] = {
+    "plain": Case("llama", None, "nat-00", 0, 6),
+    "two-model": Case("llama", "twin", "nat-00", 3, 8),
+    "ngram": Case("llama", "ngram", "rnd-00", 2, 12, source="ngram"),
+    "mtp": Case("qwen35", "qwen35-mtp", "nat-00", 2, 8, source="mtp"),
+    "assistant": Case("gemma4", "gemma4-assistant", "nat-03", 3, 8, source="assistant"),
+    "deepspec": Case("gemma4", "deepspec-t0", "nat-03", 4, 8, source="deepspec"),
+    "dspark": Case("gemma4", "dspark-t0", "nat-03", 4, 8, source="dspark"),
+}
+
+
+def declared_source_problems(runner: str | Runner, sources: list[str]) -> list[str]:
+    """For each source: a case of it run by ``runner`` must be a trace of that mode and source,
+    and a speculative one must hold verify rounds (not a plain decode under the label)."""
+    problems = []
+    for src in sources:
+        case = SOURCE_CASES[src]
+        recs = run_case(runner, case)
+        header = recs[0]
+        kinds = {r["type"] for r in recs[1:]}
+        name = runner if isinstance(runner, str) else runner.name
+        if src == "plain":
+            if header["mode"] != "plain" or "round" in kinds:
+                problems.append(f"{name}: plain case {case.case_id}: mode {header['mode']}, {kinds}")
+        elif header["mode"] != "spec" or header["source"] != src or "round" not in kinds:
+            problems.append(f"{name}: declares {src} but its trace of {case.case_id} has mode "
+                            f"{header['mode']}, source {header['source']}, records {sorted(kinds)}")
+    return problems
+
+
+def _cli(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _one_error(err: str, *must: str) -> str:
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1, err
+    for m in must:
+        assert m in lines[0], (m, lines[0])
+    return lines[0]
+
+
+# ---------------------------------------------------------------- declarations
+
+
+def test_every_runner_is_declared_consistently() -> None:
+    from oracles import availability as oracle_availability
+    from specparity.goldens import GOLDEN_RUNNERS
+    from subjects import SUBJECTS
+
+    runners = registry.all_runners()
+    engine = runners["engine"]
+    assert list(runners)[0] == "engine" and engine.kind == "engine"
+    for name, r in runners.items():
+        registry.check_declaration(r)
+        assert name == r.name
+        if r.kind != "engine":
+            assert r.install_hint, name
+        if r.per_case:
+            # a per-case runner implements plain decode or a source, each known to the harness
+            assert set(r.sources) <= set(engine.sources), (name, set(r.sources) - set(engine.sources))
+            for src, opts in r.sources.items():
+                assert set(opts) <= set(registry.OPTIONS), (name, src)
+            ok, why = r.available()
+            assert ok or why, name
+        if r.kind == "reference":
+            oracle_availability(name)  # its driver module oracles/<name>.py exists (ValueError if not)
+    assert set(SUBJECTS) == set(registry.names("subject"))
+    for gname, g in GOLDEN_RUNNERS.items():  # golden runners resolve in the registry
+        req = g.requires or gname
+        assert req in runners, gname
+        if g.produce is None:
+            assert runners[req].per_case, gname
+    # the engine implements every source and option the harness knows
+    assert set(engine.sources) == set(SOURCE_CASES)
+    assert all(set(o) == set(registry.OPTIONS) for o in engine.sources.values())
+
+
+# Case fields and how the registry sees them: the case's identity and models, or an option.
+CASE_FIELDS = {
+    "target", "drafter", "prompt_id", "gamma", "max_tokens", "seed", "source", "target_path",
+    "draft_path", "prompt_tokens",  # what every runner takes (seed: with sampling)
+    "temperature", "top_p", "top_k", "eos_ids", "stop_sequences", "processors",  # OPTIONS
+}
+
+
+def test_a_new_case_field_is_an_option_runners_declare() -> None:
+    """A case field a reference might silently ignore must be an option in registry.OPTIONS,
+    declared by the runners that honour it (refused by the others)."""
+    from dataclasses import fields
+
+    new = {f.name for f in fields(Case)} - CASE_FIELDS
+    assert not new, (f"new Case field(s) {sorted(new)}: add an option to registry.OPTIONS, name it "
+                     "under the sources of the runners that honour it, then list the field here")
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (Runner("x", "engine", "p", sources={"plain": frozenset({"warp"})}, run=lambda x: []), "unknown option"),
+    (Runner("x", "engine", "p", run=lambda x: []), "must declare the sources"),
+    (Runner("x", "reference", "p"), "say where it is exercised"),
+    (Runner(" ", "reference", "p", elsewhere="y"), "non-blank"),
+    (Runner("all", "reference", "p", elsewhere="y"), "non-blank"),
+    (Runner("x", "gizmo", "p", elsewhere="y"), "kind"),
+])
+def test_inconsistent_declaration_is_refused(bad: Runner, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        registry.check_declaration(bad)
+
+
+def test_unsupported_names_the_runner_and_what_is_missing() -> None:
+    two = SOURCE_CASES["two-model"]
+    ngram = SOURCE_CASES["ngram"]
+    assert registry.unsupported("mlx_lm", two) is None
+    why = registry.unsupported("mlx_lm", ngram)
+    assert why is not None and "mlx_lm" in why and "ngram source" in why and ngram.case_id in why
+    stop = replace(ngram, stop_sequences=((5, 6),))
+    why = registry.unsupported("optiq", stop)
+    assert why is not None and "optiq" in why and "stop_sequences" in why, why
+    assert registry.unsupported("optiq", ngram) is None
+    assert "sampling" in (registry.unsupported("deepspec", replace(SOURCE_CASES["deepspec"], temperature=0.5))
+                          or "")
+    assert "not run per case" in (registry.unsupported("mlx_vlm", two) or "")
+    for bad in ("", " ", "nosuch"):
+        with pytest.raises(RunnerUnsupported):
+            registry.get(bad)
+
+
+def test_run_case_refuses_an_undeclared_source_before_running() -> None:
+    with pytest.raises(RunnerUnsupported, match="mlx_lm does not implement the ngram source"):
+        run_case("mlx_lm", SOURCE_CASES["ngram"])
+
+
+def test_run_skips_cases_a_reference_lacks_with_the_reason() -> None:
+    from specparity.run import skip_reasons
+
+    cases = [SOURCE_CASES["two-model"], SOURCE_CASES["ngram"], replace(SOURCE_CASES["ngram"], gamma=3)]
+    got = skip_reasons(["mlx_lm", "engine"], cases)
+    assert set(got) == {"mlx_lm"}
+    assert got["mlx_lm"].startswith("2 case(s) skipped: mlx_lm does not implement the ngram source"), got
+
+
+# ---------------------------------------------------------------- runners run what they declare
+
+
+def _available_per_case() -> list[str]:
+    return [n for n, r in registry.all_runners().items() if r.per_case and r.available()[0]]
+
+
+@pytest.mark.parametrize("name", _available_per_case())
+def test_each_declared_source_yields_speculative_rounds(name: str) -> None:
+    r = registry.all_runners()[name]
+    cheap = ["plain", "two-model", "ngram"] if name == "engine" else list(r.sources)
+    # the engine's head/block sources are run round for round by their conformance tests
+    # (test_mtp, test_assistant, test_dspark_references); here the ones on the small zoo
+    assert not declared_source_problems(name, [s for s in cheap if s in r.sources])
+
+
+def test_a_runner_that_declares_a_source_it_does_not_run_is_caught() -> None:
+    from specparity.runners import engine
+
+    def plain_only(x: CaseRun) -> list[dict[str, Any]]:  # ignores the drafter: plain decode
+        return engine.run(replace(x, case=replace(x.case, drafter=None)))
+
+    liar = Runner("liar", "reference", "specparity", sources=registry.sources((), "plain", "ngram"),
+                  run=plain_only, header=lambda: {"name": "liar", "package": "specparity", "version": "0"})
+    problems = declared_source_problems(liar, ["plain", "ngram"])
+    assert len(problems) == 1 and "liar: declares ngram" in problems[0], problems
+    assert "records ['footer', 'plain', 'prefill']" in problems[0], problems  # no verify round
+
+
+# ---------------------------------------------------------------- CLI refusals (issue 23)
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Path, Path]:
+    return zoo.pair("llama", "twin")
+
+
+def test_record_refuses_a_source_the_runner_lacks(pair: tuple[Path, Path], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.jsonl"
+    rc, _, err = _cli(["record", "--runner", "mlx_lm", "--target", pair[0], "--source", "ngram",
+                       "--prompt-ids", "5,6,7", "-n", "4", "--trace", out], capsys)
+    assert rc == 2
+    _one_error(err, "mlx_lm", "ngram source")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("given, msg", [(" ", "empty runner name"), ("mlx_lm,", "empty runner name"),
+                                        ("nosuch", "unknown runner 'nosuch'"),
+                                        ("mlx_vlm", "not run per case")])
+def test_record_refuses_blank_unknown_and_non_case_runners(
+        given: str, msg: str, pair: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _cli(["record", "--runner", given, "--target", pair[0], "--prompt-ids", "5,6",
+                       "-n", "2", "--out", tmp_path], capsys)
+    assert rc == 2
+    _one_error(err, msg)
+    assert not any(tmp_path.iterdir())
+
+
+def test_record_refuses_an_option_the_runner_lacks(pair: tuple[Path, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from specparity.runners import engine
+
+    greedy = Runner("greedyonly", "reference", "specparity", sources=registry.sources((), "plain"),
+                    run=engine.run, header=lambda: {"name": "greedyonly", "package": "specparity",
+                                                    "version": "0"})
+    runners = {**registry.all_runners(), "greedyonly": greedy}
+    monkeypatch.setattr(registry, "all_runners", lambda: runners)
+    base = ["record", "--target", pair[0], "--prompt-ids", "5,6,7", "-n", "4", "--out", tmp_path]
+    rc, _, err = _cli([*base, "--runner", "greedyonly", "--temp", "0.7"], capsys)
+    assert rc == 2
+    _one_error(err, "greedyonly", "sampling", "plain source")
+    assert not any(tmp_path.iterdir())
+    # --runner all records with every runner that implements the case and names the others
+    rc, _, err = _cli([*base, "--runner", "all", "--temp", "0.7"], capsys)
+    assert rc == 0, err
+    assert "record: skipped greedyonly does not implement sampling" in err, err
+    assert {p.name for p in tmp_path.iterdir()} == {"engine", "mlx_lm"}
+
+
+def test_grade_engine_not_installed_is_not_a_success(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    missing = [n for n in registry.names("subject") if not registry.availability(n)[0]]
+    if not missing:
+        pytest.skip("every subject is installed here")
+    rc, _, err = _cli(["grade", "--engine", missing[0], "--out", tmp_path], capsys)
+    assert rc == 2, err
+    line = [ln for ln in err.splitlines() if ln.startswith("specparity grade:")]
+    assert len(line) == 1 and missing[0] in line[0] and "tox -e" in line[0], err
+    for bad, msg in ((" ", "empty engine name"), ("mlx_lm", "kind reference"), ("nosuch", "unknown engine")):
+        rc, _, err = _cli(["grade", "--engine", bad, "--out", tmp_path], capsys)
+        assert rc == 2 and msg in err, (bad, err)
+
+
+def test_grade_refuses_a_header_source_no_runner_implements(pair: tuple[Path, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from traces.io import write_trace
+
+    case = Case("llama", "ngram", "x", 2, 4, source="ngram", target_path=str(pair[0]),
+                prompt_tokens=(5, 6, 7, 5, 6))
+    recs = run_case("engine", case)
+    recs[0] = {**recs[0], "source": "warp-drive"}
+    (tmp_path / "traces").mkdir()
+    write_trace(tmp_path / "traces" / "t.jsonl", recs)
+    rc, _, err = _cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--quiet"], capsys)
+    assert rc == 1, err
+    # grade's header validation (before any model loads) names the file, the field and the source
+    assert "header.source: unknown draft source 'warp-drive'" in err and "t.jsonl" in err, err
+
+
+def test_grade_skips_a_reference_lacking_the_header_source_with_the_reason(
+        pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from traces.io import write_trace
+
+    case = Case("llama", "ngram", "x", 2, 6, source="ngram", target_path=str(pair[0]),
+                prompt_tokens=(5, 6, 7, 5, 6, 7, 5))
+    (tmp_path / "traces").mkdir()
+    write_trace(tmp_path / "traces" / "t.jsonl", run_case("engine", case))
+    rc, out, err = _cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--runners", "mlx_lm",
+                         "--quiet"], capsys)
+    assert rc == 0, err
+    assert "oracle `mlx_lm`: 1 case(s) skipped: mlx\\_lm does not implement the ngram source" in out, out
+    assert not (tmp_path / "g" / "traces" / "mlx_lm").exists()  # never a plain decode labelled ngram
