@@ -14,19 +14,55 @@ load drift lands on both arms (§4.7). After one untimed warm-up per arm:
   one-to-one; where a knife-edge flip makes the streams differ, units are
   paired up to the first differing token and the count is reported;
 - **paired wall clock**: per prompt, time-per-token ratio B / A; its median
-  with a 95 % percentile bootstrap interval (``reports.stats.median_ratio``);
+  with a 95 % percentile bootstrap interval (``reports.stats.median_ratio``).
+  The seconds come from a timing source (``timing(arm, prompt_index,
+  result)``, default :func:`measured_wall`: the run's own ``wall_s``), so the
+  verdict logic is tested on injected timings, never on the test machine's
+  clock;
 - verdict (``reports.stats.ab_verdict``): acceptance does not drop by more than
   ``max_drop`` points AND the whole wall-time interval lies below 1.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MIN_PROMPTS = 32
+
+Timing = Callable[[str, int, Any], float]
+"""``timing(arm, prompt_index, result) -> seconds`` of one timed run (never the warm-up)."""
+
+
+def measured_wall(arm: str, index: int, result: Any) -> float:
+    """The default timing source: the run's own wall clock (``GenerationResult.wall_s``)."""
+    return float(result.wall_s)
+
+
+def timed(per: dict[str, list[Any]], timing: Timing) -> dict[str, list[float]]:
+    """Seconds of every timed run, per arm, from ``timing``; each finite and > 0."""
+    out: dict[str, list[float]] = {}
+    for arm, results in per.items():
+        secs = []
+        for i, r in enumerate(results):
+            s = timing(arm, i, r)
+            if isinstance(s, bool) or not (isinstance(s, int | float) and math.isfinite(s) and s > 0):
+                raise ValueError(f"timing of arm {arm} prompt {i}: {s!r} is not a finite number "
+                                 "of seconds > 0")
+            secs.append(float(s))
+        out[arm] = secs
+    return out
+
+
+def time_ratios(res_a: Sequence[Any], secs_a: Sequence[float], res_b: Sequence[Any],
+                secs_b: Sequence[float]) -> list[float]:
+    """Per prompt: B's time per generated token over A's (< 1: B faster)."""
+    return [(sb / max(1, rb.usage.generation_tokens)) / (sa / max(1, ra.usage.generation_tokens))
+            for ra, sa, rb, sb in zip(res_a, secs_a, res_b, secs_b, strict=True)]
 
 
 @dataclass
@@ -145,14 +181,16 @@ def run_ab(
     progress: Any = None,
     prompts_file: Path | None = None,
     cache: dict[str, Any] | None = None,
+    timing: Timing = measured_wall,
 ) -> dict[str, Any]:
     """Run the A/B and return its result (the ``ab.json`` content).
 
     ``cache``: :func:`specparity.kv_args.cache_fields` (``kv_bits``, ``kv_group_size``,
     ``quantized_kv_start``, ``rotating``), applied to both arms and recorded.
-    """
-    import math
 
+    ``timing`` gives each timed run's seconds (default: its measured wall
+    clock); tests inject timings so the verdict never rests on their machine.
+    """
     if not (isinstance(max_drop, int | float) and math.isfinite(max_drop) and max_drop >= 0):
         raise ValueError(f"--max-drop must be a finite number >= 0 (points), got {max_drop!r}")
     from engine.executor import GenerationParams, spec_generate
@@ -193,9 +231,9 @@ def run_ab(
         if progress is not None:
             progress(i + 1, len(prompts))
 
+    secs = timed(per, timing)
     flags_a: list[bool] = []
     flags_b: list[bool] = []
-    ratios = []
     differing = 0
     for ra, rb in zip(per["A"], per["B"], strict=True):
         fa, fb = accepted_flags(ra.records), accepted_flags(rb.records)
@@ -204,9 +242,7 @@ def run_ab(
             differing += 1
         flags_a += fa[:n]
         flags_b += fb[:n]
-        ta = ra.wall_s / max(1, ra.usage.generation_tokens)
-        tb = rb.wall_s / max(1, rb.usage.generation_tokens)
-        ratios.append(tb / ta)
+    ratios = time_ratios(per["A"], secs["A"], per["B"], secs["B"])
     acceptance = paired_drop(flags_a, flags_b, max_drop_pts=max_drop)
     wall = median_ratio(ratios)
     verdict = ab_verdict(acceptance, wall)
@@ -219,7 +255,7 @@ def run_ab(
         accepted = sum(r.speculation.accepted for r in res)
         tokens = sum(r.usage.generation_tokens for r in res)
         calls = sum(r.speculation.target_calls for r in res)
-        wall_s = sum(r.wall_s for r in res)
+        wall_s = sum(secs[label])
         arm_rows.append({
             "arm": label, "drafter": arm.spec, "path": str(arm.path), "drafted": drafted,
             "accepted": accepted, "acceptance": round(accepted / drafted, 4) if drafted else None,

@@ -15,7 +15,8 @@ rejected tokens never been seen.
 ``keep`` > 0, verify windows longer than the ring (γ up to 8), target rounds
 (one concat call) and drafter rounds (``engine/sources/two_model.py``: a
 1- or 2-token feed, then single-token in-place calls that overwrite ring
-slots, trimmed by ``max(d - k - 1, 0)``). Besides the live state it checks the
+slots, trimmed by ``max(d - k - 1, 0)``, or — replay mode — restored to the
+round's start with ``rollback(0)`` and re-fed, checked before the re-feed). Besides the live state it checks the
 future: clones of both caches take the same next single-token and
 multi-token updates and must still agree (a wrong ``_idx`` shows there).
 With ``keep`` > 0 the plan keeps the guard (a multi-token verify is not plain
@@ -198,6 +199,32 @@ class ExactRotatingMachine(RuleBasedStateMachine):
         self.round += 1
         self.last = f"round {self.round} (drafter, feed {feed}, drafts {n}, k_accept {k_accept})"
 
+    @rule(feed=st.integers(1, 2), n=st.integers(1, 6), data=st.data())
+    def drafter_replay_round(self, feed: int, n: int, data: st.DataObject) -> None:
+        """A two-model drafter with recurrent layers too (``TwoModelSource._commit_rings``,
+        replay mode): a rejecting round restores the ring to the round's start
+        (``rollback(0)``: every saved slot written back, nothing re-applied), then the model
+        re-feeds the kept inputs. Checked BEFORE the re-feed, which would hide a slot that
+        was not written back (the first call writes that very slot again)."""
+        calls = [_kv(self.rng, feed)] + [_kv(self.rng, 1) for _ in range(n - 1)]
+        k_accept = data.draw(st.integers(0, n), label="k_accept")
+        ring = RingRound(self.cache)
+        ring.begin()
+        for k, v in calls:
+            self.cache.update_and_fetch(k, v)
+        ring.end()
+        self.round += 1
+        self.last = f"round {self.round} (drafter replay, feed {feed}, drafts {n}, k_accept {k_accept})"
+        if k_accept >= n:  # every processed input kept
+            ring.commit()
+            self.segments += calls
+            return
+        ring.rollback(0)
+        _assert_same(self.cache, self._fresh(), f"{self._what()}: rollback(0) before the re-feed")
+        for k, v in calls[: k_accept + 1]:  # the re-feed: the feed, then the accepted drafts
+            self.cache.update_and_fetch(k, v)
+            self.segments.append((k, v))
+
     @rule()
     def plain_step(self) -> None:
         k, v = _kv(self.rng, 1)
@@ -205,12 +232,19 @@ class ExactRotatingMachine(RuleBasedStateMachine):
         self.segments.append((k, v))
         self.last = "plain step"
 
-    @invariant()
-    def matches_fresh_cache(self) -> None:
+    def _fresh(self) -> Any:
         fresh = self.make()
         for k, v in self.segments:
             fresh.update_and_fetch(k, v)
-        what = f"RotatingKVCache(max_size={self.size}, keep={self.keep}) after {self.last}"
+        return fresh
+
+    def _what(self) -> str:
+        return f"RotatingKVCache(max_size={self.size}, keep={self.keep}) after {self.last}"
+
+    @invariant()
+    def matches_fresh_cache(self) -> None:
+        fresh = self._fresh()
+        what = self._what()
         _assert_same(self.cache, fresh, what)
         for n in (1, 3):  # the future: the same next update on both
             a, b = clone_caches([self.cache])[0], clone_caches([fresh])[0]
@@ -327,15 +361,22 @@ def _reapply_one_short(self: RingRound, keep: int) -> None:
     _REAL_RING_ROLLBACK(self, keep - 1)
 
 
+def _oldest_slot_short(self: RingRound, keep: int) -> None:
+    self.saved = self.saved[1:]  # the first overwritten slot is not written back
+    _REAL_RING_ROLLBACK(self, keep)
+
+
 _REAL_RING_ROLLBACK = RingRound.rollback
 
 
 @pytest.mark.parametrize(
     "plant",
-    [_one_slot_short, _offset_not_restored, _reapply_one_short],
-    ids=["one-slot-short", "offset-not-restored", "reapply-one-short"],
+    [_one_slot_short, _offset_not_restored, _reapply_one_short, _oldest_slot_short],
+    ids=["one-slot-short", "offset-not-restored", "reapply-one-short", "oldest-slot-short"],
 )
 def test_exact_machine_catches_restore_bugs(plant: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # oldest-slot-short: hidden whenever the kept positions are re-applied (the first one writes
+    # that slot again); only a round restored to its start (rollback(0)) shows it.
     monkeypatch.setattr(RingRound, "rollback", plant)
     with pytest.raises(AssertionError, match=r"after round \d+ \((target|drafter)"):
         run_state_machine_as_test(ExactRotatingMachine, settings=settings(PLANT, report_multiple_bugs=False, phases=NO_SHRINK))

@@ -429,8 +429,6 @@ def test_nan_logits_target_fails_clearly(pair: tuple[Path, Path], tmp_path: Path
 
 def test_validate_refuses_unbounded_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
     from traces import io
 
     monkeypatch.setattr(io, "MAX_LINE_BYTES", 1 << 20)
@@ -438,9 +436,8 @@ def test_validate_refuses_unbounded_input(tmp_path: Path, capsys: pytest.Capture
     big.write_text("[" + ",".join(["12345"] * 900_000) + "]\n")  # ~5 MB on one line
     garbage = tmp_path / "garbage.jsonl"
     garbage.write_text("x\n" * 100_000)
-    t0 = time.monotonic()
+    # no wall-clock bound: the per-test timeout catches a hang; the bounds are asserted below
     rc, out, err = _cli(["trace", "validate", "/dev/zero", big, garbage], capsys)
-    assert time.monotonic() - t0 < 30
     assert rc == 1 and "Traceback" not in out + err
     assert "/dev/zero: file: not a regular file" in out
     assert f"{big}:1: file: line longer than" in out
