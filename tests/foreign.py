@@ -148,3 +148,43 @@ if __name__ == "__main__":
     for arch, (t, d) in build(dest).items():
         print(f"{arch}: {t} {d}")
     print(f"prompts: {dest / 'prompts.jsonl'}")
+
+
+# ---------------------------------------------------------------- checkpoint shapes (issue 22)
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ {'system': 'sa', 'user': 'ku', 'assistant': 'la'}[m['role']] }} "
+    "{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}la{% endif %}"
+)  # role markers are vocabulary words, so a rendered prompt encodes without <unk>
+
+
+def write_padded(arch: str, out: Path, pad_to: int, *, drafter: bool = False) -> Path:
+    """``write_model`` with a padded vocabulary: ``vocab_size`` ``pad_to`` > the tokenizer's.
+
+    The embedding (and an untied ``lm_head``) gain zero rows past the tokenizer's
+    ``VOCAB_SIZE`` ids, as real Qwen checkpoints pad theirs (0.5B: 151936 rows,
+    7B: 152064, one tokenizer of 151665). A zero head row's logit is 0, below the
+    real ids' greedy maximum, so greedy decode never picks a padding id.
+    """
+    import mlx.core as mx
+
+    write_model(arch, out, drafter=drafter)
+    w = {k: np.array(v) for k, v in mx.load(str(out / "model.safetensors")).items()}
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        if k in w:
+            w[k] = np.concatenate([w[k], np.zeros((pad_to - w[k].shape[0], w[k].shape[1]),
+                                                  w[k].dtype)])
+    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(v) for k, v in w.items()},
+                        metadata={"format": "mlx"})
+    cfg = {**config(arch), "vocab_size": pad_to}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def add_chat_template(model_dir: Path, template: str = CHAT_TEMPLATE) -> Path:
+    """Give a model dir's tokenizer a ``chat_template`` (in ``tokenizer_config.json``)."""
+    p = Path(model_dir) / "tokenizer_config.json"
+    cfg = json.loads(p.read_text())
+    cfg["chat_template"] = template
+    p.write_text(json.dumps(cfg, indent=2) + "\n")
+    return Path(model_dir)
