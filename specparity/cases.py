@@ -105,6 +105,9 @@ def model_label(path: str | Path) -> str:
 
 
 _DIGESTS: dict[str, str] = {}
+# Smaller checkpoints hash faster than a cache file is worth (and tests' tmp models would
+# litter the user's cache): only these go to disk.
+DISK_CACHE_MIN_BYTES = 64 << 20
 
 
 def digest_cache_dir() -> Path:
@@ -118,9 +121,10 @@ def cached_weights_digest(path: str | Path) -> str:
 
     The stamp is the resolved path and each weight file's name, size and
     ``mtime_ns``: a rewrite (even of equal size) changes it. Digests are kept in
-    process and on disk (one small JSON per stamp under :func:`digest_cache_dir`,
-    written atomically; an unwritable or corrupt cache is ignored), so a large
-    model is not re-hashed by every command.
+    process and, for weights of :data:`DISK_CACHE_MIN_BYTES` or more, on disk (one
+    small JSON per stamp under :func:`digest_cache_dir`, written atomically; an
+    unwritable or corrupt cache is ignored), so a large model is not re-hashed by
+    every command.
     """
     from traces.digest import weights_digest
     from traces.io import atomic_write_json
@@ -132,6 +136,9 @@ def cached_weights_digest(path: str | Path) -> str:
     if key in _DIGESTS:
         return _DIGESTS[key]
     disk = digest_cache_dir() / f"{key}.json"
+    if sum(f.stat().st_size for f in files) < DISK_CACHE_MIN_BYTES:
+        _DIGESTS[key] = weights_digest(p) if files else hashlib.sha256(b"").hexdigest()
+        return _DIGESTS[key]
     try:
         entry = json.loads(disk.read_text())
         if entry.get("stamp") == stamp and isinstance(entry.get("weights_sha256"), str):

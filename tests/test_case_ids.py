@@ -22,6 +22,7 @@ from tests import foreign
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECPARITY_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cases, "_DIGESTS", {})
+    monkeypatch.setattr(cases, "DISK_CACHE_MIN_BYTES", 0)  # the fixtures are tiny
     return tmp_path / "cache"
 
 
@@ -65,6 +66,13 @@ def test_digests_are_cached_in_process_and_on_disk(tmp_path: Path, cache_dir: Pa
     os.utime(m / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     with pytest.raises(AssertionError, match="re-hashed"):
         cached_weights_digest(m)
+
+
+def test_small_checkpoints_stay_off_the_disk_cache(tmp_path: Path, cache_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cases, "DISK_CACHE_MIN_BYTES", 1 << 30)
+    cached_weights_digest(foreign.write_model("olmo2", tmp_path / "m"))
+    assert not (cache_dir / "digests").exists()
 
 
 def test_a_corrupt_disk_cache_is_ignored(tmp_path: Path, cache_dir: Path,

@@ -71,9 +71,15 @@ def tokenizer_digest(model_dir: Path) -> str | None:
     return file_digest(files) if files else None
 
 
-@cache
 def _identity(path: str) -> dict[str, Any]:
-    return model_identity(Path(path))
+    """:func:`model_identity` with the weights digest cached per content stamp
+    (``specparity.cases.cached_weights_digest``): a checkpoint rewritten in place is
+    re-hashed, an unchanged one is not."""
+    from specparity.cases import cached_weights_digest
+    from zoo.dspark import _config_sha
+
+    return {"path": path, "weights_sha256": cached_weights_digest(path),
+            "config_sha256": _config_sha(Path(path))}
 
 
 def case_paths(case: Case) -> tuple[Path, Path | None]:
