@@ -216,6 +216,7 @@ def run_bench(
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
     prompts_file: Path | None = None,
+    chat_template: bool = False,
 ) -> dict[str, Any]:
     """Time the five arms (module docstring); ``gammas`` overrides ``gamma``."""
     import mlx.core as mx
@@ -231,7 +232,7 @@ def run_bench(
     say = log or (lambda _m: None)
     gs = tuple(gammas) if gammas else (gamma or 3,)
     tname, dname, tpath, dpath = _resolve(target, drafter, size, seed, say)
-    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
+    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     tgt, drf = load_model(str(tpath)), load_model(str(dpath))
     provider = TwoModelProvider(drf.model, draft_tokenizer=drf.tokenizer)
     provider.check_target(tgt.model, tgt.tokenizer)

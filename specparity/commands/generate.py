@@ -20,6 +20,7 @@ from specparity import args as a
 from specparity.args import token_id_list
 from specparity.devices import add_device_argument
 from specparity.processor_args import add_processor_arguments, processors_from_args
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "generate"
 HELP = "generate with the engine on local mlx-lm model dirs"
@@ -56,6 +57,8 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="rotating (sliding-window) caches: guard = stop speculating at the ring wrap "
                         "(§2, default); exact = exact rollback past the wrap (guard only where it cannot)")
     g.add_argument("--trace", type=a.writable_file, default=None, help="write the trace (JSONL) here")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    g.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
     add_processor_arguments(g)
     add_device_argument(g)
 
