@@ -104,6 +104,10 @@ def test_generate_runs_a_padded_pair_both_ways(padded: dict[str, Path], tmp_path
         spec = spec_generate(t.model, provider, ids, p)
         assert spec.output_ids == plain_generate(t.model, ids, p).output_ids, (tdir.name, ddir.name)
         assert spec.speculation is not None and spec.speculation.accepted > 0
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "p", "text": "ba de fi go"}\n')
+    assert _cli("audit", "--target", str(padded["target"]), "--draft", str(padded["twin"]),
+                "--prompts-file", str(prompts), "--max-tokens", "6", "--gamma", "2") == 0
     out = tmp_path / "g.jsonl"
     assert _cli("generate", "--target", str(padded["target"]), "--draft", str(padded["twin"]),
                 "--prompt", "ba de fi go", "-n", "6", "--gamma", "2", "--trace", str(out)) == 0

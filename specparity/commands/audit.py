@@ -125,12 +125,14 @@ def main(args: argparse.Namespace) -> int:
               f"{'caches after verify':44} rollback vs kept-only replay")
     for name, t, d, prompts in runs:
         audit = SerialReplayAudit(t.model)
+        provider = TwoModelProvider(d.model, draft_tokenizer=getattr(d, "tokenizer", None))
+        provider.check_target(t.model, getattr(t, "tokenizer", None))  # padded vocabularies
         for pid, ids in prompts:
             audit.prompt = pid
             params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids,
                                       cache_digests=False, rotating=args.rotating)
             n0 = len(audit.windows)
-            spec_generate(t.model, TwoModelProvider(d.model), ids, params, observer=audit)
+            spec_generate(t.model, provider, ids, params, observer=audit)
             if args.all_windows:
                 for w in audit.windows[n0:]:
                     print(f"{name:10} {pid:7} {w.round:>5} {len(w.window):>3} {w.k_accept!s:>2}  "
