@@ -70,6 +70,8 @@ def test_token_outside_the_other_vocabulary_is_refused() -> None:
         check_compatible(_model(5), _model(8), _Tok(WORDS), _Tok(wide))
     # the same token at the same id, both models have it: fine
     check_compatible(_model(8), _model(8), _Tok(wide), _Tok(dict(wide)))
+    # a token past both models' rows (a tokenizer larger than the models) neither emits: fine
+    check_compatible(_model(5), _model(5), _Tok(wide), _Tok(dict(wide)))
 
 
 @pytest.fixture(scope="module")

@@ -98,8 +98,10 @@ def check_compatible(target: Any, draft: Any, target_tok: Any = None, draft_tok:
                 f"two-model: id {i} is {say(ta.get(i))} for the target but {say(tb.get(i))} for "
                 "the drafter; the drafter must use the target's tokenizer"
             )
-    for who, ids, other, n in (("target", ta, "drafter", dv), ("drafter", tb, "target", tv)):
-        beyond = sorted(i for i in ids if n is not None and i >= n)
+    for who, ids, own, other, n in (("target", ta, tv, "drafter", dv), ("drafter", tb, dv, "target", tv)):
+        # a token this model can emit (below its own rows) that the other cannot embed; ids past
+        # both models' rows (a tokenizer larger than the models) neither model emits
+        beyond = sorted(i for i in ids if n is not None and n <= i and (own is None or i < own))
         if beyond:
             i = beyond[0]
             raise VocabMismatchError(
