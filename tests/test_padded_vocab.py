@@ -129,7 +129,8 @@ def test_a_padding_id_is_never_fed_to_a_model_that_lacks_it(padded: dict[str, Pa
     twin = load_model(str(padded["twin"]))
     src = TwoModelSource(twin.model, StepSampler.from_params(SamplerParams()), 512, target_vocab=128)
     src.prefill([5, 9, 14], None)
-    with pytest.raises(VocabMismatchError, match=r"target emitted id 120, a padding row outside the "
+    src.draft([22], 1, 0, None)  # the first feed is the prompt's last token
+    with pytest.raises(VocabMismatchError, match=r"target emitted id 120 is a padding row outside the "
                                                   r"drafter's vocabulary \[0, 112\)"):
         src.draft([120], 2, 0, None)
     wide = load_model(str(padded["twin-pad"]))
@@ -144,3 +145,23 @@ def test_a_padding_id_is_never_fed_to_a_model_that_lacks_it(padded: dict[str, Pa
             src.draft([22], 2, 0, None)
     finally:
         src.sampler.sample_window = real  # type: ignore[method-assign]
+
+
+def test_a_prompt_id_past_the_drafters_rows_is_refused_naming_the_drafter(padded: dict[str, Path],
+                                                                            capsys) -> None:  # noqa: ANN001
+    """Id 120 is a padding row of the 128-row target, past the 112-row drafter's table."""
+    from specparity.cases import Case, model_label
+    from specparity.prompts import PromptError
+    from specparity.runners import run_case
+
+    t, d = padded["target"], padded["twin"]
+    capsys.readouterr()
+    assert _cli("generate", "--target", str(t), "--draft", str(d), "--prompt-ids", "5,120",
+                "-n", "4") != 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(err) == 1 and "the prompt token 120 is a padding row outside the drafter's " \
+        "vocabulary [0, 112)" in err[0], err
+    case = Case(model_label(t), model_label(d), "pad", 2, 4, target_path=str(t), draft_path=str(d),
+                prompt_tokens=(5, 120))
+    with pytest.raises(PromptError, match=r"drafter .*phi3-twin: prompt 'pad': token id\(s\) 120"):
+        run_case("engine", case)

@@ -139,6 +139,7 @@ class TwoModelSource:
         self.weights_bytes = 0
         self._snapshot: list[Any] | None = None
         self._feed: list[int] = []
+        self._first_feed = False
         self.rings: dict[int, RingRound] = {}  # rotating="exact": layer -> its ring round
         self.ring_fallback: dict[int, str] = {}
 
@@ -173,6 +174,12 @@ class TwoModelSource:
         return None
 
     def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
+        if self.vocab is not None and prompt_ids and max(prompt_ids) >= self.vocab:
+            i, t = next((i, int(t)) for i, t in enumerate(prompt_ids) if int(t) >= self.vocab)
+            raise VocabMismatchError(
+                f"two-model: the prompt token {t} (position {i}) is a padding row outside the "
+                f"drafter's vocabulary [0, {self.vocab}) (no token of either tokenizer)")
+        self._first_feed = True  # tail-split: the first feed is the prompt's last token
         for pos in range(0, len(prompt_ids), self.step):
             chunk = prompt_ids[pos : pos + self.step]
             self.model(mx.array(chunk, mx.uint32)[None], cache=self.caches)
@@ -191,9 +198,11 @@ class TwoModelSource:
             return mx.array([], mx.uint32)
         if self.vocab is not None and any(int(t) >= self.vocab for t in feed):
             pad = next(int(t) for t in feed if int(t) >= self.vocab)
+            what = "prompt token" if self._first_feed else "target emitted id"
             raise VocabMismatchError(
-                f"two-model: the target emitted id {pad}, a padding row outside the drafter's "
+                f"two-model: the {what} {pad} is a padding row outside the drafter's "
                 f"vocabulary [0, {self.vocab}) (no token of either tokenizer)")
+        self._first_feed = False
         if self.replay:
             self._snapshot = [
                 int(c.offset) if self.kv[i] else (list(c.cache), c.lengths, c.left_padding)

@@ -178,7 +178,12 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
         ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
                                   prompt_id=case.prompt_id)
         if draft is not None and dpath is not None:  # the drafter reads the same ids
-            check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
+            from specparity.prompts import PromptError
+
+            try:
+                check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
+            except PromptError as exc:  # a padded target's row past the drafter's, say so
+                raise PromptError(f"drafter {dpath}: {exc}") from None
     tokenizer_sha256 = zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath)
     header = make_header(
         runner=r.runner_info(),
