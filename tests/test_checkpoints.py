@@ -77,6 +77,9 @@ def _commands_on(c: Combo, t: Path, d: Path, prompts: Path, out: Path) -> None:
     assert _cli("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts),
                 "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out", str(run),
                 "--quiet") == 0, f"{_name(c)}: run"
+    verdicts = {(c["kind"], c["verdict"]) for c in json.loads((run / "comparisons.json").read_text())}
+    assert verdicts == {("engine-vs-mlx_lm", "identical"), ("spec-vs-plain", "identical")}, \
+        (_name(c), verdicts)
     traces = sorted((run / "traces" / "engine").glob("*.jsonl"))
     assert traces, _name(c)
     head = json.loads(traces[0].read_text().splitlines()[0])
