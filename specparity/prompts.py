@@ -220,6 +220,9 @@ def encode_prompts(prompts: Sequence[Prompt], model_dir: str | Path, *, max_toke
     one user turn by the tokenizer's chat template (:func:`encode_text`) and their
     ids get the suffix :data:`CHAT_SUFFIX`; token-id prompts are used as they are.
     """
+    if chat_template and all(pr.text is None for pr in prompts):
+        raise PromptError("--chat-template renders text prompts, and these are all token ids "
+                          "(used as they are): drop --chat-template or give text prompts")
     vocab, ctx = model_limits(_config(model_dir))
     out = []
     for pr in prompts:

@@ -53,6 +53,11 @@ def test_encode_text_renders_with_the_tokenizers_own_template(models: dict[str, 
                                   add_generation_prompt=True, return_dict=False) == RENDERED
     with pytest.raises(PromptError, match="has no chat template"):
         encode_text(load_tokenizer(models["plain"]), "ba de fi", chat_template=True)
+    # a flag that would change nothing is refused, not ignored
+    from specparity.prompts import Prompt, encode_prompts
+
+    with pytest.raises(PromptError, match="these are all token ids"):
+        encode_prompts([Prompt("ids", token_ids=(5, 9))], models["chat"], chat_template=True)
 
 
 def test_generate_and_record_put_the_rendered_ids_in_the_header(models, tmp_path, capsys) -> None:
