@@ -143,7 +143,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | None = None,
-                  max_tokens: int = 0) -> list[Any]:
+                  max_tokens: int = 0, chat_template: bool = False) -> list[Any]:
     """``n`` zoo prompts, or every prompt of ``prompts_file``; checked against ``model_dir``."""
     import zoo
     from specparity.cases import pick_prompts
@@ -152,7 +152,11 @@ def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | No
         from specparity.prompts import prompts_for_model
 
         assert model_dir is not None
-        return prompts_for_model(model_dir, prompts_file=prompts_file, max_tokens=max_tokens)
+        return prompts_for_model(model_dir, prompts_file=prompts_file, max_tokens=max_tokens,
+                                 chat_template=chat_template)
+    if chat_template:
+        raise ValueError("--chat-template renders text prompts: give --prompts-file FILE (the zoo's "
+                         "prompts are token ids)")
     all_ids = [p.id for p in zoo.prompts()]
     if n > len(all_ids):
         raise ValueError(f"--prompts {n}: the zoo has {len(all_ids)} prompts")
@@ -182,6 +186,7 @@ def run_ab(
     prompts_file: Path | None = None,
     cache: dict[str, Any] | None = None,
     timing: Timing = measured_wall,
+    chat_template: bool = False,
 ) -> dict[str, Any]:
     """Run the A/B and return its result (the ``ab.json`` content).
 
@@ -199,7 +204,7 @@ def run_ab(
     from specparity.runners import load_model
 
     _tname, tpath = resolve_target(target)
-    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
+    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     n_prompts = len(prompts)
     if n_prompts < MIN_PROMPTS and not allow_small:
         raise ValueError(f"--prompts {n_prompts} < {MIN_PROMPTS}: §4.5 asks for >= {MIN_PROMPTS} "

@@ -153,10 +153,59 @@ def _resolve(target: str | None, drafter: str | None, size: str | None, seed: in
     return target, drafter, resolve_target(target)[1], resolve_drafter(target, drafter)
 
 
-def _n_params(model: Any) -> int:
+def checkpoint_facts(model_dir: Path | str | None, model: Any) -> dict[str, Any]:
+    """What a checkpoint is: logical parameters, the real dtype, quantization, on-disk size.
+
+    A quantized layer (mlx ``nn.QuantizedLinear`` / ``QuantizedEmbedding``, as
+    mlx-lm 0.32.2 ``utils.quantize_model`` makes them) stores ``bits``-wide
+    weights packed into ``uint32`` (so ``weight.size`` undercounts 32/bits times)
+    with float or ``uint8`` (mxfp4) scales: its parameters are counted as the
+    unpacked ``out × in``, its scales/biases not at all. ``dtype`` is the float
+    dtype holding most of the remaining (unquantized) weights — what a
+    ``mlx_lm.convert --dtype`` chose — and ``quantization`` is the config's
+    ``quantization`` (``bits``/``group_size``/``mode``; None when unquantized).
+    """
     from mlx.utils import tree_flatten
 
-    return sum(v.size for _, v in tree_flatten(model.parameters()))
+    n, by_dtype = 0, dict[str, int]()
+    for _, mod in model.named_modules() if model is not None else []:
+        bits = getattr(mod, "bits", None)
+        own = {k: v for k, v in mod.items() if hasattr(v, "dtype")} if hasattr(mod, "items") else {}
+        if bits is not None and "scales" in own:
+            n += int(own["weight"].size) * 32 // int(bits)  # uint32 words of `bits`-wide values
+            own = {k: v for k, v in own.items() if k not in ("weight", "scales", "biases")}
+        for v in own.values():
+            n += int(v.size)
+            d = str(v.dtype).removeprefix("mlx.core.")
+            by_dtype[d] = by_dtype.get(d, 0) + int(v.size)
+    if model is not None and not by_dtype:
+        for _, v in tree_flatten(model.parameters()):
+            d = str(v.dtype).removeprefix("mlx.core.")
+            by_dtype[d] = by_dtype.get(d, 0) + int(v.size)
+    out: dict[str, Any] = {"parameters": n, "dtype": max(by_dtype, key=by_dtype.__getitem__)
+                           if by_dtype else "unknown", "quantization": None, "disk_bytes": None}
+    if model_dir is not None:
+        d = Path(model_dir)
+        try:
+            q = json.loads((d / "config.json").read_text()).get("quantization")
+        except (OSError, ValueError):
+            q = None
+        if isinstance(q, dict):
+            out["quantization"] = {"bits": q.get("bits"), "group_size": q.get("group_size"),
+                                   "mode": q.get("mode", "affine")}
+        out["disk_bytes"] = sum(f.stat().st_size for f in d.glob("*.safetensors") if f.is_file())
+    return out
+
+
+def describe_checkpoint(facts: dict[str, Any]) -> str:
+    """``1.1 B parameters, bfloat16, q4 g64 affine, 0.62 GB on disk``."""
+    parts = [f"{facts['parameters'] / 1e9:.3g} B parameters", str(facts["dtype"])]
+    q = facts.get("quantization")
+    if q:
+        parts.append(f"q{q['bits']} g{q['group_size']} {q['mode']}")
+    if facts.get("disk_bytes") is not None:
+        parts.append(f"{facts['disk_bytes'] / 1e9:.3g} GB on disk")
+    return ", ".join(parts)
 
 
 def run_bench(
@@ -174,6 +223,7 @@ def run_bench(
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
     prompts_file: Path | None = None,
+    chat_template: bool = False,
     cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Time the five arms (module docstring); ``gammas`` overrides ``gamma``.
@@ -194,7 +244,7 @@ def run_bench(
     say = log or (lambda _m: None)
     gs = tuple(gammas) if gammas else (gamma or 3,)
     tname, dname, tpath, dpath = _resolve(target, drafter, size, seed, say)
-    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
+    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     tgt, drf = load_model(str(tpath)), load_model(str(dpath))
     provider = TwoModelProvider(drf.model, draft_tokenizer=drf.tokenizer)
     provider.check_target(tgt.model, tgt.tokenizer)
@@ -285,6 +335,7 @@ def run_bench(
                for g in gs for p in prompts)
     flat = {(k if len(gs) == 1 else f"{k} γ={g}"): v
             for g in gs for k, v in by_gamma[str(g)]["warm"].items()}
+    tfacts, dfacts = checkpoint_facts(tpath, tgt.model), checkpoint_facts(dpath, drf.model)
     res: dict[str, Any] = {
         **({"cache": dict(cache)} if cache else {}),
         "kind": "bench", "target": tname, "drafter": dname,
@@ -292,8 +343,8 @@ def run_bench(
         "max_tokens": max_tokens, "n_prompts": len(prompts), "repeats": repeats,
         "prompt_ids": [p.id for p in prompts],
         "target_path": str(tpath), "drafter_path": str(dpath),
-        "target_parameters": _n_params(tgt.model), "drafter_parameters": _n_params(drf.model),
-        "dtype": str(next(iter(_dtypes(tgt.model)), "unknown")),
+        "target_parameters": tfacts["parameters"], "drafter_parameters": dfacts["parameters"],
+        "dtype": tfacts["dtype"], "target_checkpoint": tfacts, "drafter_checkpoint": dfacts,
         "order": "per block (γ, prompt, pass) every arm back to back, order rotated by one arm per "
                  "block; pass 0 cold (forwards last), passes 1..R warm right after (same shapes)",
         "blocks_with_differing_token_counts": sum(
@@ -313,12 +364,6 @@ def run_bench(
         res["profile"] = _profile(lambda: spec_generate(tgt.model, provider, list(prompts[0].token_ids),
                                                         params(gs[-1])))
     return res
-
-
-def _dtypes(model: Any) -> set[Any]:
-    from mlx.utils import tree_flatten
-
-    return {str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())}
 
 
 def _arm_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -376,8 +421,7 @@ def bench_markdown(res: dict[str, Any]) -> str:
         f"# bench: `{res['target']}` + `{res['drafter']}`, γ={res['gamma']}", "",
         f"{res['n_prompts']} prompts × {res['repeats']} warm passes (+1 cold), "
         f"max_tokens={res['max_tokens']}, temperature 0; {res['order']}. "
-        f"Device {res['machine']['mlx_device']}, target {res.get('target_parameters', 0) / 1e9:.3g} B "
-        f"parameters ({res.get('dtype')}), drafter {res.get('drafter_parameters', 0) / 1e9:.3g} B. "
+        f"Device {res['machine']['mlx_device']}, {_models_line(res)}. "
         f"Engine and mlx-lm speculative outputs identical: {res.get('engine_vs_mlx_lm_identical_outputs')}. "
         "Figures only: timing never fails.", "",
         "Paired ratios of time per token (median, 95 % percentile bootstrap interval). "
@@ -397,6 +441,14 @@ def bench_markdown(res: dict[str, Any]) -> str:
         lines += ["## where the engine's host time goes (cProfile, one warm generation, own time)", "",
                   pd.DataFrame(res["profile"]).to_markdown(index=False), ""]
     return "\n".join(lines) + "\n"
+
+
+def _models_line(res: dict[str, Any]) -> str:
+    if "target_checkpoint" in res:
+        return (f"target {describe_checkpoint(res['target_checkpoint'])}; "
+                f"drafter {describe_checkpoint(res['drafter_checkpoint'])}")
+    return (f"target {res.get('target_parameters', 0) / 1e9:.3g} B parameters ({res.get('dtype')}), "
+            f"drafter {res.get('drafter_parameters', 0) / 1e9:.3g} B")
 
 
 def write_bench(res: dict[str, Any], out: Path) -> tuple[Path, Path]:

@@ -16,6 +16,7 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     stop_ids = [[5, 6]]                # stop sequences as token ids
     stop_strings = ["la me"]           # stop sequences as text (target's tokenizer)
     truncate = false                   # true: over-long prompts keep their tail (warning)
+    chat_template = false              # true: text prompts through the target tokenizer's template
     kv_bits = 4                        # quantized KV (mlx-lm kv_bits); with kv_group_size = 32,
     quantized_kv_start = 0             #   ... (defaults 64 / 5000); head dim must be a multiple
     rotating = "exact"                 # rotating caches past the ring wrap (default "guard")
@@ -49,8 +50,8 @@ from specparity.cases import DEFAULT_GAMMAS, Case, model_label, pick_prompts
 __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "suite_cases"]
 
 _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling", "eos_ids",
-               "stop_ids", "stop_strings", "truncate", "kv_bits", "kv_group_size", "quantized_kv_start",
-               "rotating"}
+               "stop_ids", "stop_strings", "truncate", "chat_template", "kv_bits", "kv_group_size",
+               "quantized_kv_start", "rotating"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
 SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
@@ -93,6 +94,7 @@ class PairSpec:
     rotating: str = "guard"
     where: str = "pair"
     extra: dict[str, Any] = field(default_factory=dict)
+    chat_template: bool = False  # text prompts through the target tokenizer's chat template
 
 
 def _is_zoo_target(name: str) -> bool:
@@ -180,10 +182,10 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
             if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
                 raise SuiteError(f"{w}: expected a list of non-empty strings, got {v!r}")
             s.stop_strings = tuple(v)
-        elif key == "truncate":
+        elif key in ("truncate", "chat_template"):
             if not isinstance(v, bool):
                 raise SuiteError(f"{w}: expected true or false, got {v!r}")
-            s.truncate = v
+            setattr(s, key, v)
         elif key in ("kv_bits", "kv_group_size", "quantized_kv_start"):
             from specparity import args as a
 
@@ -346,6 +348,9 @@ def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | 
 
     try:
         if spec.prompts_file is None:
+            if spec.chat_template:
+                raise SuiteError(f"{spec.where}: chat_template renders text prompts: give a "
+                                 "prompts_file (the zoo's prompts are token ids)")
             if not on_zoo:
                 raise SuiteError(f"{spec.where}: a model path needs a prompts file (prompts_file / "
                                  "--prompts-file); the zoo's prompts are in the zoo's vocabulary")
@@ -359,7 +364,8 @@ def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | 
             return out
         model = zoo.model_dir(spec.target) if on_zoo else Path(spec.target)
         return list(encode_prompts(read_prompts_file(spec.prompts_file), model,
-                                   max_tokens=spec.max_tokens, truncate=spec.truncate))
+                                   max_tokens=spec.max_tokens, truncate=spec.truncate,
+                                   chat_template=spec.chat_template))
     except PromptError as exc:
         raise SuiteError(f"{spec.where}: {exc}") from None
 

@@ -970,7 +970,7 @@ RUN_FLAG_VALUES: dict[str, list[str]] = {
     "--prompts-file": ["PROMPTS"], "--temps": ["0,0.5"], "--top-p": ["0.9"], "--top-k": ["3"],
     "--seed": ["4"], "--eos-ids": ["1"], "--truncate": [], "--gammas": ["2"],
     "--max-tokens": ["6"], "--suite": ["SUITE"], "--max-cases": ["1"], "--runners": [""],
-    "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [],
+    "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [], "--chat-template": [],
     "--kv-bits": ["4"], "--kv-group-size": ["32"], "--quantized-kv-start": ["0"], "--rotating": ["exact"],
 }
 # Flags that act only in a situation the baseline lacks: given with these, the baseline is refused
@@ -1061,7 +1061,7 @@ SUITE_SWEEP = {"nan": "nan", "-1": "-1", "99999999999999999999": "99999999999999
 SUITE_KEY_FLAG: dict[str, str | None] = {
     "gammas": "--gammas", "max_tokens": "--max-tokens", "zoo_prompts": "--prompts",
     "prompts_file": "--prompts-file", "eos_ids": "--eos-ids", "stop_ids": None,
-    "stop_strings": None, "truncate": None, "sampling.temperature": "--temps",
+    "stop_strings": None, "truncate": None, "chat_template": None, "sampling.temperature": "--temps",
     "sampling.top_p": "--top-p", "sampling.top_k": "--top-k", "sampling.seed": "--seed",
     "sampling.processors": None, "target": None, "drafter": None, "sources": None,
     "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size", "quantized_kv_start": "--quantized-kv-start",

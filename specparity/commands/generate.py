@@ -21,6 +21,7 @@ from specparity.args import token_id_list
 from specparity.devices import add_device_argument
 from specparity.kv_args import add_kv_arguments
 from specparity.processor_args import add_processor_arguments, processors_from_args
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "generate"
 HELP = "generate with the engine on local mlx-lm model dirs"
@@ -55,6 +56,8 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="default: the source's own convention (tail-split for two-model/ngram)")
     add_kv_arguments(g)
     g.add_argument("--trace", type=a.writable_file, default=None, help="write the trace (JSONL) here")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    g.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
     add_processor_arguments(g)
     add_device_argument(g)
 

@@ -71,9 +71,15 @@ def tokenizer_digest(model_dir: Path) -> str | None:
     return file_digest(files) if files else None
 
 
-@cache
 def _identity(path: str) -> dict[str, Any]:
-    return model_identity(Path(path))
+    """:func:`model_identity` with the weights digest cached per content stamp
+    (``specparity.cases.cached_weights_digest``): a checkpoint rewritten in place is
+    re-hashed, an unchanged one is not."""
+    from specparity.cases import cached_weights_digest
+    from zoo.dspark import _config_sha
+
+    return {"path": path, "weights_sha256": cached_weights_digest(path),
+            "config_sha256": _config_sha(Path(path))}
 
 
 def case_paths(case: Case) -> tuple[Path, Path | None]:
@@ -184,7 +190,12 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
         ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
                                   prompt_id=case.prompt_id)
         if draft is not None and dpath is not None:  # the drafter reads the same ids
-            check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
+            from specparity.prompts import PromptError
+
+            try:
+                check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
+            except PromptError as exc:  # a padded target's row past the drafter's, say so
+                raise PromptError(f"drafter {dpath}: {exc}") from None
     tokenizer_sha256 = zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath)
     params = case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split")
     if params.get("rotating") == "exact":  # where mlx-lm's rollback stops (traces.reference)
