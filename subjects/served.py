@@ -358,6 +358,8 @@ def compare(ref: Reference, req: Request, reply: Reply, ids: list[int], *, exact
     judged (a length difference belongs to the budget/EOS checks).
     """
     got_ids = reply.ids
+    if got_ids and got_ids[-1] in ref.eos_ids:
+        got_ids = got_ids[:-1]  # mlx-lm lists the EOS it stopped on (its text is judged by the eos check)
     if got_ids is not None and text is None:
         i = first_divergence(got_ids, ids) if exact else first_divergence(got_ids[: len(ids)], ids[: len(got_ids)])
         if i is not None:
@@ -566,6 +568,8 @@ def check_usage(client: Client, ref: Reference, plan: Plan) -> str:
             raise Finding(req, f"usage.prompt_tokens {pt}, the prompt the server builds has {n_prompt} tokens")
         if req.stop:
             full = ref.decode(ids)
+            if norm_text(r.text) != norm_text(full[: full.find(req.stop[0])]):
+                continue  # the stop string was not honoured: the stop check reports it
             k = token_at(ref, ids, full.find(req.stop[0]) + len(req.stop[0]) - 1)
             allowed: tuple[int, ...] = (k + 1,)
         elif hit:
