@@ -34,6 +34,7 @@ import contextlib
 import importlib.util
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -71,7 +72,13 @@ class ServedEngine:
     tox_env: str
     argv: Callable[[str, str | None, int], list[str]]
     note: str = ""
-    platform: str = ""  # why it cannot run here, when known (recorded as its scoreboard row)
+    exe: str | None = None  # a console script (in $SPECPARITY_SERVER_BIN when set), else ``module`` is imported
+    spec_without_draft: bool = False  # a model-free speculative mode: the spec arm runs without --draft
+
+    def available(self) -> bool:
+        if self.exe is not None:
+            return shutil.which(server_bin(self.exe)) is not None
+        return importlib.util.find_spec(self.module) is not None
 
     def command(self, model: str, draft: str | None, port: int) -> list[str]:
         return self.argv(model, draft, port)
@@ -88,28 +95,57 @@ def _fake(model: str, draft: str | None, port: int) -> list[str]:
     return [sys.executable, "-m", "specparity.fake_server", "--model", model, "--port", str(port), *extra]
 
 
-def _cli(exe: str, *serve: str, draft_flag: str = "--draft-model") -> Callable[[str, str | None, int], list[str]]:
+def server_bin(exe: str) -> str:
+    """``exe`` from ``$SPECPARITY_SERVER_BIN`` (the server's own virtualenv: its pins conflict with ours)."""
+    d = os.environ.get("SPECPARITY_SERVER_BIN")
+    return str(Path(d) / exe) if d else exe
+
+
+def _model_dir(model: str) -> str:
+    """A fresh folder whose one subdirectory ``default_model`` links to ``model`` (servers that
+    serve every subdirectory of ``--model-dir`` by its name)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="specparity-models-"))
+    (d / "default_model").symlink_to(Path(model).resolve(), target_is_directory=True)
+    return str(d)
+
+
+def _cli(exe: str, *serve: str, plain: Sequence[str] = (), spec: Sequence[str] = (),
+         model_dir: bool = False) -> Callable[[str, str | None, int], list[str]]:
+    """``EXE SERVE... MODEL --host 127.0.0.1 --port P`` + the plain arm's or the speculative arm's flags
+    (``spec``: ``{draft}`` is replaced by the draft path); ``model_dir``: ``--model-dir DIR`` instead
+    of ``MODEL``, the model linked as ``DIR/default_model``."""
     def argv(model: str, draft: str | None, port: int) -> list[str]:
-        extra = [draft_flag, draft] if draft else []
-        return [exe, *serve, model, "--host", "127.0.0.1", "--port", str(port), *extra]
+        extra = [a.replace("{draft}", draft) for a in spec] if draft else list(plain)
+        m = ["--model-dir", _model_dir(model)] if model_dir else [model]
+        return [server_bin(exe), *serve, *m, "--host", "127.0.0.1", "--port", str(port), *extra]
 
     return argv
 
+
+KEY = ["--api-key", "specparity-local"]  # the bearer token subjects.served.Client sends
+SUFFIX = '{"method":"suffix","num_speculative_tokens":4}'
 
 SERVERS: dict[str, ServedEngine] = {
     s.name: s for s in (
         ServedEngine("mlx-lm", "mlx-lm==0.32.2", "mlx_lm.server", "server-mlx-lm", _mlx_lm,
                      note="mlx_lm.server (BatchGenerator without a drafter; stream_generate with --draft-model)"),
-        ServedEngine("vllm-mlx", "vllm-mlx==0.6.0", "vllm_mlx", "server-vllm-mlx", _cli("vllm-mlx", "serve"),
-                     platform="macOS only (Classifier: Operating System :: MacOS; needs mlx-lm<0.32, torchvision, "
-                              "opencv, gradio)"),
+        ServedEngine("vllm-mlx", "vllm-mlx==0.6.0", "vllm_mlx", "server-vllm-mlx",
+                     _cli("vllm-mlx", "serve", plain=["--served-model-name", "default_model"]), exe="vllm-mlx",
+                     note="vllm-mlx serve (no two-model drafter: plain arm only)"),
         ServedEngine("fusion-mlx", "fusion-mlx==0.10.24", "fusion_mlx", "server-fusion-mlx",
-                     _cli("fusion-mlx", "serve"), platform="macOS only (Classifier: Operating System :: MacOS)"),
-        ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve", _cli("qmlx", "serve"),
-                     platform="macOS only (Classifier: Operating System :: MacOS)"),
-        ServedEngine("flyto-mlx", "flyto-mlx==0.7.0", "omlx", "server-flyto-mlx", _cli("omlx", "serve"),
-                     platform="macOS only (Classifier: Operating System :: MacOS; pins mlx==0.32.3, "
-                              "mlx-lm==0.31.3, mlx-vlm==0.6.3)"),
+                     _cli("fusion-mlx", "serve", model_dir=True, plain=[*KEY, "--no-spec-decode"]),
+                     exe="fusion-mlx",
+                     note="fusion-mlx serve --model-dir (speculation needs MTP/DFlash/DSpark drafters: plain arm only)"),
+        ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve",
+                     _cli("qmlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
+                          spec=["--served-model-name", "default_model", "--speculative-config", SUFFIX]),
+                     exe="qmlx", spec_without_draft=True,
+                     note="qmlx serve; spec arm: model-free SuffixDecoding (--speculative-config suffix, 4 tokens)"),
+        ServedEngine("flyto-mlx", "flyto-mlx==0.7.0", "omlx", "server-flyto-mlx",
+                     _cli("omlx", "serve", model_dir=True), exe="omlx",
+                     note="omlx serve --model-dir (flyto-mlx's oMLX server; no two-model drafter: plain arm only)"),
         ServedEngine("fake", "specparity", "specparity.fake_server", "py311", _fake,
                      note="specparity.fake_server: the test double (SPECPARITY_FAKE_SERVER_BUG plants a bug)"),
     )
@@ -197,12 +233,14 @@ def _wait_ready(engine: ServedEngine, client: Client, proc: subprocess.Popen[byt
             raise ServeFailed(f"{engine.name} did not answer /health within {startup_timeout:g} s "
                               f"(log {log_path}: {_tail(log_path)})")
         time.sleep(0.25)
-    from subjects.served import Request, send
+    from subjects.served import Request, ServerError, send
 
     left = max(5.0, startup_timeout - (time.monotonic() - t0))
     warm = Client(client.url, timeout=left)
     try:  # the first request loads the model in some servers: inside the startup bound
         send(warm, Request("warm up", 1, tag="startup"))
+    except ServerError as exc:  # it answers: the checks report what is wrong with its answers
+        _log(f"{engine.name}: the warm-up request got {exc}")
     except Exception as exc:  # noqa: BLE001 - reported as a startup failure with the server's log
         code = proc.poll()
         raise ServeFailed(f"{engine.name}: first request failed ({exc})"
@@ -340,15 +378,18 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
     }
     if eng is not None:
         doc["version"] = _version(eng)
-        if importlib.util.find_spec(eng.module) is None:
+        if not eng.available():
             why = f"{eng.package} is not installed here; run: tox -e {eng.tox_env}"
-            if eng.platform:
-                why += f" ({eng.platform})"
             doc.update(available=False, reason=why)
             return doc
     ref = engine_reference(str(mdir))
     arms: list[tuple[str, Path | None]] = [("spec" if ddir else "plain", ddir)] if url else \
         [("plain", None)] + ([("spec", ddir)] if ddir else [])
+    if eng is not None and eng.spec_without_draft and not ddir:
+        arms.append(("spec", mdir))  # a model-free speculative mode: the draft argument only switches it on
+    elif eng is not None and eng.exe is not None and ddir and not eng.spec_without_draft and "spec" in dict(arms):
+        arms = [a for a in arms if a[0] != "spec"]  # no two-model drafter in this server
+        doc["note"] = f"{eng.name} takes no two-model draft model: graded without speculation"
     for arm, d in arms:
         _log(f"{doc['engine']} [{arm}] model {mdir}" + (f", draft {d}" if d else ""))
         mode = {"note": (eng.note if eng else url or "") + (" with the draft model" if d else " without a drafter"),
@@ -396,9 +437,19 @@ def blame(doc: dict[str, Any]) -> dict[str, str]:
 
 
 def _version(eng: ServedEngine) -> str | None:
+    """The installed version of the server's package (in its own virtualenv when it has one)."""
+    dist = eng.package.split("==")[0]
+    if eng.exe is not None and os.environ.get("SPECPARITY_SERVER_BIN"):
+        py = server_bin("python")
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run([py, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+                                 capture_output=True, text=True, timeout=60)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        return None
     from subjects._common import dist_version
 
-    v = dist_version(eng.package.split("==")[0])
+    v = dist_version(dist)
     return None if v == "unknown" else v
 
 
