@@ -152,6 +152,16 @@ SERVERS: dict[str, ServedEngine] = {
 }
 
 
+def availability(name: str) -> tuple[bool, str]:
+    """(available, reason) for ``--serve name``: what a runner registry needs to list it."""
+    eng = SERVERS.get(name)
+    if eng is None:
+        return False, f"unknown server {name!r}; known: {', '.join(SERVERS)}"
+    if not eng.available():
+        return False, f"{eng.package} is not installed here; run: tox -e {eng.tox_env}"
+    return True, "ok"
+
+
 class ServeFailed(RuntimeError):
     """The server process exited or never answered /health."""
 

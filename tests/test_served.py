@@ -200,3 +200,19 @@ def test_scoreboard_renders_server_rows_with_blame_and_reproduction(tmp_path) ->
     assert "| server:fake 1 | phi3-tiny | spec |" in md
     f = failures([doc])
     assert f[0]["reproduce"].endswith("--check budget") and "speculative" in f[0]["detail"]
+
+
+def test_blame_tells_the_servers_own_failures_from_speculative_ones() -> None:
+    from specparity.served import availability, blame
+
+    def mode(**st: str) -> dict:
+        return {"checks": {c: {"status": v} for c, v in st.items()}}
+
+    doc = {"modes": {"plain": mode(identity="pass", stop="fail", usage="fail", cache="pass"),
+                     "spec": mode(identity="fail", stop="fail", usage="pass", cache="pass")}}
+    assert blame(doc) == {"identity": "speculative (fails only with the draft model)",
+                          "stop": "server (fails with and without the draft model)",
+                          "usage": "server without a drafter only"}
+    assert availability("fake") == (True, "ok")
+    ok, why = availability("nope")
+    assert not ok and "unknown server 'nope'" in why
