@@ -177,8 +177,12 @@ class Client:
             conn.close()
 
     def healthy(self) -> tuple[bool, str]:
+        """``/health`` answers 200 (a server without that route: ``/v1/models`` answers 200)."""
         try:
             status, text = self.get("/health")
+            if status == 404:
+                status2, text2 = self.get("/v1/models")
+                return status2 == 200, f"no /health (404); /v1/models: HTTP {status2} {text2[:60]}"
         except ServerDown as exc:
             return False, str(exc)
         return status == 200, f"/health: HTTP {status} {text[:80]}"
@@ -728,6 +732,8 @@ def check_liveness(client: Client, ref: Reference, plan: Plan) -> str:
     if not ok:
         raise ServerDown(f"server not healthy: {why}")
     status, text = client.get("/v1/models")
+    if why.startswith("no /health"):
+        return "no /health route (404); /v1/models answered"
     if status != 200:
         raise Finding(Request("", 0, tag="GET /v1/models"), f"GET /v1/models: HTTP {status} {text[:80]}")
     return "/health 200 and /v1/models answered"

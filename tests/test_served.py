@@ -216,3 +216,32 @@ def test_blame_tells_the_servers_own_failures_from_speculative_ones() -> None:
     assert availability("fake") == (True, "ok")
     ok, why = availability("nope")
     assert not ok and "unknown server 'nope'" in why
+
+
+def test_a_server_without_a_health_route_is_alive_when_its_models_route_answers() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from subjects.served import Client
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            code = 200 if self.path == "/v1/models" else 404
+            self.send_response(code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        ok, why = Client(f"http://127.0.0.1:{httpd.server_address[1]}", timeout=5).healthy()
+        assert ok and why.startswith("no /health (404)"), why
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    ok, why = Client(f"http://127.0.0.1:{httpd.server_address[1]}", timeout=5).healthy()
+    assert not ok and "connection refused" in why, why
