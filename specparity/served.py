@@ -108,6 +108,7 @@ def _model_dir(model: str) -> str:
 
     d = Path(tempfile.mkdtemp(prefix="specparity-models-"))
     (d / "default_model").symlink_to(Path(model).resolve(), target_is_directory=True)
+    atexit.register(shutil.rmtree, d, ignore_errors=True)  # the link only, never the model
     return str(d)
 
 
