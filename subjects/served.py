@@ -452,10 +452,6 @@ def make_plan(ref: Reference) -> Plan:
     return Plan(main=main, no_eos=no_eos or ps[0], eos=eos, reencode=reenc, fresh=fresh)
 
 
-def _expect_text(ref: Reference, ids: list[int]) -> str:
-    return ref.decode(ids)
-
-
 def _no_template(exc: Finding) -> bool:
     return "chat template" in str(exc) or "chat_template" in str(exc)
 
@@ -565,19 +561,18 @@ def check_eos(client: Client, ref: Reference, plan: Plan) -> str:
     if plan.eos is None:
         raise Unsupported(f"no prompt reaches EOS within {MAX_BUDGET} tokens of plain decode")
     n = 0
-    for chat in (False,):
-        for stream in (False, True):
-            req = Request(plan.eos, MAX_BUDGET, chat=chat, stream=stream, tag="eos")
-            ids, hit = ref.expect(req)
-            r = _ask(client, req)
-            n += 1
-            for et in ref.eos_text:
-                if et and et in r.text:
-                    raise Finding(req, f"EOS text {et!r} in the output at character {r.text.index(et)}: "
-                                  f"{_tail(r.text)}")
-            why = compare(ref, req, r, ids, exact=True, text=ref.decode(ids))
-            if why:
-                raise Finding(req, f"plain decode ends on EOS after {len(ids)} tokens: {why}")
+    for stream in (False, True):
+        req = Request(plan.eos, MAX_BUDGET, stream=stream, tag="eos")
+        ids, hit = ref.expect(req)
+        r = _ask(client, req)
+        n += 1
+        for et in ref.eos_text:
+            if et and et in r.text:
+                raise Finding(req, f"EOS text {et!r} in the output at character {r.text.index(et)}: "
+                              f"{_tail(r.text)}")
+        why = compare(ref, req, r, ids, exact=True, text=ref.decode(ids))
+        if why:
+            raise Finding(req, f"plain decode ends on EOS after {len(ids)} tokens: {why}")
     return f"{n} requests ending on EOS: never in the text, nothing after it"
 
 
