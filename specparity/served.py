@@ -483,8 +483,13 @@ def grade_server_main(args: argparse.Namespace) -> int:
         return _err("give --server URL or --serve NAME, not both")
     if not getattr(args, "model", None):
         return _err("--server/--serve need --model PATH (the weights the server serves)")
-    if args.serve and args.serve not in SERVERS:
-        return _err(f"unknown server {args.serve!r}; known: {', '.join(SERVERS)}")
+    if args.serve is not None:
+        from specparity.runners.registry import RunnerUnsupported, get
+
+        try:  # the one runner registry: a blank, unknown or non-server name is one line
+            get(args.serve, kind="server", what="server")
+        except RunnerUnsupported as exc:
+            return _err(str(exc))
     checks = list(getattr(args, "check", None) or SERVER_CHECKS)
     bad = [c for c in checks if c not in SERVER_CHECKS]
     if bad:

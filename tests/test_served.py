@@ -178,6 +178,8 @@ def test_sigterm_to_the_grader_stops_the_server(pair, tmp_path) -> None:
                                                                "connection refused"),
     (["--serve", "mlx-lm", "--model", "/no/such/dir"], "--model /no/such/dir: no such model directory"),
     (["--serve", "nope", "--model", "llama"], "unknown server 'nope'"),
+    (["--serve", "mlx_lm", "--model", "llama"], "mlx_lm is a runner of kind reference"),
+    (["--serve", " ", "--model", "llama"], "empty server name"),
     (["--serve", "fake"], "need --model PATH"),
 ])
 def test_cli_usage_errors_are_one_line(args, msg) -> None:
@@ -185,6 +187,18 @@ def test_cli_usage_errors_are_one_line(args, msg) -> None:
     assert p.returncode == 2, (p.returncode, p.stderr)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and msg in lines[0], p.stderr
+
+
+def test_every_server_is_a_registry_runner_of_kind_server() -> None:
+    """One registry: `grade --serve` takes exactly the registry's servers, graded elsewhere (not per case)."""
+    from specparity.runners import registry
+    from specparity.served import SERVERS, availability
+
+    assert registry.names("server") == list(SERVERS)
+    for name in SERVERS:
+        r = registry.get(name, kind="server")
+        assert not r.per_case and f"--serve {name}" in (r.elsewhere or ""), r
+        assert r.available() == availability(name)
 
 
 def test_scoreboard_renders_server_rows_with_blame_and_reproduction(tmp_path) -> None:

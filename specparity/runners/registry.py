@@ -2,7 +2,7 @@
 
 A runner is anything that produces a trace or is graded: our ``engine``, each
 reference of ``oracles/`` (``kind="reference"``), each third-party engine of
-``subjects/`` (``kind="subject"``) and, later, each HTTP server
+``subjects/`` (``kind="subject"``) and each HTTP server of ``specparity/served.py``
 (``kind="server"``). One :class:`Runner` declares its name, kind, package
 (the trace header's ``runner`` block), availability (with the install hint),
 the draft sources it implements and, per source, the case options it
