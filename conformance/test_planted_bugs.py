@@ -49,6 +49,7 @@ def test_target_trim_one_too_few_is_caught(oracle_ok: None, short_target_trim: N
     div = diff_traces(bad, ref, level="round")
     assert div is not None, "a short target trim went unnoticed"
     assert (div.where, div.field, div.klass) == (f"round {r}", "target_cache_digest", "logic"), div.message
+    assert div.basis == "structural" and div.value_a != div.value_b, div.message
     assert f"round {r}" in div.message
 
 
@@ -67,6 +68,7 @@ def test_drafter_overtrim_is_caught(oracle_ok: None, monkeypatch: pytest.MonkeyP
     div = diff_traces(bad, ref, level="round")
     assert div is not None, "a drafter trimmed by d - k went unnoticed"
     assert (div.where, div.field, div.klass) == (f"round {r}", "drafter_cache_digest", "logic"), div.message
+    assert div.basis == "structural", div.message
 
 
 @pytest.mark.oracle
@@ -80,7 +82,9 @@ def test_wrong_refeed_is_caught(oracle_ok: None, monkeypatch: pytest.MonkeyPatch
     r = _first_round(ref, lambda r: r["k_accept"] == len(r["drafts"]) > 0) + 1
     div = diff_traces(bad, ref, level="round")
     assert div is not None, "a re-feed without the last draft went unnoticed"
-    assert (div.where, div.field, div.klass) == (f"round {r}", "feed", "logic"), div.message
+    assert (div.where, div.field, div.klass, div.basis) == (f"round {r}", "feed", "logic", "structural"), \
+        div.message
+    assert len(div.value_a) == 1 and len(div.value_b) == 2 and div.value_a[0] == div.value_b[1], div.message
 
 
 @pytest.mark.oracle
@@ -99,8 +103,10 @@ def test_leaked_eos_is_caught(oracle_ok: None) -> None:
     r = next(i for i, rec in enumerate(ref.rounds) if rec["end"] == "eos")
     div = diff_traces(bad, ref, level="round")
     assert div is not None, "an EOS emitted as content went unnoticed"
-    assert div.where == f"round {r}" and div.field in ("samples", "emitted", "end"), div.message
-    assert div.klass == "logic", div.message
+    # The reference's samples stop at the EOS; the bad engine sampled the same and went on.
+    assert (div.where, div.field, div.klass, div.basis) == (f"round {r}", "samples", "logic", "structural"), \
+        div.message
+    assert div.value_b[-1] == eos and div.value_a[: len(div.value_b)] == div.value_b, div.message
 
 
 def test_trim_bug_breaks_spec_vs_plain(short_target_trim: None) -> None:
@@ -108,4 +114,8 @@ def test_trim_bug_breaks_spec_vs_plain(short_target_trim: None) -> None:
     plain = run_trace("engine", TWIN.plain())
     div = diff_traces(spec, plain, level="tokens", witness=witness())
     assert div is not None, "spec vs plain missed a target that keeps a rejected token"
-    assert div.klass == "logic" and div.where.startswith("output token"), div.message
+    first = next(i for i, (x, y) in enumerate(zip(spec.output_ids, plain.output_ids, strict=False)) if x != y)
+    assert (div.where, div.position) == (f"output token {first}", first), div.message
+    # The class is the witness's (the flip replayed on both paths), not an eps guess.
+    assert (div.klass, div.basis, div.label) == ("logic", "witness", "logic"), div.message
+    assert div.witness is not None and not div.witness.data["paths"][0]["reproduced"], div.message

@@ -20,6 +20,7 @@ sample. On the same cases:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -92,6 +93,35 @@ def test_engine_vs_mlx_lm_identical_under_the_double(nonexact_backend: None, wit
     assert v.status == "identical", v.format()
 
 
+# Greedy with a repetition penalty: the double flips the same knife-edges (output tokens 14 and 6).
+PROCESSOR_FLIPS = [replace(c, processors="rp1.3c64") for c in FLIPS[:2]]
+
+
+@pytest.mark.parametrize("case", PROCESSOR_FLIPS, ids=lambda c: c.case_id)
+def test_arithmetic_flip_with_logits_processors_is_numerics_with_witness(
+    nonexact_backend: None, witness: Any, case: Case
+) -> None:
+    """Each run's path is replayed with its processors on its own history. (When the witness
+    declined processor runs, these flips got the eps guess, here ``logic?``: a false failure.)"""
+    spec, plain = run_trace("engine", case), run_trace("engine", case.plain())
+    div = diff_traces(spec, plain, level="tokens", witness=witness)
+    assert div is not None, f"{case.case_id}: the double flipped nothing (no flip to judge)"
+    assert (div.klass, div.basis, div.label) == ("numerics", "witness", "numerics"), div.message
+    paths = div.witness.data["paths"]  # type: ignore[union-attr]
+    assert all(p["reproduced"] for p in paths[:2]) and "logits processors applied" in paths[0]["path"]
+
+
+@pytest.mark.parametrize("case", PROCESSOR_FLIPS[:1], ids=lambda c: c.case_id)
+def test_short_trim_with_logits_processors_stays_logic(
+    nonexact_backend: None, witness: Any, monkeypatch: pytest.MonkeyPatch, case: Case
+) -> None:
+    good = run_trace("engine", case)
+    _short_trim(monkeypatch)
+    div = diff_traces(run_trace("engine", case), good, level="tokens", witness=witness)
+    assert div is not None, f"{case.case_id}: a short target trim went unnoticed"
+    assert (div.klass, div.label) == ("logic", "logic") and div.basis in ("witness", "structural"), div.message
+
+
 # --- planted logic bugs, on the same cases, under the double --------------------------------
 
 
@@ -104,7 +134,7 @@ def test_short_trim_stays_logic_vs_plain(
     bad = run_trace("engine", case)
     div = diff_traces(bad, good, level="tokens", witness=witness)  # the bug's own first effect
     assert div is not None, f"{case.case_id}: a short target trim went unnoticed"
-    assert div.klass == "logic", div.message
+    assert (div.klass, div.label) == ("logic", "logic") and div.basis in ("witness", "structural"), div.message
     vs_plain = diff_traces(bad, plain, level="tokens", witness=witness)
     assert vs_plain is not None
     if vs_plain.klass == "numerics":  # an arithmetic flip came first: the same one the good engine has
@@ -154,7 +184,8 @@ def test_planted_bug_stays_logic_vs_mlx_lm(
     if plant == "wrong-refeed" and not any(r["k_accept"] == len(r["drafts"]) > 0 for r in ref.rounds[:-1]):
         pytest.skip(f"{case.case_id}: no all-accept round, the re-feed bug cannot show")
     assert v.status == "divergent" and v.divergence is not None, f"{case.case_id}: {plant} went unnoticed"
-    assert v.divergence.klass == "logic", v.divergence.message
+    assert v.fails and v.divergence.klass == "logic", v.divergence.message
+    assert v.divergence.basis in ("witness", "structural"), v.divergence.message  # evidence, not eps
 
 
 @pytest.mark.oracle
@@ -167,7 +198,7 @@ def test_leaked_eos_stays_logic(nonexact_backend: None, witness: Any, case: Case
     bad = run_trace("engine", Case(case.target, case.drafter, case.prompt_id, case.gamma,
                                    case.max_tokens, eos_ids=()))
     div = diff_traces(bad, ref, level="round", witness=witness)
-    assert div is not None and div.klass == "logic", div and div.message
+    assert div is not None and (div.klass, div.basis) == ("logic", "structural"), div and div.message
 
 
 # --- the CPU case of issue 13: mlx-lm after the ring-wrap ----------------------------------

@@ -55,15 +55,19 @@ BINS_PER_DECADE = 32
 _LOG_MIN = -45  # decades; float32 denormals reach 1.4e-45
 
 
+def _copy_arrays(x: Any) -> Any:
+    return tuple(mx.array(a) for a in x) if isinstance(x, tuple | list) else mx.array(x)
+
+
 def clone_caches(caches: list[Any]) -> list[Any]:
     """Independent copies of mlx-lm caches (arrays copied, not shared)."""
     out = []
     for c in caches:
         n = copy.copy(c)
         if hasattr(c, "keys") and hasattr(c, "offset") and not callable(c.keys):
-            if c.keys is not None:
-                n.keys = mx.array(c.keys)
-                n.values = mx.array(c.values)
+            if c.keys is not None:  # QuantizedKVCache: (packed, scales, biases) tuples
+                n.keys = _copy_arrays(c.keys)
+                n.values = _copy_arrays(c.values)
         elif hasattr(c, "cache") and isinstance(c.cache, list):
             n.cache = [None if a is None else mx.array(a) for a in c.cache]
         out.append(n)

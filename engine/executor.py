@@ -15,6 +15,19 @@ Faithful to mlx-lm 0.32.2 ``mlx_lm/generate.py``:
 - ``stream_generate`` — accounting: a stopping EOS is counted once in
   ``generation_tokens`` and never emitted; ``finish_reason`` is ``stop`` for
   EOS, ``length`` for the token budget.
+- ``maybe_quantize_kv_cache`` (``kv_bits``, ``kv_group_size``,
+  ``quantized_kv_start``) — plain decode converts the caches after every
+  forward whose offset reached ``quantized_kv_start``, as ``generate_step``
+  does, so position ``p`` attends over quantized K/V iff ``p >=
+  quantized_kv_start``. The speculative lane keeps that: the target is
+  converted on its committed offset (after the rollback, never on a
+  verify window's rejected tail, which ``speculative_generate_step`` counts)
+  and a window never straddles the threshold (capped to end at
+  ``quantized_kv_start - 1``), so spec == plain under quantized KV. Drafters
+  owning their caches quantize them as mlx-lm does (after every drafter
+  forward). A source without the ``set_kv_quantization`` hook (it reads the
+  target's caches or hidden states) does not speculate: §6 "quantized KV wins
+  over spec", plain decode with reason ``quantized-kv`` in the trace.
 
 Every step goes through one ``StepSampler``. The executor records one trace
 record per prefill, round and plain step (``traces/INTERPRETING.md``).
@@ -74,8 +87,19 @@ class GenerationParams:
     # Rotating caches past the ring wrap: "guard" (§2: finish with plain decode) or
     # "exact" (engine/rollback.py RingRound: keep, restore and re-apply; guard as fallback).
     rotating: str = "guard"
+    # Quantized KV (mlx-lm generate_step / speculative_generate_step parameters).
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    quantized_kv_start: int = 5000
+
+    @property
+    def kv(self) -> cache_ops.KVQuantization | None:
+        if self.kv_bits is None:
+            return None
+        return cache_ops.KVQuantization(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
 
     def __post_init__(self) -> None:
+        self.kv  # noqa: B018  # validates kv_bits / kv_group_size / quantized_kv_start
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.gamma < 0:
@@ -189,6 +213,7 @@ class _Request:
         self.caches = caches
         self.prompt_ids = list(prompt_ids)
         self.params = params
+        self.kv = params.kv
         self.sampler = StepSampler.from_params(params.sampler)
         if params.seed is not None:
             mx.random.seed(params.seed)
@@ -200,6 +225,19 @@ class _Request:
         # then the emitted tokens; it always ends with the pending token.
         start = prompt_ids if self.sampler.history_prompt == "full" else prompt_ids[-1:]
         self.history = mx.array(start, mx.uint32) if self.sampler.has_processors else None
+
+    def quantize(self) -> bool:
+        """mlx-lm ``maybe_quantize_kv_cache`` on the target caches (True: some converted)."""
+        return cache_ops.quantize_kv(self.caches, self.kv)
+
+    def kv_cap(self, n: int) -> int:
+        """The most drafts a window may hold so it does not straddle ``quantized_kv_start``
+        (positions below it attend over full-precision K/V in plain decode, the rest over
+        quantized K/V; one forward cannot do both)."""
+        if self.kv is None or not cache_ops.quantizable(self.caches):
+            return n
+        offset = next(int(c.offset) for c in self.caches if hasattr(c, "to_quantized"))
+        return min(n, max(self.kv.start - 1 - offset, 0))
 
     def drained(self, mode: PrefillMode) -> list[int]:
         """Tail-split drains ``len - 1`` tokens (the last heads the first window); full all."""
@@ -288,7 +326,9 @@ class _Request:
         return queued
 
     def _forward_row(self, inp: mx.array) -> tuple[mx.array, mx.array | None]:
-        return self._sample_row(self.model(inp[None], cache=self.caches)[:, -1, :])
+        logits = self.model(inp[None], cache=self.caches)
+        self.quantize()  # after the forward, as generate_step's _step
+        return self._sample_row(logits[:, -1, :])
 
     def result(self, speculative: bool) -> GenerationResult:
         return GenerationResult(
@@ -327,13 +367,16 @@ def _on_generation_stream(fn: Callable[..., GenerationResult]) -> Callable[..., 
     return run
 
 
-def _prefill_chunks(model: Any, caches: list[Any], tokens: list[int], step: int) -> mx.array | None:
+def _prefill_chunks(
+    model: Any, caches: list[Any], tokens: list[int], step: int, kv: cache_ops.KVQuantization | None = None
+) -> mx.array | None:
     """Run ``tokens`` through ``model`` in chunks (mlx-lm ``_prefill``); return the last logits."""
     logits = None
     pos = 0
     while pos < len(tokens):
         chunk = tokens[pos : pos + step]
         logits = model(mx.array(chunk, mx.uint32)[None], cache=caches)
+        cache_ops.quantize_kv(caches, kv)
         mx.eval([c.state for c in caches])
         pos += len(chunk)
     return logits
@@ -402,7 +445,8 @@ def spec_generate(
         # No speculation at all for this request: plain decode, reason recorded.
         mode0: PrefillMode = params.prefill or "tail-split"
         drained0 = req.drained(mode0)
-        last = _prefill_chunks(target_model, caches, drained0, params.prefill_step_size or SPEC_PREFILL_STEP)
+        last = _prefill_chunks(target_model, caches, drained0, params.prefill_step_size or SPEC_PREFILL_STEP,
+                               req.kv)
         req.prefill_record(drained0, None, None)
         nxt = req.prompt_ids[-1] if mode0 == "tail-split" else req.initial_sample(last)
         req.plain_loop(nxt, "no-rollback", plan.reason, ahead=target_caches is None)
@@ -412,6 +456,19 @@ def spec_generate(
     source = provider.open(sampler, TargetView(model=target_model, caches=caches))
     if params.rotating != "guard":
         _set_rotating(source, params.rotating)
+    if req.kv is not None and not _set_kv_quantization(source, req.kv):
+        # §6: quantized KV wins over speculation for a source that reads the target's state.
+        mode_q: PrefillMode = params.prefill or source.prefill_mode
+        drained_q = req.drained(mode_q)
+        last = _prefill_chunks(target_model, caches, drained_q, params.prefill_step_size or SPEC_PREFILL_STEP,
+                               req.kv)
+        req.prefill_record(drained_q, None, None)
+        nxt = req.prompt_ids[-1] if mode_q == "tail-split" else req.initial_sample(last)
+        why = (f"quantized-kv: kv_bits {req.kv.bits}: the {type(source).__name__} source reads the "
+               "target's caches or hidden states (no set_kv_quantization); quantized KV wins over "
+               "speculation (§6)")
+        req.plain_loop(nxt, "quantized-kv", why, ahead=target_caches is None)
+        return req.result(speculative=True)
     n_layers = len(target_model.layers)
     taps = _tap_set(source, n_layers)
     mode: PrefillMode = params.prefill or source.prefill_mode
@@ -423,11 +480,13 @@ def spec_generate(
     pre_ctx: TapContext | None = None
     last_logits: mx.array | None
     if taps and drained:
-        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained, step, taps)
+        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained, step, taps, req.kv)
         drafter_tokens = source.prefill(drained, pre_ctx)
     else:
         drafter_tokens = source.prefill(drained, None)
-        last_logits = _prefill_chunks(target_model, caches, drained, step)
+        last_logits = _prefill_chunks(target_model, caches, drained, step, req.kv)
+    if req.kv is not None:
+        plan = CacheRollback(target_model, caches, rotating=params.rotating)  # converted caches
     req.prefill_record(drained, list(drafter_tokens), source.cache_digest() if params.cache_digests else None)
 
     anchor: mx.array | None = None
@@ -441,7 +500,7 @@ def spec_generate(
     round_index = 0
     while not stream.done:
         tr0 = time.perf_counter()
-        n = min(params.gamma, stream.left)
+        n = req.kv_cap(min(params.gamma, stream.left))
         guard = plan.ring_guard(n) or _source_guard(source, feed, n)
         if guard is not None:
             req.plain_loop(pending[-1], guard.split(":")[0], guard, ahead=target_caches is None)
@@ -503,6 +562,8 @@ def spec_generate(
         plan.rollback(d, k)
         if observer is not None:
             observer.after_rollback(round_index, k, caches)
+        if req.quantize():  # on the committed offset: where plain decode converts
+            plan = CacheRollback(target_model, caches, rotating=params.rotating)
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         req.counters.record_round(d, k)
@@ -568,6 +629,15 @@ def _set_rotating(source: DraftSource, mode: str) -> None:
         hook(mode)
 
 
+def _set_kv_quantization(source: DraftSource, q: cache_ops.KVQuantization) -> bool:
+    """Tell a source about quantized KV (optional hook); False: it cannot speculate over it."""
+    hook = getattr(source, "set_kv_quantization", None)
+    if hook is None:
+        return False
+    hook(q)
+    return True
+
+
 def _source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:
     """A source that cannot roll back a round of ``n`` drafts says why (optional hook)."""
     guard = getattr(source, "rollback_guard", None)
@@ -575,7 +645,8 @@ def _source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:
 
 
 def _forward_chunked_tapped(
-    model: Any, caches: list[Any], tokens: list[int], step: int, taps: tuple[int, ...]
+    model: Any, caches: list[Any], tokens: list[int], step: int, taps: tuple[int, ...],
+    kv: cache_ops.KVQuantization | None = None,
 ) -> tuple[mx.array, TapContext]:
     """Chunked prefill that also captures the tap layers over every position."""
     hidden: dict[int, list[mx.array]] = {i: [] for i in taps}
@@ -585,6 +656,7 @@ def _forward_chunked_tapped(
         assert ctx is not None
         for i, h in ctx.hidden.items():
             hidden.setdefault(i, []).append(h)
+        cache_ops.quantize_kv(caches, kv)
         mx.eval([c.state for c in caches])
     assert logits is not None
     joined = {i: mx.concatenate(parts, axis=0) for i, parts in hidden.items() if parts}
@@ -630,7 +702,8 @@ def plain_generate(
     req = _Request(target_model, make_prompt_cache(target_model), prompt_ids, params, on_token)
     mode: PrefillMode = params.prefill or "tail-split"
     drained = req.drained(mode)
-    last = _prefill_chunks(target_model, req.caches, drained, params.prefill_step_size or PLAIN_PREFILL_STEP)
+    last = _prefill_chunks(target_model, req.caches, drained, params.prefill_step_size or PLAIN_PREFILL_STEP,
+                           req.kv)
     req.prefill_record(drained, None, None)
     nxt = req.prompt_ids[-1] if mode == "tail-split" else req.initial_sample(last)
     req.plain_loop(nxt, "baseline", ahead=True)

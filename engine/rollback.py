@@ -117,6 +117,15 @@ def ring_unsupported(c: Any) -> str | None:
     return why
 
 
+def ring_window(*models: Any) -> int | None:
+    """The smallest ``max_size`` of the rotating caches ``make_prompt_cache`` gives ``models``
+    (None: none rotates). Where a round first could wrap a ring (the guard's point)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    sizes = [int(c.max_size) for m in models if m is not None for c in make_prompt_cache(m) if is_rotating(c)]
+    return min(sizes) if sizes else None
+
+
 class RingRound:
     """Exact rollback of one ``RotatingKVCache`` across one round (module docstring).
 

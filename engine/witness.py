@@ -44,9 +44,15 @@ replayed margins must equal the recorded ones, and the trace's platform
 (mlx, device, backend) must be this process's; otherwise the witness raises
 ``traces.diff.WitnessDeclined`` (another machine's or an emulation's
 arithmetic cannot be replayed here). The witness judges greedy runs only
-(``temperature == 0``, no logits processors); it returns
-``None`` for sampled runs and when no model is at hand, and the diff falls back
-to its eps rule, labelled as such.
+(``temperature == 0``); a greedy run's logits processors (header
+``params.logits_processors``: mlx-lm ``make_logits_processors`` arguments and
+``history_prompt``) are applied as the engine applies them
+(``engine.sampler.StepSampler``): the history starts at the prompt (all of it,
+or its last token) and grows by each record's emitted tokens, and a verify
+window's rows see the window's head and the path's own samples. Draft flips of
+runs with processors are not judged. It returns ``None`` for sampled runs and
+when no model is at hand, and the diff falls back to its eps rule, labelled as
+such.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ import mlx.core as mx
 from engine.audit import clone_caches
 from engine.executor import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, _prefill_chunks
 from engine.rollback import RECURRENT_MIXERS, is_arrays, is_kv, is_rotating
-from engine.sampler import SamplerParams, StepSampler, token_ids
+from engine.sampler import ProcessorParams, SamplerParams, StepSampler, token_ids
 from traces.diff import Flip, TokenSite, WitnessDeclined, WitnessVerdict
 from traces.io import Trace
 from traces.records import platform_info
@@ -143,6 +149,35 @@ class PathEval:
 
 def _greedy() -> StepSampler:
     return StepSampler.from_params(SamplerParams())
+
+
+_PROCESSOR_KEYS = ("repetition_penalty", "repetition_context_size", "presence_penalty",
+                   "presence_context_size", "frequency_penalty", "frequency_context_size",
+                   "history_prompt")
+
+
+def _processors(trace: Trace) -> ProcessorParams | None:
+    """The run's logits processors (header ``params.logits_processors``), or None."""
+    lp = (trace.header.get("params") or {}).get("logits_processors")
+    if not isinstance(lp, dict):
+        return None
+    proc = ProcessorParams(logit_bias=tuple((int(t), float(v)) for t, v in lp.get("logit_bias") or ()),
+                           **{k: lp[k] for k in _PROCESSOR_KEYS if k in lp and lp[k] is not None})
+    return proc if proc.active else None
+
+
+def _run_sampler(trace: Trace) -> tuple[StepSampler, list[int] | None]:
+    """The run's greedy sampler (its processors included) and where its processor history starts."""
+    proc = _processors(trace)
+    if proc is None:
+        return _greedy(), None
+    prompt = [int(t) for t in trace.header["prompt"]["token_ids"]]
+    return (StepSampler.from_params(SamplerParams(processors=proc)),
+            prompt if proc.history_prompt == "full" else prompt[-1:])
+
+
+def _ids(tokens: list[int]) -> mx.array:
+    return mx.array(tokens, mx.uint32)
 
 
 def _top2(row: mx.array) -> tuple[tuple[int, float], tuple[int, float]]:
@@ -350,13 +385,15 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> Path
     else the run's arithmetic is not this process's (another device, mlx,
     kernels, or an emulation that is not active here).
     """
-    sampler = _greedy()
+    sampler, history = _run_sampler(trace)
     caches = _new_caches(model)
     last = _prefill(model, trace, caches)
     notes: list[str] = []
     events = trace.events
     calibration: float | None = None
     for i, rec in enumerate(events[: site.event]):
+        if history is not None:
+            history += [int(t) for t in rec.get("emitted") or []]
         if rec["type"] == "round":
             block = _replay_round(model, caches, rec, notes)
             if i == 0:
@@ -372,11 +409,16 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> Path
     if rec["type"] == "round":
         window = list(rec["window"])
         block = model(_tokens(window), cache=caches)[0, -len(window):, :]
-        tokens = token_ids(sampler.sample_window(block, None, window))
+        before = None if history is None else _ids(history[:-1])  # ends before the pending token
+        tokens = token_ids(sampler.sample_window(block, before, window))
         assert site.position is not None
         row = block[site.position]
         token = tokens[site.position]
         path = f"verify window of {len(window)} tokens (batched), row {site.position}"
+        if history is not None:  # the row as the sampler saw it: processed on its own history
+            seen = _ids([*history[:-1], window[0], *tokens[: site.position]])
+            row = sampler._process(seen, row[None])[0]
+            path += ", logits processors applied"
         if site.event == 0:
             calibration = _calibration(rec, block, site.position)
     else:
@@ -387,7 +429,11 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> Path
         else:
             row2 = model(_tokens(list(rec["input"])), cache=caches)[:, -1, :]
             path = "one-token decode step"
-        token = token_ids(sampler.sample_plain(row2, None))[0]
+        hist = None if history is None else _ids(history)
+        token = token_ids(sampler.sample_plain(row2, hist))[0]
+        if hist is not None:
+            row2 = sampler._process(hist, row2)
+            path += ", logits processors applied"
         row = row2[0]
     row = row.astype(mx.float32)
     mx.eval(row)
@@ -473,9 +519,11 @@ def prefix_of(trace: Trace, site: TokenSite) -> list[int]:
     return out
 
 
-def serial_path(model: Any, prompt: list[int], prefix: list[int], label: str = "serial") -> PathEval:
-    """Plain decode's path on ``prompt + prefix``: tail-split prefill, then one token per forward."""
-    sampler = _greedy()
+def serial_path(model: Any, prompt: list[int], prefix: list[int], label: str = "serial",
+                like: Trace | None = None) -> PathEval:
+    """Plain decode's path on ``prompt + prefix``: tail-split prefill, then one token per forward
+    (with the logits processors of run ``like``, when it has some)."""
+    sampler, start = _run_sampler(like) if like is not None else (_greedy(), None)
     caches = _new_caches(model)
     _prefill_chunks(model, caches, prompt[:-1], PLAIN_PREFILL_STEP)
     row = None
@@ -483,7 +531,10 @@ def serial_path(model: Any, prompt: list[int], prefix: list[int], label: str = "
         row = model(_tokens([tok]), cache=caches)[:, -1, :]
         mx.eval(row)
     assert row is not None
-    token = token_ids(sampler.sample_plain(row, None))[0]
+    hist = None if start is None else _ids([*start, *prefix])
+    token = token_ids(sampler.sample_plain(row, hist))[0]
+    if hist is not None:
+        row = sampler._process(hist, row)
     r = row[0].astype(mx.float32)
     mx.eval(r)
     return PathEval(label, f"plain one-token decode of the {len(prefix)}-token prefix", token, _top2(r), r)
@@ -534,7 +585,7 @@ def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
     if prefix != prefix_of(b, flip.b):
         return WitnessVerdict("logic", "the two runs' prefixes differ before the contested token",
                               (pa.format(), pb.format()), {"paths": [pa.to_dict(), pb.to_dict()]})
-    ref = serial_path(model, list(a.header["prompt"]["token_ids"]), prefix)
+    ref = serial_path(model, list(a.header["prompt"]["token_ids"]), prefix, like=a)
     xa, xb = flip.a.token, flip.b.token
     max_row = float(cast(float, mx.max(mx.abs(pa.row - pb.row)).item()))
     da, db, ds = (_pair_delta(p, xa, xb) for p in (pa, pb, ref))
@@ -581,9 +632,9 @@ def _platform_mismatch(trace: Trace) -> str | None:
 
 
 def _greedy_run(trace: Trace) -> bool:
-    """Greedy without logits processors: the only sampler the witness replays."""
+    """Greedy (its logits processors, if any, are replayed): the only sampling the witness replays."""
     params = trace.header.get("params") or {}
-    return not params.get("temperature") and not params.get("logits_processors")
+    return not params.get("temperature")
 
 
 class NumericsWitness:
@@ -622,9 +673,13 @@ class NumericsWitness:
                 raise WitnessDeclined(f"{why}: its arithmetic cannot be replayed here")
         if list(a.header["prompt"]["token_ids"]) != list(b.header["prompt"]["token_ids"]):
             raise WitnessDeclined("the two runs have different prompts")
+        if any((t.header.get("params") or {}).get("kv_bits") is not None for t in (a, b)):
+            raise WitnessDeclined("quantized KV (params.kv_bits): the witness replays full-precision caches")
         if flip.lane == "drafter":
             if any(t.header.get("source") not in (None, "two-model") for t in (a, b)):
                 raise WitnessDeclined("only a two-model drafter's path is replayed")
+            if any(_processors(t) is not None for t in (a, b)):
+                return None  # the draft lane's processor history is not replayed
             drafter = self._model(self.resolve_drafter, "drafter", a, b)
             if drafter is None:
                 return None

@@ -16,6 +16,14 @@ caches mlx-lm drives), then rebuilds records from the log of forwards/yields:
   rewind, and once more after the stream ends (its ``finally`` rewinds);
 - plain: ``generate_step`` computes one step ahead, so the i-th decode forward
   produced the i-th token.
+
+Quantized KV (``kv_bits``, ``kv_group_size``, ``quantized_kv_start``) is passed
+to mlx-lm unchanged. Its ``maybe_quantize_kv_cache`` replaces caches in the
+lists the generator slices from ``prompt_cache``, so the digests read the cache
+list each model was last called with (the same objects as ours without
+``kv_bits``). mlx-lm errors from the conversion (``RotatingKVCache.to_quantized``
+is not implemented; ``mx.quantize`` refuses a head dim the group size does not
+divide) are refusals of the case.
 """
 
 from __future__ import annotations
@@ -65,6 +73,9 @@ def run(
     cache_digests: bool = True,
     logits_processors: dict[str, Any] | None = None,
     processor_history: str | None = None,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
+    quantized_kv_start: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run mlx-lm on one case and return the trace records after the header.
 
@@ -112,11 +123,12 @@ def run(
     n_prefill = len(prompt_ids) - 1
     fed = {"target": 0, "draft": 0}
     snaps: list[tuple[Any, Any]] = []
+    live: dict[str, Any] = {"target": t_cache, "draft": d_cache}  # the lists mlx-lm drives
 
     def snapshot() -> tuple[Any, Any]:
         if not cache_digests:
             return None, None
-        return cache_digest(t_cache), (cache_digest(d_cache) if spec else None)
+        return cache_digest(live["target"]), (cache_digest(live["draft"]) if spec else None)
 
     def before(role: str, tokens: list[int]) -> None:
         decoding = fed[role] >= n_prefill
@@ -125,7 +137,7 @@ def run(
         if spec and role == "draft" and decoding and (last_call is None or last_call[1] == "target"):
             snaps.append(snapshot())
 
-    t_proxy = CallRecorder(target, log, "target", before)
+    t_proxy = _CacheTracking(target, log, "target", before, live)
     kwargs: dict[str, Any] = {
         "sampler": make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k),
         "prompt_cache": t_cache + d_cache,
@@ -133,8 +145,14 @@ def run(
     if logits_processors:
         kwargs["logits_processors"] = make_logits_processors(**logits_processors)
     if spec:
-        kwargs["draft_model"] = CallRecorder(draft, log, "draft", before)
+        kwargs["draft_model"] = _CacheTracking(draft, log, "draft", before, live)
         kwargs["num_draft_tokens"] = gamma
+    if kv_bits is not None:
+        kwargs["kv_bits"] = kv_bits
+        if kv_group_size is not None:
+            kwargs["kv_group_size"] = kv_group_size
+        if quantized_kv_start is not None:
+            kwargs["quantized_kv_start"] = quantized_kv_start
     if seed is not None:
         mx.random.seed(seed)
 
@@ -151,12 +169,20 @@ def run(
             first = next(stream)
         except ValueError as exc:
             raise ReferenceRefused(NAME, "", str(exc)) from exc
-        for resp in itertools.chain([first], stream):
-            log.append(("yield", int(resp.token), bool(resp.from_draft)))
-            responses.append(resp)
-            if matcher.advance(int(resp.token)):
-                stopped = True
-                break
+        except NotImplementedError as exc:  # e.g. RotatingKVCache Quantization NYI (kv_bits)
+            raise ReferenceRefused(NAME, "", f"kv_bits {kv_bits}: {exc}") from exc
+        try:
+            for resp in itertools.chain([first], stream):
+                log.append(("yield", int(resp.token), bool(resp.from_draft)))
+                responses.append(resp)
+                if matcher.advance(int(resp.token)):
+                    stopped = True
+                    break
+        except (ValueError, NotImplementedError) as exc:
+            if kv_bits is None:
+                raise
+            # the cache conversion once the offset reaches quantized_kv_start
+            raise ReferenceRefused(NAME, "", f"kv_bits {kv_bits}: {exc}") from exc
         # Closing the stream closes mlx-lm's generator, whose ``finally``
         # rewinds the caches exactly as a consumer that stops would see.
         stream.close()
@@ -172,6 +198,19 @@ def run(
         "finish_reason": "stop" if stopped else final.finish_reason,
     }
     return _rebuild(log, n_prefill, spec, eos, usage, snaps, wall)
+
+
+class _CacheTracking(CallRecorder):
+    """``CallRecorder`` that also keeps the cache list each model is called with."""
+
+    def __init__(self, model: Any, log: list[tuple], role: str, before: Any, live: dict[str, Any]) -> None:
+        super().__init__(model, log, role, before)
+        self._live = live
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("cache") is not None:
+            self._live[self._role] = kwargs["cache"]
+        return super().__call__(inputs, *args, **kwargs)
 
 
 def _split_prefill(log: list[tuple], n_prefill: int) -> tuple[dict[str, list[int]], list[tuple]]:

@@ -255,8 +255,16 @@ class ABVerdict:
     def label(self) -> str:
         return "PASS" if self.passes else "FAIL"
 
+    @property
+    def wall_clock(self) -> str:
+        """``faster`` (whole interval below 1), ``slower`` (above 1) or ``straddles``."""
+        if self.wall.below(1.0):
+            return "faster"
+        return "slower" if self.wall.above(1.0) else "straddles"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.label, "passes": self.passes, "reasons": self.reasons,
+        return {"verdict": self.label, "passes": self.passes, "wall_clock": self.wall_clock,
+                "reasons": self.reasons,
                 "acceptance": self.acceptance.to_dict(), "wall_ratio_b_over_a": self.wall.to_dict()}
 
 

@@ -14,19 +14,55 @@ load drift lands on both arms (§4.7). After one untimed warm-up per arm:
   one-to-one; where a knife-edge flip makes the streams differ, units are
   paired up to the first differing token and the count is reported;
 - **paired wall clock**: per prompt, time-per-token ratio B / A; its median
-  with a 95 % percentile bootstrap interval (``reports.stats.median_ratio``);
+  with a 95 % percentile bootstrap interval (``reports.stats.median_ratio``).
+  The seconds come from a timing source (``timing(arm, prompt_index,
+  result)``, default :func:`measured_wall`: the run's own ``wall_s``), so the
+  verdict logic is tested on injected timings, never on the test machine's
+  clock;
 - verdict (``reports.stats.ab_verdict``): acceptance does not drop by more than
   ``max_drop`` points AND the whole wall-time interval lies below 1.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MIN_PROMPTS = 32
+
+Timing = Callable[[str, int, Any], float]
+"""``timing(arm, prompt_index, result) -> seconds`` of one timed run (never the warm-up)."""
+
+
+def measured_wall(arm: str, index: int, result: Any) -> float:
+    """The default timing source: the run's own wall clock (``GenerationResult.wall_s``)."""
+    return float(result.wall_s)
+
+
+def timed(per: dict[str, list[Any]], timing: Timing) -> dict[str, list[float]]:
+    """Seconds of every timed run, per arm, from ``timing``; each finite and > 0."""
+    out: dict[str, list[float]] = {}
+    for arm, results in per.items():
+        secs = []
+        for i, r in enumerate(results):
+            s = timing(arm, i, r)
+            if isinstance(s, bool) or not (isinstance(s, int | float) and math.isfinite(s) and s > 0):
+                raise ValueError(f"timing of arm {arm} prompt {i}: {s!r} is not a finite number "
+                                 "of seconds > 0")
+            secs.append(float(s))
+        out[arm] = secs
+    return out
+
+
+def time_ratios(res_a: Sequence[Any], secs_a: Sequence[float], res_b: Sequence[Any],
+                secs_b: Sequence[float]) -> list[float]:
+    """Per prompt: B's time per generated token over A's (< 1: B faster)."""
+    return [(sb / max(1, rb.usage.generation_tokens)) / (sa / max(1, ra.usage.generation_tokens))
+            for ra, sa, rb, sb in zip(res_a, secs_a, res_b, secs_b, strict=True)]
 
 
 @dataclass
@@ -41,7 +77,7 @@ def resolve_target(target: str) -> tuple[str, Path]:
     """A zoo target name, a trained-pair name, or a local model directory."""
     import zoo
 
-    if target in zoo.TARGETS:
+    if target in (*zoo.TARGETS, zoo.KV_TARGET):  # llama-kv: the quantized-KV pair (head dim 32)
         return target, zoo.model_dir(target)
     trained = _trained(target)
     if trained is not None:
@@ -58,7 +94,7 @@ def resolve_drafter(target: str, drafter: str) -> Path:
     import zoo
 
     if drafter in zoo.DRAFTERS:
-        if target not in zoo.TARGETS:
+        if target not in (*zoo.TARGETS, zoo.KV_TARGET):
             if drafter == "self":
                 return resolve_target(target)[1]
             raise ValueError(f"zoo drafter {drafter!r} needs a zoo target "
@@ -107,7 +143,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | None = None,
-                  max_tokens: int = 0) -> list[Any]:
+                  max_tokens: int = 0, chat_template: bool = False) -> list[Any]:
     """``n`` zoo prompts, or every prompt of ``prompts_file``; checked against ``model_dir``."""
     import zoo
     from specparity.cases import pick_prompts
@@ -116,7 +152,11 @@ def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | No
         from specparity.prompts import prompts_for_model
 
         assert model_dir is not None
-        return prompts_for_model(model_dir, prompts_file=prompts_file, max_tokens=max_tokens)
+        return prompts_for_model(model_dir, prompts_file=prompts_file, max_tokens=max_tokens,
+                                 chat_template=chat_template)
+    if chat_template:
+        raise ValueError("--chat-template renders text prompts: give --prompts-file FILE (the zoo's "
+                         "prompts are token ids)")
     all_ids = [p.id for p in zoo.prompts()]
     if n > len(all_ids):
         raise ValueError(f"--prompts {n}: the zoo has {len(all_ids)} prompts")
@@ -125,6 +165,11 @@ def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | No
 
         return prompts_for_model(model_dir, zoo_ids=pick_prompts(all_ids, n), max_tokens=max_tokens)
     return [zoo.prompt(i) for i in pick_prompts(all_ids, n)]
+
+
+def _engine_cache(cache: dict[str, Any] | None) -> dict[str, Any]:
+    """``GenerationParams`` keywords of the cache flags (None values: the engine's defaults)."""
+    return {k: v for k, v in (cache or {}).items() if v is not None}
 
 
 def run_ab(
@@ -139,10 +184,18 @@ def run_ab(
     allow_small: bool = False,
     progress: Any = None,
     prompts_file: Path | None = None,
+    cache: dict[str, Any] | None = None,
+    timing: Timing = measured_wall,
+    chat_template: bool = False,
 ) -> dict[str, Any]:
-    """Run the A/B and return its result (the ``ab.json`` content)."""
-    import math
+    """Run the A/B and return its result (the ``ab.json`` content).
 
+    ``cache``: :func:`specparity.kv_args.cache_fields` (``kv_bits``, ``kv_group_size``,
+    ``quantized_kv_start``, ``rotating``), applied to both arms and recorded.
+
+    ``timing`` gives each timed run's seconds (default: its measured wall
+    clock); tests inject timings so the verdict never rests on their machine.
+    """
     if not (isinstance(max_drop, int | float) and math.isfinite(max_drop) and max_drop >= 0):
         raise ValueError(f"--max-drop must be a finite number >= 0 (points), got {max_drop!r}")
     from engine.executor import GenerationParams, spec_generate
@@ -151,7 +204,7 @@ def run_ab(
     from specparity.runners import load_model
 
     _tname, tpath = resolve_target(target)
-    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
+    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     n_prompts = len(prompts)
     if n_prompts < MIN_PROMPTS and not allow_small:
         raise ValueError(f"--prompts {n_prompts} < {MIN_PROMPTS}: §4.5 asks for >= {MIN_PROMPTS} "
@@ -167,7 +220,7 @@ def run_ab(
         provider.check_target(tgt.model, tgt.tokenizer)
         arms[label] = (Arm(label, spec, path, loaded.model), provider)
     params = GenerationParams(max_tokens=max_tokens, gamma=gamma, eos_ids=tgt.eos_ids,
-                              cache_digests=False)
+                              cache_digests=False, **_engine_cache(cache))
 
     def go(label: str, ids: list[int]) -> Any:
         return spec_generate(tgt.model, arms[label][1], ids, params)
@@ -183,9 +236,9 @@ def run_ab(
         if progress is not None:
             progress(i + 1, len(prompts))
 
+    secs = timed(per, timing)
     flags_a: list[bool] = []
     flags_b: list[bool] = []
-    ratios = []
     differing = 0
     for ra, rb in zip(per["A"], per["B"], strict=True):
         fa, fb = accepted_flags(ra.records), accepted_flags(rb.records)
@@ -194,9 +247,7 @@ def run_ab(
             differing += 1
         flags_a += fa[:n]
         flags_b += fb[:n]
-        ta = ra.wall_s / max(1, ra.usage.generation_tokens)
-        tb = rb.wall_s / max(1, rb.usage.generation_tokens)
-        ratios.append(tb / ta)
+    ratios = time_ratios(per["A"], secs["A"], per["B"], secs["B"])
     acceptance = paired_drop(flags_a, flags_b, max_drop_pts=max_drop)
     wall = median_ratio(ratios)
     verdict = ab_verdict(acceptance, wall)
@@ -209,7 +260,7 @@ def run_ab(
         accepted = sum(r.speculation.accepted for r in res)
         tokens = sum(r.usage.generation_tokens for r in res)
         calls = sum(r.speculation.target_calls for r in res)
-        wall_s = sum(r.wall_s for r in res)
+        wall_s = sum(secs[label])
         arm_rows.append({
             "arm": label, "drafter": arm.spec, "path": str(arm.path), "drafted": drafted,
             "accepted": accepted, "acceptance": round(accepted / drafted, 4) if drafted else None,
@@ -227,6 +278,7 @@ def run_ab(
             by_pos.append({"arm": label, "position": j + 1, "drafted": d, "accepted": a,
                            "acceptance": round(a / d, 4) if d else None})
     return {
+        **({"cache": dict(cache)} if cache else {}),
         "kind": "ab", "target": target, "target_path": str(tpath), "drafter_a": drafter_a,
         "drafter_b": drafter_b, "gamma": gamma, "max_tokens": max_tokens,
         "n_prompts": len(prompts), "prompt_ids": [p.id for p in prompts],

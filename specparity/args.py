@@ -109,6 +109,27 @@ def nonneg_int(text: str) -> int:
     return v
 
 
+def _one_of(text: str, allowed: tuple[int, ...]) -> int:
+    v = _int(text)
+    if v not in allowed:
+        raise _err(f"must be one of {', '.join(map(str, allowed))}, got {v}")
+    return v
+
+
+def kv_bits(text: str) -> int:
+    """KV cache bits: mlx's affine quantization widths (``engine.caches.KV_BITS``)."""
+    from engine.caches import KV_BITS
+
+    return _one_of(text, KV_BITS)
+
+
+def kv_group_size(text: str) -> int:
+    """KV quantization group size (``engine.caches.KV_GROUP_SIZES``; must divide the head dim)."""
+    from engine.caches import KV_GROUP_SIZES
+
+    return _one_of(text, KV_GROUP_SIZES)
+
+
 def seed(text: str) -> int:
     """A random seed: an integer in [0, 2**63)."""
     v = _int(text, (1 << 63) - 1)
@@ -209,7 +230,7 @@ def zoo_targets() -> list[str]:
     """The zoo's target names (``--targets``)."""
     import zoo
 
-    return [*zoo.TARGETS, zoo.TRAINED_TARGET]
+    return [*zoo.TARGETS, zoo.TRAINED_TARGET, zoo.KV_TARGET]
 
 
 def zoo_drafters() -> list[str]:
@@ -248,7 +269,7 @@ def source(text: str) -> str:
     return text.strip()
 
 
-_INT_PARSERS = ("positive_int", "nonneg_int", "seed", "max_tokens", "gamma")
+_INT_PARSERS = ("positive_int", "nonneg_int", "seed", "max_tokens", "gamma", "kv_bits", "kv_group_size")
 _FLOAT_PARSERS = ("finite_float", "nonneg_float", "probability")
 _INT_LIST_PARSERS = ("positive_int_list", "token_id_list", "gamma_list")
 

@@ -39,6 +39,7 @@ keeps the functions with the most own time: where the host time goes.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -85,30 +86,37 @@ def schedule_of(records: list[dict[str, Any]]) -> list[tuple[str, list[int], int
 
 
 def forwards_only(target: Any, drafter: Any, prompt_ids: list[int],
-                  schedule: list[tuple[str, list[int], int, list[int], int]]) -> None:
-    """Replay the forward calls of ``schedule`` (see module docstring) with no host logic."""
+                  schedule: list[tuple[str, list[int], int, list[int], int]], kv: Any = None) -> None:
+    """Replay the forward calls of ``schedule`` (see module docstring) with no host logic.
+
+    ``kv`` (``engine.caches.KVQuantization``): caches converted after each forward, as mlx-lm.
+    """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from engine.caches import trim
+    from engine.caches import quantize_kv, trim
 
     tc, dc = make_prompt_cache(target), make_prompt_cache(drafter)
     drained = prompt_ids[:-1]
     for model, caches in ((drafter, dc), (target, tc)):
         for pos in range(0, len(drained), SPEC_PREFILL_STEP):
             model(mx.array(drained[pos : pos + SPEC_PREFILL_STEP], mx.uint32)[None], cache=caches)
+            quantize_kv(caches, kv)
             mx.eval([c.state for c in caches])
     for kind, feed, n, window, k in schedule:
         if kind == "plain":
             mx.eval(mx.argmax(target(mx.array(window, mx.uint32)[None], cache=tc)[0, -1]))
+            quantize_kv(tc, kv)
             continue
         y = mx.array(feed, mx.uint32)
         for _ in range(n):
             y = mx.argmax(drafter(y[None], cache=dc)[0, -1:, :], axis=-1).astype(mx.uint32)
+            quantize_kv(dc, kv)
             mx.async_eval(y)
         mx.eval(mx.argmax(target(mx.array(window, mx.uint32)[None], cache=tc)[0], axis=-1))
         trim(tc, n - k, "target")
         trim(dc, max(n - k - 1, 0), "drafter")
+        quantize_kv(tc, kv)
 
 
 def arm_order(warm: bool, index: int) -> list[str]:
@@ -145,10 +153,59 @@ def _resolve(target: str | None, drafter: str | None, size: str | None, seed: in
     return target, drafter, resolve_target(target)[1], resolve_drafter(target, drafter)
 
 
-def _n_params(model: Any) -> int:
+def checkpoint_facts(model_dir: Path | str | None, model: Any) -> dict[str, Any]:
+    """What a checkpoint is: logical parameters, the real dtype, quantization, on-disk size.
+
+    A quantized layer (mlx ``nn.QuantizedLinear`` / ``QuantizedEmbedding``, as
+    mlx-lm 0.32.2 ``utils.quantize_model`` makes them) stores ``bits``-wide
+    weights packed into ``uint32`` (so ``weight.size`` undercounts 32/bits times)
+    with float or ``uint8`` (mxfp4) scales: its parameters are counted as the
+    unpacked ``out × in``, its scales/biases not at all. ``dtype`` is the float
+    dtype holding most of the remaining (unquantized) weights — what a
+    ``mlx_lm.convert --dtype`` chose — and ``quantization`` is the config's
+    ``quantization`` (``bits``/``group_size``/``mode``; None when unquantized).
+    """
     from mlx.utils import tree_flatten
 
-    return sum(v.size for _, v in tree_flatten(model.parameters()))
+    n, by_dtype = 0, dict[str, int]()
+    for _, mod in model.named_modules() if model is not None else []:
+        bits = getattr(mod, "bits", None)
+        own = {k: v for k, v in mod.items() if hasattr(v, "dtype")} if hasattr(mod, "items") else {}
+        if bits is not None and "scales" in own:
+            n += int(own["weight"].size) * 32 // int(bits)  # uint32 words of `bits`-wide values
+            own = {k: v for k, v in own.items() if k not in ("weight", "scales", "biases")}
+        for v in own.values():
+            n += int(v.size)
+            d = str(v.dtype).removeprefix("mlx.core.")
+            by_dtype[d] = by_dtype.get(d, 0) + int(v.size)
+    if model is not None and not by_dtype:
+        for _, v in tree_flatten(model.parameters()):
+            d = str(v.dtype).removeprefix("mlx.core.")
+            by_dtype[d] = by_dtype.get(d, 0) + int(v.size)
+    out: dict[str, Any] = {"parameters": n, "dtype": max(by_dtype, key=by_dtype.__getitem__)
+                           if by_dtype else "unknown", "quantization": None, "disk_bytes": None}
+    if model_dir is not None:
+        d = Path(model_dir)
+        try:
+            q = json.loads((d / "config.json").read_text()).get("quantization")
+        except (OSError, ValueError):
+            q = None
+        if isinstance(q, dict):
+            out["quantization"] = {"bits": q.get("bits"), "group_size": q.get("group_size"),
+                                   "mode": q.get("mode", "affine")}
+        out["disk_bytes"] = sum(f.stat().st_size for f in d.glob("*.safetensors") if f.is_file())
+    return out
+
+
+def describe_checkpoint(facts: dict[str, Any]) -> str:
+    """``1.1 B parameters, bfloat16, q4 g64 affine, 0.62 GB on disk``."""
+    parts = [f"{facts['parameters'] / 1e9:.3g} B parameters", str(facts["dtype"])]
+    q = facts.get("quantization")
+    if q:
+        parts.append(f"q{q['bits']} g{q['group_size']} {q['mode']}")
+    if facts.get("disk_bytes") is not None:
+        parts.append(f"{facts['disk_bytes'] / 1e9:.3g} GB on disk")
+    return ", ".join(parts)
 
 
 def run_bench(
@@ -166,22 +223,28 @@ def run_bench(
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
     prompts_file: Path | None = None,
+    chat_template: bool = False,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Time the five arms (module docstring); ``gammas`` overrides ``gamma``."""
+    """Time the five arms (module docstring); ``gammas`` overrides ``gamma``.
+
+    ``cache``: :func:`specparity.kv_args.cache_fields`; ``kv_*`` go to both engines (mlx-lm's
+    ``kv_bits``/``kv_group_size``/``quantized_kv_start``), ``rotating`` to the engine only.
+    """
     import mlx.core as mx
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
-    from specparity.ab import _pick_prompts
+    from specparity.ab import _engine_cache, _pick_prompts
     from specparity.devices import describe_device
     from specparity.runners import load_model
 
     say = log or (lambda _m: None)
     gs = tuple(gammas) if gammas else (gamma or 3,)
     tname, dname, tpath, dpath = _resolve(target, drafter, size, seed, say)
-    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens)
+    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     tgt, drf = load_model(str(tpath)), load_model(str(dpath))
     provider = TwoModelProvider(drf.model, draft_tokenizer=drf.tokenizer)
     provider.check_target(tgt.model, tgt.tokenizer)
@@ -191,7 +254,10 @@ def run_bench(
     accept: dict[int, list[int]] = {g: [0, 0] for g in gs}
 
     def params(g: int) -> GenerationParams:
-        return GenerationParams(max_tokens=max_tokens, gamma=g, eos_ids=tgt.eos_ids, cache_digests=False)
+        return GenerationParams(max_tokens=max_tokens, gamma=g, eos_ids=tgt.eos_ids, cache_digests=False,
+                                **_engine_cache(cache))
+
+    mlx_kv = {k: v for k, v in _engine_cache(cache).items() if k != "rotating"}
 
     def arm(name: str, g: int, pid: str, ids: list[int]) -> tuple[int, float]:
         t0 = time.perf_counter()
@@ -210,16 +276,16 @@ def run_bench(
         elif name == "mlx_lm-spec":
             toks = _mlx_lm_run(speculative_generate_step(
                 mx.array(ids, mx.uint32), tgt.model, drf.model, num_draft_tokens=g,
-                max_tokens=max_tokens), eos)
+                max_tokens=max_tokens, **mlx_kv), eos)
             wall = time.perf_counter() - t0
             outputs.setdefault((g, pid, name), [t if t not in eos else -1 for t in toks])
             return len(toks), wall
         elif name == "mlx_lm-plain":
             n = len(_mlx_lm_run(generate_step(mx.array(ids, mx.uint32), tgt.model,
-                                              max_tokens=max_tokens), eos))
+                                              max_tokens=max_tokens, **mlx_kv), eos))
         else:
             sched = schedules[(g, pid)]
-            forwards_only(tgt.model, drf.model, ids, sched)
+            forwards_only(tgt.model, drf.model, ids, sched, params(g).kv)
             wall = time.perf_counter() - t0
             return -1, wall  # tokens: the engine-spec run's
         return n, time.perf_counter() - t0
@@ -269,14 +335,16 @@ def run_bench(
                for g in gs for p in prompts)
     flat = {(k if len(gs) == 1 else f"{k} γ={g}"): v
             for g in gs for k, v in by_gamma[str(g)]["warm"].items()}
+    tfacts, dfacts = checkpoint_facts(tpath, tgt.model), checkpoint_facts(dpath, drf.model)
     res: dict[str, Any] = {
+        **({"cache": dict(cache)} if cache else {}),
         "kind": "bench", "target": tname, "drafter": dname,
         "gamma": gs[0] if len(gs) == 1 else ",".join(map(str, gs)), "gammas": list(gs),
         "max_tokens": max_tokens, "n_prompts": len(prompts), "repeats": repeats,
         "prompt_ids": [p.id for p in prompts],
         "target_path": str(tpath), "drafter_path": str(dpath),
-        "target_parameters": _n_params(tgt.model), "drafter_parameters": _n_params(drf.model),
-        "dtype": str(next(iter(_dtypes(tgt.model)), "unknown")),
+        "target_parameters": tfacts["parameters"], "drafter_parameters": dfacts["parameters"],
+        "dtype": tfacts["dtype"], "target_checkpoint": tfacts, "drafter_checkpoint": dfacts,
         "order": "per block (γ, prompt, pass) every arm back to back, order rotated by one arm per "
                  "block; pass 0 cold (forwards last), passes 1..R warm right after (same shapes)",
         "blocks_with_differing_token_counts": sum(
@@ -296,12 +364,6 @@ def run_bench(
         res["profile"] = _profile(lambda: spec_generate(tgt.model, provider, list(prompts[0].token_ids),
                                                         params(gs[-1])))
     return res
-
-
-def _dtypes(model: Any) -> set[Any]:
-    from mlx.utils import tree_flatten
-
-    return {str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())}
 
 
 def _arm_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -359,8 +421,7 @@ def bench_markdown(res: dict[str, Any]) -> str:
         f"# bench: `{res['target']}` + `{res['drafter']}`, γ={res['gamma']}", "",
         f"{res['n_prompts']} prompts × {res['repeats']} warm passes (+1 cold), "
         f"max_tokens={res['max_tokens']}, temperature 0; {res['order']}. "
-        f"Device {res['machine']['mlx_device']}, target {res.get('target_parameters', 0) / 1e9:.3g} B "
-        f"parameters ({res.get('dtype')}), drafter {res.get('drafter_parameters', 0) / 1e9:.3g} B. "
+        f"Device {res['machine']['mlx_device']}, {_models_line(res)}. "
         f"Engine and mlx-lm speculative outputs identical: {res.get('engine_vs_mlx_lm_identical_outputs')}. "
         "Figures only: timing never fails.", "",
         "Paired ratios of time per token (median, 95 % percentile bootstrap interval). "
@@ -380,6 +441,14 @@ def bench_markdown(res: dict[str, Any]) -> str:
         lines += ["## where the engine's host time goes (cProfile, one warm generation, own time)", "",
                   pd.DataFrame(res["profile"]).to_markdown(index=False), ""]
     return "\n".join(lines) + "\n"
+
+
+def _models_line(res: dict[str, Any]) -> str:
+    if "target_checkpoint" in res:
+        return (f"target {describe_checkpoint(res['target_checkpoint'])}; "
+                f"drafter {describe_checkpoint(res['drafter_checkpoint'])}")
+    return (f"target {res.get('target_parameters', 0) / 1e9:.3g} B parameters ({res.get('dtype')}), "
+            f"drafter {res.get('drafter_parameters', 0) / 1e9:.3g} B")
 
 
 def write_bench(res: dict[str, Any], out: Path,

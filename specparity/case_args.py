@@ -25,15 +25,17 @@ def case_from_args(args: argparse.Namespace) -> Any:
     """The :class:`specparity.cases.Case` that ``generate``/``record`` flags describe."""
     from engine.sources.detect import resolve_kind
     from specparity.cases import Case, model_label
-    from specparity.prompts import check_ids_for_model
+    from specparity.prompts import check_ids_for_model, encode_text
     from specparity.runners import load_model
 
     target = load_model(str(Path(args.target).expanduser().resolve()))
+    chat = getattr(args, "chat_template", False)
     if args.prompt is not None:
-        ids = list(target.tokenizer.encode(args.prompt))
-        if not ids:
-            raise ValueError("the prompt encodes to zero tokens")
+        ids = encode_text(target.tokenizer, args.prompt, chat_template=chat, where="--prompt",
+                          model_dir=target.path)
     else:
+        if chat:
+            raise ValueError("--chat-template renders a text prompt (--prompt), not --prompt-ids")
         ids = list(args.prompt_ids)
     pid = prompt_id_for(ids, getattr(args, "prompt_id", None))
     ids = check_ids_for_model(ids, target.path, max_tokens=args.max_tokens, prompt_id=pid)
@@ -58,7 +60,10 @@ def case_from_args(args: argparse.Namespace) -> Any:
     except (ImportError, AttributeError):
         pass
     eos = tuple(args.eos_ids) if getattr(args, "eos_ids", None) else None
+    from specparity.kv_args import cache_fields
+
     kw: dict[str, Any] = {"processors": processors} if processors else {}
+    kw.update(cache_fields(args))  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
     return Case(
         target=model_label(target.path), drafter=drafter, prompt_id=pid,
         gamma=args.gamma if kind else 0, max_tokens=args.max_tokens, temperature=args.temp,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +49,12 @@ class Case:
     prompt_tokens: tuple[int, ...] | None = None
     # Logits processors in engine.sampler.ProcessorParams.tag() form ('' = none).
     processors: str = ""
+    # Quantized KV (mlx-lm kv_bits / kv_group_size / quantized_kv_start); None: off / mlx-lm's default.
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
+    quantized_kv_start: int | None = None
+    # Rotating caches past the ring wrap: "guard" (§2) or "exact" (engine.rollback.RingRound).
+    rotating: str = "guard"
 
     @property
     def on_zoo(self) -> bool:
@@ -75,6 +82,14 @@ class Case:
             base += "/stop" + "+".join("-".join(str(t) for t in s) for s in self.stop_sequences)
         if self.processors:
             base += "/lp-" + self.processors
+        if self.kv_bits is not None:
+            base += f"/kv{self.kv_bits}"
+            if self.kv_group_size is not None:
+                base += f"g{self.kv_group_size}"
+            if self.quantized_kv_start is not None:
+                base += f"s{self.quantized_kv_start}"
+        if self.rotating != "guard" and self.drafter is not None:
+            base += f"/rot-{self.rotating}"
         return base
 
     @property
@@ -84,7 +99,7 @@ class Case:
 
     def plain(self) -> Case:
         """The plain-decode baseline of this case."""
-        return replace(self, drafter=None, gamma=0, source="two-model", draft_path=None)
+        return replace(self, drafter=None, gamma=0, source="two-model", draft_path=None, rotating="guard")
 
 
 STEM_MAX_BYTES = 200
@@ -110,17 +125,70 @@ def file_stem(case_id: str) -> str:
 def model_label(path: str | Path) -> str:
     """A short stable name for a model directory: ``<dir name>-<8 hex>``.
 
-    The digest covers ``config.json`` and the names and sizes of the weight
-    files (cheap on large models; the full weight digest is in the trace header).
+    The digest covers ``config.json`` and the weights' content
+    (:func:`traces.digest.weights_digest`, cached by :func:`cached_weights_digest`),
+    so two fine-tunes in same-named folders get different names and a moved
+    folder keeps its name.
     """
     p = Path(path).expanduser()
     h = hashlib.sha256()
     cfg = p / "config.json"
     h.update(regular_file(cfg).read_bytes() if cfg.exists() else b"")  # a FIFO: refused, not read
-    for w in weight_files(p) if p.is_dir() else []:  # regular files only
-        h.update(json.dumps([w.name, w.stat().st_size]).encode())
+    h.update(b"\0" + cached_weights_digest(p).encode())  # weight_files: regular files only
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in p.resolve().name) or "model"
     return f"{name}-{h.hexdigest()[:8]}"
+
+
+_DIGESTS: dict[str, str] = {}
+# Smaller checkpoints hash faster than a cache file is worth (and tests' tmp models would
+# litter the user's cache): only these go to disk.
+DISK_CACHE_MIN_BYTES = 64 << 20
+
+
+def digest_cache_dir() -> Path:
+    """``$SPECPARITY_CACHE_DIR/digests`` (default ``~/.cache/specparity/digests``)."""
+    root = os.environ.get("SPECPARITY_CACHE_DIR") or Path.home() / ".cache" / "specparity"
+    return Path(root).expanduser() / "digests"
+
+
+def cached_weights_digest(path: str | Path) -> str:
+    """:func:`traces.digest.weights_digest` of ``path``, hashed once per content stamp.
+
+    The stamp is the resolved path and each weight file's name, size and
+    ``mtime_ns``: a rewrite (even of equal size) changes it. Digests are kept in
+    process and, for weights of :data:`DISK_CACHE_MIN_BYTES` or more, on disk (one
+    small JSON per stamp under :func:`digest_cache_dir`, written atomically; an
+    unwritable or corrupt cache is ignored), so a large model is not re-hashed by
+    every command.
+    """
+    from traces.digest import weights_digest
+    from traces.io import atomic_write_json
+
+    p = Path(path).expanduser().resolve()
+    files = weight_files(p) if p.exists() else []
+    stamp = json.dumps([str(p), [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]])
+    key = hashlib.sha256(stamp.encode()).hexdigest()
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    disk = digest_cache_dir() / f"{key}.json"
+    if sum(f.stat().st_size for f in files) < DISK_CACHE_MIN_BYTES:
+        _DIGESTS[key] = weights_digest(p) if files else hashlib.sha256(b"").hexdigest()
+        return _DIGESTS[key]
+    try:
+        entry = json.loads(disk.read_text())
+        if entry.get("stamp") == stamp and isinstance(entry.get("weights_sha256"), str):
+            _DIGESTS[key] = entry["weights_sha256"]
+            return _DIGESTS[key]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = weights_digest(p) if files else hashlib.sha256(b"").hexdigest()
+    _DIGESTS[key] = digest
+    try:
+        disk.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(disk, {"stamp": stamp, "weights_sha256": digest})
+    except OSError:
+        pass
+    return digest
 
 
 def spec_matrix(

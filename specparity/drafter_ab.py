@@ -34,6 +34,7 @@ def run_drafter_ab(
     max_drop: float = 3.0,
     eos_ids: tuple[int, ...] = (),
     prefill: str = "full",
+    timing: Any = None,
 ) -> dict[str, Any]:
     """Paired A/B of each arm against ``baseline``.
 
@@ -42,10 +43,12 @@ def run_drafter_ab(
         arms: ``{label: (provider, weight_bytes)}``; providers expose ``gamma``.
         prompts: Prompt token ids (the same for every arm).
         baseline: The label of arm A; every other arm is a B.
+        timing: ``timing(arm, prompt_index, result) -> seconds`` of each timed run
+            (``specparity.ab.Timing``; default: the run's measured wall clock).
     """
     from engine.executor import GenerationParams, spec_generate
     from reports.stats import ab_verdict, median_ratio, paired_drop
-    from specparity.ab import accepted_flags, common_prefix
+    from specparity.ab import accepted_flags, common_prefix, measured_wall, time_ratios, timed
 
     labels = list(arms)
     gamma = {lab: int(arms[lab][0].gamma) for lab in labels}
@@ -63,6 +66,7 @@ def run_drafter_ab(
         for label in order:
             per[label].append(go(label, ids))
 
+    secs = timed(per, timing or measured_wall)
     rows = []
     for label in labels:
         res = per[label]
@@ -89,15 +93,13 @@ def run_drafter_ab(
             continue
         fa: list[bool] = []
         fb: list[bool] = []
-        ratios = []
         differing = 0
         for ra, rb in zip(per[baseline], per[label], strict=True):
             n = common_prefix(ra.output_ids, rb.output_ids)
             differing += n != len(ra.output_ids) or n != len(rb.output_ids)
             fa += accepted_flags(ra.records)[:n]
             fb += accepted_flags(rb.records)[:n]
-            ratios.append((rb.wall_s / max(1, rb.usage.generation_tokens))
-                          / (ra.wall_s / max(1, ra.usage.generation_tokens)))
+        ratios = time_ratios(per[baseline], secs[baseline], per[label], secs[label])
         drop = paired_drop(fa, fb, max_drop_pts=max_drop)
         wall = median_ratio(ratios)
         comparisons.append({

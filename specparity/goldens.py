@@ -57,8 +57,10 @@ __all__ = [
     "GOLDEN_RUNNERS",
     "GoldenComparison",
     "GoldenProblem",
+    "GoldenLockError",
     "GoldenRunner",
     "InputsContext",
+    "assert_lock_held",
     "check_goldens",
     "compare_to_goldens",
     "default_cases",
@@ -68,6 +70,7 @@ __all__ = [
     "golden_path",
     "input_changes",
     "load_manifest",
+    "lock_held",
     "normalize_records",
     "package_commit",
     "package_version",
@@ -499,13 +502,70 @@ def load_manifest(golden_dir: Path | str = GOLDEN_DIR) -> dict[str, Any]:
 
 
 def save_manifest(manifest: dict[str, Any], golden_dir: Path | str = GOLDEN_DIR) -> None:
-    """Write the manifest atomically (temp file, fsync, rename)."""
+    """Write the manifest atomically (temp file, fsync, rename), under the directory's lock.
+
+    Inside ``regen`` (which holds the lock for its whole read-modify-write) the
+    lock is this process's already; a standalone call takes it for this one
+    write, so a manifest is never written while another process holds it
+    (``specparity.outdir.Busy``).
+    """
+    from specparity.outdir import DirLock
+
     d = Path(golden_dir)
     d.mkdir(parents=True, exist_ok=True)
     manifest = {**manifest, "manifest_version": MANIFEST_VERSION, "normalization": NORMALIZATION}
     manifest["goldens"] = dict(sorted(manifest.get("goldens", {}).items()))
     text = json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-    atomic_write_text(d / MANIFEST_NAME, text)
+    if lock_held(d):
+        atomic_write_text(d / MANIFEST_NAME, text)
+        return
+    with DirLock(d, "specparity save_manifest", flag="--golden-dir", what="golden directory"):
+        assert_lock_held(d, "the manifest")
+        atomic_write_text(d / MANIFEST_NAME, text)
+
+
+class GoldenLockError(RuntimeError):
+    """A write into a golden directory by a process that does not hold its lock (a bug)."""
+
+
+def lock_held(golden_dir: Path | str) -> bool:
+    """Whether THIS process holds ``golden_dir``'s lock (``specparity.outdir.DirLock``).
+
+    The kernel's view, not a flag: the lock file's ``flock`` is taken (a probe
+    on a new descriptor is refused, even in the holder's own process) and the
+    pid the holder wrote into it is ours.
+    """
+    import fcntl
+    import os
+
+    from specparity.outdir import LOCK_NAME
+
+    try:
+        fd = os.open(Path(golden_dir) / LOCK_NAME, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # taken: by us?
+        else:
+            return False  # nobody holds it (closing the probe releases it)
+        try:
+            info = json.loads(os.read(fd, 1 << 16) or b"{}")
+        except ValueError:
+            return False
+        return isinstance(info, dict) and info.get("pid") == os.getpid()
+    finally:
+        os.close(fd)
+
+
+def assert_lock_held(golden_dir: Path | str, what: str) -> None:
+    """Raise :class:`GoldenLockError` unless this process holds ``golden_dir``'s lock."""
+    if not lock_held(golden_dir):
+        raise GoldenLockError(f"{what} in {golden_dir} would be written without holding the "
+                              "directory's lock (.specparity.lock): every golden, manifest and "
+                              "journal write happens inside specparity.regen.regen's lock")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -140,6 +140,11 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
                                   "frequency_context_size", "history_prompt") if k in lp})
         if proc.active:
             extra["processors"] = proc.tag()
+    if p.get("kv_bits") is not None:  # quantized KV (specparity.runners.kv_params)
+        extra.update(kv_bits=int(p["kv_bits"]), kv_group_size=int(p.get("kv_group_size", 64)),
+                     quantized_kv_start=int(p.get("quantized_kv_start", 5000)))
+    if spec and p.get("rotating", "guard") != "guard":
+        extra["rotating"] = str(p["rotating"])
     return Case(
         **extra,
         target=model_label(tpath), drafter=drafter, prompt_id=str(header["prompt"]["id"]),
@@ -247,6 +252,12 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
     g = p.get("gamma")
     if g is not None and (mode == "spec" or g != 0):  # a plain trace may say 0
         checks.append(("params.gamma", args.gamma, g))
+    if p.get("kv_bits") is not None:  # quantized KV: the flags' bounds (specparity.kv_args)
+        checks += [("params.kv_bits", args.kv_bits, p["kv_bits"]),
+                   ("params.kv_group_size", args.kv_group_size, p.get("kv_group_size", 64)),
+                   ("params.quantized_kv_start", args.nonneg_int, p.get("quantized_kv_start", 5000))]
+    if p.get("rotating", "guard") not in ("guard", "exact"):
+        out.append(("header.params.rotating", f"expected \"guard\" or \"exact\", got {p['rotating']!r}"))
     for fld, parse, value in checks:
         try:
             args.check_value(parse, value, "")

@@ -21,6 +21,9 @@ valid) — an id outside it indexes past the embedding table, which on MLX is
 nondeterministic garbage or a segfault — and the prompt plus the tokens to
 generate must fit the model's context (``max_position_embeddings``); a longer
 prompt is refused, or, with ``truncate=True``, its head dropped with a warning.
+
+Text prompts may be rendered by the target tokenizer's chat template first
+(``--chat-template``, :func:`encode_text`, as mlx-lm's ``generate`` does).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "PromptError",
     "check_prompt",
     "encode_prompts",
+    "encode_text",
     "model_limits",
     "read_prompts_file",
 ]
@@ -207,15 +211,22 @@ def check_ids_for_model(ids: Sequence[int], model_dir: str | Path, *, max_tokens
 
 
 def encode_prompts(prompts: Sequence[Prompt], model_dir: str | Path, *, max_tokens: int = 0,
-                   truncate: bool = False, tokenizer: Any = None) -> list[tuple[str, tuple[int, ...]]]:
+                   truncate: bool = False, tokenizer: Any = None,
+                   chat_template: bool = False) -> list[tuple[str, tuple[int, ...]]]:
     """``[(id, token ids)]``: text prompts encoded with the model's tokenizer, all checked.
 
     ``tokenizer``: an already loaded tokenizer (otherwise loaded from ``model_dir``
-    only when a prompt has text).
+    only when a prompt has text). ``chat_template``: text prompts are rendered as
+    one user turn by the tokenizer's chat template (:func:`encode_text`) and their
+    ids get the suffix :data:`CHAT_SUFFIX`; token-id prompts are used as they are.
     """
+    if chat_template and all(pr.text is None for pr in prompts):
+        raise PromptError("--chat-template renders text prompts, and these are all token ids "
+                          "(used as they are): drop --chat-template or give text prompts")
     vocab, ctx = model_limits(_config(model_dir))
     out = []
     for pr in prompts:
+        pid = pr.id
         if pr.token_ids is not None:
             ids: Sequence[int] = pr.token_ids
         else:
@@ -223,13 +234,55 @@ def encode_prompts(prompts: Sequence[Prompt], model_dir: str | Path, *, max_toke
                 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
                 tokenizer = load_tokenizer(Path(model_dir))
-            ids = list(tokenizer.encode(pr.text))
-            if not ids:
-                raise PromptError(f"prompt {pr.id!r}: the text encodes to zero tokens")
+            assert pr.text is not None
+            ids = encode_text(tokenizer, pr.text, chat_template=chat_template,
+                              where=f"prompt {pr.id!r}", model_dir=model_dir)
+            pid += CHAT_SUFFIX if chat_template else ""
         checked = check_prompt(ids, vocab_size=vocab, context=ctx, max_tokens=max_tokens,
-                               prompt_id=pr.id, truncate=truncate)
-        out.append((pr.id, tuple(checked)))
+                               prompt_id=pid, truncate=truncate)
+        out.append((pid, tuple(checked)))
     return out
+
+
+CHAT_SUFFIX = "@chat"
+CHAT_TEMPLATE_HELP = ("render each text prompt as one user turn with the target tokenizer's own chat "
+                      "template (apply_chat_template, add_generation_prompt; as mlx_lm.generate); "
+                      "token-id prompts are used as they are")
+
+
+def encode_text(tokenizer: Any, text: str, *, chat_template: bool = False, where: str = "prompt",
+                model_dir: str | Path | None = None) -> list[int]:
+    """A text prompt's ids: ``tokenizer.encode(text)``, or through the chat template.
+
+    With ``chat_template`` the text is one user message rendered as mlx-lm 0.32.2
+    ``mlx_lm/generate.py`` ``main`` renders it: ``apply_chat_template(messages,
+    tokenize=False, add_generation_prompt=True)`` on the tokenizer (mlx-lm's
+    ``TokenizerWrapper``, or a Hugging Face tokenizer), then ``encode(rendered,
+    add_special_tokens=False)`` (the template writes its own special tokens).
+    A tokenizer without a template, or a template that fails, is one
+    :class:`PromptError` line.
+    """
+    if not chat_template:
+        ids = list(tokenizer.encode(text))
+    else:
+        at = f" ({model_dir})" if model_dir is not None else ""
+        has = getattr(tokenizer, "has_chat_template", None)
+        if has is None:
+            has = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "chat_template", None) is not None
+        if not has:
+            raise PromptError(f"{where}: --chat-template: the target's tokenizer{at} has no chat "
+                              "template (no 'chat_template' in tokenizer_config.json, no "
+                              "chat_template.jinja)")
+        try:
+            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                     tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja2 errors: the template is the user's
+            raise PromptError(f"{where}: the chat template of the target's tokenizer{at} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+        ids = list(tokenizer.encode(rendered, add_special_tokens=False))
+    if not ids:
+        raise PromptError(f"{where}: the text encodes to zero tokens")
+    return [int(t) for t in ids]
 
 
 @dataclass(frozen=True)
@@ -242,7 +295,7 @@ class ModelPrompt:
 
 def prompts_for_model(model_dir: str | Path, *, prompts_file: str | Path | None = None,
                       zoo_ids: Sequence[str] | None = None, max_tokens: int = 0,
-                      truncate: bool = False) -> list[ModelPrompt]:
+                      truncate: bool = False, chat_template: bool = False) -> list[ModelPrompt]:
     """The prompts a job runs on ``model_dir``: a prompts file's, else the zoo's ``zoo_ids``.
 
     Every prompt is checked against the model (:func:`check_prompt`); a zoo prompt
@@ -252,7 +305,10 @@ def prompts_for_model(model_dir: str | Path, *, prompts_file: str | Path | None 
     if prompts_file is not None:
         return [ModelPrompt(pid, ids) for pid, ids in
                 encode_prompts(read_prompts_file(prompts_file), model_dir, max_tokens=max_tokens,
-                               truncate=truncate)]
+                               truncate=truncate, chat_template=chat_template)]
+    if chat_template:
+        raise PromptError("--chat-template renders text prompts: give --prompts-file FILE (the zoo's "
+                          "prompts are token ids)")
     import zoo
 
     out = []

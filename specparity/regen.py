@@ -17,6 +17,12 @@ with the old golden (``diff_traces`` at round level) and then:
 - a ``logic`` divergence: the golden is kept and the change reported, unless
   ``accept`` is set; the run then exits 1.
 
+Every write into the golden directory (golden, manifest, journal, temp-file
+cleanup) first asserts that this process holds the directory's lock
+(``goldens.assert_lock_held``: the kernel's flock and the holder's pid), so a
+write path outside :func:`regen`'s lock fails loudly instead of racing another
+regen.
+
 Interruption: every golden file is either old or new (atomic rename), and a
 golden whose manifest entry was not yet updated is simply regenerated. The
 run's progress and drift entries are kept in ``<golden dir>/.regen-journal.json``
@@ -171,11 +177,13 @@ def _load_journal(golden_dir: Path, args_id: dict[str, Any]) -> dict[str, Any] |
 
 
 def _save_journal(golden_dir: Path, journal: dict[str, Any]) -> None:
+    g.assert_lock_held(golden_dir, "the regen journal")
     g.atomic_write_text(golden_dir / JOURNAL_NAME, json.dumps(journal, indent=1, sort_keys=True))
 
 
 def _remove_leftovers(golden_dir: Path) -> None:
     """Temp files of a killed writer (hidden ``.NAME.*.tmp``; never a golden)."""
+    g.assert_lock_held(golden_dir, "removing temp files")
     for p in golden_dir.rglob(".*.tmp"):
         p.unlink(missing_ok=True)
 
@@ -357,9 +365,11 @@ def _regen(
             return Outcome(key, "unchanged")
         if div is not None and div.klass == "logic" and not accept:
             return Outcome(key, "logic-refused", reasons, div.where, div.field, div.klass, div.message)
+        g.assert_lock_held(golden_dir, f"golden {key}")  # the read-modify-write is ours alone
         path.parent.mkdir(parents=True, exist_ok=True)
         write_trace(path, records)
         entries[key] = g.manifest_entry(key, inputs, path)
+        g.assert_lock_held(golden_dir, "the manifest")
         g.save_manifest(manifest, golden_dir)
         if div is None:
             return Outcome(key, "new" if old is None else "updated", reasons)
@@ -375,6 +385,7 @@ def _regen(
             else:
                 _run_pool(jobs, workers if workers is not None else os.cpu_count() or 1, on_result)
     outcomes = [Outcome(**journal["done"][k]) for k in sorted(journal["done"])]
+    g.assert_lock_held(golden_dir, "removing the regen journal")
     (golden_dir / JOURNAL_NAME).unlink(missing_ok=True)
     return RegenResult(outcomes, len(chosen), skipped, time.perf_counter() - t0, tuple(runners or ()))
 

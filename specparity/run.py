@@ -231,6 +231,7 @@ def zoo_cases(
     eos_ids: tuple[int, ...] | None = None,
     truncate: bool = False,
     max_cases: int | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> list[Case]:
     """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts x ``sampling``.
 
@@ -238,6 +239,13 @@ def zoo_cases(
     settings as a pair of one's own (sampling, EOS ids) and its prompts are
     checked against each target's context with ``max_tokens``. Unknown target
     or drafter names are refused with the known ones, never dropped.
+
+    Plus two quantized-KV cases on the zoo's head-dim-32 pair ``llama-kv``/``twin``
+    (4-bit KV in groups of 32, one prompt, γ 3): converted right after the prefill
+    (``quantized_kv_start`` 0: the engine and mlx-lm agree round for round) and inside
+    the run (36: mlx-lm converts on the verify window's offset, the known entry
+    ``mlx-lm-kv-quantized-on-unverified-offset``). ``cache``
+    (:func:`specparity.kv_args.cache_fields`) replaces every case's cache settings.
     """
     import zoo
     from specparity.args import zoo_drafters, zoo_targets
@@ -249,13 +257,22 @@ def zoo_cases(
             raise ValueError(f"unknown zoo {what}(s) {', '.join(map(repr, bad))}; known: {', '.join(known)}")
     pairs = [(t, d) for (t, d) in zoo.pairs()
              if (targets is None or t in targets) and (drafters is None or d in drafters)]
-    if not pairs:
+    kv = (targets is None or zoo.KV_TARGET in targets) and (drafters is None or "twin" in drafters)
+    if not pairs and not kv:
         raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
-    specs = [PairSpec(target=t, drafter=d, gammas=tuple(gammas), max_tokens=max_tokens,
-                      zoo_prompts=n_prompts, sampling=tuple(sampling or (Sampling(),)),
-                      eos_ids=eos_ids, truncate=truncate, where=f"zoo pair {t}/{d}")
+    common: dict[str, Any] = dict(max_tokens=max_tokens, sampling=tuple(sampling or (Sampling(),)),
+                                  eos_ids=eos_ids, truncate=truncate)
+    specs = [PairSpec(target=t, drafter=d, gammas=tuple(gammas), zoo_prompts=n_prompts, **common,
+                      where=f"zoo pair {t}/{d}", **(cache or {}))
              for t, d in pairs]
-    return suite_cases(specs, max_cases=max_cases)
+    if kv:
+        g = 3 if 3 in gammas else tuple(gammas)[-1]
+        specs += [PairSpec(target=zoo.KV_TARGET, drafter="twin", gammas=(g,), zoo_prompts=1, **common,
+                           where=f"zoo pair {zoo.KV_TARGET}/twin",
+                           **{"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": start, **(cache or {})})
+                  for start in (0, 36)]
+    # cache settings given for the whole matrix can make the two quantized-KV cases one
+    return list(dict.fromkeys(suite_cases(specs, max_cases=max_cases)))
 
 
 def check_unique(cases: list[Case]) -> list[Case]:

@@ -16,6 +16,10 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     stop_ids = [[5, 6]]                # stop sequences as token ids
     stop_strings = ["la me"]           # stop sequences as text (target's tokenizer)
     truncate = false                   # true: over-long prompts keep their tail (warning)
+    chat_template = false              # true: text prompts through the target tokenizer's template
+    kv_bits = 4                        # quantized KV (mlx-lm kv_bits); with kv_group_size = 32,
+    quantized_kv_start = 0             #   ... (defaults 64 / 5000); head dim must be a multiple
+    rotating = "exact"                 # rotating caches past the ring wrap (default "guard")
 
     [[pair]]
     target = "llama"                   # a zoo target, or a path to an mlx-lm model dir
@@ -46,7 +50,8 @@ from specparity.cases import DEFAULT_GAMMAS, Case, model_label, pick_prompts
 __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "suite_cases"]
 
 _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling", "eos_ids",
-               "stop_ids", "stop_strings", "truncate"}
+               "stop_ids", "stop_strings", "truncate", "chat_template", "kv_bits", "kv_group_size",
+               "quantized_kv_start", "rotating"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
 SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
@@ -82,14 +87,20 @@ class PairSpec:
     stop_strings: tuple[str, ...] = ()
     truncate: bool = False
     confidence_threshold: float = 0.0
+    # quantized KV and rotating rollback (specparity.kv_args); None / "guard": off
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
+    quantized_kv_start: int | None = None
+    rotating: str = "guard"
     where: str = "pair"
     extra: dict[str, Any] = field(default_factory=dict)
+    chat_template: bool = False  # text prompts through the target tokenizer's chat template
 
 
 def _is_zoo_target(name: str) -> bool:
     import zoo
 
-    return name in (*zoo.TARGETS, zoo.TRAINED_TARGET) and not Path(name).is_dir()
+    return name in (*zoo.TARGETS, zoo.TRAINED_TARGET, zoo.KV_TARGET) and not Path(name).is_dir()
 
 
 def _check(parse: Any, v: Any, where: str) -> Any:
@@ -171,10 +182,22 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
             if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
                 raise SuiteError(f"{w}: expected a list of non-empty strings, got {v!r}")
             s.stop_strings = tuple(v)
-        elif key == "truncate":
+        elif key in ("truncate", "chat_template"):
             if not isinstance(v, bool):
                 raise SuiteError(f"{w}: expected true or false, got {v!r}")
-            s.truncate = v
+            setattr(s, key, v)
+        elif key in ("kv_bits", "kv_group_size", "quantized_kv_start"):
+            from specparity import args as a
+
+            parse = {"kv_bits": a.kv_bits, "kv_group_size": a.kv_group_size,
+                     "quantized_kv_start": a.nonneg_int}[key]
+            setattr(s, key, _check(parse, v, w))
+        elif key == "rotating":
+            if v not in ("guard", "exact"):
+                raise SuiteError(f"{w}: expected \"guard\" or \"exact\", got {v!r}")
+            s.rotating = v
+    if s.kv_bits is None and (s.kv_group_size is not None or s.quantized_kv_start is not None):
+        raise SuiteError(f"{where}: kv_group_size/quantized_kv_start need kv_bits")
     return s
 
 
@@ -276,6 +299,8 @@ def pair_cases(spec: PairSpec) -> list[Case]:
     common: dict[str, Any] = {
         "max_tokens": spec.max_tokens, "eos_ids": spec.eos_ids, "stop_sequences": stops,
         "target_path": None if on_zoo else spec.target,
+        "kv_bits": spec.kv_bits, "kv_group_size": spec.kv_group_size,
+        "quantized_kv_start": spec.quantized_kv_start,
     }
     cases: list[Case] = []
     sources = _sources(spec)
@@ -291,7 +316,7 @@ def pair_cases(spec: PairSpec) -> list[Case]:
             for g in gammas:
                 for pid, ids in prompts:
                     cases.append(Case(tlabel, dlabel, pid, g, **common, **smp, source=source,
-                                      draft_path=dpath, prompt_tokens=ids))
+                                      draft_path=dpath, prompt_tokens=ids, rotating=spec.rotating))
     return cases
 
 
@@ -323,6 +348,9 @@ def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | 
 
     try:
         if spec.prompts_file is None:
+            if spec.chat_template:
+                raise SuiteError(f"{spec.where}: chat_template renders text prompts: give a "
+                                 "prompts_file (the zoo's prompts are token ids)")
             if not on_zoo:
                 raise SuiteError(f"{spec.where}: a model path needs a prompts file (prompts_file / "
                                  "--prompts-file); the zoo's prompts are in the zoo's vocabulary")
@@ -336,7 +364,8 @@ def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | 
             return out
         model = zoo.model_dir(spec.target) if on_zoo else Path(spec.target)
         return list(encode_prompts(read_prompts_file(spec.prompts_file), model,
-                                   max_tokens=spec.max_tokens, truncate=spec.truncate))
+                                   max_tokens=spec.max_tokens, truncate=spec.truncate,
+                                   chat_template=spec.chat_template))
     except PromptError as exc:
         raise SuiteError(f"{spec.where}: {exc}") from None
 

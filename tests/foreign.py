@@ -83,9 +83,9 @@ def _shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
 
 
-def weights(arch: str, drafter: bool = False) -> dict[str, np.ndarray]:
+def weights(arch: str, drafter: bool = False, cfg: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     out = {}
-    for name, shape in sorted(_shapes(config(arch)).items()):
+    for name, shape in sorted(_shapes(cfg or config(arch)).items()):
         rng = _rng(f"{arch}:{name}")
         if name.endswith("norm.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
@@ -148,3 +148,94 @@ if __name__ == "__main__":
     for arch, (t, d) in build(dest).items():
         print(f"{arch}: {t} {d}")
     print(f"prompts: {dest / 'prompts.jsonl'}")
+
+
+# ---------------------------------------------------------------- checkpoint shapes (issue 22)
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ {'system': 'sa', 'user': 'ku', 'assistant': 'la'}[m['role']] }} "
+    "{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}la{% endif %}"
+)  # role markers are vocabulary words, so a rendered prompt encodes without <unk>
+
+
+def write_padded(arch: str, out: Path, pad_to: int, *, drafter: bool = False) -> Path:
+    """``write_model`` with a padded vocabulary: ``vocab_size`` ``pad_to`` > the tokenizer's.
+
+    The embedding (and an untied ``lm_head``) gain zero rows past the tokenizer's
+    ``VOCAB_SIZE`` ids, as real Qwen checkpoints pad theirs (0.5B: 151936 rows,
+    7B: 152064, one tokenizer of 151665). A zero head row's logit is 0, below the
+    real ids' greedy maximum, so greedy decode never picks a padding id.
+    """
+    import mlx.core as mx
+
+    write_model(arch, out, drafter=drafter)
+    w = {k: np.array(v) for k, v in mx.load(str(out / "model.safetensors")).items()}
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        if k in w:
+            w[k] = np.concatenate([w[k], np.zeros((pad_to - w[k].shape[0], w[k].shape[1]),
+                                                  w[k].dtype)])
+    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(v) for k, v in w.items()},
+                        metadata={"format": "mlx"})
+    cfg = {**config(arch), "vocab_size": pad_to}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def add_chat_template(model_dir: Path, template: str = CHAT_TEMPLATE) -> Path:
+    """Give a model dir's tokenizer a ``chat_template`` (in ``tokenizer_config.json``)."""
+    p = Path(model_dir) / "tokenizer_config.json"
+    cfg = json.loads(p.read_text())
+    cfg["chat_template"] = template
+    p.write_text(json.dumps(cfg, indent=2) + "\n")
+    return Path(model_dir)
+
+
+# Quantizations mlx-lm writes: name -> (bits, group size, mode); None: unquantized.
+QUANTS: dict[str, tuple[int, int, str] | None] = {
+    "none": None, "q4g32": (4, 32, "affine"), "q4g64": (4, 64, "affine"),
+    "q8g32": (8, 32, "affine"), "q8g64": (8, 64, "affine"), "mxfp4": (4, 32, "mxfp4"),
+}
+DTYPES = ("float32", "float16", "bfloat16")
+# Every quantized layer's input width must divide by the group size (64): the fixtures'
+# 48-wide layers would be left unquantized by mlx-lm's predicate.
+QUANTIZABLE = {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
+
+
+def write_quantizable(arch: str, out: Path, *, drafter: bool = False) -> Path:
+    """``write_model`` with 64/128-wide layers (:data:`QUANTIZABLE`), fp32."""
+    cfg = {**config(arch), **QUANTIZABLE}
+    write_model(arch, out, drafter=drafter)
+    import mlx.core as mx
+
+    mx.save_safetensors(str(out / "model.safetensors"),
+                        {k: mx.array(v) for k, v in weights(arch, drafter, cfg).items()},
+                        metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def convert_checkpoint(src: Path, out: Path, *, dtype: str, quant: str = "none",
+                       sharded: bool = False) -> Path:
+    """``mlx_lm.convert`` of a local fp32 model dir to ``dtype`` / ``quant`` (:data:`QUANTS`).
+
+    ``sharded``: mlx-lm's own ``save_model`` / ``make_shards`` with a 0-byte shard
+    limit, so every tensor gets a shard (``model-0000i-of-0000n.safetensors`` and the
+    index), as a checkpoint over ``MAX_FILE_SIZE_GB`` is written. Nothing is downloaded.
+    """
+    import contextlib
+    import io
+
+    import mlx_lm.utils as mu
+    from mlx_lm.convert import convert
+
+    q = QUANTS[quant]
+    real = mu.make_shards
+    if sharded:
+        mu.make_shards = lambda weights, max_file_size_gb=0: real(weights, 0)  # type: ignore[assignment]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            convert(str(src), str(out), quantize=q is not None, q_bits=q[0] if q else None,
+                    q_group_size=q[1] if q else None, q_mode=q[2] if q else "affine", dtype=dtype)
+    finally:
+        mu.make_shards = real
+    return out

@@ -227,7 +227,18 @@ def _planted_run(target: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def _assert_caught(audit: SerialReplayAudit, layer: int, *needles: str) -> None:
+    """The verdict first: every window before the first rejecting round is exact or within
+    arithmetic, that round's rollback is an ``error`` (never ``arithmetic``: a planted logic bug
+    on the non-exact backend must not pass as rounding) in ``layer``; then the message."""
     first = _first_rejecting(audit)
+    verdicts = [(w.round, w.rollback_check.verdict if w.rollback_check else None) for w in audit.windows]
+    before = [v for r, v in verdicts if r < first.round]
+    assert all(v in ("exact", "arithmetic", None) for v in before), verdicts
+    assert first.rollback_check is not None and first.rollback_check.verdict == "error", verdicts
+    assert not first.rollback_ok
+    bad_layers = {lay for lay, _, d in first.rollback if not d.equal}
+    assert layer in bad_layers or any(e.startswith(f"layer {layer} ") for e in first.rollback_check.errors), \
+        (bad_layers, first.rollback_check.errors)
     msg = audit.first_bad_rollback()
     assert msg is not None and msg.startswith(f"round {first.round} "), msg
     assert f"layer {layer} " in msg and all(n in msg for n in needles), msg

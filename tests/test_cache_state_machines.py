@@ -15,7 +15,8 @@ rejected tokens never been seen.
 ``keep`` > 0, verify windows longer than the ring (γ up to 8), target rounds
 (one concat call) and drafter rounds (``engine/sources/two_model.py``: a
 1- or 2-token feed, then single-token in-place calls that overwrite ring
-slots, trimmed by ``max(d - k - 1, 0)``). Besides the live state it checks the
+slots, trimmed by ``max(d - k - 1, 0)``, or — replay mode — restored to the
+round's start with ``rollback(0)`` and re-fed, checked before the re-feed). Besides the live state it checks the
 future: clones of both caches take the same next single-token and
 multi-token updates and must still agree (a wrong ``_idx`` shows there).
 With ``keep`` > 0 the plan keeps the guard (a multi-token verify is not plain
@@ -198,6 +199,32 @@ class ExactRotatingMachine(RuleBasedStateMachine):
         self.round += 1
         self.last = f"round {self.round} (drafter, feed {feed}, drafts {n}, k_accept {k_accept})"
 
+    @rule(feed=st.integers(1, 2), n=st.integers(1, 6), data=st.data())
+    def drafter_replay_round(self, feed: int, n: int, data: st.DataObject) -> None:
+        """A two-model drafter with recurrent layers too (``TwoModelSource._commit_rings``,
+        replay mode): a rejecting round restores the ring to the round's start
+        (``rollback(0)``: every saved slot written back, nothing re-applied), then the model
+        re-feeds the kept inputs. Checked BEFORE the re-feed, which would hide a slot that
+        was not written back (the first call writes that very slot again)."""
+        calls = [_kv(self.rng, feed)] + [_kv(self.rng, 1) for _ in range(n - 1)]
+        k_accept = data.draw(st.integers(0, n), label="k_accept")
+        ring = RingRound(self.cache)
+        ring.begin()
+        for k, v in calls:
+            self.cache.update_and_fetch(k, v)
+        ring.end()
+        self.round += 1
+        self.last = f"round {self.round} (drafter replay, feed {feed}, drafts {n}, k_accept {k_accept})"
+        if k_accept >= n:  # every processed input kept
+            ring.commit()
+            self.segments += calls
+            return
+        ring.rollback(0)
+        _assert_same(self.cache, self._fresh(), f"{self._what()}: rollback(0) before the re-feed")
+        for k, v in calls[: k_accept + 1]:  # the re-feed: the feed, then the accepted drafts
+            self.cache.update_and_fetch(k, v)
+            self.segments.append((k, v))
+
     @rule()
     def plain_step(self) -> None:
         k, v = _kv(self.rng, 1)
@@ -205,12 +232,19 @@ class ExactRotatingMachine(RuleBasedStateMachine):
         self.segments.append((k, v))
         self.last = "plain step"
 
-    @invariant()
-    def matches_fresh_cache(self) -> None:
+    def _fresh(self) -> Any:
         fresh = self.make()
         for k, v in self.segments:
             fresh.update_and_fetch(k, v)
-        what = f"RotatingKVCache(max_size={self.size}, keep={self.keep}) after {self.last}"
+        return fresh
+
+    def _what(self) -> str:
+        return f"RotatingKVCache(max_size={self.size}, keep={self.keep}) after {self.last}"
+
+    @invariant()
+    def matches_fresh_cache(self) -> None:
+        fresh = self._fresh()
+        what = self._what()
         _assert_same(self.cache, fresh, what)
         for n in (1, 3):  # the future: the same next update on both
             a, b = clone_caches([self.cache])[0], clone_caches([fresh])[0]
@@ -327,15 +361,107 @@ def _reapply_one_short(self: RingRound, keep: int) -> None:
     _REAL_RING_ROLLBACK(self, keep - 1)
 
 
+def _oldest_slot_short(self: RingRound, keep: int) -> None:
+    self.saved = self.saved[1:]  # the first overwritten slot is not written back
+    _REAL_RING_ROLLBACK(self, keep)
+
+
 _REAL_RING_ROLLBACK = RingRound.rollback
 
 
 @pytest.mark.parametrize(
     "plant",
-    [_one_slot_short, _offset_not_restored, _reapply_one_short],
-    ids=["one-slot-short", "offset-not-restored", "reapply-one-short"],
+    [_one_slot_short, _offset_not_restored, _reapply_one_short, _oldest_slot_short],
+    ids=["one-slot-short", "offset-not-restored", "reapply-one-short", "oldest-slot-short"],
 )
 def test_exact_machine_catches_restore_bugs(plant: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # oldest-slot-short: hidden whenever the kept positions are re-applied (the first one writes
+    # that slot again); only a round restored to its start (rollback(0)) shows it.
     monkeypatch.setattr(RingRound, "rollback", plant)
     with pytest.raises(AssertionError, match=r"after round \d+ \((target|drafter)"):
         run_state_machine_as_test(ExactRotatingMachine, settings=settings(PLANT, report_multiple_bugs=False, phases=NO_SHRINK))
+
+
+# Quantized KV (mlx-lm 0.32.2 QuantizedKVCache, KVCache.to_quantized via engine.caches.quantize_kv).
+QDIM, QGROUP = 32, 32  # mx.quantize groups along the head dim: it must divide it
+
+
+def _qkv(rng: np.random.Generator, n: int) -> tuple[mx.array, mx.array]:
+    k = rng.standard_normal((1, HEADS, n, QDIM)).astype(np.float32)
+    v = rng.standard_normal((1, HEADS, n, QDIM)).astype(np.float32)
+    return mx.array(k), mx.array(v)
+
+
+class QuantizedMachine(RuleBasedStateMachine):
+    """A KVCache that converts to QuantizedKVCache mid-request (``quantize_kv`` on the committed
+    offset, as the executor does), then keeps taking verify windows trimmed by ``d - k``."""
+
+    @initialize(seed=st.integers(0, 2**16), n=st.integers(1, 6), bits=st.sampled_from(cache_ops.KV_BITS),
+                start_quantized=st.booleans())
+    def prefill(self, seed: int, n: int, bits: int, start_quantized: bool) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.q = cache_ops.KVQuantization(bits, QGROUP, 0)
+        self.caches: list[Any] = [KVCache()]
+        self.events: list[Any] = []  # accepted (k, v) calls and "convert" markers, in order
+        k, v = _qkv(self.rng, n)
+        self.caches[0].update_and_fetch(k, v)
+        self.events.append((k, v))
+        if start_quantized:
+            self.convert()
+        self.plan = CacheRollback(SimpleNamespace(layers=[object()]), self.caches)
+
+    @rule()
+    def convert(self) -> None:
+        if cache_ops.quantize_kv(self.caches, self.q):
+            self.events.append("convert")
+            self.plan = CacheRollback(SimpleNamespace(layers=[object()]), self.caches)
+
+    @rule(d=st.integers(0, 4), data=st.data())
+    def verify_round(self, d: int, data: st.DataObject) -> None:
+        k, v = _qkv(self.rng, d + 1)
+        with self.plan.round():
+            self.caches[0].update_and_fetch(k, v)
+        k_accept = data.draw(st.integers(0, d), label="k_accept")
+        self.plan.rollback(d, k_accept)
+        self.events.append((k[:, :, : k_accept + 1], v[:, :, : k_accept + 1]))
+
+    @rule()
+    def plain_step(self) -> None:
+        k, v = _qkv(self.rng, 1)
+        self.caches[0].update_and_fetch(k, v)
+        self.events.append((k, v))
+
+    @invariant()
+    def matches_fresh_cache(self) -> None:
+        fresh: list[Any] = [KVCache()]
+        for ev in self.events:
+            if ev == "convert":
+                cache_ops.quantize_kv(fresh, self.q)
+            else:
+                fresh[0].update_and_fetch(*ev)
+        assert type(fresh[0]) is type(self.caches[0])
+        _assert_same(self.caches[0], fresh[0], type(self.caches[0]).__name__)
+
+
+TestQuantizedKVCache = QuantizedMachine.TestCase
+TestQuantizedKVCache.settings = settings(max_examples=40, stateful_step_count=12, deadline=None)
+
+
+def test_quantized_machine_catches_short_trim(short_target_trim: None) -> None:
+    """A quantized cache rolled back one position short is caught."""
+    with pytest.raises(AssertionError, match="QuantizedKVCache: live cache differs"):
+        run_state_machine_as_test(QuantizedMachine, settings=settings(PLANT, phases=NO_SHRINK))
+
+
+def test_quantized_machine_catches_untrimmed_quantized_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant: the rollback leaves a quantized cache untrimmed (the rejected tail stays)."""
+    real = CacheRollback.rollback
+
+    def keep_tail(self: CacheRollback, d: int, k: int) -> None:
+        if any(type(c).__name__ == "QuantizedKVCache" for c in self.caches):
+            return
+        real(self, d, k)
+
+    monkeypatch.setattr(CacheRollback, "rollback", keep_tail)
+    with pytest.raises(AssertionError, match="QuantizedKVCache: live cache differs"):
+        run_state_machine_as_test(QuantizedMachine, settings=settings(PLANT, phases=NO_SHRINK))

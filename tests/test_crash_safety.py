@@ -161,7 +161,9 @@ def _regen_killed(tmp_path: Path, extra_s: float) -> None:
     print(f"regen: seed {SEED}, killed={killed} + {extra_s:.2f} s, workers {workers}")
     if killed:
         # Every process started in tmp_path (pool workers, the resource tracker), seen or not.
-        deadline = time.monotonic() + 40  # a worker still importing exits once its init runs
+        # A worker still importing exits once its init runs (die_with_parent); on a loaded
+        # 2-core machine that can take a while: a bound for a hang, not a timing verdict.
+        deadline = time.monotonic() + 120
         while (_in_dir(tmp_path) or any(_alive(w) for w in workers)) and time.monotonic() < deadline:
             time.sleep(0.1)
         left = sorted({*_in_dir(tmp_path), *(w for w in workers if _alive(w))})

@@ -75,15 +75,23 @@ def test_validate_accepts_the_cut_position_confidence_only_below_threshold() -> 
     assert not check(records)
     cut = next(i for i, r in enumerate(records) if r.get("type") == "round"
                and len(r["confidence"]) == len(r["drafts"]) + 1)
+    # Each plant is refused AT the planted record (its line, a confidence field), then the message.
+    line = cut + 1
     bad = [dict(r) for r in records]
     bad[cut] = {**bad[cut], "confidence": [*bad[cut]["confidence"][:-1], 0.9]}
-    assert any("not below the threshold" in e.message for e in check(bad))
+    errs = check(bad)
+    assert [(e.line, e.field.startswith("round.confidence")) for e in errs] == [(line, True)], errs
+    assert "not below the threshold" in errs[0].message
     bad0 = [dict(r) for r in records]
     bad0[0] = {**bad0[0], "params": {**bad0[0]["params"], "confidence_threshold": 0.0}}
-    assert any("no positive params.confidence_threshold" in e.message for e in check(bad0))
+    errs = check(bad0)
+    assert errs and all(e.field.startswith("round.confidence") for e in errs), errs
+    assert any(e.line == line and "no positive params.confidence_threshold" in e.message for e in errs)
     bad2 = [dict(r) for r in records]
     bad2[cut] = {**bad2[cut], "confidence": [*bad2[cut]["confidence"], 0.1]}
-    assert any("at most one per draft plus the cut" in e.message for e in check(bad2))
+    errs = check(bad2)
+    assert [(e.line, e.field.startswith("round.confidence")) for e in errs] == [(line, True)], errs
+    assert "at most one per draft plus the cut" in errs[0].message
 
 
 @pytest.mark.parametrize(("source", "art", "thr"), [("deepspec", "gemma4-deepspec", "0.5"), ("dspark", "gemma4-dspark", "0")])

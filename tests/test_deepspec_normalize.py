@@ -95,6 +95,7 @@ def _planted() -> list[tuple[str, dict[str, Any]]]:
     early["max_tokens"] = 5  # the extra round would start one token past the budget
     early["output_ids"] = early["output_ids"][:5]
     out.append(("a verify round past the budget, not at it", early))
+    out.append(("the last round alone, past the budget", past_budget_log()))
     miscount = budget_log()
     miscount["counters"]["verify_count"] += 1
     out.append(("verify_count counts a round nobody recorded", miscount))
@@ -116,6 +117,33 @@ def _planted() -> list[tuple[str, dict[str, Any]]]:
     short = _log([_round([10, 11, 12], 1, 40, pl=2)], [5, 10, 40], 14)
     out.append(("a proposal length cut without a stop", short))
     return out
+
+
+def past_budget_log() -> dict[str, Any]:
+    """The LAST round starts past the budget, alone: max 4, prefill token + round 0 (4 tokens)
+    = 5 tokens before round 1. DeepSpec's loop (``while start < max_length``) never verifies
+    there, so this is no extra round to discard. The output is within the budget and the
+    counters are consistent, so only the round's start can refuse it."""
+    rounds = [_round([10, 11, 12], 3, 13), _round([14, 15, 16], 0, 20)]
+    return _log(rounds, [5, 10, 11, 12], 4)
+
+
+def test_last_round_past_the_budget_is_refused_not_discarded() -> None:
+    from traces.normalize import _produced_before, deepspec_extra_verify_round
+
+    log = past_budget_log()
+    before = _produced_before(log["rounds"])
+    assert before == [1, 5] and before[-1] > log["max_tokens"]  # last, and past (not at) the budget
+    # A check of "the last round" alone, or of "starts at or past the budget", would discard it.
+    with pytest.raises(NotApplicable, match=r"deepspec round 1 starts after 5 tokens \(budget 4\)"):
+        deepspec_extra_verify_round(log)
+    with pytest.raises(NotApplicable, match="deepspec round 1"):
+        deepspec_log(log)
+    at_budget = copy.deepcopy(log)
+    at_budget["max_tokens"] = 5  # the same round at exactly the budget is the extra round
+    at_budget["output_ids"] = [5, 10, 11, 12, 13]
+    out = deepspec_extra_verify_round(at_budget)
+    assert out["applied"] == ["deepspec-extra-verify-round"] and len(out["discarded_rounds"]) == 1
 
 
 @pytest.mark.parametrize(("why", "log"), _planted(), ids=[w for w, _ in _planted()])

@@ -429,8 +429,6 @@ def test_nan_logits_target_fails_clearly(pair: tuple[Path, Path], tmp_path: Path
 
 def test_validate_refuses_unbounded_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
     from traces import io
 
     monkeypatch.setattr(io, "MAX_LINE_BYTES", 1 << 20)
@@ -438,9 +436,8 @@ def test_validate_refuses_unbounded_input(tmp_path: Path, capsys: pytest.Capture
     big.write_text("[" + ",".join(["12345"] * 900_000) + "]\n")  # ~5 MB on one line
     garbage = tmp_path / "garbage.jsonl"
     garbage.write_text("x\n" * 100_000)
-    t0 = time.monotonic()
+    # no wall-clock bound: the per-test timeout catches a hang; the bounds are asserted below
     rc, out, err = _cli(["trace", "validate", "/dev/zero", big, garbage], capsys)
-    assert time.monotonic() - t0 < 30
     assert rc == 1 and "Traceback" not in out + err
     assert "/dev/zero: file: not a regular file" in out
     assert f"{big}:1: file: line longer than" in out
@@ -983,7 +980,8 @@ RUN_FLAG_VALUES: dict[str, list[str]] = {
     "--prompts-file": ["PROMPTS"], "--temps": ["0,0.5"], "--top-p": ["0.9"], "--top-k": ["3"],
     "--seed": ["4"], "--eos-ids": ["1"], "--truncate": [], "--gammas": ["2"],
     "--max-tokens": ["6"], "--suite": ["SUITE"], "--max-cases": ["1"], "--runners": [""],
-    "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [],
+    "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [], "--chat-template": [],
+    "--kv-bits": ["4"], "--kv-group-size": ["32"], "--quantized-kv-start": ["0"], "--rotating": ["exact"],
 }
 # Flags that act only in a situation the baseline lacks: given with these, the baseline is refused
 # and the flag must make it run.
@@ -1073,9 +1071,11 @@ SUITE_SWEEP = {"nan": "nan", "-1": "-1", "99999999999999999999": "99999999999999
 SUITE_KEY_FLAG: dict[str, str | None] = {
     "gammas": "--gammas", "max_tokens": "--max-tokens", "zoo_prompts": "--prompts",
     "prompts_file": "--prompts-file", "eos_ids": "--eos-ids", "stop_ids": None,
-    "stop_strings": None, "truncate": None, "sampling.temperature": "--temps",
+    "stop_strings": None, "truncate": None, "chat_template": None, "sampling.temperature": "--temps",
     "sampling.top_p": "--top-p", "sampling.top_k": "--top-k", "sampling.seed": "--seed",
     "sampling.processors": None, "target": None, "drafter": None, "sources": None,
+    "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size", "quantized_kv_start": "--quantized-kv-start",
+    "rotating": "--rotating",
 }
 _LIST_KEYS = {"gammas", "eos_ids", "stop_strings", "sources"}
 

@@ -162,7 +162,8 @@ def test_witness_declines_what_it_cannot_replay() -> None:
     sampled[0]["params"]["temperature"] = 0.7
     w = _witness()
     d = diff_traces(plain, Trace.from_records(sampled), level="tokens", witness=w)
-    assert d is not None and d.basis == "eps" and "cannot judge" in d.message
+    assert d is not None and (d.basis, d.witness, w.judged) == ("eps", None, 0), d and d.message
+    assert "cannot judge" in d.message
     other = copy.deepcopy(bad.records())
     other[0]["target"]["weights_sha256"] = "0" * 64
     assert diff_traces(plain, Trace.from_records(other), level="tokens", witness=w).basis == "eps"  # type: ignore[union-attr]
@@ -273,3 +274,103 @@ def test_planted_recurrent_rollback_bug_is_not_replayed(monkeypatch: pytest.Monk
     spec, plain = _trace("engine", case), _trace("engine", case.plain())
     d = diff_traces(spec, plain, level="tokens", witness=_witness())
     assert d is not None and (d.klass, d.basis) == ("logic", "witness"), d and d.message
+
+
+# --- issue 23: the witness on a greedy run with logits processors, and on a drafter flip
+# --- after rejecting rounds ------------------------------------------------------------------
+
+RP = Case("llama", "twin", "rnd-04", 3, 32, processors="rp1.3c64")
+
+
+def test_greedy_run_with_processors_is_replayed_with_its_processors() -> None:
+    """A greedy run with a repetition penalty is judged on ITS path: the penalty applied on the
+    prompt + emitted history, as the engine applies it. Planted at output token 23, where the
+    penalty changed the pick: the correct run's token is reproduced and the planted one is not
+    (logic, naming b). A witness that replayed plain greedy would call the correct run's token
+    unexplained; one that declined left the class to the eps guess."""
+    plain = _trace("engine", RP.plain())
+    assert plain.header["params"]["temperature"] == 0 and plain.header["params"]["logits_processors"]
+    model = load_model(str(case_paths(RP)[0])).model
+    prompt = list(plain.header["prompt"]["token_ids"])
+    j = next(j for j in range(len(plain.output_ids))
+             if serial_path(model, prompt, plain.output_ids[:j]).token != plain.output_ids[j])
+    assert j == 23, j  # the first token the processors changed
+    assert serial_path(model, prompt, plain.output_ids[:j], like=plain).token == plain.output_ids[j]
+    bad = _plant_token(plain, j, (plain.output_ids[j] + 1) % 512)
+    w = _witness()
+    d = diff_traces(plain, bad, level="tokens", witness=w)
+    assert d is not None and d.where == f"output token {j}", d and d.message
+    assert (d.klass, d.basis, d.label) == ("logic", "witness", "logic"), d.message
+    assert d.witness is not None and w.judged == 1
+    paths = d.witness.data["paths"]
+    assert [p["reproduced"] for p in paths[:2]] == [True, False], d.message
+    assert "logits processors applied" in paths[0]["path"], paths[0]
+
+
+@pytest.mark.parametrize("case", [
+    RP,
+    Case("llama", "twin", "nat-00", 3, 32, processors="rp2c64+hlast"),  # the prompt's head matters
+    Case("llama", "twin", "nat-00", 3, 32, processors="fp-3c64"),  # a count: the pending token once
+], ids=lambda c: c.processors)
+def test_processor_history_of_a_spec_run_replays_exactly(case: Case) -> None:
+    """Every target sample of a greedy spec run with logits processors is reproduced on its own
+    path: the history from the whole prompt or its last token (``+hlast``), grown by the
+    emitted tokens, a window's rows seeing the pending token once and then the path's own
+    samples. (A replay starting every history at the whole prompt misses token 10 of the
+    ``+hlast`` run; one that counted the pending token twice misses tokens 5 and 8 of the
+    negative frequency penalty's.)"""
+    from engine.witness import evaluate_path
+    from traces.diff import _token_sites
+
+    model = load_model(str(case_paths(case)[0])).model
+    spec = _trace("engine", case)
+    sites = _token_sites(spec)
+    for site in sites:
+        p = evaluate_path(model, spec, site, "a")
+        assert p.reproduced, (case.case_id, site, p.format())
+    assert len(sites) == 32
+
+
+def _drop(r: dict[str, Any]) -> int:
+    return max(len(r["drafts"]) - int(r["k_accept"]) - 1, 0)
+
+
+def test_drafter_path_reproduces_every_draft_through_rejecting_rounds() -> None:
+    """Every draft of every round, replayed on the drafter's own path with the rollback the
+    contract gives (``trim(max(d - k - 1, 0))``): a replay trimming one too many or too few,
+    or not at all, misses a dozen of these 42 drafts."""
+    from engine.witness import evaluate_draft_path
+    from traces.diff import TokenSite
+
+    spec = _trace("engine", FLIP)
+    drafter = load_model(str(case_paths(FLIP)[1])).model
+    assert sum(_drop(r) > 0 for r in spec.rounds) >= 5  # rounds whose rollback matters
+    n = 0
+    for ev, rec in enumerate(spec.events):
+        for p, tok in enumerate(rec.get("drafts") or []):
+            site = TokenSite(event=ev, record=f"round {rec['index']}", position=p, token=tok, margin=None)
+            got = evaluate_draft_path(drafter, spec, site, "a")
+            assert got.reproduced, (site, got.format(), got.notes)
+            n += 1
+    assert n >= 40, n
+
+
+def test_drafter_flip_after_rejecting_rounds_names_the_planted_run() -> None:
+    """A draft planted in the first round after three rounds whose drafter rollback dropped
+    positions: the good run's drafter path still gives its draft (a wrong replay trim would
+    not: the verdict would name both runs, or the good one), the planted one's does not."""
+    spec = _trace("engine", FLIP)
+    recs = copy.deepcopy(spec.records())
+    rounds = [r for r in recs if r["type"] == "round"]
+    i = next(i for i in range(len(rounds)) if sum(_drop(r) > 0 for r in rounds[:i]) >= 3
+             and rounds[i]["drafts"])
+    r = rounds[i]
+    r["drafts"][0] = (r["drafts"][0] + 1) % 512
+    r["window"] = [r["window"][0], *r["drafts"]]
+    d = diff_traces(spec, Trace.from_records(recs), witness=_witness())
+    assert d is not None and (d.where, d.field) == (f"round {r['index']}", "drafts"), d and d.message
+    assert d.flip is not None and (d.flip.lane, d.flip.a.position) == ("drafter", 0)
+    assert (d.klass, d.basis) == ("logic", "witness"), d.message
+    paths = d.witness.data["paths"]  # type: ignore[union-attr]
+    assert [p["reproduced"] for p in paths] == [True, False], d.message
+    assert f"b round {r['index']} draft 0 drafted {r['drafts'][0]}" in d.message

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,3 +212,126 @@ def test_unavailable_oracle_is_one_clear_reason(tmp_path: Path, monkeypatch: pyt
     assert not (tmp_path / "mlx_lm").exists()
     named = regen(tmp_path, runners=["mlx_lm"], case_glob=CASE.case_id, workers=0, progress=False)
     assert named.exit_code == 1 and [o.status for o in named.outcomes] == ["unavailable"]
+
+
+# --- the regen lock is held at every write (issue 23) ------------------------------------------
+
+
+def test_lock_held_is_the_kernel_lock_of_this_process(tmp_path: Path) -> None:
+    import fcntl
+    import json
+
+    from specparity.outdir import LOCK_NAME, DirLock
+
+    assert not g.lock_held(tmp_path) and not g.lock_held(tmp_path / "absent")
+    with DirLock(tmp_path, "test", flag="--golden-dir", what="golden directory"):
+        assert g.lock_held(tmp_path)
+        g.assert_lock_held(tmp_path, "a golden")
+    assert not g.lock_held(tmp_path)
+    # A stale lock file (its holder died: the flock went with it) is not held.
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": os.getpid()}))
+    assert not g.lock_held(tmp_path)
+    # Held, but by another process (its pid in the file): not ours; save_manifest waits for nobody.
+    fd = os.open(tmp_path / LOCK_NAME, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": 1, "command": "specparity regen"}).encode())
+        assert not g.lock_held(tmp_path)
+        with pytest.raises(g.GoldenLockError, match="without holding the directory's lock"):
+            g.assert_lock_held(tmp_path, "the manifest")
+        from specparity.outdir import Busy
+
+        with pytest.raises(Busy, match="another specparity process"):
+            g.save_manifest({"goldens": {}}, tmp_path)
+        assert not (tmp_path / g.MANIFEST_NAME).exists()
+    finally:
+        os.close(fd)
+
+
+def test_regen_writes_only_under_its_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every golden, manifest and journal write of a real regen happens with the lock held
+    (seen from outside, at the writers), and the lock is gone afterwards."""
+    import traces.io
+
+    d = tmp_path / "g"
+    seen: list[tuple[str, bool]] = []
+    real_text, real_trace = g.atomic_write_text, traces.io.write_trace
+
+    def text(path: Path, s: str) -> None:
+        seen.append((Path(path).name, g.lock_held(d)))
+        real_text(path, s)
+
+    def trace(path: Any, records: Any, **kw: Any) -> Any:
+        seen.append((Path(path).name, g.lock_held(d)))
+        return real_trace(path, records, **kw)
+
+    monkeypatch.setattr(g, "atomic_write_text", text)
+    monkeypatch.setattr(traces.io, "write_trace", trace)
+    res = regen(d, runners=["engine"], case_glob=CASE.case_id, workers=0, progress=False)
+    assert res.exit_code == 0 and [o.status for o in res.outcomes] == ["new"], res.outcomes
+    names = [n for n, _ in seen]
+    assert {g.MANIFEST_NAME, ".regen-journal.json"} <= set(names), names
+    assert any(n.endswith(".jsonl") for n in names), names
+    assert all(held for _, held in seen), seen
+    assert not g.lock_held(d)
+
+
+def test_planted_regen_without_its_lock_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant: regen's lock taken away (a write path outside the lock). Caught before any write."""
+    import contextlib
+
+    import specparity.outdir
+
+    monkeypatch.setattr(specparity.outdir, "lock_dir", lambda *a, **k: contextlib.nullcontext())
+    d = tmp_path / "g"
+    d.mkdir()
+    with pytest.raises(g.GoldenLockError, match="without holding the directory's lock"):
+        regen(d, runners=["engine"], case_glob=CASE.case_id, workers=0, progress=False)
+    assert list(d.iterdir()) == []
+
+
+@pytest.mark.parametrize("writer", ["golden", "manifest", "journal"])
+def test_planted_write_after_the_lock_is_released_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str
+) -> None:
+    """Plant: the lock released just before one of regen's writes (as if that write ran after
+    the ``with`` block, e.g. a late pool result). Each write path refuses before writing."""
+    import traces.io
+    from specparity import regen as regen_mod
+    from specparity.outdir import DirLock
+
+    held: list[DirLock] = []
+    real_acquire = DirLock.acquire
+
+    def acquire(self: DirLock) -> DirLock:
+        held.append(self)
+        return real_acquire(self)
+
+    monkeypatch.setattr(DirLock, "acquire", acquire)
+
+    def release() -> None:
+        for lock in held:
+            lock.release()
+
+    if writer == "golden":  # released in _apply, before the golden file is written
+        real = traces.io.Trace.from_records
+
+        def from_records(cls: Any, records: Any, *a: Any, **k: Any) -> Any:
+            if sys._getframe(1).f_code.co_name == "_apply":
+                release()
+            return real(records, *a, **k)
+
+        monkeypatch.setattr(traces.io.Trace, "from_records", classmethod(from_records))
+    elif writer == "manifest":  # released after the golden, before its manifest entry is saved
+        real_entry = g.manifest_entry
+        monkeypatch.setattr(g, "manifest_entry", lambda *a: (release(), real_entry(*a))[1])
+    else:  # released before the journal's first write
+        real_select = regen_mod.select
+        monkeypatch.setattr(regen_mod, "select", lambda *a: (release(), real_select(*a))[1])
+    d = tmp_path / "g"
+    with pytest.raises(g.GoldenLockError, match="without holding the directory's lock"):
+        regen(d, runners=["engine"], case_glob=CASE.case_id, workers=0, progress=False)
+    assert not (d / g.MANIFEST_NAME).exists()
+    written = sorted(p.name for p in d.rglob("*.jsonl"))
+    assert written == ([] if writer != "manifest" else [Path(g.golden_path(d, KEY_E)).name]), written

@@ -109,7 +109,11 @@ def test_every_runner_is_declared_consistently() -> None:
 CASE_FIELDS = {
     "target", "drafter", "prompt_id", "gamma", "max_tokens", "seed", "source", "target_path",
     "draft_path", "prompt_tokens",  # what every runner takes (seed: with sampling)
+    # the engine's rollback of rotating caches: every reference's own loop is the reference for
+    # either mode (the output must equal plain decode in both), so no runner refuses it
+    "rotating",
     "temperature", "top_p", "top_k", "eos_ids", "stop_sequences", "processors",  # OPTIONS
+    "kv_bits", "kv_group_size", "quantized_kv_start",  # OPTIONS["kv_cache"]
 }
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,31 +16,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SMALL = dict(n_prompts=8, max_tokens=8, allow_small=True)
 
 
-def _slow_arm(monkeypatch: pytest.MonkeyPatch, slow_index: int, delay_s: float = 0.01) -> None:
-    """Plant a slower arm: the ``slow_index``-th provider run_ab builds (0 = A, 1 = B) sleeps per draft."""
-    from engine.sources import two_model
+class Timings:
+    """An injected timing source (``run_ab(timing=...)``): arm A takes 1 s per generated token,
+    arm B ``factors[i]`` s per token on prompt ``i``; records every call (never the warm-up)."""
 
-    made: list[Any] = []
+    def __init__(self, factors: list[float]) -> None:
+        self.factors = factors
+        self.calls: list[tuple[str, int]] = []
 
-    class Provider(two_model.TwoModelProvider):
-        def __init__(self, *a: Any, **k: Any) -> None:
-            super().__init__(*a, **k)
-            self.slow = len(made) == slow_index
-            made.append(self)
-
-        def open(self, sampler: Any, target: Any) -> Any:
-            src = super().open(sampler, target)
-            if self.slow:
-                inner = src.draft
-
-                def draft(*a: Any, **k: Any) -> list[int]:
-                    time.sleep(delay_s)
-                    return inner(*a, **k)
-
-                src.draft = draft  # type: ignore[method-assign]
-            return src
-
-    monkeypatch.setattr(two_model, "TwoModelProvider", Provider)
+    def __call__(self, arm: str, i: int, res: Any) -> float:
+        self.calls.append((arm, i))
+        per_token = 1.0 if arm == "A" else self.factors[i]
+        return per_token * res.usage.generation_tokens
 
 
 def test_accepted_flags_and_prefix() -> None:
@@ -61,19 +47,48 @@ def test_planted_regression_is_drop() -> None:
     assert res["arms"][0]["acceptance"] == 1.0
 
 
-def test_tie_with_planted_slower_b_fails_on_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    _slow_arm(monkeypatch, slow_index=1)
-    res = run_ab("llama", "twin", "twin", **SMALL)
+def _tie(factors: list[float]) -> dict[str, Any]:
+    """twin vs twin (no acceptance drop), B's time per token on prompt i = factors[i] x A's."""
+    t = Timings(factors)
+    res = run_ab("llama", "twin", "twin", timing=t, **SMALL)
+    assert sorted(t.calls) == sorted((a, i) for a in "AB" for i in range(8)), t.calls  # no warm-up
+    assert res["per_prompt_time_ratio_b_over_a"] == pytest.approx(factors)
     v = res["verdict"]
     assert v["acceptance"]["verdict"] == "no drop" and v["acceptance"]["drop_pts"] == 0, v
-    assert not v["passes"] and "SLOWER" in v["reasons"][1], v["reasons"]
+    return res
 
 
-def test_tie_with_faster_b_passes(monkeypatch: pytest.MonkeyPatch) -> None:
-    _slow_arm(monkeypatch, slow_index=0)
-    res = run_ab("llama", "twin", "twin", **SMALL)
-    assert res["verdict"]["passes"], res["verdict"]["reasons"]
+def test_tie_with_slower_b_fails_on_injected_timings() -> None:
+    # A harness that took A/B instead of B/A would call this B faster and PASS.
+    res = _tie([1.3, 1.25, 1.31, 1.28, 1.27, 1.35, 1.29, 1.3])
+    v = res["verdict"]
+    assert (v["verdict"], v["passes"], v["wall_clock"]) == ("FAIL", False, "slower"), v
+    assert res["ratios"]["wall_time_b_over_a"]["low"] > 1
+    assert "SLOWER" in v["reasons"][1], v["reasons"]
+
+
+def test_tie_with_faster_b_passes_on_injected_timings() -> None:
+    res = _tie([0.7, 0.72, 0.69, 0.75, 0.71, 0.7, 0.73, 0.68])
+    v = res["verdict"]
+    assert (v["verdict"], v["passes"], v["wall_clock"]) == ("PASS", True, "faster"), v
     assert res["ratios"]["wall_time_b_over_a"]["high"] < 1
+    assert res["arms"][0]["wall_s"] == res["arms"][0]["tokens"]  # 1 s per token: the injected clock
+
+
+def test_median_below_one_whose_interval_straddles_one_fails() -> None:
+    """Median 0.87, mean 0.89, 5 of 8 prompts faster, interval [0.70, 1.10]: a gate on the median,
+    the mean, the lower bound or a majority would PASS; §4.5 wants the whole interval below 1."""
+    res = _tie([0.62, 0.7, 0.78, 0.84, 0.9, 1.04, 1.1, 1.16])
+    w = res["ratios"]["wall_time_b_over_a"]
+    assert w["median"] < 1 and w["low"] < 1 < w["high"], w
+    v = res["verdict"]
+    assert (v["verdict"], v["passes"], v["wall_clock"]) == ("FAIL", False, "straddles"), v
+    assert "straddles" in v["reasons"][1], v["reasons"]
+
+
+def test_timing_source_must_give_seconds() -> None:
+    with pytest.raises(ValueError, match="timing of arm A prompt 0: 0.0 is not a finite number"):
+        run_ab("llama", "twin", "twin", timing=lambda arm, i, res: 0.0, **SMALL)
 
 
 def test_cli_ab_writes_and_refuses_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -113,14 +113,27 @@ def test_ab_verdict_paths() -> None:
     faster = median_ratio([0.7, 0.72, 0.69, 0.75, 0.71, 0.7, 0.73, 0.68])
     slower = median_ratio([1.3, 1.25, 1.31, 1.28, 1.27, 1.35, 1.29, 1.3])
     straddle = median_ratio([0.8, 1.2, 0.9, 1.1, 1.0, 0.85, 1.15, 1.05])
-    assert ab_verdict(ok_acc, faster).passes
+    v = ab_verdict(ok_acc, faster)
+    assert (v.label, v.wall_clock) == ("PASS", "faster"), v.reasons
     v = ab_verdict(ok_acc, slower)
-    assert not v.passes and "SLOWER" in v.reasons[1], v.reasons
+    assert (v.label, v.wall_clock) == ("FAIL", "slower") and "SLOWER" in v.reasons[1], v.reasons
     v = ab_verdict(ok_acc, straddle)
-    assert not v.passes and "straddles" in v.reasons[1], v.reasons
+    assert (v.label, v.wall_clock) == ("FAIL", "straddles") and "straddles" in v.reasons[1], v.reasons
     v = ab_verdict(bad_acc, faster)
-    assert not v.passes and "DROP" in v.reasons[0], v.reasons
-    assert v.to_dict()["verdict"] == "FAIL"
+    assert (v.label, v.wall_clock, v.acceptance.verdict) == ("FAIL", "faster", "drop"), v.reasons
+    assert "DROP" in v.reasons[0], v.reasons
+    assert v.to_dict()["verdict"] == "FAIL" and v.to_dict()["wall_clock"] == "faster"
+
+
+def test_ab_verdict_median_below_one_interval_straddling_one_is_fail() -> None:
+    """Median 0.87 and mean 0.89 below 1, 5 of 8 ratios below 1, interval [0.70, 1.10]: a gate on
+    the median, the mean, the lower bound or the majority says PASS; the whole interval must lie
+    below 1 (§4.5), so the verdict is FAIL, "straddles"."""
+    ok_acc = paired_drop(*_outcomes(200, 0, 0, 200))
+    w = median_ratio([0.62, 0.7, 0.78, 0.84, 0.9, 1.04, 1.1, 1.16])
+    assert w.median < 1 and w.low < 1 < w.high and not w.below(1.0) and not w.above(1.0), w
+    v = ab_verdict(ok_acc, w)
+    assert (v.passes, v.label, v.wall_clock) == (False, "FAIL", "straddles"), v.reasons
 
 
 # ------------------------------------------- one-sided vs two-sided at the boundary

@@ -199,7 +199,7 @@ def test_target_rollback_is_physically_the_kept_only_update(size: int) -> None:
 
 
 def test_audit_rotating_exact_names_the_round_of_a_planted_restore_bug(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from specparity.cli import main
 
@@ -212,9 +212,16 @@ def test_audit_rotating_exact_names_the_round_of_a_planted_restore_bug(
         real(self, keep)
 
     monkeypatch.setattr(RingRound, "rollback", offset_not_restored)
-    rc = main(["audit", "--targets", "gemma3", "--prompts", "1", "--max-tokens", "48", "--rotating", "exact"])
+    import json
+
+    out = tmp_path / "audit.json"
+    rc = main(["audit", "--targets", "gemma3", "--prompts", "1", "--max-tokens", "48", "--rotating", "exact",
+               "--json", str(out)])
     err = capsys.readouterr().err
     assert rc == 1, err
+    fig = json.loads(out.read_text())["targets"][0]
+    assert fig["rollback"]["error"] > 0, fig["rollback"]  # the verdict, then where
+    assert " round 1 (k_accept" in f" {fig['rollback_errors'][0]}", fig["rollback_errors"][:2]
     first = err.split("rollback errors", 1)[-1].strip().splitlines()[1]
     assert "round 1 (k_accept" in first and "layer 0 meta: offset" in first, err
 
@@ -249,3 +256,50 @@ def test_keep_prefix_rings_keep_the_guard(monkeypatch: pytest.MonkeyPatch) -> No
                            GenerationParams(max_tokens=64, eos_ids=(), rotating="exact"), target_caches=caches())
     assert not [r for r in forced.records if r["type"] == "plain"]
     assert forced.output_ids != plain.output_ids
+
+
+def _restore_to_start(c: Any, writes: int, rollback: Any) -> None:
+    """A round of ``writes`` single-token in-place writes into the full ring, then ``rollback(ring, 0)``."""
+    ring = RingRound(c)
+    ring.begin()
+    for i in range(writes):
+        c.update_and_fetch(*_kv(1, 50 + i))
+    ring.end()
+    assert len(ring.saved) == writes  # every write overwrote a slot of the incoming buffer
+    rollback(ring, 0)
+
+
+@pytest.mark.parametrize("writes", [1, 2, 3, 5])  # 5 > max_size: a slot overwritten twice
+def test_round_restored_to_its_start_is_physically_the_incoming_cache(writes: int) -> None:
+    """``rollback(0)`` (the two-model drafter's replay mode: the model re-feeds afterwards)
+    writes EVERY saved slot back; the re-feed's first write would hide a missing first slot,
+    so this is checked on the cache right after the rollback, buffers and indices."""
+    from engine.audit import clone_caches
+
+    c = RotatingKVCache(max_size=4)
+    c.update_and_fetch(*_kv(6, 1))  # past the wrap: in-place writes overwrite live slots
+    c.update_and_fetch(*_kv(1, 2))
+    mx.eval(c.keys, c.values)
+    ref = clone_caches([c])[0]
+    _restore_to_start(c, writes, RingRound.rollback)
+    assert _physical(c) == _physical(ref)
+
+
+@pytest.mark.parametrize(("plant", "writes"), [("oldest", 1), ("oldest", 3), ("oldest", 5),
+                                               ("newest", 1), ("newest", 3)])
+def test_restore_one_saved_slot_short_is_caught(plant: str, writes: int) -> None:
+    """(With 5 writes into a ring of 4 the newest saved copy is of a slot the oldest one restores
+    anyway: dropping it changes nothing, so it is not a plant there.)"""
+    from engine.audit import clone_caches
+
+    def short(ring: RingRound, keep: int) -> None:
+        ring.saved = ring.saved[1:] if plant == "oldest" else ring.saved[:-1]
+        RingRound.rollback(ring, keep)
+
+    c = RotatingKVCache(max_size=4)
+    c.update_and_fetch(*_kv(6, 1))
+    c.update_and_fetch(*_kv(1, 2))
+    mx.eval(c.keys, c.values)
+    ref = clone_caches([c])[0]
+    _restore_to_start(c, writes, short)
+    assert _physical(c) != _physical(ref), f"{plant} saved slot not written back went unnoticed"

@@ -62,6 +62,10 @@ class Fake:
         full = _seq(case.prompt_id, case.max_tokens + 20)
         if bug == "flip":
             full[3] = full[3] + 100
+        if bug == "flip-last":  # the budget's last token
+            full[case.max_tokens - 1] += 100
+        if bug == "flip-last-short":  # one token short of plain, its own last token wrong
+            full[case.max_tokens - 2] += 100
         stream: list[int] = []
         rounds: list[RoundReport] = []
         finish = "length"
@@ -92,6 +96,8 @@ class Fake:
             if ended:
                 finish = "stop"
                 break
+        if bug == "flip-last-short":
+            stream, finish = stream[: case.max_tokens - 1], "stop"
         if bug == "wrong-finish":
             finish = "stop"
         gen_tokens = len(stream) + (1 if finish == "stop" and case.eos_ids != () else 0)
@@ -114,26 +120,49 @@ def test_faithful_fake_passes_every_check() -> None:
         assert res.status == "pass", res
 
 
-@pytest.mark.parametrize("bug,check,needle", [
-    ("flip", check_identity, "output token 3"),
-    ("overrun", check_budget, "tokens emitted"),
-    ("wrong-finish", check_budget, "finish_reason"),
-    ("emit-eos", check_eos, "emitted as the final token"),
-    ("past-eos", check_eos, "output differs"),
-    ("eos-twice", check_eos, "counted more than once"),
-    ("ignore-stop", check_stop, "stop id"),
+@pytest.mark.parametrize("bug,check,needle,div", [
+    ("flip", check_identity, "output token 3", {"index": 3, "subject": 140, "expected": 40}),
+    ("flip-last", check_identity, "output token 23", {"index": 23}),
+    ("flip-last-short", check_identity, "output token 22", {"index": 22}),
+    ("overrun", check_budget, "tokens emitted", {"index": 1, "subject": 2, "expected": 1}),
+    ("wrong-finish", check_budget, "finish_reason", {"subject": "stop", "expected": "length"}),
+    ("emit-eos", check_eos, "emitted as the final token", {"index": 3, "subject": 40, "expected": None}),
+    ("past-eos", check_eos, "output differs", {"index": 3, "subject": 24, "expected": 3}),
+    ("eos-twice", check_eos, "counted more than once", {"subject": 6, "expected": 4}),
+    ("ignore-stop", check_stop, "stop id", {"index": 6, "subject": 24, "expected": 6}),
 ])
-def test_planted_bug_is_caught(bug: str, check: Callable, needle: str) -> None:
+def test_planted_bug_is_caught(bug: str, check: Callable, needle: str, div: dict) -> None:
+    """The verdict (fail), the first divergent token and both values, then the message."""
     res = check(Fake(bug), plain, CASES)
     assert res.status == "fail", res
+    assert res.divergence is not None and {k: res.divergence.get(k) for k in div} == div, res.divergence
+    assert res.case is not None and SubjectCase.from_id(res.case).prompt_id == "a", res.case
     assert needle in res.detail, res.detail
-    assert res.case is not None and SubjectCase.from_id(res.case).prompt_id in ("a", "b")
+
+
+def test_identity_divergence_at_the_last_token() -> None:
+    """Each prompt's last token, alone, differs: the check must look at every token both
+    produced (a range that stops one short, or a prefix check by length, passes this)."""
+    for case in CASES:
+        ref = plain(case)
+
+        def last_wrong(c: SubjectCase, ref: list[int] = ref) -> SubjectRun:
+            return SubjectRun(stream=[*ref[:-1], ref[-1] + 100], finish_reason="length", hooks=["fake"])
+
+        res = check_identity(last_wrong, plain, [case])
+        assert (res.status, res.case) == ("fail", case.case_id), res
+        assert res.divergence == {"index": len(ref) - 1, "subject": ref[-1] + 100, "expected": ref[-1]}
+        same = check_identity(lambda c, ref=ref: SubjectRun(stream=list(ref), finish_reason="length",
+                                                          hooks=["fake"]), plain, [case])
+        assert same.status == "pass", same
 
 
 @pytest.mark.parametrize("bug,needle", [("counter-off", "committed"), ("accept-gt-draft", "outside 0..drafted")])
 def test_planted_counter_bugs(bug: str, needle: str) -> None:
     res = check_counters(Fake(bug), CASES)
-    assert res.status == "fail" and needle in res.detail, res
+    assert (res.status, res.case) == ("fail", CASES[0].case_id), res
+    assert res.divergence is not None and res.divergence["problems"][0].startswith("round 0: "), res
+    assert needle in res.detail, res
 
 
 def test_mlx_lm_round_difference_is_caught() -> None:
@@ -143,15 +172,18 @@ def test_mlx_lm_round_difference_is_caught() -> None:
                      rounds=[RoundReport(2, 2, 3, drafts=[5, 6]), RoundReport(2, 0, 1, drafts=[9, 9])])
     ref_rounds = [([5, 6], 2, [5, 6, 7]), ([8, 3], 1, [8])]
     res = check_mlx_lm(lambda c: run, lambda c: [5, 6, 7, 8], [case], rounds=lambda c: ref_rounds)
-    assert res.status == "fail" and "round 1 drafts: subject [9, 9] vs mlx-lm [8, 3]" in res.detail
+    assert res.status == "fail" and res.divergence == {"index": 1, "subject": [9, 9], "expected": [8, 3]}
+    assert "round 1 drafts: subject [9, 9] vs mlx-lm [8, 3]" in res.detail
     same = [([5, 6], 2, [5, 6, 7]), ([9, 9], 0, [8])]
     ok = check_mlx_lm(lambda c: run, lambda c: [5, 6, 7, 8], [case], rounds=lambda c: same)
     assert ok.status == "pass" and "round for round" in ok.detail
 
 
 def test_mlx_lm_difference_is_caught() -> None:
-    res = check_mlx_lm(Fake(), lambda c: plain(c)[:-1] + [999], CASES)
-    assert res.status == "fail" and "vs mlx-lm 999" in res.detail
+    res = check_mlx_lm(Fake(), lambda c: plain(c)[:-1] + [999], CASES)  # the last token only
+    assert res.status == "fail" and res.divergence is not None, res
+    assert (res.divergence["index"], res.divergence["expected"]) == (23, 999), res.divergence
+    assert "vs mlx-lm 999" in res.detail
     assert check_mlx_lm(Fake(), None, CASES).status == "unsupported"
 
 

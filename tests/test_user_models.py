@@ -157,7 +157,11 @@ def test_grade_catches_a_planted_engine_bug_and_a_model_mismatch(models, tmp_pat
     (bad / src.name).write_text("".join(json.dumps(r) + "\n" for r in recs))
     res = grade(bad, tmp_path / "g1", progress=False)
     failing = [c for c in res.comparisons if c.fails]
-    assert failing and "round 0" in (failing[0].message or "")
+    assert failing, [(c.kind, c.verdict) for c in res.comparisons]
+    div = failing[0].divergence
+    assert div is not None and (div.where, div.klass) == ("round 0", "logic"), failing[0].message
+    assert div.field in ("feed", "drafts") and failing[0].verdict == "logic", div.message
+    assert "round 0" in (failing[0].message or "")
     # a header whose weights digest names another model is refused in one line
     recs = [json.loads(x) for x in src.read_text().splitlines()]
     recs[0]["target"]["weights_sha256"] = "0" * 64

@@ -4,13 +4,19 @@ The policy every caller uses (the main job, the conformance suite, the golden
 comparison), so a reference bug is classified the same way everywhere:
 
 1. If the engine stopped speculating (a ``plain`` record with reason
-   ``ring-wrap``/``no-rollback``), the rounds BEFORE that point are compared
+   ``ring-wrap``/``no-rollback``/``quantized-kv``), the rounds BEFORE that point are compared
    round for round (they must be identical) and the whole run at the token
    level; otherwise the whole traces are compared round for round.
 2. A divergence that matches an entry of ``traces/known_divergences.toml``
    (runner, target family, and the entry's signature — e.g. the first
-   divergent output token lies after the engine's ring-wrap point) is
+   divergence lies at or after the engine's ring-wrap point) is
    ``known`` with that entry's id; any other divergence is ``divergent``.
+   The ring-wrap point is the guard's fallback (``--rotating guard``) or, for
+   a trace that speculates past the wrap (``params.rotating`` ``exact``), the
+   first round whose window could reach ``params.sliding_window`` — the same
+   round the guard would have stopped at. The quantized-KV point is the first
+   round whose window could reach ``params.quantized_kv_start`` (where mlx-lm
+   converts its caches on an offset that counts the window's drafts).
 3. A token-level flip after the engine's fallback that the numerics witness
    attributes to arithmetic (the engine decodes plainly there, the reference
    still verifies in windows: different arithmetic paths by design, §2.1) is
@@ -32,7 +38,7 @@ from traces.diff import Divergence, Witness, diff_traces
 from traces.io import Trace
 
 KNOWN_FILE = Path(__file__).with_name("known_divergences.toml")
-FALLBACK_REASONS = ("ring-wrap", "no-rollback")
+FALLBACK_REASONS = ("ring-wrap", "no-rollback", "quantized-kv")
 
 
 class ReferenceRefused(RuntimeError):
@@ -119,6 +125,75 @@ def fallback_point(trace: Trace) -> tuple[int, int] | None:
     return None
 
 
+def fallback_reason(trace: Trace) -> str | None:
+    """The reason of the engine's first fallback plain step (None: it never fell back)."""
+    return next((ev.get("reason") for ev in trace.events
+                 if ev["type"] == "plain" and ev.get("reason") in FALLBACK_REASONS), None)
+
+
+def _round_points(trace: Trace) -> list[tuple[int, int, int]]:
+    """``(target offset before, output tokens before, window reach)`` of every round.
+
+    The target's committed offset is the prefill's plus ``k_accept + 1`` per round; the
+    reach is the offset after a window of ``min(gamma, tokens left) + 1`` positions,
+    the window the round could have (the guards' ``offset + n + 1``).
+    """
+    p = trace.header.get("params") or {}
+    gamma, budget = int(p.get("gamma") or 0), int(p.get("max_tokens") or 0)
+    offset = len(trace.prefill["target_tokens"]) if trace.prefill is not None else 0
+    emitted = 0
+    out = []
+    for ev in trace.events:
+        if ev["type"] == "round":
+            out.append((offset, emitted, offset + min(gamma, budget - emitted) + 1))
+            offset += int(ev["k_accept"]) + 1
+        emitted += len(ev["emitted"])
+    return out
+
+
+def _first_round_reaching(trace: Trace, limit: int) -> tuple[int, int] | None:
+    for r, (_, emitted, reach) in enumerate(_round_points(trace)):
+        if reach >= limit:
+            return r, emitted
+    return None
+
+
+def wrap_point(trace: Trace) -> tuple[int, int] | None:
+    """``(rounds before, output tokens before)`` the engine's ring-wrap point (module doc)."""
+    if fallback_reason(trace) == "ring-wrap":
+        return fallback_point(trace)
+    p = trace.header.get("params") or {}
+    if p.get("rotating") != "exact" or not p.get("sliding_window"):
+        return None
+    return _first_round_reaching(trace, int(p["sliding_window"]))
+
+
+def kv_quantization_point(trace: Trace) -> tuple[int, int] | None:
+    """``(rounds before, output tokens before)`` the first round whose window could reach
+    ``quantized_kv_start`` (None: no ``kv_bits``, or the prefill already converted)."""
+    p = trace.header.get("params") or {}
+    if p.get("kv_bits") is None:
+        return None
+    start = int(p.get("quantized_kv_start", 5000))
+    points = _round_points(trace)
+    if points and points[0][0] >= start and points[0][0] > 0:
+        return None  # converted after the prefill, in both
+    if fallback_reason(trace) == "quantized-kv":
+        return fallback_point(trace)
+    return _first_round_reaching(trace, start)
+
+
+def _at_or_after(div: Divergence, point: tuple[int, int] | None, engine: Trace, ref: Trace) -> bool:
+    """Whether the first divergence lies at or after ``point`` (round index or output token)."""
+    if point is None:
+        return False
+    where = div.where.split()
+    if where[0] == "round" and len(where) == 2 and where[1].isdigit():
+        return int(where[1]) >= point[0]
+    first = _first_output_divergence(engine, ref)
+    return first is not None and first >= point[1]
+
+
 def _prefix(trace: Trace, n_rounds: int, footer: dict[str, Any]) -> Trace:
     records = [trace.header]
     if trace.prefill is not None:
@@ -138,16 +213,18 @@ def _first_output_divergence(a: Trace, b: Trace) -> int | None:
 
 def _match_divergence(engine: Trace, ref: Trace, runner: str, div: Divergence) -> KnownEntry | None:
     target = _target(engine)
-    point = fallback_point(engine)
     for e in known_entries():
         if e.kind != "divergence" or e.runner != runner or not applies_to(e, target):
             continue
         if e.klass is not None and div.klass != e.klass:
             continue
-        if e.signature == "after-ring-wrap":
-            first = _first_output_divergence(engine, ref)
-            if point is None or first is None or first < point[1]:
-                continue
+        if e.signature == "after-ring-wrap" and not _at_or_after(div, wrap_point(engine), engine, ref):
+            continue
+        if e.signature == "after-kv-quantization" and not _at_or_after(
+                div, kv_quantization_point(engine), engine, ref):
+            continue
+        if e.signature not in (None, "after-ring-wrap", "after-kv-quantization"):
+            continue  # a signature this code does not know never excuses anything
         return e
     return None
 
@@ -167,6 +244,10 @@ def compare_with_reference(
     if point is None:
         div = diff_traces(engine, ref, level="round", **kw)
         detail = "round for round"
+    elif point[0] == 0 and fallback_reason(engine) in ("quantized-kv", "no-rollback"):
+        # The engine never opened speculation (no drafter prefill): only the tokens compare.
+        div = diff_traces(engine, ref, level="tokens", **kw)
+        detail = f"tokens (the engine did not speculate: {fallback_reason(engine)})"
     else:
         n_rounds = point[0]
         footer = engine.footer

@@ -85,12 +85,18 @@ class Prompt:
 TRAINED_TARGET = "llama-trained"
 TRAINED_DRAFTER = "trained"
 
+# The quantized-KV pair (zoo/build.py KV_TARGET): head dim 32, so mx.quantize can group its
+# KV (the other zoo models have head dim 16). Not in TARGETS: the run's zoo matrix adds
+# two quantized-KV cases on it (specparity.run.zoo_cases), nothing else.
+KV_TARGET = "llama-kv"
+KV_PAIR = (KV_TARGET, f"{KV_TARGET}-twin")
+
 
 def model_names() -> tuple[str, ...]:
     """All model names: the seeded ones (``llama``, ``llama-twin``, ...) and the trained pair."""
     from zoo.train import PAIR
 
-    return tuple(n for t in TARGETS for n in (t, f"{t}-twin", f"{t}-small")) + PAIR
+    return tuple(n for t in TARGETS for n in (t, f"{t}-twin", f"{t}-small")) + KV_PAIR + PAIR
 
 
 def model_name(target: str, drafter: str) -> str:
@@ -101,6 +107,10 @@ def model_name(target: str, drafter: str) -> str:
         if drafter not in ("self", TRAINED_DRAFTER):
             raise ValueError(f"the trained target pairs with 'self' or {TRAINED_DRAFTER!r}, not {drafter!r}")
         return target if drafter == "self" else DRAFTER_NAME
+    if target == KV_TARGET:
+        if drafter not in ("self", "twin"):
+            raise ValueError(f"the {KV_TARGET} target pairs with 'self' or 'twin', not {drafter!r}")
+        return target if drafter == "self" else f"{target}-twin"
     if target not in TARGETS:
         raise ValueError(f"unknown zoo target {target!r}; valid: {', '.join(TARGETS)}")
     if drafter not in DRAFTERS:

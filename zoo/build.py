@@ -140,6 +140,19 @@ for _arch, _seed in ARCH_SEEDS.items():
         name=f"{_name}-small", arch=_arch, seed=_seed + 500, **_small, **_INIT
     )
 
+# The quantized-KV pair: mx.quantize groups KV along the head dim in 32, 64 or 128, so the
+# zoo's head dim 16 cannot be quantized; this llama has head dim 32 (2 heads, 1 KV head).
+KV_TARGET = "llama-kv"
+_KV_DIMS: dict[str, Any] = dict(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+)  # fmt: skip
+RECIPES[KV_TARGET] = Recipe(name=KV_TARGET, arch="llama", seed=1101, **_KV_DIMS, **_INIT)
+RECIPES[f"{KV_TARGET}-twin"] = Recipe(
+    name=f"{KV_TARGET}-twin", arch="llama", seed=1101, **_KV_DIMS, **_INIT,
+    base=KV_TARGET, noise_scale=TWIN_NOISE["llama"], noise_seed=1108,
+)  # fmt: skip
+
 MODEL_NAMES: tuple[str, ...] = tuple(RECIPES)
 
 

@@ -65,6 +65,9 @@ class NgramSource:
         # After an all-accept round the feed's head is the last accepted draft.
         self._skip = 0
 
+    def set_kv_quantization(self, q: Any) -> None:
+        """Quantized KV (executor hook): model-free, nothing to convert."""
+
     def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
         self.history = list(prompt_ids)
         self._skip = 0

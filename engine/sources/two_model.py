@@ -4,8 +4,10 @@ Mirrors mlx-lm 0.32.2 ``mlx_lm/generate.py`` ``speculative_generate_step``:
 ``_prefill`` (drain to ``len - 1`` in ``prefill_step_size`` chunks),
 ``_draft_generate`` (one ``_step`` per draft token, ``logits[:, -1:, :]``
 sampled with the REQUEST sampler) and ``_rewind_cache`` (draft cache trimmed by
-``max(d - k - 1, 0)``). Roster row ``two-model`` of §3: a tokenizer/vocab
-mismatch is refused at open time (upstream silently accepts ~0 %).
+``max(d - k - 1, 0)``). Roster row ``two-model`` of §3: a drafter whose ids
+could mean other tokens than the target's is refused at open time (upstream
+silently accepts ~0 %); a padded vocabulary with the target's tokenizer is
+accepted as upstream runs it (:func:`check_compatible`).
 
 Drafters whose caches mlx-lm cannot trim (§2 "Cache rollback contract"):
 
@@ -43,7 +45,7 @@ KIND = "two-model"
 
 
 class VocabMismatchError(ValueError):
-    """The drafter does not share the target's tokenizer/vocabulary."""
+    """The drafter's ids could mean other tokens than the target's."""
 
 
 def _vocab(tokenizer: Any) -> dict[str, int] | None:
@@ -59,23 +61,53 @@ def _out_dim(model: Any) -> int | None:
     return getattr(args, "vocab_size", None)
 
 
+def _by_id(vocab: dict[str, int]) -> dict[int, str]:
+    return {int(i): t for t, i in vocab.items()}
+
+
 def check_compatible(target: Any, draft: Any, target_tok: Any = None, draft_tok: Any = None) -> None:
-    """Refuse a drafter whose vocabulary differs from the target's."""
+    """Refuse a drafter whose ids could mean other tokens than the target's.
+
+    Each model can emit (and is fed) any id below its ``vocab_size`` (its
+    embedding rows). A padded vocabulary — embedding rows past the tokenizer,
+    as real Qwen pairs have (0.5B: 151936 rows, 7B: 152064, one tokenizer) —
+    is accepted when the two tokenizers map every id below the smaller
+    ``vocab_size`` to the same token, and no id the larger model alone has is a
+    token of either tokenizer (it is padding: no token, never trained). mlx-lm
+    0.32.2 ``speculative_generate_step`` runs such pairs (it checks nothing).
+    Without both tokenizers only equal ``vocab_size`` can be accepted.
+    """
     tv, dv = _out_dim(target), _out_dim(draft)
-    if tv is not None and dv is not None and tv != dv:
-        raise VocabMismatchError(
-            f"two-model: drafter vocab_size {dv} != target vocab_size {tv}; "
-            "the drafter must use the target's tokenizer"
-        )
     a, b = _vocab(target_tok), _vocab(draft_tok)
-    if a is not None and b is not None and a != b:
-        only_t = sorted(set(a) - set(b))[:5]
-        only_d = sorted(set(b) - set(a))[:5]
-        diff = [t for t in set(a) & set(b) if a[t] != b[t]][:5]
-        raise VocabMismatchError(
-            "two-model: drafter tokenizer differs from the target's "
-            f"(target-only tokens {only_t}, drafter-only {only_d}, different ids {diff})"
-        )
+    if a is None or b is None:
+        if tv is not None and dv is not None and tv != dv:
+            raise VocabMismatchError(
+                f"two-model: drafter vocab_size {dv} != target vocab_size {tv} and no tokenizers "
+                "to compare; a padded vocabulary is accepted only when both tokenizers are given "
+                "and map every shared id to the same token"
+            )
+        return
+    ta, tb = _by_id(a), _by_id(b)
+    shared = min(tv, dv) if tv is not None and dv is not None else max([*ta, *tb], default=-1) + 1
+    for i in sorted(set(ta) | set(tb)):
+        if i < shared and ta.get(i) != tb.get(i):
+            def say(t: str | None) -> str:
+                return "no token" if t is None else repr(t)
+
+            raise VocabMismatchError(
+                f"two-model: id {i} is {say(ta.get(i))} for the target but {say(tb.get(i))} for "
+                "the drafter; the drafter must use the target's tokenizer"
+            )
+    for who, ids, own, other, n in (("target", ta, tv, "drafter", dv), ("drafter", tb, dv, "target", tv)):
+        # a token this model can emit (below its own rows) that the other cannot embed; ids past
+        # both models' rows (a tokenizer larger than the models) neither model emits
+        beyond = sorted(i for i in ids if n is not None and n <= i and (own is None or i < own))
+        if beyond:
+            i = beyond[0]
+            raise VocabMismatchError(
+                f"two-model: id {i} is {ids[i]!r} for the {who} but outside the {other}'s "
+                f"vocabulary [0, {n}); the drafter must cover every token of the target's tokenizer"
+            )
 
 
 class TwoModelSource:
@@ -83,10 +115,17 @@ class TwoModelSource:
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = False
 
-    def __init__(self, model: Any, sampler: StepSampler, prefill_step_size: int) -> None:
+    def __init__(self, model: Any, sampler: StepSampler, prefill_step_size: int,
+                 target_vocab: int | None = None) -> None:
         from mlx_lm.models.cache import make_prompt_cache
 
         self.model = model
+        # Padded vocabularies (check_compatible): an id one model's embedding lacks is
+        # padding, never a token; fed to that model it indexes past the table (a segfault
+        # on MLX), so it stops the run with its reason instead.
+        self.vocab = _out_dim(model)
+        dv = self.vocab
+        self.target_vocab = target_vocab if dv is not None and target_vocab is not None and dv > target_vocab else None
         self.sampler = sampler
         self.caches = make_prompt_cache(model)
         self.kv = [is_kv(c) for c in self.caches]
@@ -100,8 +139,19 @@ class TwoModelSource:
         self.weights_bytes = 0
         self._snapshot: list[Any] | None = None
         self._feed: list[int] = []
+        self._first_feed = False
         self.rings: dict[int, RingRound] = {}  # rotating="exact": layer -> its ring round
         self.ring_fallback: dict[int, str] = {}
+        self.kv_quantization: cache_ops.KVQuantization | None = None
+
+    def set_kv_quantization(self, q: cache_ops.KVQuantization) -> None:
+        """Quantized KV: the drafter's caches convert as mlx-lm's ``speculative_generate_step``
+        converts its draft cache (``maybe_quantize_kv_cache`` after every drafter forward, on
+        the offset before the round's trim). Drafts only: the output does not depend on it."""
+        self.kv_quantization = q
+
+    def _quantize(self) -> None:
+        cache_ops.quantize_kv(self.caches, self.kv_quantization, "two-model drafter")
 
     def set_rotating(self, mode: str) -> None:
         """Request option ``rotating``: ``"exact"`` arms a RingRound per rotating cache."""
@@ -134,9 +184,16 @@ class TwoModelSource:
         return None
 
     def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
+        if self.vocab is not None and prompt_ids and max(prompt_ids) >= self.vocab:
+            i, t = next((i, int(t)) for i, t in enumerate(prompt_ids) if int(t) >= self.vocab)
+            raise VocabMismatchError(
+                f"two-model: the prompt token {t} (position {i}) is a padding row outside the "
+                f"drafter's vocabulary [0, {self.vocab}) (no token of either tokenizer)")
+        self._first_feed = True  # tail-split: the first feed is the prompt's last token
         for pos in range(0, len(prompt_ids), self.step):
             chunk = prompt_ids[pos : pos + self.step]
             self.model(mx.array(chunk, mx.uint32)[None], cache=self.caches)
+            self._quantize()
             mx.eval([c.state for c in self.caches])
         return list(prompt_ids)
 
@@ -150,6 +207,13 @@ class TwoModelSource:
         executor builds the verify window on it without reading the drafts back first."""
         if n <= 0:
             return mx.array([], mx.uint32)
+        if self.vocab is not None and any(int(t) >= self.vocab for t in feed):
+            pad = next(int(t) for t in feed if int(t) >= self.vocab)
+            what = "prompt token" if self._first_feed else "target emitted id"
+            raise VocabMismatchError(
+                f"two-model: the {what} {pad} is a padding row outside the drafter's "
+                f"vocabulary [0, {self.vocab}) (no token of either tokenizer)")
+        self._first_feed = False
         if self.replay:
             self._snapshot = [
                 int(c.offset) if self.kv[i] else (list(c.cache), c.lengths, c.left_padding)
@@ -163,13 +227,21 @@ class TwoModelSource:
         try:
             for _ in range(n):
                 logits = self.model(y[None], cache=self.caches)[:, -1:, :]
+                self._quantize()
                 y = self.sampler.sample_window(logits.squeeze(0))
                 mx.async_eval(y)
                 ys.append(y)
         finally:
             for ring in self.rings.values():
                 ring.end()
-        return mx.concatenate(ys)
+        out = mx.concatenate(ys)
+        if self.target_vocab is not None:  # a wider drafter: read back, never feed padding on
+            wide = [int(t) for t in token_ids(out) if int(t) >= self.target_vocab]
+            if wide:
+                raise VocabMismatchError(
+                    f"two-model: the drafter proposed id {wide[0]}, a padding row outside the "
+                    f"target's vocabulary [0, {self.target_vocab}) (no token of either tokenizer)")
+        return out
 
     def commit(
         self,
@@ -201,6 +273,7 @@ class TwoModelSource:
         drafts = list(accepted_tokens or [])
         for chunk in [self._feed] + [[t] for t in drafts[:k_accept]]:
             self.model(mx.array(chunk, mx.uint32)[None], cache=self.caches)
+            self._quantize()
         mx.eval([c.state for c in self.caches])
         self._snapshot = None
 
@@ -243,7 +316,10 @@ class TwoModelProvider:
 
     def check_target(self, target_model: Any, target_tokenizer: Any = None) -> None:
         check_compatible(target_model, self.model, target_tokenizer, self.tokenizer)
+        if target_tokenizer is not None and self.tokenizer is not None:
+            self._checked = target_model  # open() need not re-check this target's ids
 
     def open(self, sampler: StepSampler, target: TargetView) -> TwoModelSource:
-        check_compatible(target.model, self.model)
-        return TwoModelSource(self.model, sampler, self.prefill_step_size)
+        if getattr(self, "_checked", None) is not target.model:
+            check_compatible(target.model, self.model)
+        return TwoModelSource(self.model, sampler, self.prefill_step_size, _out_dim(target.model))

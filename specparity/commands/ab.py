@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from specparity import args as a
+from specparity.kv_args import add_kv_arguments, cache_fields
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "ab"
 HELP = "paired drafter A/B: McNemar acceptance gate + paired wall-clock verdict"
@@ -30,12 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
                         "of the zoo's; required for a target outside the zoo's vocabulary")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    p.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
     p.add_argument("--allow-small", action="store_true", help="allow fewer than 32 prompts")
     p.add_argument("--max-drop", type=a.nonneg_float, default=3.0,
                    help="allowed acceptance drop, points (finite, >= 0)")
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/ab"))
     p.add_argument("--strict", action="store_true", help="exit 1 when the verdict is FAIL")
+    add_kv_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
         res = run_ab(args.target, args.drafter_a, args.drafter_b, gamma=args.gamma,
                      n_prompts=args.prompts, max_tokens=args.max_tokens, max_drop=args.max_drop,
                      allow_small=args.allow_small, progress=progress,
-                     prompts_file=args.prompts_file)
+                     prompts_file=args.prompts_file, chat_template=args.chat_template, cache=cache_fields(args))
         v = res["verdict"]
         print(f"A/B {res['target']}: A={res['drafter_a']} vs B={res['drafter_b']} "
               f"(γ={res['gamma']}, {res['n_prompts']} prompts): {v['verdict']}", flush=True)

@@ -23,6 +23,8 @@ from typing import Any
 from specparity import args as a
 from specparity.commands import positive
 from specparity.devices import add_device_argument
+from specparity.kv_args import add_kv_arguments, cache_fields
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "audit"
 HELP = "batched verify vs serial replay per window: |Δ| distributions and the rollback check"
@@ -39,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
                         "of the zoo's; required for a target outside the zoo's vocabulary")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    p.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
     p.add_argument("--max-tokens", type=positive, default=32)
     p.add_argument("--all-windows", action="store_true", help="print one line per window")
     p.add_argument("--rotating", choices=("guard", "exact"), default="guard",
@@ -46,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=a.output_file(_is_audit_json, "audit JSON"), default=None,
                    help="write the figures and verdicts here (atomically; an existing file is "
                         "replaced only if it is an earlier audit's)")
+    add_kv_arguments(p, rotating=False)
     add_device_argument(p)
 
 
@@ -60,17 +65,22 @@ def _runs(args: argparse.Namespace) -> list[tuple[str, Any, Any, list[tuple[str,
     from engine.models import load
     from specparity.prompts import prompts_for_model
 
+    if args.chat_template and args.prompts_file is None:
+        raise ValueError("--chat-template renders text prompts: give --prompts-file FILE (the zoo's "
+                         "prompts are token ids)")
     zoo_ids = [p.id for p in zoo.prompts()[: args.prompts]]
     prompts = [(p.id, list(p.token_ids)) for p in zoo.prompts()[: args.prompts]]
     if args.prompts_file is not None and not args.target:
         prompts = [(p.id, list(p.token_ids)) for p in prompts_for_model(
-            zoo.model_dir(zoo.TARGETS[0]), prompts_file=args.prompts_file, max_tokens=args.max_tokens)]
+            zoo.model_dir(zoo.TARGETS[0]), prompts_file=args.prompts_file, max_tokens=args.max_tokens,
+            chat_template=args.chat_template)]
     if args.target:
         t = load(args.target)
         d = load(args.draft) if args.draft else t
         # ids checked against the model: zoo ids past its vocabulary are refused, not fed
         prompts = [(p.id, list(p.token_ids)) for p in prompts_for_model(
-            t.path, prompts_file=args.prompts_file, zoo_ids=zoo_ids, max_tokens=args.max_tokens)]
+            t.path, prompts_file=args.prompts_file, zoo_ids=zoo_ids, max_tokens=args.max_tokens,
+            chat_template=args.chat_template)]
         return [(Path(args.target).name, t, d, prompts)]
     if args.draft:
         raise ValueError("--draft needs --target")
@@ -115,6 +125,7 @@ def main(args: argparse.Namespace) -> int:
     from specparity.devices import use_device
 
     device = use_device(args.device)
+    kv = {k: v for k, v in cache_fields(args).items() if v is not None and k != "rotating"}
     runs = _runs(args)
     print(f"device {device}; γ={args.gamma}, {args.prompts} prompt(s) × {args.max_tokens} tokens per target",
           file=sys.stderr)
@@ -124,12 +135,14 @@ def main(args: argparse.Namespace) -> int:
               f"{'caches after verify':44} rollback vs kept-only replay")
     for name, t, d, prompts in runs:
         audit = SerialReplayAudit(t.model)
+        provider = TwoModelProvider(d.model, draft_tokenizer=getattr(d, "tokenizer", None))
+        provider.check_target(t.model, getattr(t, "tokenizer", None))  # padded vocabularies
         for pid, ids in prompts:
             audit.prompt = pid
             params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids,
-                                      cache_digests=False, rotating=args.rotating)
+                                      cache_digests=False, rotating=args.rotating, **kv)
             n0 = len(audit.windows)
-            spec_generate(t.model, TwoModelProvider(d.model), ids, params, observer=audit)
+            spec_generate(t.model, provider, ids, params, observer=audit)
             if args.all_windows:
                 for w in audit.windows[n0:]:
                     print(f"{name:10} {pid:7} {w.round:>5} {len(w.window):>3} {w.k_accept!s:>2}  "

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from specparity import args as a
 from specparity.devices import add_device_argument
+from specparity.kv_args import add_kv_arguments, cache_fields
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "bench"
 HELP = "paired timing: engine vs mlx-lm speculative_generate_step, spec vs plain, forwards-only bound"
@@ -36,11 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts file (JSONL {\"id\",\"text\"|\"token_ids\"} or one per line) instead "
                         "of the zoo's; required for a target outside the zoo's vocabulary")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    p.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--repeats", type=a.positive_int, default=3, help="warm passes (after one cold pass)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one warm engine generation (cProfile: where host time goes)")
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/bench"))
+    add_kv_arguments(p)
     add_device_argument(p)
 
 
@@ -71,7 +76,8 @@ def main(args: argparse.Namespace) -> int:
         res = run_bench(args.target, args.drafter, gamma=args.gamma, gammas=args.gammas,
                         n_prompts=args.prompts, max_tokens=args.max_tokens, repeats=args.repeats,
                         size=args.size, seed=args.seed, profile=args.profile, progress=progress,
-                        log=log, prompts_file=args.prompts_file)
+                        log=log, prompts_file=args.prompts_file,
+                        chat_template=args.chat_template, cache=cache_fields(args))
         print(bench_markdown(res), flush=True)
         try:
             write_bench(res, args.out, track=claim.track)

@@ -19,7 +19,9 @@ from typing import Any
 from specparity import args as a
 from specparity.args import token_id_list
 from specparity.devices import add_device_argument
+from specparity.kv_args import add_kv_arguments
 from specparity.processor_args import add_processor_arguments, processors_from_args
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "generate"
 HELP = "generate with the engine on local mlx-lm model dirs"
@@ -52,11 +54,11 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=a.seed, default=0)
     g.add_argument("--prefill", choices=("tail-split", "full"), default=None,
                    help="default: the source's own convention (tail-split for two-model/ngram)")
-    g.add_argument("--rotating", choices=("guard", "exact"), default="guard",
-                   help="rotating (sliding-window) caches: guard = stop speculating at the ring wrap "
-                        "(§2, default); exact = exact rollback past the wrap (guard only where it cannot)")
+    add_kv_arguments(g)
     g.add_argument("--trace", type=a.output_file(a.is_trace, "trace"), default=None,
                    help="write the trace (JSONL) here (an existing file only if it is a trace)")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    g.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
     add_processor_arguments(g)
     add_device_argument(g)
 
@@ -65,6 +67,15 @@ def _processors_param(proc: Any) -> dict[str, Any]:
     from specparity.runners import processors_block
 
     return {"logits_processors": processors_block(proc)} if proc.active else {}
+
+
+def _rotating_params(mode: str, kind: str | None, target: Any, provider: Any) -> dict[str, Any]:
+    """``rotating`` (+ ``sliding_window``, where mlx-lm's rollback stops) when not the default."""
+    if mode == "guard" or kind is None:
+        return {}
+    from engine.rollback import ring_window
+
+    return {"rotating": mode, "sliding_window": ring_window(target.model, getattr(provider, "model", None))}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -76,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
     from engine.sources import open_drafter
     from engine.sources.detect import resolve_kind
     from specparity.case_args import case_from_args
-    from specparity.runners import load_model, model_identity, tokenizer_digest
+    from specparity.runners import kv_params, load_model, model_identity, tokenizer_digest
     from traces.io import write_trace
     from traces.records import make_header
 
@@ -93,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
         # Digests hash every cache each round (quadratic in length): only for a trace.
         cache_digests=args.trace is not None,
         rotating=args.rotating,
+        **kv_params(case),
     )
     speculative = args.draft is not None or args.source not in ("auto", None)
     kind = resolve_kind(args.source, args.draft) if speculative else None
@@ -105,6 +117,7 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(detok.last_segment)
         sys.stdout.flush()
 
+    provider = None
     if kind is None:
         result = plain_generate(target.model, ids, params, on_token=on_token)
     else:
@@ -148,7 +161,7 @@ def main(args: argparse.Namespace) -> int:
                     "prefill_step_size": 512 if kind else 2048,
                     "confidence_threshold": args.confidence_threshold,
                     **_processors_param(params.sampler.processors),
-                    **({"rotating": args.rotating} if args.rotating != "guard" else {})},
+                    **kv_params(case), **_rotating_params(args.rotating, kind, target, provider)},
             prompt_id=case.prompt_id, prompt_ids=ids, eos_ids=eos_ids,
         )
         args.trace.parent.mkdir(parents=True, exist_ok=True)

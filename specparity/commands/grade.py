@@ -8,7 +8,9 @@ name are re-run (plain decode and every available live reference, models by
 the header's paths, checked against the header's digests) and compared with
 the same verdict table, diffs and report as ``specparity run``.
 
-``--engine NAME`` grades a registered third-party engine instead: it is run on
+``--server URL`` / ``--serve NAME`` grade an OpenAI-compatible server
+(``specparity.served.grade_server_main``). ``--engine NAME`` grades a
+registered third-party engine instead: it is run on
 the cases first and its traces graded (``specparity.engines.grade_engine_main``).
 """
 
@@ -30,6 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=None, metavar="NAME",
                    help="run the registered third-party engine NAME on the cases and grade it "
                         "(see specparity.engines)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="grade a running OpenAI-compatible server (with --model; specparity.served)")
+    p.add_argument("--serve", default=None, metavar="NAME",
+                   help="start server NAME (mlx-lm, vllm-mlx, fusion-mlx, qmlx-serve, flyto-mlx, fake) on "
+                        "127.0.0.1 with --model [--draft], grade it with and without the drafter, stop it")
+    p.add_argument("--model", default=None, metavar="PATH", help="the served model dir (or zoo name)")
+    p.add_argument("--draft", default=None, metavar="PATH", help="the served draft model dir (or zoo drafter)")
     p.add_argument("--out", type=writable_dir, default=None,
                    help="output dir for references, verdicts and report (default DIR/graded)")
     p.add_argument("--runners", type=runner_list, default=None,
@@ -42,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.server is not None or args.serve is not None:
+        from specparity.served import grade_server_main
+
+        return int(grade_server_main(args))
     if args.engine is not None:
         try:
             from specparity.engines import grade_engine_main

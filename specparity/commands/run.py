@@ -26,6 +26,8 @@ from pathlib import Path
 from specparity import args as a
 from specparity.commands import positive
 from specparity.devices import add_device_argument
+from specparity.kv_args import add_kv_arguments, cache_fields, check_kv_models
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "run"
 HELP = "run engine + every available oracle on the zoo, a pair of yours or a suite, and report"
@@ -71,8 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--eos-ids", type=a.token_id_list, default=None, help="EOS ids (default: the tokenizer's)")
     s.add_argument("--truncate", action="store_true", default=None,
                    help="keep the tail of prompts longer than the context (default: refuse them)")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    s.add_argument("--chat-template", action="store_true", default=None, help=CHAT_TEMPLATE_HELP)
     s.add_argument("--gammas", type=a.gamma_list, default=None, help="default 1,2,3,5")
     s.add_argument("--max-tokens", type=a.max_tokens, default=None, help="default 32")
+    add_kv_arguments(s)
     p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
     p.add_argument("--max-cases", type=positive, default=a.MAX_CASES,
                    help=f"refuse a selection of more cases than this (default {a.MAX_CASES})")
@@ -86,7 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_argument(p)
 
 
-_SETTINGS = ("temps", "top_p", "top_k", "seed", "eos_ids", "truncate", "gammas", "max_tokens", "prompts")
+_SETTINGS = ("temps", "top_p", "top_k", "seed", "eos_ids", "truncate", "gammas", "max_tokens", "prompts",
+             "chat_template")
 
 
 def _given(args: argparse.Namespace, *names: str) -> list[str]:
@@ -113,9 +119,10 @@ def cases_from_args(args: argparse.Namespace) -> list:
     from specparity.run import zoo_cases
     from specparity.suite import PairSpec, load_suite, suite_cases
 
+    fields = cache_fields(args)  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
     if args.suite is not None:
         clash = _given(args, "target", "draft", "source", "prompts_file", "targets", "drafters",
-                       *_SETTINGS)
+                       *_SETTINGS) + ["--" + k.replace("_", "-") for k, v in fields.items() if v is not None]
         if clash:
             raise ValueError(f"--suite names its own pairs, prompts and settings; drop "
                              f"{', '.join(clash)} (or put them in the suite)")
@@ -126,9 +133,13 @@ def cases_from_args(args: argparse.Namespace) -> list:
     if args.target is None:
         if args.draft or args.source or args.prompts_file:
             raise ValueError("--draft/--source/--prompts-file need --target")
+        if args.chat_template:
+            raise ValueError("--chat-template renders text prompts: give --target and --prompts-file "
+                             "(the zoo's prompts are token ids)")
         return zoo_cases(targets=args.targets, drafters=args.drafters, gammas=gammas,
                          n_prompts=args.prompts or 8, max_tokens=max_tokens, sampling=sampling,
-                         eos_ids=args.eos_ids, truncate=bool(args.truncate), max_cases=args.max_cases)
+                         eos_ids=args.eos_ids, truncate=bool(args.truncate), max_cases=args.max_cases,
+                         cache=fields)
     if args.targets or args.drafters:
         raise ValueError("--target (one pair) and --targets/--drafters (the zoo matrix) exclude each other")
     if args.prompts is not None and args.prompts_file is not None:
@@ -143,6 +154,8 @@ def cases_from_args(args: argparse.Namespace) -> list:
         gammas=gammas, max_tokens=max_tokens,
         prompts_file=args.prompts_file, zoo_prompts=args.prompts or 8,
         sampling=sampling, eos_ids=args.eos_ids, truncate=bool(args.truncate), where="--target",
+        chat_template=bool(args.chat_template),
+        **fields,
     )
     return suite_cases([spec], max_cases=args.max_cases)
 
@@ -157,6 +170,7 @@ def main(args: argparse.Namespace) -> int:
     if args.device is not None or on_gpu():
         print(f"device {device}", file=sys.stderr)
     cases = cases_from_args(args)
+    check_kv_models(cases)
     result = run(
         args.out, runners=args.runners, cases=cases, max_cases=args.max_cases,
         workers=args.workers, ray_address=args.ray, progress=not args.quiet,

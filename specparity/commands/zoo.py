@@ -6,6 +6,7 @@ import argparse
 
 from specparity import args as a
 from specparity.commands import positive
+from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "zoo"
 HELP = "the tiny zoo"
@@ -18,6 +19,8 @@ def add_arguments(z: argparse.ArgumentParser) -> None:
     zl.add_argument("--max-tokens", type=positive, default=32)
     zl.add_argument("--prompts-file", type=a.readable_file, default=None,
                     help="measure on these prompts (JSONL or one per line) instead of the zoo's")
+    # --chat-template (issue 22): text prompts through the tokenizer's chat template
+    zl.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -36,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
         t, d = load_model(str(tdir)), load_model(str(ddir))
         params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids)
         drafted = accepted = tokens = calls = 0
-        for p in prompts_for_model(tdir, prompts_file=args.prompts_file, max_tokens=args.max_tokens):
+        for p in prompts_for_model(tdir, prompts_file=args.prompts_file, max_tokens=args.max_tokens,
+                                   chat_template=args.chat_template):
             r = spec_generate(t.model, TwoModelProvider(d.model), list(p.token_ids), params)
             assert r.speculation is not None
             drafted += r.speculation.drafted

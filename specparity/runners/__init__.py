@@ -71,9 +71,15 @@ def tokenizer_digest(model_dir: Path) -> str | None:
     return file_digest(files) if files else None
 
 
-@cache
 def _identity(path: str) -> dict[str, Any]:
-    return model_identity(Path(path))
+    """:func:`model_identity` with the weights digest cached per content stamp
+    (``specparity.cases.cached_weights_digest``): a checkpoint rewritten in place is
+    re-hashed, an unchanged one is not."""
+    from specparity.cases import cached_weights_digest
+    from zoo.dspark import _config_sha
+
+    return {"path": path, "weights_sha256": cached_weights_digest(path),
+            "config_sha256": _config_sha(Path(path))}
 
 
 def case_paths(case: Case) -> tuple[Path, Path | None]:
@@ -129,6 +135,9 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
     extra = {"logits_processors": processors_block(processor_params(case))} if case.processors else {}
     if case.stop_sequences:  # absent when none: existing traces keep their bytes
         extra["stop_sequences"] = [list(q) for q in case.stop_sequences]
+    extra.update(kv_params(case))
+    if case.rotating != "guard" and case.drafter is not None:
+        extra["rotating"] = case.rotating
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,
@@ -142,6 +151,15 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
         "confidence_threshold": None,
         **extra,
     }
+
+
+def kv_params(case: Case) -> dict[str, Any]:
+    """The header's quantized-KV params (absent without ``kv_bits``), mlx-lm's defaults filled in."""
+    if case.kv_bits is None:
+        return {}
+    return {"kv_bits": case.kv_bits,
+            "kv_group_size": case.kv_group_size if case.kv_group_size is not None else 64,
+            "quantized_kv_start": case.quantized_kv_start if case.quantized_kv_start is not None else 5000}
 
 
 def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
@@ -172,8 +190,18 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
         ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
                                   prompt_id=case.prompt_id)
         if draft is not None and dpath is not None:  # the drafter reads the same ids
-            check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
+            from specparity.prompts import PromptError
+
+            try:
+                check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
+            except PromptError as exc:  # a padded target's row past the drafter's, say so
+                raise PromptError(f"drafter {dpath}: {exc}") from None
     tokenizer_sha256 = zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath)
+    params = case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split")
+    if params.get("rotating") == "exact":  # where mlx-lm's rollback stops (traces.reference)
+        from engine.rollback import ring_window
+
+        params["sliding_window"] = ring_window(target.model, draft.model if draft is not None else None)
     header = make_header(
         runner=r.runner_info(),
         mode=case.mode,
@@ -182,7 +210,7 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
         target=_identity(str(tpath)),
         drafter=_identity(str(dpath)) if dpath is not None else None,
         tokenizer_sha256=tokenizer_sha256,
-        params=case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split"),
+        params=params,
         prompt_id=case.prompt_id,
         prompt_ids=ids,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,

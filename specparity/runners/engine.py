@@ -12,7 +12,7 @@ from typing import Any
 
 from specparity.runners.registry import CaseRun, Runner, sources
 
-OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors")
+OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache")
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:
@@ -20,7 +20,13 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
     from engine.sampler import SamplerParams
     from engine.sources import make_provider
     from engine.sources.two_model import TwoModelProvider
-    from specparity.runners import DSPARK_SOURCES, HEAD_SOURCES, dspark_drafter, processor_params
+    from specparity.runners import (
+        DSPARK_SOURCES,
+        HEAD_SOURCES,
+        dspark_drafter,
+        kv_params,
+        processor_params,
+    )
 
     case = x.case
     params = GenerationParams(
@@ -31,6 +37,8 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
         seed=case.seed,
         eos_ids=case.eos_ids if case.eos_ids is not None else x.target.eos_ids,
         stop_sequences=case.stop_sequences,
+        rotating=case.rotating,
+        **kv_params(case),
     )
     if case.drafter is None:
         result = plain_generate(x.target.model, x.ids, params)

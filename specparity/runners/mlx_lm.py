@@ -1,7 +1,8 @@
 """Runner declaration: ``mlx_lm``, mlx-lm 0.32.2's own decode loops (``oracles/mlx_lm.py``).
 
 ``generate_step`` (plain) and ``speculative_generate_step`` (a draft model only):
-sampling, top-p/top-k, EOS ids, stop sequences and logits processors.
+sampling, top-p/top-k, EOS ids, stop sequences, logits processors and quantized KV
+(``kv_bits``, ``kv_group_size``, ``quantized_kv_start``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
             stop_sequences=[list(s) for s in case.stop_sequences],
             logits_processors=proc.kwargs() if proc is not None else None,
             processor_history=proc.history_prompt if proc is not None else None,
+            kv_bits=case.kv_bits, kv_group_size=case.kv_group_size,
+            quantized_kv_start=case.quantized_kv_start,
         )
     except ReferenceRefused as exc:
         raise ReferenceRefused("mlx_lm", case.case_id, exc.message) from None
@@ -43,8 +46,8 @@ RUNNER = Runner(
     name="mlx_lm",
     kind="reference",
     package="mlx-lm",
-    sources=sources(("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors"),
-                    "plain", "two-model"),
+    sources=sources(("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors",
+                     "kv_cache"), "plain", "two-model"),
     run=run,
     available=oracle_availability("mlx_lm"),
     install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33)",

@@ -2,7 +2,7 @@
 
 A runner is anything that produces a trace or is graded: our ``engine``, each
 reference of ``oracles/`` (``kind="reference"``), each third-party engine of
-``subjects/`` (``kind="subject"``) and, later, each HTTP server
+``subjects/`` (``kind="subject"``) and each HTTP server of ``specparity/served.py``
 (``kind="server"``). One :class:`Runner` declares its name, kind, package
 (the trace header's ``runner`` block), availability (with the install hint),
 the draft sources it implements and, per source, the case options it
@@ -46,6 +46,7 @@ OPTIONS: dict[str, Callable[[Any], bool]] = {
     "eos_ids": lambda c: c.eos_ids is not None,
     "stop_sequences": lambda c: bool(c.stop_sequences),
     "logits_processors": lambda c: bool(c.processors),
+    "kv_cache": lambda c: c.kv_bits is not None,  # kv_bits / kv_group_size / quantized_kv_start
 }
 
 PLAIN = "plain"  # the "source" of a case without a drafter (plain decode)

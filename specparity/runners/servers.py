@@ -1,0 +1,45 @@
+"""Runner declarations of the HTTP-served engines: one per ``specparity.served.SERVERS`` row.
+
+A server is graded black-box over its OpenAI-compatible API by ``specparity grade
+--serve NAME --model PATH [--draft PATH]`` (started on 127.0.0.1, stopped after) or
+``--server URL``, with and without speculation, on the checks of ``subjects/served.py``;
+it exposes no rounds, so it is not run per case. How each server is started (its argv,
+its tox environment) is its ``ServedEngine`` row in ``specparity/served.py``; this
+module turns every row into a runner of kind ``server``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from specparity.runners.registry import Runner
+
+
+def _available(name: str) -> Callable[[], tuple[bool, str]]:
+    def check() -> tuple[bool, str]:
+        from specparity.served import availability
+
+        return availability(name)
+
+    return check
+
+
+def _runners() -> tuple[Runner, ...]:
+    from specparity.served import SERVERS
+
+    return tuple(
+        Runner(
+            name=eng.name,
+            kind="server",
+            package=eng.package.split("==")[0],
+            available=_available(eng.name),
+            install_hint=f"tox -e {eng.tox_env}",
+            elsewhere=f"an OpenAI-compatible server graded over HTTP by `specparity grade --serve "
+                      f"{eng.name} --model PATH` ({eng.note})",
+            rank=300 + i,
+        )
+        for i, eng in enumerate(SERVERS.values())
+    )
+
+
+RUNNERS = _runners()
