@@ -411,7 +411,9 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
                                      log=lambda m, a=arm: _log(f"[{a}] {m}"))
             else:
                 assert eng is not None
-                log_path = out / "logs" / f"{_doc_name(name, mdir)}-{arm}.log"
+                from specparity.outdir import track
+
+                log_path = track(out / "logs" / f"{_doc_name(name, mdir)}-{arm}.log")
                 with started(eng, str(mdir), str(d) if d else None, log_path, startup_timeout=startup_timeout,
                              timeout=timeout, env=env) as client:
                     results = run_checks(client, ref, checks, log=lambda m, a=arm: _log(f"[{a}] {m}"))
@@ -511,7 +513,29 @@ def grade_server_main(args: argparse.Namespace) -> int:
         except ServerDown as exc:
             return _err(f"cannot reach the server at {client.url}: {exc}")
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
-    out.mkdir(parents=True, exist_ok=True)
+    from specparity.outdir import add_outputs
+
+    path = out / f"{_doc_name(args.serve or 'url', mdir)}.json"
+    with add_outputs(out, "specparity grade --serve", recognise=_served_output) as claim:
+        for f in (path, out / "scoreboard.md", out / "scoreboard.html"):
+            claim.check(f)  # refused before any server starts if not ours
+        return _grade_served_into(args, out, path, claim, checks, timeout)
+
+
+def _served_output(p: Path) -> bool:
+    """A result, scoreboard or server log this command wrote before output markers existed."""
+    from specparity.engines import _engine_output
+
+    if _engine_output(p):
+        return True
+    if p.parent.name != "logs" or p.suffix != ".log" or not p.is_file():
+        return False
+    with open(p, "rb") as fh:
+        return fh.read(2) == b"$ "  # our logs start with the server's command line
+
+
+def _grade_served_into(args: argparse.Namespace, out: Path, path: Path, claim: Any,
+                       checks: Any, timeout: float) -> int:
     prev = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -527,13 +551,12 @@ def grade_server_main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, prev)
     from traces.io import atomic_write_json
 
-    path = out / f"{_doc_name(args.serve or 'url', mdir)}.json"
     if not doc["available"]:
         _log(f"{doc['engine']}: not available here: {doc['reason']}")
-    atomic_write_json(path, doc, indent=2)
+    atomic_write_json(claim.track(path), doc, indent=2)
     from reports.scoreboard import write_scoreboard
 
-    md, html = write_scoreboard(out)
+    md, html = write_scoreboard(out, track=claim.track)
     print(f"{path}\nscoreboard: {md} {html}")
     for c, who in sorted(doc.get("blame", {}).items()):
         print(f"  {c}: {who}")

@@ -1418,6 +1418,7 @@ HOSTILE_23_OUTPUT: dict[str, list[str]] = {
         "report DIR with a user's report.md", "report DIR with a user's report.html",
         "bench --out DIR with a user's bench.json", "ab --out DIR with a user's ab.md",
         "grade --engine --out DIR with a user's NAME.json", "grade --engine with a user's scoreboard.md",
+        "grade --serve --out DIR with a user's scoreboard.html",
         "regen --golden-dir with a user's manifest.json", "regen --golden-dir with a user's .x.tmp",
         "regen --report DIR with a user's drift.md", "record --out DIR with a user's file at the trace path",
         "audit --json a user's file", "generate --trace a user's file",
@@ -1606,6 +1607,7 @@ def _a_subject() -> str:
     (["bench", "--out", "{d}"], "bench.json"),
     (["grade", "--engine", "{subject}", "--out", "{d}"], "{subject}.json"),
     (["grade", "--engine", "{subject}", "--out", "{d}"], "scoreboard.md"),
+    (["grade", "--serve", "fake", "--model", "llama", "--out", "{d}"], "scoreboard.html"),
     (["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
      "manifest.json"),
     (["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
@@ -1613,6 +1615,7 @@ def _a_subject() -> str:
     (["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"], "ab.md"),
     (["regen", "--case", "nothing-matches", "--report", "{d}"], "drift.md"),
 ], ids=["bench", "grade --engine NAME.json", "grade --engine scoreboard.md",
+         "grade --serve scoreboard.html",
          "regen --golden-dir manifest.json", "regen --golden-dir .x.tmp", "ab", "regen --report"])
 def test_named_outputs_never_overwrite_user_files(tmp_path: Path, argv: list[str], name: str,
                                                   capsys: pytest.CaptureFixture[str],
@@ -1754,6 +1757,7 @@ def test_every_dir_writing_command_leaves_user_files(tiny_run: Path, pair: tuple
         ["record", "--runner", "engine", "--target", pair[0], "--prompt-ids", "5,6", "-n", "4",
          "--out", "{d}"],
         ["grade", "--engine", _a_subject(), "--out", "{d}"],
+        ["grade", "--serve", "fake", "--model", "llama", "--out", "{d}"],
         ["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
     ]
     for i, argv in enumerate(commands):
