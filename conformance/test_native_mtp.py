@@ -194,3 +194,34 @@ def test_bad_convention_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="unknown convention 'concat_order'"):
         Conventions.parse("concat_order=h;e")
     assert Conventions.parse("position_base=1,mask_pos0=false").position_base == 1
+
+
+# ----------------------------------------------------------- run matrix, header
+
+
+def test_zoo_matrix_has_native_cases_for_two_conventions() -> None:
+    from specparity.run import zoo_cases
+
+    cases = zoo_cases(targets=["glm-mtp", "deepseek-mtp"], n_prompts=2, gammas=(1, 3))
+    assert {(c.target, c.drafter, c.source) for c in cases} == {
+        ("glm-mtp", "native", "native-mtp"), ("deepseek-mtp", "native", "native-mtp"),
+        ("glm-mtp", "native-qwen", "native-mtp")}
+    assert not [c for c in zoo_cases(targets=["llama"], n_prompts=2) if c.source == "native-mtp"]
+
+
+@pytest.mark.parametrize("target,drafter,want", [
+    ("deepseek-mtp", "native", {"family": "deepseek", "depth": "chain", "depth_layers": 2,
+                                "chain_hidden": "pre-norm", "mask_pos0": True}),
+    ("glm-mtp", "native-qwen", {"family": "glm", "depth": "reuse", "mask_pos0": False}),
+])
+def test_header_records_every_convention(target: str, drafter: str, want: dict) -> None:
+    from engine.sources.native_mtp import Conventions
+    from specparity.cases import Case
+    from specparity.runners import run_case
+
+    recs = run_case("engine", Case(target, drafter, "nat-00", 2, 8, source="native-mtp"))
+    conv = recs[0]["params"]["mtp_conventions"]
+    assert set(Conventions().to_json()) <= set(conv), conv
+    assert {k: conv[k] for k in want} == want
+    assert recs[0]["params"]["prefill"] == "full"
+    assert any(r["type"] == "round" for r in recs)

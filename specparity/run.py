@@ -224,13 +224,18 @@ def zoo_cases(
 ) -> list[Case]:
     """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts."""
     import zoo
+    from zoo.native_mtp import MATRIX, MATRIX_PROMPTS
 
     pairs = [(t, d) for (t, d) in zoo.pairs()
              if (targets is None or t in targets) and (drafters is None or d in drafters)]
-    if not pairs:
-        raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)
-    return spec_matrix(pairs, prompt_ids, gammas, max_tokens)
+    native = [Case(t, d, p, g, max_tokens, source="native-mtp")  # zoo/native_mtp.py MATRIX
+              for (t, d) in MATRIX
+              if (targets is None or t in targets) and (drafters is None or d in drafters)
+              for g in gammas for p in prompt_ids[:MATRIX_PROMPTS]]
+    if not pairs and not native:
+        raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
+    return [*spec_matrix(pairs, prompt_ids, gammas, max_tokens), *native]
 
 
 def check_unique(cases: list[Case]) -> list[Case]:

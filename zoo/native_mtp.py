@@ -227,6 +227,13 @@ def target_paths(target: str) -> tuple[Path, Path]:
     return model_dir(plain), model_dir(ckpt)
 
 
+# The zoo matrix's native-mtp cases (``specparity run``): each target under its family's
+# conventions (drafter ``native``) plus one cross-family preset; few prompts, the default run
+# stays fast.
+MATRIX = (("glm-mtp", "native"), ("deepseek-mtp", "native"), ("glm-mtp", "native-qwen"))
+MATRIX_PROMPTS = 2
+
+
 def measure(target: str, gamma: int = 3, max_tokens: int = 32, n_prompts: int = 8) -> dict[str, Any]:
     """Greedy acceptance of the checkpoint's MTP head (family default conventions)."""
     from mlx_lm.utils import load_model

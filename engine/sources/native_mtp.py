@@ -269,6 +269,18 @@ def detect(path: str | Path) -> bool:
     return True
 
 
+def describe(path: str | Path, conventions: Conventions | str | dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """The trace header's ``params.mtp_conventions`` of the checkpoint at ``path`` driven with
+    ``conventions`` over its family's defaults (no module is built)."""
+    tc = _text_config(_read_config(Path(path)))
+    layout, depth, _ = read_layout(path)
+    family = _family(str(tc.get("model_type", "")), layout)
+    conv = conventions if isinstance(conventions, Conventions) else Conventions.parse(
+        conventions, FAMILY_DEFAULTS[family])
+    return {"family": family, "layout": layout, "depth_layers": depth, **conv.to_json()}
+
+
 def _block_keys(layout: str, depth: int, n: int, tensors: dict[str, mx.array]) -> dict[str, mx.array]:
     """Checkpoint names -> ``blocks.j.*`` names of :class:`NativeMTPHead`."""
     out: dict[str, mx.array] = {}

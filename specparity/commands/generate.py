@@ -37,6 +37,10 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="deepspec/dspark: prune the block at the first position whose confidence is "
                         "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "
                         "calibrated thresholds)")
+    g.add_argument("--mtp-conventions", default=None, metavar="NAME=VALUE,...",
+                   help="native-mtp: conventions over the checkpoint family's defaults, e.g. "
+                        "hidden=pre-norm,concat=h;e,position_base=1,mask_pos0=false,depth=chain,"
+                        "chain_hidden=pre-norm,trim=rebuild (recorded in the trace header)")
     g.add_argument("-n", "--max-tokens", type=a.max_tokens, default=64)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -108,8 +112,13 @@ def main(args: argparse.Namespace) -> int:
     if kind is None:
         result = plain_generate(target.model, ids, params, on_token=on_token)
     else:
-        provider, gamma = open_drafter(kind, args.draft, gamma=args.gamma,
-                                       confidence_threshold=args.confidence_threshold)
+        if kind == "native-mtp":
+            from engine.sources import make_provider
+
+            provider, gamma = make_provider(kind, path=args.draft, conventions=args.mtp_conventions), args.gamma
+        else:
+            provider, gamma = open_drafter(kind, args.draft, gamma=args.gamma,
+                                           confidence_threshold=args.confidence_threshold)
         check = getattr(provider, "check_target", None)
         if check is not None:
             check(target.model, target.tokenizer)
@@ -148,6 +157,7 @@ def main(args: argparse.Namespace) -> int:
                     "prefill_step_size": 512 if kind else 2048,
                     "confidence_threshold": args.confidence_threshold,
                     **_processors_param(params.sampler.processors),
+                    **({"mtp_conventions": provider.header_params()} if kind == "native-mtp" else {}),
                     **({"rotating": args.rotating} if args.rotating != "guard" else {})},
             prompt_id=case.prompt_id, prompt_ids=ids, eos_ids=eos_ids,
         )

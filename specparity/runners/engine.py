@@ -20,7 +20,14 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
     from engine.sampler import SamplerParams
     from engine.sources import make_provider
     from engine.sources.two_model import TwoModelProvider
-    from specparity.runners import DSPARK_SOURCES, HEAD_SOURCES, dspark_drafter, processor_params
+    from specparity.runners import (
+        DSPARK_SOURCES,
+        HEAD_SOURCES,
+        NATIVE_SOURCE,
+        dspark_drafter,
+        native_conventions,
+        processor_params,
+    )
 
     case = x.case
     params = GenerationParams(
@@ -45,6 +52,9 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
         result = spec_generate(x.target.model, provider, x.ids, params)
     elif case.source == "ngram":
         result = spec_generate(x.target.model, make_provider("ngram", gamma=case.gamma), x.ids, params)
+    elif case.source == NATIVE_SOURCE:
+        provider = make_provider(case.source, path=x.dpath, conventions=native_conventions(case))
+        result = spec_generate(x.target.model, provider, x.ids, params)
     elif case.source in HEAD_SOURCES:
         result = spec_generate(x.target.model, make_provider(case.source, path=x.dpath), x.ids, params)
     else:  # unreachable: the registry refuses an undeclared source first
@@ -56,7 +66,8 @@ RUNNER = Runner(
     name="engine",
     kind="engine",
     package="specparity",
-    sources=sources(OPTIONS, "plain", "two-model", "ngram", "mtp", "assistant", "deepspec", "dspark"),
+    sources=sources(OPTIONS, "plain", "two-model", "ngram", "mtp", "assistant", "deepspec", "dspark",
+                    "native-mtp"),
     run=run,
     header=lambda: {"name": "engine", "package": "specparity", "version": metadata.version("specparity")},
     rank=0,
