@@ -420,6 +420,9 @@ class NativeMTPSource:
         self._held: mx.array | None = None
         self._chain: list[int] = []  # head index of each chain row of this round
         self._round_start = 0  # row position of the round's pending row
+        # Optional draft-logit log (provider.logit_log is a list): (pending row position,
+        # draft position, float32 logits) per draft, for the draft-logit comparisons.
+        self.logit_log: list[tuple[int, int, Any]] | None = None
 
     # -- conventions
     def _target_hidden(self, h: mx.array) -> mx.array:
@@ -438,9 +441,12 @@ class NativeMTPSource:
                                         self.conv.concat, self.cache[j])
         return (post if self.conv.chain_hidden == "post-norm" else pre), post
 
-    def _logits_row(self, post: mx.array) -> mx.array:
+    def _logits_row(self, post: mx.array, i: int) -> mx.array:
         logits = self.lm_head(post[:, -1:, :])
-        return logits.reshape(1, logits.shape[-1])
+        row = logits.reshape(1, logits.shape[-1])
+        if self.logit_log is not None:
+            self.logit_log.append((self._round_start, i, row[0].astype(mx.float32)))
+        return row
 
     # -- seam
     def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
@@ -472,14 +478,14 @@ class NativeMTPSource:
         self._owed_tokens, self._owed_hidden = [], []
         fwd, post = self._run(0, tokens, hidden, start)
         fwd = fwd[:, -1:, :]
-        y = self.sampler.sample_window(self._logits_row(post))
+        y = self.sampler.sample_window(self._logits_row(post, 0))
         ys = [y]
         depth = len(self.head.blocks)
         for i in range(1, n):
             j = i % depth if self.conv.depth == "chain" else 0
             fwd, post = self._run(j, y, fwd, self._round_start + i)
             self._chain.append(j)
-            y = self.sampler.sample_window(self._logits_row(post))
+            y = self.sampler.sample_window(self._logits_row(post, i))
             ys.append(y)
         mx.eval(ys, [c.state for c in self.cache if c.keys is not None])
         return token_ids(mx.concatenate(ys))
@@ -543,6 +549,7 @@ class NativeMTPProvider:
         base = FAMILY_DEFAULTS[head.family]
         self.conventions = conventions if isinstance(conventions, Conventions) else Conventions.parse(
             conventions, base)
+        self.logit_log: list[tuple[int, int, Any]] | None = None  # set to [] to record draft logits
 
     def header_params(self) -> dict[str, Any]:
         """What the trace header records (``params.mtp_conventions``)."""
@@ -557,4 +564,6 @@ class NativeMTPProvider:
 
     def open(self, sampler: StepSampler, target: TargetView) -> NativeMTPSource:
         self.check_target(target.model)
-        return NativeMTPSource(self.head, self.conventions, sampler, target)
+        source = NativeMTPSource(self.head, self.conventions, sampler, target)
+        source.logit_log = self.logit_log
+        return source
