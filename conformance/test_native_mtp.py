@@ -1,8 +1,8 @@
 """The ``native-mtp`` source (§3 "GLM native" row) on the zoo checkpoints carrying MTP layers.
 
 Targets (``zoo/native_mtp.py``): ``glm-mtp`` (glm4_moe, one MTP layer as
-``model.layers.{N}``) and ``deepseek-mtp`` (deepseek_v3 MLA, two MTP layers,
-chained). Losslessness (§2.1): greedy speculation is token-identical to plain
+``model.layers.{N}``), ``deepseek-mtp`` (deepseek_v3 MLA, two MTP layers,
+chained) and ``qwen35-native`` (qwen3_5 with ``mtp.*``, DeltaNet rollbacks). Losslessness (§2.1): greedy speculation is token-identical to plain
 greedy decode (full prefill) at γ 1–4 on tie-free prompts, under the family's
 conventions and under every non-default convention value; at temperature > 0
 every round is the exact-match walk over the target's own samples (emitted =
@@ -19,7 +19,7 @@ import pytest
 from engine.executor import GenerationParams, plain_generate, spec_generate
 from engine.sampler import SamplerParams
 
-TARGETS = ("glm-mtp", "deepseek-mtp")
+TARGETS = ("glm-mtp", "deepseek-mtp", "qwen35-native")
 PROMPTS = ("nat-00", "rnd-00", "nat-01")
 TIE_EPS = 1e-3
 VARIANTS = ("hidden=pre-norm", "concat=h;e", "position_base=1", "mask_pos0=false",
@@ -117,7 +117,7 @@ def test_accept_paths_and_both_depths_are_exercised(models) -> None:
     seen: dict[str, set[str]] = {t: set() for t in TARGETS}
     for target in TARGETS:
         model, cpath = models[target]
-        for gamma in (2, 3):
+        for gamma in (1, 2, 3):
             for pid in PROMPTS:
                 res = spec_generate(model, _provider(cpath), _ids(pid),
                                     GenerationParams(max_tokens=24, gamma=gamma))
@@ -149,8 +149,8 @@ def test_plain_reference_weights_are_the_checkpoint_without_mtp(models) -> None:
         assert set(loaded) == set(trunk), f"{target}: {sorted(set(loaded) ^ set(trunk))[:4]}"
         bad = [k for k in trunk if not mx.array_equal(loaded[k], trunk[k]).item()]
         assert not bad, f"{target}: plain reference tensors differ from the checkpoint: {bad[:3]}"
-        assert target_paths(target)[0].name.startswith(
-            "native-deepseek-mtp-plain" if target == "deepseek-mtp" else "native-glm-mtp")
+        plain = "deepseek-mtp-plain" if target == "deepseek-mtp" else target
+        assert target_paths(target)[0].name.startswith(f"native-{plain}-")
 
 
 def test_stock_mlx_lm_misloads_the_deepseek_layout() -> None:
@@ -165,7 +165,7 @@ def test_stock_mlx_lm_misloads_the_deepseek_layout() -> None:
     load_model(model_dir("deepseek-mtp-plain"))  # the stripped checkpoint loads
 
 
-def test_glm_layout_is_dropped_by_stock_sanitize(models) -> None:
+def test_glm_and_qwen_layouts_are_dropped_by_stock_sanitize(models) -> None:
     from mlx_lm.utils import load_model
 
     from engine.models import parameters
@@ -173,6 +173,8 @@ def test_glm_layout_is_dropped_by_stock_sanitize(models) -> None:
 
     model = load_model(model_dir("glm-mtp"))[0]
     assert not any(k.startswith("model.layers.2.") for k in parameters(model))
+    model = load_model(model_dir("qwen35-native"))[0]
+    assert not any("mtp" in k for k in parameters(model))
 
 
 def test_detect_and_layout() -> None:
@@ -184,6 +186,8 @@ def test_detect_and_layout() -> None:
     assert detect_kind(model_dir("deepseek-mtp")) == "native-mtp"
     assert detect_kind(model_dir("deepseek-mtp-plain")) == "two-model"
     assert read_layout(model_dir("deepseek-mtp"))[:2] == ("layers", 2)
+    assert read_layout(model_dir("qwen35-native"))[:2] == ("mtp", 1)
+    assert detect_kind(model_dir("qwen35-native")) == "native-mtp"
 
 
 def test_bad_convention_is_refused_in_one_line() -> None:

@@ -16,6 +16,14 @@ Checkpoint layouts (``engine.sources.native_mtp`` reads them):
   the extra layers. Plain decode and the speculative target read
   ``deepseek-mtp-plain`` (the same trunk tensors, MTP tensors dropped);
   the MTP source reads the full checkpoint.
+- ``qwen35-native``: the zoo ``qwen35`` target (qwen3_5, gated DeltaNet + full
+  attention) carrying the ``qwen35-mtp-self`` head as ``mtp.*`` (Qwen3.5 /
+  Qwen3-Next layout, ``mtp_num_hidden_layers: 1``, mlx-format safetensors so the
+  ``mtp.*`` norms are stored un-centred, as mlx-vlm 0.7.10's
+  ``Qwen3_5MTPSplitter.on_mlx_source`` reads them). Stock mlx-lm loads it:
+  ``qwen3_5.py`` ``Model.sanitize`` drops ``mtp.``. mlx-vlm's ``load_drafter``
+  loads this directory directly (its splitter registry): the family mlx-vlm
+  implements, compared with it draft logit for draft logit.
 
 The MTP layers are "self"-initialised (the target's FIRST layer, final norm,
 lm-head and embeddings, ``eh_proj`` = identity on the embedding half plus a
@@ -60,11 +68,14 @@ RECIPES: dict[str, NativeRecipe] = {
         NativeRecipe("glm-mtp", "glm4_moe", 7007, 1),
         NativeRecipe("deepseek-mtp", "deepseek_v3", 8008, 2),
         NativeRecipe("deepseek-mtp-plain", "deepseek_v3", 8008, 2, strip=True),
+        # the zoo qwen35 trunk + the qwen35-mtp-self head as mtp.* (mlx-format checkpoint)
+        NativeRecipe("qwen35-native", "qwen3_5", 5005, 1),
     )
 }
 NAMES = tuple(RECIPES)
 # zoo target name -> (directory plain decode / the speculative target loads, MTP checkpoint)
-TARGETS = {"glm-mtp": ("glm-mtp", "glm-mtp"), "deepseek-mtp": ("deepseek-mtp-plain", "deepseek-mtp")}
+TARGETS = {"glm-mtp": ("glm-mtp", "glm-mtp"), "deepseek-mtp": ("deepseek-mtp-plain", "deepseek-mtp"),
+           "qwen35-native": ("qwen35-native", "qwen35-native")}
 
 
 class NativeDriftError(RuntimeError):
@@ -75,6 +86,10 @@ def config(name: str) -> dict[str, Any]:
     from zoo.build import BOS_ID, EOS_ID, VOCAB_SIZE
 
     r = RECIPES[name]
+    if r.arch == "qwen3_5":
+        from zoo.heads import head_config
+
+        return {**head_config("qwen35-mtp-self")["text_config"], "mtp_num_hidden_layers": 1}
     cfg: dict[str, Any] = {
         "model_type": r.arch, "vocab_size": VOCAB_SIZE, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -137,6 +152,12 @@ def weights(name: str) -> dict[str, np.ndarray]:
     from zoo.build import seeded_rng
 
     r = RECIPES[name]
+    if r.arch == "qwen3_5":
+        from zoo.build import model_weights
+        from zoo.heads import head_weights
+
+        head = head_weights("qwen35-mtp-self")
+        return {**model_weights("qwen35"), **{f"mtp.{k}": head[k] for k in head}}
     cfg = config(name)
     trunk = _trunk(name)
     if r.strip:

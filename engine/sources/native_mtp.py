@@ -281,8 +281,25 @@ def describe(path: str | Path, conventions: Conventions | str | dict[str, Any] |
     return {"family": family, "layout": layout, "depth_layers": depth, **conv.to_json()}
 
 
-def _block_keys(layout: str, depth: int, n: int, tensors: dict[str, mx.array]) -> dict[str, mx.array]:
-    """Checkpoint names -> ``blocks.j.*`` names of :class:`NativeMTPHead`."""
+_QWEN_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight",
+               ".k_norm.weight", "norm.weight", "pre_fc_norm_embedding.weight",
+               "pre_fc_norm_hidden.weight")
+
+
+def _mlx_format(path: Path) -> bool:
+    """Whether the checkpoint's safetensors say ``format: mlx`` (mlx-vlm ``_is_mlx_safetensors``)."""
+    f = sorted(path.glob("*.safetensors"))[0]
+    loaded: Any = mx.load(str(f), return_metadata=True)
+    return bool(loaded[1].get("format") == "mlx")
+
+
+def _block_keys(layout: str, depth: int, n: int, tensors: dict[str, mx.array],
+                mlx_format: bool = True) -> dict[str, mx.array]:
+    """Checkpoint names -> ``blocks.j.*`` names of :class:`NativeMTPHead`.
+
+    ``mtp.*`` norms of a Hugging Face checkpoint are zero-centred and shifted by +1
+    (mlx-vlm 0.7.10 ``Qwen3_5MTPDraftModel.sanitize``); an mlx-format checkpoint's are
+    read as they are (``Qwen3_5MTPSplitter.on_mlx_source``)."""
     out: dict[str, mx.array] = {}
     if layout == "layers":
         for k, v in tensors.items():
@@ -308,6 +325,8 @@ def _block_keys(layout: str, depth: int, n: int, tensors: dict[str, mx.array]) -
     names = {"mtp.fc.weight": "eh_proj.weight", "mtp.pre_fc_norm_embedding.weight": "enorm.weight",
              "mtp.pre_fc_norm_hidden.weight": "hnorm.weight", "mtp.norm.weight": "norm.weight"}
     for k, v in tensors.items():
+        if not mlx_format and any(k.endswith(sfx) for sfx in _QWEN_NORMS) and v.ndim == 1:
+            v = v + 1.0
         if k in names:
             out[f"blocks.0.{names[k]}"] = v
         elif k.startswith("mtp.layers.0."):
@@ -371,7 +390,7 @@ def load_head(path: str | Path) -> tuple[NativeMTPHead, dict[str, Any]]:
     tc = _text_config(cfg)
     layout, depth, tensors = read_layout(p)
     n = int(tc["num_hidden_layers"])
-    weights = _block_keys(layout, depth, n, tensors)
+    weights = _block_keys(layout, depth, n, tensors, _mlx_format(p))
     h, vocab, eps = int(tc["hidden_size"]), int(tc["vocab_size"]), float(tc.get("rms_norm_eps", 1e-6))
     blocks = []
     for j in range(depth):
