@@ -13,7 +13,9 @@ which drafter-built rows an earlier round kept).
 Planted convention bugs (the engine source reading another value than the one it
 declares and records) are each caught with the first differing draft row named
 by round and position: pre/post-norm swapped, concat order swapped, position off
-by one, position-0 mask missing, one head reused where the checkpoint chains two.
+by one (every row: RoPE attention sees relative positions only, so a uniform shift
+shows through the position-0 mask alone) and chain rows one position late,
+position-0 mask missing, one head reused where the checkpoint chains two.
 """
 
 from __future__ import annotations
@@ -100,9 +102,12 @@ def _plant(monkeypatch, bug: str) -> None:
         monkeypatch.setattr(nm.NativeMTPSource, "_target_hidden", lambda self, h: h)
     elif bug == "concat order":
         swapped(concat="h;e")
-    elif bug == "position off by one":
+    elif bug == "position off by one":  # every row: visible only through the position-0 mask
         monkeypatch.setattr(nm.NativeMTPSource, "_run",
                             lambda self, j, t, h, pos: real_run(self, j, t, h, pos + 1))
+    elif bug == "chain rows one position late":
+        monkeypatch.setattr(nm.NativeMTPSource, "_run", lambda self, j, t, h, pos: real_run(
+            self, j, t, h, pos + (1 if pos > self._round_start else 0)))
     elif bug == "position-0 mask missing":
         monkeypatch.setattr(nm.NativeMTPSource, "_embed",
                             lambda self, t, pos: self.embed(t.reshape(1, -1).astype(nm.mx.uint32)))
@@ -115,6 +120,7 @@ def _plant(monkeypatch, bug: str) -> None:
     ("glm-mtp", "concat order", "round 0, position 0"),
     ("glm-mtp", "position off by one", "round 0, position 0"),
     ("glm-mtp", "position-0 mask missing", "round 0, position 0"),
+    ("glm-mtp", "chain rows one position late", "round 0, position 1"),
     ("deepseek-mtp", "depth reuse", "round 0, position 1"),
     ("deepseek-mtp", "pre/post-norm swapped", "round 0, position 0"),
 ])

@@ -184,3 +184,7 @@ def compare(engine: dict[tuple[int, int], Any], reference: dict[tuple[int, int],
         if d > bound:
             bad.append(f"round {key[0]}, position {key[1]}: |Δ log-prob| {d:.3g} > {bound:g}")
     return bad
+
+
+def require() -> None:
+    """Always available: it needs mlx-lm only (the harness's own dependency)."""
