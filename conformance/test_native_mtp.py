@@ -229,3 +229,35 @@ def test_header_records_every_convention(target: str, drafter: str, want: dict) 
     assert {k: conv[k] for k in want} == want
     assert recs[0]["params"]["prefill"] == "full"
     assert any(r["type"] == "round" for r in recs)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_cli_records_and_grades_the_conventions(tmp_path, capsys) -> None:
+    """generate detects the source; record --mtp-conventions records them; grade re-runs them;
+    a bad value or the flag on another source is refused in one line (exit 2)."""
+    import json
+
+    from specparity.cli import main
+    from zoo.native_mtp import model_dir
+
+    ck = str(model_dir("glm-mtp"))
+    assert main(["generate", "--target", ck, "--draft", ck, "-n", "6", "--prompt-ids", "5,6,7"]) == 0
+    assert "source native-mtp" in capsys.readouterr().err
+    out = tmp_path / "rec"
+    assert main(["record", "--runner", "engine", "--target", ck, "--draft", ck, "--source", "native-mtp",
+                 "-n", "8", "--prompt-ids", "5,6,7,8", "--mtp-conventions", "hidden=pre-norm,trim=rebuild",
+                 "--out", str(out)]) == 0
+    (trace,) = (out / "engine").glob("*.jsonl")
+    conv = json.loads(trace.read_text().splitlines()[0])["params"]["mtp_conventions"]
+    assert (conv["hidden"], conv["trim"], conv["family"]) == ("pre-norm", "rebuild", "glm")
+    assert main(["grade", str(out), "--out", str(tmp_path / "grade")]) == 0
+    capsys.readouterr()
+    assert main(["record", "--runner", "engine", "--target", ck, "--draft", ck, "--source", "native-mtp",
+                 "-n", "4", "--prompt-ids", "5,6", "--mtp-conventions", "depth=deep",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "convention depth='deep'" in capsys.readouterr().err
+    assert main(["generate", "--target", ck, "--source", "ngram", "-n", "4", "--prompt-ids", "5,6",
+                 "--mtp-conventions", "hidden=pre-norm"]) == 2
+    assert "applies to the native-mtp source" in capsys.readouterr().err

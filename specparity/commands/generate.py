@@ -32,7 +32,8 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--source", default="auto",
                    help="draft source kind: auto (detect from --draft, §3), two-model, ngram, mtp "
                         "(qwen3_5_mtp head dir), assistant (gemma4_assistant dir), deepspec "
-                        "(Gemma4DSparkModel dir), dspark (dspark.json dir)")
+                        "(Gemma4DSparkModel dir), dspark (dspark.json dir), native-mtp (a checkpoint carrying its "
+                        "own MTP layers: model.layers.{N}.* or mtp.*)")
     g.add_argument("--confidence-threshold", type=a.finite_float, default=None,
                    help="deepspec/dspark: prune the block at the first position whose confidence is "
                         "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "

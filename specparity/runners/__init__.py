@@ -25,14 +25,16 @@ NATIVE_SOURCE = "native-mtp"  # MTP layers inside the target checkpoint (zoo/nat
 
 
 def native_conventions(case: Case) -> str | None:
-    """The convention preset a ``native-mtp`` case names: drafter ``native`` (the checkpoint
-    family's defaults) or ``native-<family>`` (``glm``, ``deepseek``, ``qwen`` defaults)."""
+    """The conventions a ``native-mtp`` case names in its drafter: ``native`` (the checkpoint
+    family's defaults) or ``native-<family>`` (``glm``, ``deepseek``, ``qwen`` defaults), then
+    optionally ``+name=value,...`` over them (what ``--mtp-conventions`` and ``grade`` add)."""
     from engine.sources.native_mtp import FAMILY_DEFAULTS
 
-    d = case.drafter or ""
-    fam = d[len("native-"):] if d.startswith("native-") else ""
-    return ",".join(f"{k}={v}" for k, v in FAMILY_DEFAULTS[fam].to_json().items()) \
-        if fam in FAMILY_DEFAULTS else None
+    name, _, extra = (case.drafter or "").partition("+")
+    fam = name[len("native-"):] if name.startswith("native-") else ""
+    parts = [f"{k}={v}" for k, v in FAMILY_DEFAULTS[fam].to_json().items()] if fam in FAMILY_DEFAULTS else []
+    parts += [extra] if extra else []
+    return ",".join(parts) or None
 
 
 def dspark_drafter(case: Case) -> tuple[str, float]:
