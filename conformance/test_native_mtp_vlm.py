@@ -110,6 +110,7 @@ def test_planted_convention_bug_is_caught_by_mlx_vlm(plant: str, first: int) -> 
 
 @pytest.fixture(scope="module")
 def vlm_split(tmp_path_factory):
+    require_oracle("mlx_vlm_native_mtp")
     from oracles.mlx_vlm_native_mtp import split
     from zoo.native_mtp import target_paths
 
