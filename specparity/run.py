@@ -248,9 +248,7 @@ def zoo_cases(
     from specparity.suite import PairSpec, Sampling, suite_cases
     from zoo.native_mtp import MATRIX, MATRIX_PROMPTS
 
-    known_t = [*zoo_targets(), *dict.fromkeys(t for t, _ in MATRIX)]
-    known_d = [*zoo_drafters(), *dict.fromkeys(d for _, d in MATRIX)]
-    for names, known, what in ((targets, known_t, "target"), (drafters, known_d, "drafter")):
+    for names, known, what in ((targets, zoo_targets(), "target"), (drafters, zoo_drafters(), "drafter")):
         bad = [n for n in names or () if n not in known]
         if bad:
             raise ValueError(f"unknown zoo {what}(s) {', '.join(map(repr, bad))}; known: {', '.join(known)}")
