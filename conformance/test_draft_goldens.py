@@ -35,7 +35,7 @@ from oracles.drafts import logits_digest
 from specparity.goldens import GOLDEN_DIR, GOLDEN_RUNNERS, check_goldens, golden_key, golden_path
 from traces.io import Trace, read_trace
 
-DRAFT_RUNNERS = ("mlx_vlm_mtp", "mlx_vlm_assistant", "optiq_assistant")
+DRAFT_RUNNERS = ("mlx_vlm_mtp", "mlx_vlm_native_mtp", "mlx_vlm_assistant", "optiq_assistant")
 CASES = [(r, c) for r in DRAFT_RUNNERS for c in GOLDEN_RUNNERS[r].cases()]
 
 # Draft-logit comparison bounds (|Δ log-prob| of the top tokens, and of the probability
@@ -43,7 +43,9 @@ CASES = [(r, c) for r in DRAFT_RUNNERS for c in GOLDEN_RUNNERS[r].cases()]
 # differ by <= 3.3e-5 over the 376 golden draft steps: 1e-4. Assistant: the engine mirrors
 # optiq op for op, bit-identical on all 184 golden draft steps: 0 (sha256 equality); mlx-vlm's
 # own assistant layers at the same positions differ by <= 1e-6: 1e-5.
-BOUNDS = {"mlx_vlm_mtp": 1e-4, "mlx_vlm_assistant": 1e-5, "optiq_assistant": 0.0}
+# native-mtp vs mlx-vlm on qwen35-native: worst 6e-6 on round-0 rows (test_native_mtp_vlm.py): 1e-4.
+BOUNDS = {"mlx_vlm_mtp": 1e-4, "mlx_vlm_native_mtp": 1e-4, "mlx_vlm_assistant": 1e-5,
+          "optiq_assistant": 0.0}
 
 
 def digest_mismatch(live: dict[str, Any], ref: dict[str, Any], atol: float) -> str | None:
@@ -88,24 +90,30 @@ def recording_drafts() -> Iterator[list[list[dict[str, Any]]]]:
     digest of every draft's logits."""
     from engine.sources.assistant import AssistantSource
     from engine.sources.mtp import MTPSource
+    from engine.sources.native_mtp import NativeMTPSource
 
     rounds: list[list[dict[str, Any]]] = []
     mtp_draft, asst_draft = MTPSource.draft, AssistantSource.draft
+    native_draft = NativeMTPSource.draft
 
-    def mtp(self: Any, feed: list[int], n: int, step_base: int, anchor: Any) -> list[int]:
-        head, rows = self.lm_head, []
+    def head_wrapped(real: Any) -> Any:
+        def draft(self: Any, feed: list[int], n: int, step_base: int, anchor: Any) -> list[int]:
+            head, rows = self.lm_head, []
 
-        def recorded(h: Any) -> Any:
-            out = head(h)
-            rows.append(logits_digest(out))
-            return out
+            def recorded(h: Any) -> Any:
+                out = head(h)
+                rows.append(logits_digest(out))
+                return out
 
-        self.lm_head = recorded
-        try:
-            return mtp_draft(self, feed, n, step_base, anchor)
-        finally:
-            self.lm_head = head
-            rounds.append(rows)
+            self.lm_head = recorded
+            try:
+                return real(self, feed, n, step_base, anchor)
+            finally:
+                self.lm_head = head
+                rounds.append(rows)
+        return draft
+
+    mtp = head_wrapped(mtp_draft)
 
     def assistant(self: Any, feed: list[int], n: int, step_base: int, anchor: Any) -> list[int]:
         drafter, rows = self.drafter, []
@@ -123,10 +131,12 @@ def recording_drafts() -> Iterator[list[list[dict[str, Any]]]]:
             rounds.append(rows)
 
     MTPSource.draft, AssistantSource.draft = mtp, assistant  # type: ignore[method-assign]
+    NativeMTPSource.draft = head_wrapped(native_draft)  # type: ignore[method-assign]
     try:
         yield rounds
     finally:
         MTPSource.draft, AssistantSource.draft = mtp_draft, asst_draft  # type: ignore[method-assign]
+        NativeMTPSource.draft = native_draft  # type: ignore[method-assign]
 
 
 def engine_drafts(case: Any) -> tuple[Trace, list[list[dict[str, Any]]]]:

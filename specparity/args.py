@@ -227,17 +227,19 @@ def choice_list(known: Callable[[], Iterable[str]], what: str) -> Callable[[str]
 
 
 def zoo_targets() -> list[str]:
-    """The zoo's target names (``--targets``)."""
+    """The zoo's target names (``--targets``), the native-MTP targets of the run matrix included."""
     import zoo
+    from zoo.native_mtp import MATRIX
 
-    return [*zoo.TARGETS, zoo.TRAINED_TARGET, zoo.KV_TARGET]
+    return [*zoo.TARGETS, zoo.TRAINED_TARGET, zoo.KV_TARGET, *dict.fromkeys(t for t, _ in MATRIX)]
 
 
 def zoo_drafters() -> list[str]:
-    """The zoo's drafter names (``--drafters``)."""
+    """The zoo's drafter names (``--drafters``), the native-MTP matrix's included."""
     import zoo
+    from zoo.native_mtp import MATRIX
 
-    return [*zoo.DRAFTERS, zoo.TRAINED_DRAFTER]
+    return [*zoo.DRAFTERS, zoo.TRAINED_DRAFTER, *dict.fromkeys(d for _, d in MATRIX)]
 
 
 def runner_names() -> list[str]:

@@ -51,6 +51,14 @@ def case_from_args(args: argparse.Namespace) -> Any:
             drafter = f"{kind}-{label}-t{args.confidence_threshold or 0:g}"
         else:
             drafter = label if kind == "two-model" else f"{kind}-{label}"
+    conv = getattr(args, "mtp_conventions", None)
+    if conv:
+        if kind != "native-mtp":
+            raise ValueError(f"--mtp-conventions applies to the native-mtp source, not {kind or 'plain decode'}")
+        from engine.sources.native_mtp import Conventions
+
+        Conventions.parse(conv)  # a bad name or value: one line, exit 2
+        drafter = f"{drafter}+{conv}"
     processors = ""
     try:
         from specparity.processor_args import processors_from_args

@@ -29,6 +29,11 @@ rounds) and a digest of the logits of every draft (header ``draft_logits``,
   (``optiq-spec-budget-drafts``, ``optiq-stopping-eos``, named in the header's
   ``normalizations``) at record time.
 
+- ``mlx_vlm_native_mtp``: the same mlx-vlm loop and drafter class loaded from the
+  zoo's native Qwen checkpoint ``qwen35-native`` (``mtp.*`` inside the target;
+  mlx-vlm's own splitter, ``oracles/mlx_vlm_native_mtp.py``), pre-norm adapter:
+  the engine's ``native-mtp`` source under the qwen conventions with ``hidden=pre-norm``.
+
 Both are goldens of the registry (``specparity/goldens.py``: staleness by
 package version, runner code and every other input as for any golden),
 written by ``specparity regen --runner mlx_vlm_mtp`` (``tox -e vlm``'s
@@ -51,6 +56,20 @@ ASSISTANT_PROMPTS = ("nat-03", "rnd-14")  # prompt + budget + block inside gemma
 ASSISTANT_GAMMAS = (1, 3)
 ASSISTANT_MAX_TOKENS = 14
 OPTIQ_NORMALIZATIONS = ("optiq-spec-budget-drafts", "optiq-stopping-eos")
+
+
+NATIVE_PROMPTS = ("nat-00", "nat-01", "rnd-00")
+NATIVE_GAMMAS = (1, 2)  # mlx-vlm's splitter writes block_size = depth + 2 = 3
+
+
+def native_draft_cases() -> list[Any]:
+    """``native-mtp`` on the Qwen ``mtp.*`` checkpoint (``zoo/native_mtp.py`` ``qwen35-native``),
+    the family mlx-vlm implements: the qwen conventions with §3's pre-norm hidden (mlx-vlm's
+    draft logits are recorded on its pre-norm target adapter, as for ``mlx_vlm_mtp``)."""
+    from specparity.cases import Case
+
+    return [Case("qwen35-native", "native+hidden=pre-norm", p, g, MTP_MAX_TOKENS, source="native-mtp")
+            for p in NATIVE_PROMPTS for g in NATIVE_GAMMAS]
 
 
 def mtp_draft_cases() -> list[Any]:
@@ -105,6 +124,35 @@ def produce_mlx_vlm_mtp(case: Any) -> list[dict[str, Any]]:
         zoo.model_dir(case.target), head_dir(case.drafter), list(header["prompt"]["token_ids"]),
         gamma=case.gamma, max_tokens=case.max_tokens, eos_ids=list(header["eos_ids"]),
         model=_vlm_target(case.target), draft_logits=True,
+    )
+    header["draft_logits"] = info["draft_logits"]
+    return [header, *body]
+
+
+@cache
+def _vlm_split(checkpoint: str) -> Any:
+    """mlx-vlm's own splitter on a native checkpoint (a drafter dir ``run_mtp`` reads)."""
+    import tempfile
+
+    from oracles.mlx_vlm_native_mtp import split
+
+    return split(checkpoint, tempfile.mkdtemp(prefix="specparity-vlm-split-"))
+
+
+def produce_mlx_vlm_native_mtp(case: Any) -> list[dict[str, Any]]:
+    """All records of a ``native-mtp`` case from mlx-vlm's MTP loop (the §3-aligned pre-norm target
+    adapter, as ``produce_mlx_vlm_mtp``) with the drafter its splitter makes of the native
+    checkpoint; header ``draft_logits`` included."""
+    import zoo
+    from oracles.mlx_vlm import run_mtp, version
+    from specparity.runners import case_paths
+
+    header, _ = _header({"name": "mlx_vlm_native_mtp", "package": "mlx-vlm", "version": version()}, case)
+    split_dir = _vlm_split(str(case_paths(case)[1]))
+    body, info = run_mtp(
+        zoo.model_dir("qwen35"), split_dir, list(header["prompt"]["token_ids"]),
+        gamma=case.gamma, max_tokens=case.max_tokens, eos_ids=list(header["eos_ids"]),
+        model=_vlm_target("qwen35"), draft_logits=True,
     )
     header["draft_logits"] = info["draft_logits"]
     return [header, *body]

@@ -199,6 +199,14 @@ GOLDEN_RUNNERS["mlx_vlm_mtp"] = GoldenRunner(
     produce=lambda case: _draft_goldens().produce_mlx_vlm_mtp(case),
     requires="mlx_vlm",
 )
+GOLDEN_RUNNERS["mlx_vlm_native_mtp"] = GoldenRunner(
+    "mlx_vlm_native_mtp", "mlx-vlm",
+    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "oracles.mlx_vlm_native_mtp",
+     "specparity.draft_goldens"),
+    cases=lambda: _draft_goldens().native_draft_cases(),
+    produce=lambda case: _draft_goldens().produce_mlx_vlm_native_mtp(case),
+    requires="mlx_vlm_native_mtp",
+)
 GOLDEN_RUNNERS["mlx_vlm_assistant"] = GoldenRunner(
     "mlx_vlm_assistant", "mlx-vlm",
     ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.draft_goldens"),

@@ -128,6 +128,12 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
             drafter = f"{source}-{model_label(dpath)}-t{p.get('confidence_threshold') or 0:g}"
         else:
             drafter = model_label(dpath) if source == "two-model" else f"{source}-{model_label(dpath)}"
+        conv = p.get("mtp_conventions") if source == "native-mtp" else None
+        if isinstance(conv, dict):  # re-run with the conventions the trace recorded
+            from engine.sources.native_mtp import Conventions
+
+            keys = Conventions().to_json()
+            drafter += "+" + ",".join(f"{k}={conv[k]}" for k in keys if k in conv)
     extra: dict[str, Any] = {}
     lp = p.get("logits_processors")
     if isinstance(lp, dict):

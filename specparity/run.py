@@ -249,7 +249,9 @@ def zoo_cases(
     """
     import zoo
     from specparity.args import zoo_drafters, zoo_targets
+    from specparity.cases import pick_prompts
     from specparity.suite import PairSpec, Sampling, suite_cases
+    from zoo.native_mtp import MATRIX, MATRIX_PROMPTS
 
     for names, known, what in ((targets, zoo_targets(), "target"), (drafters, zoo_drafters(), "drafter")):
         bad = [n for n in names or () if n not in known]
@@ -258,7 +260,9 @@ def zoo_cases(
     pairs = [(t, d) for (t, d) in zoo.pairs()
              if (targets is None or t in targets) and (drafters is None or d in drafters)]
     kv = (targets is None or zoo.KV_TARGET in targets) and (drafters is None or "twin" in drafters)
-    if not pairs and not kv:
+    native = [(t, d) for (t, d) in MATRIX  # zoo/native_mtp.py: native-MTP targets, a few prompts
+              if (targets is None or t in targets) and (drafters is None or d in drafters)]
+    if not pairs and not kv and not native:
         raise ValueError(f"no zoo pair matches targets={targets} drafters={drafters}")
     common: dict[str, Any] = dict(max_tokens=max_tokens, sampling=tuple(sampling or (Sampling(),)),
                                   eos_ids=eos_ids, truncate=truncate)
@@ -271,8 +275,13 @@ def zoo_cases(
                            where=f"zoo pair {zoo.KV_TARGET}/twin",
                            **{"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": start, **(cache or {})})
                   for start in (0, 36)]
+    prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)[:MATRIX_PROMPTS]
+    native_cases = [Case(t, d, p, g, max_tokens, source="native-mtp", eos_ids=eos_ids,
+                         temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed,
+                         processors=smp.processors, **(cache or {}))
+                    for (t, d) in native for smp in common["sampling"] for g in gammas for p in prompt_ids]
     # cache settings given for the whole matrix can make the two quantized-KV cases one
-    return list(dict.fromkeys(suite_cases(specs, max_cases=max_cases)))
+    return list(dict.fromkeys([*suite_cases(specs, max_cases=max_cases), *native_cases]))
 
 
 def check_unique(cases: list[Case]) -> list[Case]:

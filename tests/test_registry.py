@@ -32,6 +32,7 @@ SOURCE_CASES: dict[str, Case] = {
     "assistant": Case("gemma4", "gemma4-assistant", "nat-03", 3, 8, source="assistant"),
     "deepspec": Case("gemma4", "deepspec-t0", "nat-03", 4, 8, source="deepspec"),
     "dspark": Case("gemma4", "dspark-t0", "nat-03", 4, 8, source="dspark"),
+    "native-mtp": Case("glm-mtp", "native", "nat-00", 2, 8, source="native-mtp"),
 }
 
 

@@ -19,6 +19,7 @@ _PROVIDERS: dict[str, tuple[str, str]] = {
     "two-model": ("engine.sources.two_model", "TwoModelProvider"),
     "ngram": ("engine.sources.ngram", "NgramProvider"),
     "mtp": ("engine.sources.mtp", "MTPProvider"),
+    "native-mtp": ("engine.sources.native_mtp", "NativeMTPProvider"),
     "assistant": ("engine.sources.assistant", "AssistantProvider"),
     "deepspec": ("engine.sources.deepspec", "DeepSpecProvider"),
     "dspark": ("engine.sources.dspark", "DSparkProvider"),
@@ -61,7 +62,7 @@ def open_drafter(
 
         d = load(draft_dir)
         return make_provider(kind, draft_model=d.model, draft_tokenizer=d.tokenizer), gamma
-    if kind in ("mtp", "assistant"):
+    if kind in ("mtp", "assistant", "native-mtp"):
         return make_provider(kind, path=draft_dir), gamma
     kw = {} if confidence_threshold is None else {"confidence_threshold": confidence_threshold}
     provider = make_provider(kind, model=draft_dir, **kw)

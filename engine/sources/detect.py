@@ -4,7 +4,9 @@ Reference: ``../shared/reference/speculative-decoding.md`` §3 (mlx-bun
 ``src/server.ts`` ``detectDraftKind``): ``dspark.json`` → ``dspark``;
 ``config.json`` ``architectures[0] == "Gemma4DSparkModel"`` → ``deepspec``;
 ``model_type`` containing ``assistant`` → ``assistant``; ``model_type`` ending
-``_mtp`` → ``mtp``; else ``two-model``. ``ngram`` is never detected (it has no
+``_mtp`` → ``mtp``; a checkpoint declaring ``num_nextn_predict_layers`` (or
+``mtp_num_hidden_layers``) and carrying the MTP tensors (``model.layers.{N}.*``,
+``mtp.*``) → ``native-mtp``; else ``two-model``. ``ngram`` is never detected (it has no
 artifact) and refuses a drafter directory.
 """
 
@@ -40,6 +42,10 @@ def detect_kind(draft_dir: str | Path) -> str:
         return "assistant"
     if model_type.endswith("_mtp"):
         return "mtp"
+    from engine.sources.native_mtp import detect as carries_mtp
+
+    if carries_mtp(d):  # a checkpoint carrying its own MTP layers (model.layers.{N}, mtp.*)
+        return "native-mtp"
     return "two-model"
 
 

@@ -33,11 +33,16 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--source", default="auto",
                    help="draft source kind: auto (detect from --draft, §3), two-model, ngram, mtp "
                         "(qwen3_5_mtp head dir), assistant (gemma4_assistant dir), deepspec "
-                        "(Gemma4DSparkModel dir), dspark (dspark.json dir)")
+                        "(Gemma4DSparkModel dir), dspark (dspark.json dir), native-mtp (a checkpoint carrying its "
+                        "own MTP layers: model.layers.{N}.* or mtp.*)")
     g.add_argument("--confidence-threshold", type=a.finite_float, default=None,
                    help="deepspec/dspark: prune the block at the first position whose confidence is "
                         "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "
                         "calibrated thresholds)")
+    g.add_argument("--mtp-conventions", default=None, metavar="NAME=VALUE,...",
+                   help="native-mtp: conventions over the checkpoint family's defaults, e.g. "
+                        "hidden=pre-norm,concat=h;e,position_base=1,mask_pos0=false,depth=chain,"
+                        "chain_hidden=pre-norm,trim=rebuild (recorded in the trace header)")
     g.add_argument("-n", "--max-tokens", type=a.max_tokens, default=64)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -121,8 +126,13 @@ def main(args: argparse.Namespace) -> int:
     if kind is None:
         result = plain_generate(target.model, ids, params, on_token=on_token)
     else:
-        provider, gamma = open_drafter(kind, args.draft, gamma=args.gamma,
-                                       confidence_threshold=args.confidence_threshold)
+        if kind == "native-mtp":
+            from engine.sources import make_provider
+
+            provider, gamma = make_provider(kind, path=args.draft, conventions=args.mtp_conventions), args.gamma
+        else:
+            provider, gamma = open_drafter(kind, args.draft, gamma=args.gamma,
+                                           confidence_threshold=args.confidence_threshold)
         check = getattr(provider, "check_target", None)
         if check is not None:
             check(target.model, target.tokenizer)
@@ -161,7 +171,9 @@ def main(args: argparse.Namespace) -> int:
                     "prefill_step_size": 512 if kind else 2048,
                     "confidence_threshold": args.confidence_threshold,
                     **_processors_param(params.sampler.processors),
-                    **kv_params(case), **_rotating_params(args.rotating, kind, target, provider)},
+                    **kv_params(case),
+                    **({"mtp_conventions": provider.header_params()} if kind == "native-mtp" else {}),
+                    **_rotating_params(args.rotating, kind, target, provider)},
             prompt_id=case.prompt_id, prompt_ids=ids, eos_ids=eos_ids,
         )
         args.trace.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,20 @@ from traces.records import make_header
 
 HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (zoo/heads.py)
 DSPARK_SOURCES = ("deepspec", "dspark")  # block drafters (zoo/dspark.py artifacts)
+NATIVE_SOURCE = "native-mtp"  # MTP layers inside the target checkpoint (zoo/native_mtp.py)
+
+
+def native_conventions(case: Case) -> str | None:
+    """The conventions a ``native-mtp`` case names in its drafter: ``native`` (the checkpoint
+    family's defaults) or ``native-<family>`` (``glm``, ``deepseek``, ``qwen`` defaults), then
+    optionally ``+name=value,...`` over them (what ``--mtp-conventions`` and ``grade`` add)."""
+    from engine.sources.native_mtp import FAMILY_DEFAULTS
+
+    name, _, extra = (case.drafter or "").partition("+")
+    fam = name[len("native-"):] if name.startswith("native-") else ""
+    parts = [f"{k}={v}" for k, v in FAMILY_DEFAULTS[fam].to_json().items()] if fam in FAMILY_DEFAULTS else []
+    parts += [extra] if extra else []
+    return ",".join(parts) or None
 
 
 def dspark_drafter(case: Case) -> tuple[str, float]:
@@ -84,7 +98,13 @@ def _identity(path: str) -> dict[str, Any]:
 
 def case_paths(case: Case) -> tuple[Path, Path | None]:
     import zoo
+    from zoo.native_mtp import TARGETS as NATIVE_TARGETS
 
+    if case.on_zoo and case.target in NATIVE_TARGETS:
+        from zoo.native_mtp import target_paths
+
+        tdir, ckpt = target_paths(case.target)
+        return tdir, (ckpt if case.drafter is not None else None)
     if not case.on_zoo:
         assert case.target_path is not None
         dpath = Path(case.draft_path) if case.drafter is not None and case.draft_path else None
@@ -103,6 +123,12 @@ def case_paths(case: Case) -> tuple[Path, Path | None]:
 
 
 def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
+    if case.drafter is not None and case.source == NATIVE_SOURCE:
+        from engine.sources.native_mtp import describe
+
+        # header objects may carry extra keys: every MTP convention is recorded
+        return {**_base_params(case, "full"),
+                "mtp_conventions": describe(case_paths(case)[1], native_conventions(case))}
     if case.drafter is not None and case.source in DSPARK_SOURCES:
         from zoo.dspark import _manifest
 
@@ -178,7 +204,8 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
     assert r.run is not None
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
-    draft = load_model(str(dpath)) if dpath is not None and case.source not in (*HEAD_SOURCES, *DSPARK_SOURCES) else None
+    draft = load_model(str(dpath)) if dpath is not None and case.source not in (
+        *HEAD_SOURCES, *DSPARK_SOURCES, NATIVE_SOURCE) else None
     if case.prompt_tokens is None:
         if not case.on_zoo:
             raise ValueError(f"case {case.case_id}: a case on a model path needs its prompt's token ids")

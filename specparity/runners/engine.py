@@ -23,8 +23,10 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
     from specparity.runners import (
         DSPARK_SOURCES,
         HEAD_SOURCES,
+        NATIVE_SOURCE,
         dspark_drafter,
         kv_params,
+        native_conventions,
         processor_params,
     )
 
@@ -53,6 +55,9 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
         result = spec_generate(x.target.model, provider, x.ids, params)
     elif case.source == "ngram":
         result = spec_generate(x.target.model, make_provider("ngram", gamma=case.gamma), x.ids, params)
+    elif case.source == NATIVE_SOURCE:
+        provider = make_provider(case.source, path=x.dpath, conventions=native_conventions(case))
+        result = spec_generate(x.target.model, provider, x.ids, params)
     elif case.source in HEAD_SOURCES:
         result = spec_generate(x.target.model, make_provider(case.source, path=x.dpath), x.ids, params)
     else:  # unreachable: the registry refuses an undeclared source first
@@ -64,7 +69,8 @@ RUNNER = Runner(
     name="engine",
     kind="engine",
     package="specparity",
-    sources=sources(OPTIONS, "plain", "two-model", "ngram", "mtp", "assistant", "deepspec", "dspark"),
+    sources=sources(OPTIONS, "plain", "two-model", "ngram", "mtp", "assistant", "deepspec", "dspark",
+                    "native-mtp"),
     run=run,
     header=lambda: {"name": "engine", "package": "specparity", "version": metadata.version("specparity")},
     rank=0,
