@@ -173,6 +173,27 @@ MAX_TRACES = 10_000
 """Traces graded in one call (each is re-run by every reference)."""
 
 
+def _is_run_output(folder: Path) -> bool:
+    """Whether ``folder`` is a ``run``/``grade`` output (its marker names a run).
+
+    A folder whose marker lists only files other commands added (``record --out``,
+    ``bench``, ``ab``: state ``outputs``) is a user's folder holding traces, and is
+    graded; an unreadable marker counts as a run output (never graded by mistake).
+    """
+    import json
+
+    from reports.tables import RUN_MARKER
+
+    marker = folder / RUN_MARKER
+    if not marker.exists():
+        return False
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(data, dict) and data.get("state") == "outputs" and not data.get("run_id"))
+
+
 def find_traces(trace_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """The ``*.jsonl`` regular files under ``trace_dir``, bounded and without specparity outputs.
 
@@ -190,7 +211,7 @@ def find_traces(trace_dir: Path, out_dir: Path | None = None) -> list[Path]:
     root = Path(trace_dir)
     if not root.is_dir():
         raise GradeError(f"{str(root)!r} is not a directory of traces")
-    if (root / RUN_MARKER).exists():
+    if _is_run_output(root):
         raise GradeError(f"{root} is a specparity run/grade output ({RUN_MARKER}), not an engine's "
                          f"traces; give the engine's trace folder (a run's own: {root / 'traces' / 'engine'})")
     skip = out_dir.resolve() if out_dir is not None else None
@@ -209,7 +230,7 @@ def find_traces(trace_dir: Path, out_dir: Path | None = None) -> list[Path]:
             sub_dir = here / d
             if sub_dir.is_symlink() or (skip is not None and sub_dir.resolve() == skip):
                 continue
-            if (sub_dir / RUN_MARKER).exists():
+            if _is_run_output(sub_dir):
                 continue  # a specparity output (e.g. an earlier grade --out): never graded
             if depth + 1 > MAX_WALK_DEPTH:
                 raise GradeError(f"{root}: folders nested deeper than {MAX_WALK_DEPTH} levels "

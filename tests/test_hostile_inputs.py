@@ -2008,3 +2008,27 @@ def test_case_ids_starting_with_a_dot_are_not_hidden(pair: tuple[Path, Path], ti
     assert rc == 0, err
     graded = list((tmp_path / "graded" / "traces" / "engine").iterdir())
     assert graded and not any(p.name.startswith(".") for p in graded), graded
+
+
+def test_grade_reads_a_folder_other_commands_added_traces_to(tiny_run: Path, tmp_path: Path) -> None:
+    """`record --out D` marks D as holding added outputs (state ``outputs``, no run id):
+    D is the user's folder of traces and is graded; a run's marker (a run id) or an
+    unreadable one keeps the folder out."""
+    import json
+
+    from reports.tables import RUN_MARKER
+    from specparity.grade import GradeError, find_traces
+
+    d = tmp_path / "rec"
+    shutil.copytree(tiny_run / "traces" / "engine", d / "engine")
+    own = sorted((d / "engine").glob("*.jsonl"))
+    (d / RUN_MARKER).write_text(json.dumps({"command": "specparity record", "state": "outputs",
+                                            "files": [], "added": [str(p.relative_to(d)) for p in own]}))
+    assert own and find_traces(d) == own
+    (d / RUN_MARKER).write_text(json.dumps({"command": "specparity run", "state": "complete",
+                                            "run_id": "abc", "files": [], "added": []}))
+    with pytest.raises(GradeError, match="is a specparity run/grade output"):
+        find_traces(d)
+    (d / RUN_MARKER).write_text("{not json")
+    with pytest.raises(GradeError, match="is a specparity run/grade output"):
+        find_traces(d)
