@@ -381,9 +381,25 @@ def _head_identity(name: str) -> dict[str, Any]:
 @cache
 def _model_identity(name: str) -> dict[str, Any]:
     import zoo
+    from zoo.native_mtp import TARGETS as NATIVE_TARGETS
 
-    d = zoo.model_dir(name)
+    if name in NATIVE_TARGETS:  # a native-MTP checkpoint (zoo/native_mtp.py): its trunk dir
+        from zoo.native_mtp import target_paths
+
+        d = target_paths(name)[0]
+    else:
+        d = zoo.model_dir(name)
     return {"name": name, "weights_sha256": zoo.weights_digest(d), "config_sha256": zoo.config_digest(d)}
+
+
+@cache
+def _native_checkpoint_identity(name: str) -> dict[str, Any]:
+    import zoo
+    from zoo.native_mtp import target_paths
+
+    ckpt = target_paths(name)[1]
+    return {"name": f"{name} (native MTP checkpoint)", "weights_sha256": zoo.weights_digest(ckpt),
+            "config_sha256": zoo.config_digest(ckpt)}
 
 
 class InputsContext:
@@ -411,6 +427,8 @@ class InputsContext:
         info = GOLDEN_RUNNERS[runner]
         if case.drafter is not None and case.source in ("mtp", "assistant"):
             drafter = _head_identity(case.drafter)  # a zoo head (draft goldens)
+        elif case.drafter is not None and case.source == "native-mtp":
+            drafter = _native_checkpoint_identity(case.target)  # the heads inside the checkpoint
         elif case.drafter is None or case.source != "two-model":
             drafter = None
         else:
