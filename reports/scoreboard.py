@@ -67,6 +67,19 @@ def _cell(r: dict[str, Any]) -> tuple[str, str]:
     return "na", "n/a: " + r["detail"]
 
 
+def _html_cells(r: dict[str, Any], checks: list[str]) -> str:
+    """One ``<td>`` per check of a scoreboard row (``—`` where the check did not run)."""
+    tds = []
+    for c in checks:
+        res = r["checks"].get(c)
+        if res is None:
+            tds.append("<td>—</td>")
+        else:
+            cls, text = _cell(res)
+            tds.append(f"<td class='{cls}'>{html.escape(text.replace('**', ''))}</td>")
+    return "".join(tds)
+
+
 def rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for doc in docs:
@@ -179,15 +192,7 @@ def render_html(docs: list[dict[str, Any]]) -> str:
             out.append(f"<tr><td>{eng}</td><td>—</td><td class='na' colspan='{len(CHECK_ORDER)}'>not run: "
                        f"{e(r['unavailable'])}</td></tr>")
             continue
-        tds = []
-        for c in CHECK_ORDER:
-            res = r["checks"].get(c)
-            if res is None:
-                tds.append("<td>—</td>")
-            else:
-                cls, text = _cell(res)
-                tds.append(f"<td class='{cls}'>{e(text.replace('**', ''))}</td>")
-        out.append(f"<tr><td>{eng}</td><td>{e(r['mode'])}</td>{''.join(tds)}</tr>")
+        out.append(f"<tr><td>{eng}</td><td>{e(r['mode'])}</td>{_html_cells(r, CHECK_ORDER)}</tr>")
     servers = [d for d in docs if is_server(d)]
     if servers:
         out.append("</table><h2>Served engines</h2><table><tr><th>server</th><th>model</th><th>arm</th>"
@@ -199,15 +204,8 @@ def render_html(docs: list[dict[str, Any]]) -> str:
                 out.append(f"<tr><td>{eng}</td><td>{model}</td><td>—</td><td class='na' "
                            f"colspan='{len(SERVER_TITLES)}'>not run: {e(r['unavailable'])}</td></tr>")
                 continue
-            tds = []
-            for c in SERVER_TITLES:
-                res = r["checks"].get(c)
-                if res is None:
-                    tds.append("<td>—</td>")
-                else:
-                    cls, text = _cell(res)
-                    tds.append(f"<td class='{cls}'>{e(text.replace('**', ''))}</td>")
-            out.append(f"<tr><td>{eng}</td><td>{model}</td><td>{e(r['mode'])}</td>{''.join(tds)}</tr>")
+            out.append(f"<tr><td>{eng}</td><td>{model}</td><td>{e(r['mode'])}</td>"
+                       f"{_html_cells(r, list(SERVER_TITLES))}</tr>")
     out.append("</table><h2>Failures</h2><ul>")
     for f in failures(docs):
         out.append(f"<li><b>{e(f['engine'])}</b> <code>{e(f['mode'])}</code> / {e(f['check'])}: {e(f['detail'])}"

@@ -247,7 +247,7 @@ def model_weights(name: str) -> dict[str, np.ndarray]:
     return {k: _init_tensor(r, k, shapes[k]) for k in sorted(shapes)}
 
 
-def _json_bytes(obj: Any) -> bytes:
+def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 
 
@@ -267,24 +267,31 @@ def tokenizer_files() -> dict[str, bytes]:
     special = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN}
     return {
         "tokenizer.json": TOKENIZER_FILE.read_bytes(),
-        "tokenizer_config.json": _json_bytes(tok_cfg),
-        "special_tokens_map.json": _json_bytes(special),
+        "tokenizer_config.json": json_bytes(tok_cfg),
+        "special_tokens_map.json": json_bytes(special),
     }
 
 
-def write_model(name: str, out_dir: Path) -> Path:
-    """Write model ``name`` into ``out_dir`` (created; must not hold other files)."""
+def save_checkpoint(out_dir: Path, weights: dict[str, np.ndarray], config: dict[str, Any],
+                    *, tokenizer: bool = True) -> Path:
+    """Write an mlx-format checkpoint: ``model.safetensors`` (tensors in name order),
+    ``config.json`` and, with ``tokenizer``, the zoo tokenizer's files; byte-reproducible."""
     import mlx.core as mx
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = model_weights(name)
     arrays = {k: mx.array(weights[k]) for k in sorted(weights)}
     mx.save_safetensors(str(out_dir / "model.safetensors"), arrays, metadata={"format": "mlx"})
-    (out_dir / "config.json").write_bytes(_json_bytes(model_config(RECIPES[name])))
-    for fname, data in tokenizer_files().items():
-        (out_dir / fname).write_bytes(data)
+    (out_dir / "config.json").write_bytes(json_bytes(config))
+    if tokenizer:
+        for fname, data in tokenizer_files().items():
+            (out_dir / fname).write_bytes(data)
     return out_dir
+
+
+def write_model(name: str, out_dir: Path) -> Path:
+    """Write model ``name`` into ``out_dir`` (created; must not hold other files)."""
+    return save_checkpoint(out_dir, model_weights(name), model_config(RECIPES[name]))
 
 
 def manifest_entry(name: str, model_path: Path) -> dict[str, Any]:
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, help="build all models into this dir")
     args = ap.parse_args(argv)
     if args.update_manifest:
-        MANIFEST_FILE.write_bytes(_json_bytes(build_manifest()))
+        MANIFEST_FILE.write_bytes(json_bytes(build_manifest()))
         print(f"wrote {MANIFEST_FILE}")
     if args.out:
         for name in MODEL_NAMES:

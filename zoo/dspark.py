@@ -46,6 +46,7 @@ import numpy as np
 
 import zoo
 from engine.dspark import module as dspark_module
+from zoo.build import json_bytes
 
 _HERE = Path(__file__).resolve().parent
 MANIFEST_FILE = _HERE / "dspark_manifest.json"
@@ -254,10 +255,6 @@ def _write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str) ->
     mx.save_safetensors(str(path), {k: mx.array(arrays[k]).astype(dt) for k in sorted(arrays)}, metadata={"format": "pt"})
 
 
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-
 def write_artifact(name: str, out_dir: Path, bigrams: list[list[int]] | None = None) -> Path:
     """Write artifact ``name`` into ``out_dir``."""
     rec = recipe(name)
@@ -271,7 +268,7 @@ def write_artifact(name: str, out_dir: Path, bigrams: list[list[int]] | None = N
         ids = tuple(rec["target_layer_ids"])
         kv = bool(rec.get("attention_k_eq_v", True))
         _write_safetensors(out_dir / "model.safetensors", deepspec_weights(rec["target"], table, ids, kv), rec["dtype"])
-        (out_dir / "config.json").write_bytes(_json_bytes(deepspec_config(rec["target"], ids, kv)))
+        (out_dir / "config.json").write_bytes(json_bytes(deepspec_config(rec["target"], ids, kv)))
     elif kind == "deepspec-quantized":
         from engine.dspark.deepspec_module import quantize_dir
 
@@ -285,7 +282,7 @@ def write_artifact(name: str, out_dir: Path, bigrams: list[list[int]] | None = N
         for f in sorted(src.iterdir()):
             if f.name != "config.json":
                 shutil.copyfile(f, out_dir / f.name)
-        (out_dir / "config.json").write_bytes(_json_bytes(cfg))
+        (out_dir / "config.json").write_bytes(json_bytes(cfg))
     elif kind == "dspark":
 
         table = bigrams if bigrams is not None else rec["bigrams"]

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from zoo.build import json_bytes
+
 HERE = Path(__file__).resolve().parent
 MANIFEST_FILE = HERE / "heads_manifest.json"
 _CHECKED = ("model.safetensors", "config.json")
@@ -284,20 +286,10 @@ def _recipe(name: str) -> HeadRecipe:
     return RECIPES[name]
 
 
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-
 def write_head(name: str, out_dir: Path) -> Path:
-    import mlx.core as mx
+    from zoo.build import save_checkpoint
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    w = head_weights(name)
-    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(w[k]) for k in sorted(w)},
-                        metadata={"format": "mlx"})
-    (out_dir / "config.json").write_bytes(_json_bytes(head_config(name)))
-    return out_dir
+    return save_checkpoint(out_dir, head_weights(name), head_config(name), tokenizer=False)
 
 
 def manifest() -> dict[str, Any]:
@@ -389,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--update-manifest", action="store_true")
     args = ap.parse_args(argv)
     if args.update_manifest:
-        MANIFEST_FILE.write_bytes(_json_bytes(build_manifest()))
+        MANIFEST_FILE.write_bytes(json_bytes(build_manifest()))
         print(f"wrote {MANIFEST_FILE}")
     else:
         for name in HEAD_NAMES:

@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from zoo.build import json_bytes
+
 HERE = Path(__file__).resolve().parent
 MANIFEST_FILE = HERE / "native_mtp_manifest.json"
 _CHECKED = ("model.safetensors", "config.json")
@@ -181,24 +183,10 @@ def weights(name: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-
 def write(name: str, out_dir: Path) -> Path:
-    import mlx.core as mx
+    from zoo.build import save_checkpoint
 
-    from zoo.build import tokenizer_files
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    w = weights(name)
-    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(w[k]) for k in sorted(w)},
-                        metadata={"format": "mlx"})
-    (out_dir / "config.json").write_bytes(_json_bytes(config(name)))
-    for fname, data in tokenizer_files().items():
-        (out_dir / fname).write_bytes(data)
-    return out_dir
+    return save_checkpoint(out_dir, weights(name), config(name))
 
 
 def manifest() -> dict[str, Any]:
@@ -295,9 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.update_manifest:
         m = build_manifest()
-        MANIFEST_FILE.write_bytes(_json_bytes(m))
+        MANIFEST_FILE.write_bytes(json_bytes(m))
         m["acceptance"] = {t: measure(t) for t in TARGETS}
-        MANIFEST_FILE.write_bytes(_json_bytes(m))
+        MANIFEST_FILE.write_bytes(json_bytes(m))
         print(f"wrote {MANIFEST_FILE}")
     else:
         for name in NAMES:

@@ -33,6 +33,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from zoo.build import json_bytes
+
 HERE = Path(__file__).resolve().parent
 TRAINED_ROOT = HERE / "trained"
 TRAINED_MANIFEST = TRAINED_ROOT / "manifest.json"
@@ -176,10 +178,6 @@ def model_config(s: Spec) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-
 def _tokenizer_files() -> dict[str, bytes]:
     """Same tokenizer files as the seed-built zoo (``zoo/build.py``)."""
     tok_cfg = {
@@ -190,8 +188,8 @@ def _tokenizer_files() -> dict[str, bytes]:
     }  # fmt: skip
     special = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN}
     return {"tokenizer.json": TOKENIZER_FILE.read_bytes(),
-            "tokenizer_config.json": _json_bytes(tok_cfg),
-            "special_tokens_map.json": _json_bytes(special)}
+            "tokenizer_config.json": json_bytes(tok_cfg),
+            "special_tokens_map.json": json_bytes(special)}
 
 
 def train_one(s: Spec, data: Any, val: Any, out_dir: Path, log: Any = print) -> dict[str, Any]:
@@ -242,7 +240,7 @@ def train_one(s: Spec, data: Any, val: Any, out_dir: Path, log: Any = print) -> 
     params = parameters(model)
     mx.save_safetensors(str(out_dir / "model.safetensors"),
                         {k: params[k] for k in sorted(params)}, metadata={"format": "mlx"})
-    (out_dir / "config.json").write_bytes(_json_bytes(model_config(s)))
+    (out_dir / "config.json").write_bytes(json_bytes(model_config(s)))
     for fname, blob in _tokenizer_files().items():
         (out_dir / fname).write_bytes(blob)
     return {"train_loss_last50": round(float(np.mean(recent)), 4), "val_loss": round(val_loss, 4),
