@@ -150,6 +150,20 @@ def target_parts(target_model: Any) -> tuple[Any, float, Any, Any]:
     return embed, scale, head, inner.norm
 
 
+def owe_prompt_rows(src: Any, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
+    """Prefill of a head drafter fed (token p+1, hidden p): the prompt's rows are owed to the
+    drafter cache (built at the next draft), the last hidden row held as the tail-split anchor.
+    Sets ``src._owed_tokens``, ``src._owed_hidden``, ``src._held``; returns the owed tokens."""
+    if ctx is None or not prompt_ids:
+        src._owed_tokens, src._owed_hidden, src._held = [], [], None
+        return []
+    hidden = ctx.hidden[src.n_layers - 1]
+    src._owed_tokens = list(prompt_ids[1:])
+    src._owed_hidden = [hidden[: len(prompt_ids) - 1]]
+    src._held = hidden[-1:]
+    return list(prompt_ids[1:])
+
+
 class MTPSource:
     prefill_mode: PrefillMode = "full"
     tap_layers: tuple[int, ...] = ()
@@ -172,14 +186,7 @@ class MTPSource:
         return self.embed(mx.array(tokens, mx.uint32)[None]) * self.embed_scale
 
     def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
-        if ctx is None or not prompt_ids:
-            self._owed_tokens, self._owed_hidden, self._held = [], [], None
-            return []
-        hidden = ctx.hidden[self.n_layers - 1]
-        self._owed_tokens = list(prompt_ids[1:])
-        self._owed_hidden = [hidden[: len(prompt_ids) - 1]]
-        self._held = hidden[-1:]
-        return list(prompt_ids[1:])
+        return owe_prompt_rows(self, prompt_ids, ctx)
 
     def draft(
         self, feed: list[int], n: int, step_base: int, anchor_hidden: mx.array | None

@@ -74,6 +74,7 @@ import mlx.nn as nn
 from engine import caches as cache_ops
 from engine.sampler import StepSampler, token_ids
 from engine.seam import PrefillMode, TapContext, TargetView
+from engine.sources.mtp import owe_prompt_rows
 
 KIND = "native-mtp"
 
@@ -470,14 +471,7 @@ class NativeMTPSource:
     # -- seam
     def prefill(self, prompt_ids: list[int], ctx: TapContext | None) -> list[int]:
         self._next_pos = 0
-        if ctx is None or not prompt_ids:
-            self._owed_tokens, self._owed_hidden, self._held = [], [], None
-            return []
-        hidden = ctx.hidden[self.n_layers - 1]
-        self._owed_tokens = list(prompt_ids[1:])
-        self._owed_hidden = [hidden[: len(prompt_ids) - 1]]
-        self._held = hidden[-1:]
-        return list(prompt_ids[1:])
+        return owe_prompt_rows(self, prompt_ids, ctx)
 
     def draft(self, feed: list[int], n: int, step_base: int, anchor_hidden: mx.array | None) -> list[int]:
         anchor = anchor_hidden if anchor_hidden is not None else self._held
