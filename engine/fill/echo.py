@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from engine.fill.proposal import Proposal, TokenView
+from engine.fill.proposal import Policy, Proposal, TokenView
 
 
 class EchoSource:
@@ -73,7 +73,7 @@ class EchoSource:
             span.append(conts.pop())
         if not span:
             return None
-        policy = "verify"
+        policy: Policy = "verify"
         if self.assert_corroborated and len(starts) >= 2:
             last = max((i for i, t in enumerate(span) if t in self.delimiters), default=-1)
             if last >= 0:
