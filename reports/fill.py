@@ -1,9 +1,9 @@
 """Forwards saved and wasted samples of token fast-forwarding, per tier (§7.3).
 
-Each fill case is PAIRED with plain decode of the same request: a plain
+Each fill case is PAIRED with plain decode of the same request (``zoo.fill.run_case``): a plain
 decode needs one target forward per sample (``generation_tokens``, the stopping
 EOS included); the fill run's forwards are counted by the fill loop (one per
-sample, one per append). Per (tier, syntax) cell the table gives the summed
+sample, one per append). Per (tier, syntax, temperature) cell the table gives the summed
 forwards, the forwards saved, and the mean saved per case with the 95 % interval
 of the paired t-test (``scipy.stats.ttest_rel(...).confidence_interval``;
 a degenerate interval when every pair differs by the same amount), plus the
@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-COLUMNS = ["tier", "syntax", "cases", "identical", "plain fwd", "fill fwd", "saved", "saved %",
+COLUMNS = ["tier", "syntax", "temp", "cases", "verdicts", "plain fwd", "fill fwd", "saved", "saved %",
            "saved/case (95% CI)", "appends", "injected", "wasted samples", "verify kept/rejected"]
 
 
@@ -36,19 +36,20 @@ def paired_interval(plain: list[int], filled: list[int], alpha: float = 0.05) ->
 
 
 def forwards_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per (tier, syntax) over ``zoo.fill.run_case`` results."""
+    """One row per (tier, syntax, temperature) over ``zoo.fill.run_case`` results."""
     out = []
-    keys = sorted({(r["tier"], r["syntax"]) for r in rows})
-    for tier, syntax in keys:
-        cell = [r for r in rows if (r["tier"], r["syntax"]) == (tier, syntax)]
+    keys = sorted({(r["tier"], r["syntax"], r["temperature"]) for r in rows})
+    for tier, syntax, temp in keys:
+        cell = [r for r in rows if (r["tier"], r["syntax"], r["temperature"]) == (tier, syntax, temp)]
+        verdicts = {v: sum(r["verdict"] == v for r in cell) for v in dict.fromkeys(r["verdict"] for r in cell)}
         plain = [int(r["plain_forwards"]) for r in cell]
         filled = [int(r["fill_forwards"]) for r in cell]
         mean, lo, hi = paired_interval(plain, filled)
         st = [r["stats"] for r in cell]
         saved = sum(plain) - sum(filled)
         out.append({
-            "tier": tier, "syntax": syntax, "cases": len(cell),
-            "identical": f"{sum(r['verdict'] == 'identical' for r in cell)}/{len(cell)}",
+            "tier": tier, "syntax": syntax, "temp": temp, "cases": len(cell),
+            "verdicts": ", ".join(f"{n} {v}" for v, n in verdicts.items()),
             "plain fwd": sum(plain), "fill fwd": sum(filled), "saved": saved,
             "saved %": round(100 * saved / sum(plain), 1) if sum(plain) else 0.0,
             "saved/case (95% CI)": f"{mean:.2f} [{lo:.2f}, {hi:.2f}]",

@@ -285,3 +285,45 @@ def test_planted_probe_name_boundary_is_caught_by_id_containment() -> None:
     assert problems, "the id-containment gate missed the probe-name boundary"
     assert "row 0 (scaffold)" in problems[0] and "text-identical, ids divergent" in problems[0], problems
     assert "row id" in problems[0] and "'='" in problems[0] and "'=get'" in problems[0], problems[0]
+
+
+# ----------------------------------------------------------------------- harness and report
+
+
+def test_paired_interval() -> None:
+    from reports.fill import paired_interval
+
+    assert paired_interval([10, 10], [7, 7]) == (3.0, 3.0, 3.0)  # every pair saves the same
+    mean, lo, hi = paired_interval([10, 20, 30, 25], [8, 12, 30, 20])
+    assert mean == 3.75 and lo < mean < hi and lo < 0  # one pair saved nothing: the bound says so
+
+
+def test_run_summary_reports_fill_cases_and_fails_a_divergent_one(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specparity.run import run_cases, zoo_cases
+
+    zc = zoo_cases(targets=["llama"], drafters=["self"], gammas=(3,), n_prompts=1, max_tokens=4)
+    cases = [zf.FillCase("xml", "strict", "fill-05"), zf.FillCase("xml", "echo", "fill-05"),
+             zf.FillCase("xml", "strict", "fill-05", temperature=0.8)]
+    res = run_cases(tmp_path / "ok", cases=zc, runners=["engine"], fill_cases=cases, progress=False)
+    text = (tmp_path / "ok" / "summary.md").read_text()
+    assert res.ok and "## Token fast-forwarding (fill, §7)" in text, text
+    assert "| strict | xml      |    0   |       1 | 1 identical" in text, text
+    assert "1 deviation" in text and (tmp_path / "ok" / "fill.json").is_file()
+    # a planted bad row (the '=get' id replaced by a bare '='): the run fails, position named
+    real = zf.sources_for
+
+    def planted(tier: str, syntax: str, conv: Any, plan: Any = None) -> list[Any]:
+        good = zf.plan_for(syntax, conv)
+        tok = zf.tokenizer(syntax)
+        rows = [Row(r.kind, r.tool, r.trigger, tuple(t if tok.decode([t]) != "=get" else
+                                                     tok.encode("=", add_special_tokens=False)[0]
+                                                     for t in r.ids), r.tool)
+                for r in good.rows]
+        return [StrictSource(ScaffoldPlan(tuple(rows), good.delimiters, good.renderings))] \
+            if tier == "strict" else real(tier, syntax, conv, plan)
+
+    monkeypatch.setattr(zf, "sources_for", planted)
+    res = run_cases(tmp_path / "bad", cases=zc, runners=["engine"], fill_cases=cases[:1], progress=False)
+    text = (tmp_path / "bad" / "summary.md").read_text()
+    assert not res.ok and "fill diverges from plain decode at output token 3" in text, text
