@@ -226,8 +226,8 @@ class _FillLoop:
         self.stats = FillStats()
         self.events: list[dict[str, Any]] = []
         self.check = check_alignment
-        self.prefilled = 0
-        self.forwarded: list[int] = []
+        self.prefilled = 0  # the prompt ids in the cache (all of them once decode starts)
+        self.forwarded: list[int] = []  # every id forwarded after the prompt
         start = prompt_ids if self.sampler.history_prompt == "full" else prompt_ids[-1:]
         self.history = mx.array(start, mx.uint32) if self.sampler.has_processors else None
 
@@ -355,8 +355,10 @@ class _FillLoop:
     def run(self) -> None:
         drained = list(self.prompt[:-1])
         _prefill_chunks(self.model, self.caches, drained, self.params.prefill_step_size or PLAIN_PREFILL_STEP)
-        self.prefilled = len(drained)
-        y = self.step(self.prompt[-1])
+        # tail-split: the prompt's last id heads decode; from here the cache holds the prompt
+        logits = self.forward([self.prompt[-1]])
+        self.prefilled = len(self.prompt)
+        y = self.sample_row(logits[:, -1, :])
         while True:
             prop = self.propose() if self.sources else None
             if prop is not None:
