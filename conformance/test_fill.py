@@ -34,6 +34,9 @@ def test_strict_tier_is_token_identical_at_temperature_0(syntax: str) -> None:
         res = zf.run_case(zf.FillCase(syntax, "strict", pid))
         assert res["verdict"] == "identical", res["message"]
         assert check_events(res["events"], [zf.EOS_ID]) == [], res["case_id"]
+        assert res["fill_tokens"] == res["plain_forwards"], res["case_id"]  # same accounting
+        # every injected id saved a forward, every append cost one
+        assert res["fill_forwards"] == res["plain_forwards"] - res["stats"]["injected"] + res["stats"]["appends"]
         injected += res["stats"]["injected"]
     assert injected > 0, f"{syntax}: no strict row fired on any prompt (the gate would be vacuous)"
 

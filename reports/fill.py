@@ -1,9 +1,11 @@
 """Forwards saved and wasted samples of token fast-forwarding, per tier (§7.3).
 
-Each fill case is PAIRED with plain decode of the same request (``zoo.fill.run_case``): a plain
-decode needs one target forward per sample (``generation_tokens``, the stopping
-EOS included); the fill run's forwards are counted by the fill loop (one per
-sample, one per append). Per (tier, syntax, temperature) cell the table gives the summed
+Each fill case is PAIRED with decoding its own output one token per forward:
+that costs one forward per sample (``generation_tokens``, the stopping EOS
+included; at temperature 0 the identity gate makes this plain decode's count,
+at temperature > 0 the fill draw differs from the plain one, so the pair is
+the fill output with and without fill); the fill run's forwards are counted by
+the fill loop (one per sample, one per append). Per (tier, syntax, temperature) cell the table gives the summed
 forwards, the forwards saved, and the mean saved per case with the 95 % interval
 of the paired t-test (``scipy.stats.ttest_rel(...).confidence_interval``;
 a degenerate interval when every pair differs by the same amount), plus the
@@ -19,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-COLUMNS = ["tier", "syntax", "temp", "cases", "verdicts", "plain fwd", "fill fwd", "saved", "saved %",
-           "saved/case (95% CI)", "appends", "injected", "wasted samples", "verify kept/rejected"]
+COLUMNS = ["tier", "syntax", "temp", "cases", "verdicts", "1-token fwd", "fill fwd", "saved", "saved %",
+           "saved/case (95% CI)", "appends", "injected", "wasted samples", "verify kept/rewound/free"]
 
 
 def paired_interval(plain: list[int], filled: list[int], alpha: float = 0.05) -> tuple[float, float, float]:
@@ -42,7 +44,7 @@ def forwards_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for tier, syntax, temp in keys:
         cell = [r for r in rows if (r["tier"], r["syntax"], r["temperature"]) == (tier, syntax, temp)]
         verdicts = {v: sum(r["verdict"] == v for r in cell) for v in dict.fromkeys(r["verdict"] for r in cell)}
-        plain = [int(r["plain_forwards"]) for r in cell]
+        plain = [int(r["fill_tokens"]) for r in cell]
         filled = [int(r["fill_forwards"]) for r in cell]
         mean, lo, hi = paired_interval(plain, filled)
         st = [r["stats"] for r in cell]
@@ -50,13 +52,14 @@ def forwards_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
         out.append({
             "tier": tier, "syntax": syntax, "temp": temp, "cases": len(cell),
             "verdicts": ", ".join(f"{n} {v}" for v, n in verdicts.items()),
-            "plain fwd": sum(plain), "fill fwd": sum(filled), "saved": saved,
+            "1-token fwd": sum(plain), "fill fwd": sum(filled), "saved": saved,
             "saved %": round(100 * saved / sum(plain), 1) if sum(plain) else 0.0,
             "saved/case (95% CI)": f"{mean:.2f} [{lo:.2f}, {hi:.2f}]",
             "appends": sum(s["appends"] for s in st), "injected": sum(s["injected"] for s in st),
             "wasted samples": sum(s["wasted_samples"] for s in st),
-            "verify kept/rejected": f"{sum(s['verify_accepted'] for s in st)}/"
-                                    f"{sum(s['verify_rejected'] + s['verify_first_rejected'] for s in st)}",
+            "verify kept/rewound/free": f"{sum(s['verify_accepted'] for s in st)}/"
+                                        f"{sum(s['verify_rejected'] for s in st)}/"
+                                        f"{sum(s['verify_first_rejected'] for s in st)}",
         })
     return pd.DataFrame(out, columns=COLUMNS)
 
@@ -67,7 +70,10 @@ def fill_section(rows: list[dict[str, Any]]) -> str:
              "Each fill case is paired with plain decode of the same request on the zoo fill models "
              "(`zoo/fill.py`). Temperature 0: token identity is required (id containment); "
              "temperature > 0: an assert fill is the behaviour-policy deviation §7 names, not compared. "
-             "Forwards saved = plain forwards - fill forwards; interval: paired t, 95 %.", ""]
+             "Forwards saved = forwards one-token-per-forward decoding of the same output needs "
+             "(plain decode's, at temperature 0) - fill forwards; interval: paired t, 95 %. "
+             "Verify: ids kept / span positions forwarded then rewound / position-0 rejections "
+             "(free).", ""]
     if not rows:
         return "\n".join([*lines, "_no fill cases_", ""])
     lines.append(forwards_table(rows).to_markdown(index=False))

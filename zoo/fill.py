@@ -582,6 +582,7 @@ def run_case(case: FillCase, sources: list[Any] | None = None, **fill_kwargs: An
         "case_id": case.case_id, "syntax": case.syntax, "tier": case.tier, "prompt": case.prompt_id,
         "temperature": case.temperature, "plain_ids": plain.output_ids, "fill_ids": filled.output_ids,
         "plain_forwards": plain.usage.generation_tokens, "fill_forwards": filled.stats.forwards,
+        "fill_tokens": filled.usage.generation_tokens,
         "stats": filled.stats.to_dict(), "events": filled.events,
         "finish": [plain.usage.finish_reason, filled.usage.finish_reason],
     }
