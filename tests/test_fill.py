@@ -147,7 +147,7 @@ def test_planted_duplicated_trigger_is_caught(xml: dict[str, Any], monkeypatch: 
     monkeypatch.setattr(fp, "span_input", lambda trigger, ids: [trigger, *ids])  # the plant
     src = Scripted(lambda v: plain[len(v.emitted) : len(v.emitted) + 4], at=5)
     with pytest.raises(FillAlignmentError, match=r"after append 0 \(scripted, output position 5\): "
-                                                 r"cache\[0\]\.offset (\d+) != prompt"):
+                                                 r"cache offset (\d+) != prompt"):
         fill_generate(xml["model"], xml["ids"], PARAMS, [src])
 
 
@@ -171,6 +171,28 @@ def test_verify_never_changes_tokens(xml: dict[str, Any]) -> None:
         res = fill_generate(xml["model"], xml["ids"], PARAMS, [Scripted(make, "verify")])
         assert res.output_ids == plain, (make.__name__, zf.first_divergence(plain, res.output_ids))
         assert getattr(res.stats, field) > 0, res.stats  # the wrong guesses were really made
+
+
+def test_recurrent_caches_take_assert_fills_and_drop_verify() -> None:
+    """qwen35 (gated-DeltaNet ArraysCache + KVCache): an assert span advances the recurrent
+    state in one forward; a verify span cannot be trimmed off it, so it is dropped and counted
+    (§7.1 ``verifyUnsupported``), never applied."""
+    import zoo
+    from mlx_lm.utils import load_model
+
+    model = load_model(zoo.model_dir("qwen35"))[0]
+    ids = list(zoo.prompts()[0].token_ids)
+    params = GenerationParams(max_tokens=24, cache_digests=False)
+    plain = plain_generate(model, ids, params).output_ids
+
+    def own(v: TokenView) -> list[int] | None:
+        n = len(v.emitted)
+        return None if n % 5 else plain[n : n + 4]
+
+    res = fill_generate(model, ids, params, [Scripted(own, "assert")])
+    assert res.output_ids == plain and res.stats.appends == 5, res.stats
+    res = fill_generate(model, ids, params, [Scripted(own, "verify")])
+    assert res.output_ids == plain and res.stats.appends == 0 and res.stats.verify_unsupported == 5, res.stats
 
 
 # ----------------------------------------------------------------------- echo index

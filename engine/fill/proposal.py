@@ -233,7 +233,8 @@ class _FillLoop:
 
     # ---------------------------------------------------------------- pieces
     def offset(self) -> int:
-        return int(self.caches[0].offset)
+        """The first positional cache's offset (recurrent ``ArraysCache`` layers have none)."""
+        return int(next(c.offset for c in self.caches if hasattr(c, "offset")))
 
     def aligned(self, side: str, event: int, origin: str, position: int) -> None:
         if not self.check:
@@ -243,7 +244,7 @@ class _FillLoop:
         if got != want:
             raise FillAlignmentError(
                 f"fill cache alignment broken {side} append {event} ({origin}, output position "
-                f"{position}): cache[0].offset {got} != prompt {self.prefilled} + forwarded "
+                f"{position}): cache offset {got} != prompt {self.prefilled} + forwarded "
                 f"{len(self.forwarded)} = {want}")
 
     def forward(self, ids: list[int]) -> mx.array:
