@@ -177,8 +177,9 @@ def test_recurrent_caches_take_assert_fills_and_drop_verify() -> None:
     """qwen35 (gated-DeltaNet ArraysCache + KVCache): an assert span advances the recurrent
     state in one forward; a verify span cannot be trimmed off it, so it is dropped and counted
     (§7.1 ``verifyUnsupported``), never applied."""
-    import zoo
     from mlx_lm.utils import load_model
+
+    import zoo
 
     model = load_model(zoo.model_dir("qwen35"))[0]
     ids = list(zoo.prompts()[0].token_ids)
