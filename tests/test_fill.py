@@ -350,3 +350,25 @@ def test_run_summary_reports_fill_cases_and_fails_a_divergent_one(
     res = run_cases(tmp_path / "bad", cases=zc, runners=["engine"], fill_cases=cases[:1], progress=False)
     text = (tmp_path / "bad" / "summary.md").read_text()
     assert not res.ok and "fill diverges from plain decode at output token 3" in text, text
+
+
+def test_close_row_waits_for_the_complete_delimiter() -> None:
+    """§7.4: a close trigger ending at ``</parameter`` fires inside a value that goes on as
+    ``</parameterization>``; ours runs through the ``>`` and the newline, so it waits."""
+    tok = zf.tokenizer("xml")
+    conv = zf.Conversation("t", ({"role": "user", "content": "Weather in Oslo?"},), (zf.TOOLS["get_weather"],))
+    plan = compile_rows(tok, conv.messages, conv.tools, eos_ids=[zf.EOS_ID])
+    head = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n"
+
+    def fired(src: StrictSource, text: str) -> Proposal | None:
+        return src.propose(TokenView((), tuple(tok.encode(head + text, add_special_tokens=False))))
+
+    close = next(r for r in plan.rows if r.kind == "close")
+    assert fired(StrictSource(plan), "</parameter") is None  # could still be </parameterization>
+    done = fired(StrictSource(plan), "</parameter>\n")
+    assert done is not None and done.origin == "strict:close"
+    assert tok.decode(list(done.ids)) == "</function>\n</tool_call>"
+    # the short trigger of §7.4 (planted) does fire before the delimiter is complete
+    short = ScaffoldPlan((Row("close", None, close.trigger[:2], close.ids),), plan.delimiters)
+    assert tok.decode(list(close.trigger[:2])) == "</parameter"
+    assert fired(StrictSource(short), "</parameter") is not None
