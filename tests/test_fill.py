@@ -372,3 +372,26 @@ def test_close_row_waits_for_the_complete_delimiter() -> None:
     short = ScaffoldPlan((Row("close", None, close.trigger[:2], close.ids),), plan.delimiters)
     assert tok.decode(list(close.trigger[:2])) == "</parameter"
     assert fired(StrictSource(short), "</parameter") is not None
+
+
+def test_the_cli_zoo_matrix_carries_the_fill_cases(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import specparity.run
+    from specparity.cli import main
+
+    calls: list[dict[str, Any]] = []
+
+    class Started(Exception):
+        pass
+
+    def run(out: Any, **kwargs: Any) -> None:
+        calls.append(kwargs)
+        raise Started
+
+    monkeypatch.setattr(specparity.run, "run", run)
+    for argv in (["--temps", "0,0.8"], ["--targets", "llama"]):
+        main(["run", "--out", str(tmp_path / "o"), *argv])  # the stub stops the job once called
+    default, narrowed = calls
+    cells = {(c.syntax, c.tier, c.temperature) for c in default["fill_cases"]}
+    assert cells == {(s, t, temp) for s in zf.SYNTAXES for t in zf.TIERS for temp in (0.0, 0.8)}
+    assert len(default["fill_cases"]) == 2 * 2 * 2 * zf.MATRIX_PROMPTS
+    assert narrowed["fill_cases"] is None  # --targets picks pairs of the spec matrix only
