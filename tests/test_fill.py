@@ -395,3 +395,20 @@ def test_the_cli_zoo_matrix_carries_the_fill_cases(tmp_path: Any, monkeypatch: p
     assert cells == {(s, t, temp) for s in zf.SYNTAXES for t in zf.TIERS for temp in (0.0, 0.8)}
     assert len(default["fill_cases"]) == 2 * 2 * 2 * zf.MATRIX_PROMPTS
     assert narrowed["fill_cases"] is None  # --targets picks pairs of the spec matrix only
+
+
+def test_fill_models_are_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+
+    man = copy.deepcopy(zf.manifest())
+    man["models"]["fill-xml"]["weights_sha256"] = "0" * 64
+    monkeypatch.setattr(zf, "manifest", lambda: man)
+    zf._verified.cache_clear()
+    try:
+        with pytest.raises(zf.FillDriftError, match="fill-xml: model.safetensors .* manifest expects 0000"):
+            zf._verified("fill-xml")
+        man["models"]["fill-xml"]["spec"] = {**man["models"]["fill-xml"]["spec"], "steps": 1}
+        with pytest.raises(zf.FillDriftError, match="its spec differs"):
+            zf._verified("fill-xml")
+    finally:
+        zf._verified.cache_clear()
