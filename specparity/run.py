@@ -116,6 +116,7 @@ class RunResult:
     comparisons: list[Comparison] = field(default_factory=list)
     wall_s: float = 0.0
     skipped: dict[str, str] = field(default_factory=dict)  # runner -> cases it does not implement
+    fill: list[dict[str, Any]] = field(default_factory=list)  # zoo.fill.run_case rows (§7 fill cases)
 
     @property
     def ok(self) -> bool:
@@ -315,6 +316,8 @@ def run(out_dir: Path, **kwargs: Any) -> RunResult:
         kwargs["cases"] = zoo_cases(max_cases=max_cases, **{
             k: kwargs[k] for k in ("targets", "drafters", "gammas", "n_prompts", "max_tokens")
             if k in kwargs})
+        if kwargs.get("targets") is None and kwargs.get("drafters") is None:
+            kwargs.setdefault("fill_cases", fill_cases())
     check_case_count(len(kwargs["cases"]), max_cases)
     return in_run_dir(Path(out_dir), "specparity run", lambda: run_cases(Path(out_dir), **kwargs))
 
@@ -382,11 +385,14 @@ def run_cases(
     workers: int = 0,
     ray_address: str | None = None,
     progress: bool = True,
+    fill_cases: list[Any] | None = None,
 ) -> RunResult:
     """Run ``cases`` (default: the zoo matrix) with the engine and every available oracle.
 
     Speculative cases get their plain-decode baseline added; traces are written
     by this process as each task finishes (``execute``), then compared.
+    ``fill_cases`` (``zoo.fill.FillCase``, the zoo matrix's token fast-forwarding
+    cases) run here, each paired with plain decode (:func:`fill_comparisons`).
     """
     t0 = time.perf_counter()
     all_runners, unavailable = available_runners(runners)
@@ -449,9 +455,48 @@ def run_cases(
         for oracle in [o for o in available if runner_supports(o, case)]:
             result.comparisons.append(_reference_comparison(
                 oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id), witness))
+    if fill_cases:
+        set_stage(out_dir, f"running {len(fill_cases)} fill cases")
+        result.fill, fill_cmp = fill_comparisons(fill_cases)
+        result.comparisons += fill_cmp
     result.wall_s = time.perf_counter() - t0
     finish(result, traces)
     return result
+
+
+def fill_cases(temperatures: tuple[float, ...] = (0.0,), max_tokens: int = 48) -> list[Any]:
+    """The zoo matrix's fill cases (``zoo.fill.matrix``: strict and echo, both syntaxes), at
+    each temperature (above 0 they are reported as the §7 behaviour-policy deviation)."""
+    from dataclasses import replace
+
+    from zoo.fill import matrix
+
+    return [replace(c, temperature=t) for t in dict.fromkeys(temperatures) for c in matrix(max_tokens)]
+
+
+def fill_comparisons(cases: list[Any]) -> tuple[list[dict[str, Any]], list[Comparison]]:
+    """Run each fill case paired with plain decode; one ``fill-vs-plain`` comparison each:
+    identical, a logic divergence (first output position named), or the behaviour-policy
+    deviation at temperature > 0 (never failed, never called identical)."""
+    from zoo.fill import run_case
+
+    rows, out = [], []
+    for case in cases:
+        row = run_case(case)
+        rows.append(row)
+        if row["verdict"] == "divergent":
+            pos = row["position"]
+            div = Divergence(level="tokens", where=f"output token {pos}", field="output_ids",
+                             value_a=row["plain_ids"][pos] if pos < len(row["plain_ids"]) else None,
+                             value_b=row["fill_ids"][pos] if pos < len(row["fill_ids"]) else None,
+                             klass="logic", margin=None, message=row["message"], position=pos)
+            out.append(Comparison("fill-vs-plain", case.case_id, "tokens", div))
+        elif row["verdict"] == "identical":
+            out.append(Comparison("fill-vs-plain", case.case_id, "tokens", None))
+        else:
+            out.append(Comparison("fill-vs-plain", case.case_id, "none", None, status="not-compared",
+                                  detail=row["message"]))
+    return rows, out
 
 
 def finish(result: RunResult, traces: dict[tuple[str, str], Trace]) -> None:
@@ -474,7 +519,12 @@ def finish(result: RunResult, traces: dict[tuple[str, str], Trace]) -> None:
     set_stage(out_dir, "writing the report")
     build_report(out_dir, track=track)  # raises ReportError: a report failure fails the run
     set_stage(out_dir, "writing the summary")
-    write_summary(result, traces, track=track)
+    text = write_summary(result, traces, track=track)
+    if getattr(result, "fill", None):
+        from reports.fill import fill_section
+
+        atomic_write_text(track(out_dir / "fill.json"), json.dumps(result.fill, indent=1))
+        atomic_write_text(out_dir / "summary.md", text + fill_section(result.fill))
 
 
 def case_from_id(case_id: str) -> Case:

@@ -171,9 +171,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"device {device}", file=sys.stderr)
     cases = cases_from_args(args)
     check_kv_models(cases)
+    fill = None  # the whole zoo matrix also runs the fill cases (§7; zoo/fill.py)
+    if args.suite is None and args.target is None and not args.targets and not args.drafters:
+        from specparity.run import fill_cases
+
+        fill = fill_cases(tuple(s.temperature for s in _sampling(args)), args.max_tokens or 48)
     result = run(
         args.out, runners=args.runners, cases=cases, max_cases=args.max_cases,
-        workers=args.workers, ray_address=args.ray, progress=not args.quiet,
+        workers=args.workers, ray_address=args.ray, progress=not args.quiet, fill_cases=fill,
     )
     print((args.out / "summary.md").read_text())
     print(f"traces and report written to {args.out}/", file=sys.stderr)
