@@ -1,0 +1,430 @@
+"""Prompt-cache reuse under speculation: save, fetch the longest prefix, trim or extend.
+
+Reference: mlx-lm 0.32.2 ``mlx_lm/models/cache.py`` ``LRUPromptCache``
+(``fetch_nearest_cache``: the longest cached prefix, ``copy.deepcopy`` of the
+entry, ``can_trim_prompt_cache`` / ``trim_prompt_cache`` to the common prefix;
+``insert_cache`` after the request) as ``mlx_lm/server.py``
+``ResponseGenerator._serve_single`` drives it with a draft model. Contract:
+``../shared/reference/speculative-decoding.md`` §2 (the prompt-cache bypass on
+the spec path is the open item of §8 this closes for the two-model and ngram
+sources) and §4.8 (a recurrent state is reused only at the exact boundary it
+was saved at, never trimmed).
+
+What differs from mlx-lm's server, on purpose:
+
+- The target and the drafter are two SEGMENTS, each with its own key (the
+  tokens its caches hold). mlx-lm keeps both in one list under one key
+  (prompt + every generated token), which is wrong for both after a
+  speculative turn: the target holds ``prompt + out[:-1]`` after a correction
+  or a bonus, ``prompt + out`` after a budget stop inside a window or an EOS
+  correction, ``prompt + out + [eos]`` after an accepted EOS draft; the
+  drafter lags the target by one after an all-accept round. Here each key is
+  the stream (prompt, then every sample the walk took, EOS included) cut to
+  the segment's own offset, and every save checks that each layer's offset
+  equals its key length (``PromptCacheError`` naming the request and segment).
+- Two boundaries are saved per request: after the prefill (the prompt) and
+  after the last round (the stream), so a regeneration or a shorter prefix
+  can reuse a segment that cannot trim.
+- Per cache family, what a fetch may do (``reuse_rule``):
+  ``KVCache`` and a ``RotatingKVCache`` that never wrapped: trim to the common
+  prefix; an ``ArraysCache`` (qwen3_5 gated DeltaNet) or a ring that wrapped
+  (``offset >= max_size``): only at the exact boundary the segment was saved
+  at, never trimmed; a ring that wrapped during DECODE (one-token in-place
+  ring writes after its prefill) is refused: its K/V past the wrap were not
+  computed by the windowed-mask prefill a cold run does; a ``QuantizedKVCache``
+  is refused: positions at or past ``quantized_kv_start`` were computed
+  against quantized K/V in decode, the cold prefill computes them against
+  full-precision K/V (mlx-lm ``maybe_quantize_kv_cache`` runs after the
+  whole prefill chunk).
+- Every fetch is checked: after the trim each layer of each segment holds
+  exactly the reused length (no hole, no duplicate position), and the key the
+  segment was saved with agrees with the new prompt over the reused length.
+
+Sources: ``two-model`` keeps its drafter caches (a segment like the target's);
+``ngram`` is model-free and re-reads the whole prompt (its history IS the
+token list, rebuilt exactly); a source that reads the target's hidden states
+(``tap_layers`` / ``wants_anchor_hidden``: mtp, assistant, native-mtp,
+dspark, deepspec) is run cold, the reason recorded (its prefill needs the
+hidden rows of every prompt position).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from engine.executor import GenerationParams, GenerationResult, OnToken, spec_generate
+from engine.rollback import is_arrays, is_rotating
+from engine.seam import DraftProvider
+
+# Sources whose whole per-request state the session can save and restore.
+SEGMENT_SOURCES = ("two-model",)  # the drafter's own caches
+REREAD_SOURCES = ("ngram",)  # model-free: prefilled from the full prompt every time
+
+
+class PromptCacheError(RuntimeError):
+    """A saved or fetched cache segment breaks the offset == key length invariant."""
+
+
+@dataclass
+class Segment:
+    """One model's caches and the tokens they hold (``key``), saved at one boundary."""
+
+    name: str  # "target" | "drafter"
+    key: tuple[int, ...]
+    caches: list[Any]
+    boundary: str  # "prefill" | "end"
+    request: int
+    wrapped_in_decode: bool = False
+
+    def reuse_rule(self) -> tuple[str, str | None]:
+        """``("trim" | "exact" | "refuse", why)``: what a fetch may do with this segment."""
+        for i, c in enumerate(self.caches):
+            kind = type(c).__name__
+            if "Quantized" in kind:
+                return "refuse", (
+                    f"{self.name} layer {i} {kind}: positions past quantized_kv_start were computed "
+                    "over quantized K/V in decode; a cold prefill computes them over full precision"
+                )
+            if is_rotating(c) and int(c.offset) >= int(c.max_size) and self.wrapped_in_decode:
+                return "refuse", (
+                    f"{self.name} layer {i} {kind} wrapped during decode (offset {int(c.offset)} >= "
+                    f"max_size {int(c.max_size)}): one-token ring writes, not a cold prefill"
+                )
+        for i, c in enumerate(self.caches):
+            if is_arrays(c):
+                return "exact", f"{self.name} layer {i} {type(c).__name__} (recurrent: no trim)"
+            if is_rotating(c) and int(c.offset) >= int(c.max_size):
+                return "exact", f"{self.name} layer {i} {type(c).__name__} wrapped (no trim)"
+        return "trim", None
+
+    def usable(self, drained: Sequence[int]) -> tuple[int, str | None]:
+        """How many of ``drained`` this segment can supply, and why not more."""
+        n = _common_prefix(self.key, drained)
+        rule, why = self.reuse_rule()
+        if rule == "refuse":
+            return 0, why
+        if rule == "exact":
+            if n == len(self.key):
+                return n, None
+            return 0, f"{why}: saved at {len(self.key)} tokens, prompt shares {n}"
+        return n, None
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def positions(c: Any) -> int | None:
+    """How many positions a cache layer holds (None: a recurrent state has no offset)."""
+    off = getattr(c, "offset", None)
+    return None if off is None else int(off)
+
+
+def held(caches: Sequence[Any]) -> int | None:
+    """The position count every offset-carrying layer agrees on (None: none carries one)."""
+    offs = {p for p in (positions(c) for c in caches) if p is not None}
+    if len(offs) > 1:
+        raise PromptCacheError(f"cache layers disagree on their offset: {sorted(offs)}")
+    return offs.pop() if offs else None
+
+
+def check_segment(seg: Segment, n: int, what: str) -> None:
+    """Every layer of ``seg`` holds exactly ``n`` positions (``what``: save/fetch, for the message)."""
+    for i, c in enumerate(seg.caches):
+        p = positions(c)
+        if p is not None and p != n:
+            hole = "a hole" if p < n else "duplicate positions"
+            raise PromptCacheError(
+                f"request {seg.request}: {what}: {seg.name} segment ({seg.boundary} boundary) layer {i} "
+                f"({type(c).__name__}) holds {p} positions, its key has {n}: {hole}"
+            )
+        if p is None and n > 0 and is_arrays(c) and all(a is None for a in c.cache):
+            raise PromptCacheError(
+                f"request {seg.request}: {what}: {seg.name} segment layer {i} ({type(c).__name__}) "
+                f"holds no state, its key has {n} tokens: a hole"
+            )
+
+
+def copy_caches(caches: Sequence[Any]) -> list[Any]:
+    """A deep copy whose arrays no later in-place cache write can reach (mlx-lm: ``copy.deepcopy``)."""
+    out = copy.deepcopy(list(caches))
+    mx.eval([c.state for c in out if not _empty(c)])
+    return out
+
+
+def _empty(c: Any) -> bool:
+    if is_arrays(c):
+        return all(a is None for a in c.cache)
+    return getattr(c, "keys", None) is None
+
+
+def trim_to(seg: Segment, n: int) -> list[Any]:
+    """A copy of ``seg``'s caches holding its first ``n`` positions."""
+    caches = copy_caches(seg.caches)
+    cut = len(seg.key) - n
+    if cut > 0:
+        for i, c in enumerate(caches):
+            if not c.is_trimmable():
+                raise PromptCacheError(
+                    f"request {seg.request}: fetch: {seg.name} layer {i} ({type(c).__name__}) "
+                    f"cannot trim {cut} positions"
+                )
+            got = c.trim(cut)
+            if got != cut:
+                raise PromptCacheError(
+                    f"request {seg.request}: fetch: {seg.name} layer {i} trimmed {got} of {cut}"
+                )
+    return caches
+
+
+def stream_tokens(prompt: Sequence[int], records: Sequence[dict[str, Any]]) -> list[int]:
+    """The prompt then every sample the request took, in order (EOS included: it may be in a cache)."""
+    out = list(prompt)
+    for r in records:
+        if r["type"] == "round":
+            out.extend(int(t) for t in r["samples"])
+        elif r["type"] == "plain":
+            out.append(int(r["sample"]))
+    return out
+
+
+@dataclass
+class Entry:
+    target: Segment
+    drafter: Segment | None
+
+
+@dataclass
+class Fetch:
+    """What the executor is told (``engine.executor.spec_generate(reuse=...)``)."""
+
+    session: PromptCacheSession
+    request: int
+    drained: list[int]
+    target_prefix: int = 0
+    drafter_prefix: int | None = None
+    drafter: Segment | None = None
+    entry: Entry | None = None
+    refused: list[str] = field(default_factory=list)
+    prefill_target: list[Any] | None = None
+    prefill_drafter: list[Any] | None = None
+
+    def open_source(self, source: Any) -> int:
+        if self.session.kind in REREAD_SOURCES:
+            return 0
+        if self.session.kind not in SEGMENT_SOURCES:
+            if self.target_prefix:
+                raise PromptCacheError(f"request {self.request}: a {self.session.kind} source cannot resume")
+            return 0
+        n = self.drafter_prefix or 0
+        if self.drafter is not None and n:
+            self.session.install_drafter(source, self.drafter, n, self)
+            seg = Segment("drafter", tuple(self.drained[:n]), source.caches, "fetch", self.request)
+            check_segment(seg, n, "fetch")
+        return n
+
+    def after_prefill(self, caches: list[Any], source: Any) -> None:
+        self.prefill_target = copy_caches(caches)
+        own = self.session.drafter_caches(source)
+        self.prefill_drafter = None if own is None else copy_caches(own)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "target_reused": self.target_prefix,
+            "drafter_reused": self.drafter_prefix,
+            "entry": None if self.entry is None else
+            f"request {self.entry.target.request} {self.entry.target.boundary}",
+            "refused": "; ".join(self.refused) if self.refused else None,
+        }
+
+
+@dataclass
+class Turn:
+    """One request of a session: the executor's result and what was reused."""
+
+    index: int
+    prompt: list[int]
+    result: GenerationResult
+    reuse: dict[str, Any]
+    ttft_s: float | None
+
+
+class PromptCacheSession:
+    """Speculative requests sharing saved target and drafter caches (module docstring).
+
+    ``generate(prompt_ids, params)`` fetches the longest usable prefix, runs
+    ``spec_generate`` on it, and saves the two boundaries. ``max_entries``
+    bounds the saved entries (least recently used dropped first).
+    """
+
+    def __init__(self, target_model: Any, provider: DraftProvider, *, max_entries: int = 8,
+                 enabled: bool = True) -> None:
+        self.model = target_model
+        self.provider = provider
+        self.kind = str(getattr(provider, "kind", "?"))
+        self.max_entries = max_entries
+        self.enabled = enabled
+        self.entries: list[Entry] = []
+        self.requests = 0
+        self.last_source: Any = None
+
+    # -- hooks a subclass (a planted bug, another source) may override
+    def drafter_caches(self, source: Any) -> list[Any] | None:
+        """The source's own caches, when the session saves them (two-model)."""
+        return source.caches if self.kind in SEGMENT_SOURCES else None
+
+    def install_drafter(self, source: Any, seg: Segment, n: int, fetch: Fetch) -> None:
+        """Put ``seg`` cut to ``n`` positions into ``source`` (same list object: the source's
+        per-layer flags were computed from caches of the same model)."""
+        source.caches[:] = trim_to(seg, n)
+
+    def save(self, entry: Entry) -> None:
+        for seg in (entry.target, entry.drafter):
+            if seg is not None:
+                check_segment(seg, len(seg.key), "save")
+        self.entries.append(entry)
+        while len(self.entries) > self.max_entries:
+            self.entries.pop(0)
+
+    # -- the request
+    def fetch(self, prompt_ids: Sequence[int], params: GenerationParams) -> tuple[Fetch, list[Any]]:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        index = self.requests
+        drained = list(prompt_ids[:-1])  # tail-split: the last prompt token heads the first window
+        f = Fetch(self, index, drained)
+        if not self.enabled:
+            return f, make_prompt_cache(self.model)
+        if self.kind not in SEGMENT_SOURCES + REREAD_SOURCES:
+            f.refused.append(f"the {self.kind} source reads the target's hidden states: cold prefill")
+            return f, make_prompt_cache(self.model)
+        if (params.prefill or "tail-split") != "tail-split":
+            f.refused.append(f"prefill {params.prefill}: reuse is for the tail-split convention")
+            return f, make_prompt_cache(self.model)
+        best: tuple[int, int, int] = (0, 0, -1)
+        missed: list[tuple[int, str]] = []  # (prefix it shares, why it gives less)
+        for j, e in enumerate(self.entries):
+            nt, why = e.target.usable(drained)
+            if why:
+                missed.append((_common_prefix(e.target.key, drained),
+                               f"request {e.target.request} {e.target.boundary}: {why}"))
+            nd = 0
+            if e.drafter is not None and nt:
+                nd, dwhy = e.drafter.usable(drained)
+                if dwhy:
+                    missed.append((min(nt, _common_prefix(e.drafter.key, drained)),
+                                   f"request {e.drafter.request} {e.drafter.boundary}: {dwhy}"))
+            if (nt, nd) > best[:2]:
+                best = (nt, nd, j)
+        nt, nd, j = best
+        # Only the refusals that cost something: an entry sharing more than what is reused.
+        f.refused = list(dict.fromkeys(w for n, w in sorted(missed, key=lambda m: -m[0]) if n > nt))[:3]
+        if j < 0 or nt == 0:
+            return f, make_prompt_cache(self.model)
+        e = self.entries.pop(j)
+        self.entries.append(e)  # most recently used last
+        f.entry, f.target_prefix = e, nt
+        if self.kind in SEGMENT_SOURCES:
+            f.drafter, f.drafter_prefix = e.drafter, nd
+        caches = trim_to(e.target, nt)
+        check_segment(Segment("target", tuple(drained[:nt]), caches, "fetch", index), nt, "fetch")
+        return f, caches
+
+    def generate(self, prompt_ids: Sequence[int], params: GenerationParams, *,
+                 on_token: OnToken | None = None) -> Turn:
+        index = self.requests
+        t0 = time.perf_counter()
+        first: list[float] = []
+
+        def tick(t: int) -> bool | None:
+            if not first:
+                first.append(time.perf_counter() - t0)
+            return on_token(t) if on_token is not None else None
+
+        f, caches = self.fetch(prompt_ids, params)
+        holder: list[Any] = []
+        provider = _Capture(self.provider, holder)
+        result = spec_generate(self.model, provider, list(prompt_ids), params, on_token=tick,
+                               target_caches=caches, reuse=f)
+        self.requests += 1
+        source = holder[0] if holder else None
+        self.last_source = source
+        if self.enabled and self.kind in SEGMENT_SOURCES + REREAD_SOURCES:
+            self._save_turn(index, list(prompt_ids), f, caches, source, result)
+        return Turn(index, list(prompt_ids), result, f.record(), first[0] if first else None)
+
+    def _save_turn(self, index: int, prompt: list[int], f: Fetch, caches: list[Any], source: Any,
+                   result: GenerationResult) -> None:
+        drained = prompt[:-1]
+        if f.prefill_target is not None:
+            dpre = None
+            if f.prefill_drafter is not None:
+                dpre = Segment("drafter", tuple(drained), f.prefill_drafter, "prefill", index)
+            self.save(Entry(Segment("target", tuple(drained), f.prefill_target, "prefill", index), dpre))
+        stream = stream_tokens(prompt, result.records)
+        decoded = len(stream) > len(prompt)
+        tn = held(caches)
+        if tn is None:
+            return  # no layer says how many positions it holds: nothing to key it by
+        if tn > len(stream):
+            raise PromptCacheError(
+                f"request {index}: save: target holds {tn} positions, the stream has {len(stream)}")
+        target = Segment("target", tuple(stream[:tn]), copy_caches(caches), "end", index,
+                         wrapped_in_decode=decoded)
+        drafter = None
+        own = self.drafter_caches(source) if source is not None else None
+        if own is not None:
+            dn = held(own)
+            if dn is not None and dn <= len(stream):
+                drafter = Segment("drafter", tuple(stream[:dn]), copy_caches(own), "end", index,
+                                  wrapped_in_decode=decoded)
+        self.save(Entry(target, drafter))
+
+
+class _Capture:
+    """The provider, remembering the source it opened (the session saves its caches)."""
+
+    def __init__(self, provider: DraftProvider, holder: list[Any]) -> None:
+        self.provider = provider
+        self.kind = provider.kind
+        self.holder = holder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.provider, name)
+
+    def open(self, sampler: Any, target: Any) -> Any:
+        source = self.provider.open(sampler, target)
+        self.holder.append(source)
+        return source
+
+
+def cold(target_model: Any, provider: DraftProvider, prompt_ids: Sequence[int],
+         params: GenerationParams, *, on_token: OnToken | None = None) -> tuple[GenerationResult, float | None]:
+    """The cold run a warm request is held to: fresh caches, the whole prompt prefilled."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def tick(t: int) -> bool | None:
+        if not first:
+            first.append(time.perf_counter() - t0)
+        return on_token(t) if on_token is not None else None
+
+    res = spec_generate(target_model, provider, list(prompt_ids), params, on_token=tick,
+                        target_caches=make_prompt_cache(target_model))
+    return res, first[0] if first else None
+
+
+SessionFactory = Callable[[], PromptCacheSession]
