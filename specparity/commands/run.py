@@ -88,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run cases on Ray (a local cluster when no ADDRESS)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--sessions", action="store_true",
+                   help="prompt-cache sessions instead: each request warm (saved target+drafter caches "
+                        "reused) vs cold, token- and cache-identical (docs/prompt-cache.md)")
     add_device_argument(p)
 
 
@@ -169,6 +172,8 @@ def main(args: argparse.Namespace) -> int:
     device = use_device(args.device)
     if args.device is not None or on_gpu():
         print(f"device {device}", file=sys.stderr)
+    if args.sessions:
+        return _sessions(args)
     cases = cases_from_args(args)
     check_kv_models(cases)
     result = run(
@@ -178,3 +183,27 @@ def main(args: argparse.Namespace) -> int:
     print((args.out / "summary.md").read_text())
     print(f"traces and report written to {args.out}/", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    """``run --sessions`` (docs/prompt-cache.md): the zoo's session matrix, or the sessions of the
+    cases a pair or a suite selects (grouped by everything but the prompt)."""
+    from specparity.sessions import main_sessions, zoo_session_cases
+    from specparity.suite import load_suite
+
+    if args.workers or args.ray is not None:
+        raise ValueError("--sessions runs in this process: drop --workers/--ray")
+    if args.runners is not None:
+        raise ValueError("--sessions runs the engine's prompt-cache sessions: drop --runners")
+    names = None
+    if args.suite is not None:
+        names = getattr(load_suite(args.suite), "sessions", None)
+    if args.target is None and args.suite is None:
+        if args.drafters or args.gammas or args.prompts or args.temps or cache_fields(args).get("kv_bits"):
+            raise ValueError("--sessions on the zoo runs its session matrix (docs/prompt-cache.md); "
+                             "--targets and --max-tokens select from it; other flags need --target or --suite")
+        cases = zoo_session_cases(targets=args.targets, max_tokens=args.max_tokens or 16)
+    else:
+        cases = cases_from_args(args)
+    check_kv_models(cases)
+    return main_sessions(cases, args.out, quiet=args.quiet, names=names)
