@@ -1,0 +1,223 @@
+"""Prompt-cache reuse under speculation (engine/prompt_cache.py): warm ≡ cold, the invariants,
+and four planted bugs each caught naming the request (and round, where the check is a digest).
+
+Runs on the tiny zoo (two-model, γ 3); each test a few seconds on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+import zoo
+from engine.executor import GenerationParams
+from engine.prompt_cache import (
+    PromptCacheError,
+    PromptCacheSession,
+    Segment,
+    check_segment,
+    cold,
+    copy_caches,
+    stream_tokens,
+)
+from engine.sampler import SamplerParams
+from engine.sources.two_model import TwoModelProvider
+from specparity.runners import load_model
+from specparity.sessions import compare_records, run_session
+
+GREEDY = GenerationParams(max_tokens=12, gamma=3, eos_ids=(zoo.eos_id(),))
+SAMPLED = replace(GREEDY, sampler=SamplerParams(temperature=0.8), seed=7)
+
+
+def _pair(target: str) -> tuple[Any, Any]:
+    tp, dp = zoo.pair(target, "twin")
+    return load_model(str(tp)).model, load_model(str(dp)).model
+
+
+def _prompts() -> tuple[list[int], list[int]]:
+    ps = [p for p in zoo.prompts() if p.kind == "natural"]
+    return list(ps[0].token_ids), list(ps[1].token_ids)
+
+
+def _warm_vs_cold(target: str, prompts: list[list[int]], params: GenerationParams,
+                  factory: type[PromptCacheSession] = PromptCacheSession) -> list[tuple[dict, str | None]]:
+    tm, dm = _pair(target)
+    s = factory(tm, TwoModelProvider(dm))
+    out = []
+    for i, p in enumerate(prompts):
+        turn = s.generate(p, params)
+        c, _ = cold(tm, TwoModelProvider(dm), p, params)
+        out.append((turn.reuse, compare_records(i, "test", [*turn.result.records, turn.result.footer()],
+                                                [*c.records, c.footer()])))
+    return out
+
+
+@pytest.mark.parametrize("target", ["llama", "qwen35", "gemma3"])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "seeded"])
+def test_multi_turn_warm_equals_cold(target: str, params: GenerationParams) -> None:
+    """Follow-up, regeneration, exact continuation, prefix: token- and cache-identical to cold."""
+    tm, dm = _pair(target)
+    a, b = _prompts()
+    v = run_session(tm, lambda: TwoModelProvider(dm), "multi-turn", a, [b], params)
+    assert v.identical, v.first_divergence
+    v2 = run_session(tm, lambda: TwoModelProvider(dm), "prefix", a, [b], params)
+    assert v2.identical, v2.first_divergence
+    reused = [r.target_reused for r in v.requests + v2.requests if r.index > 0]
+    assert any(reused), f"{target}: no request reused a prefix: {reused}"
+
+
+def test_end_boundary_keys_follow_each_segment_offset() -> None:
+    """After a turn the target and the drafter are saved under their OWN keys (stream cut to offset)."""
+    tm, dm = _pair("llama")
+    a, _ = _prompts()
+    s = PromptCacheSession(tm, TwoModelProvider(dm))
+    turn = s.generate(a, GREEDY)
+    stream = stream_tokens(a, turn.result.records)
+    end = s.entries[-1]
+    assert end.target.boundary == "end" and end.drafter is not None
+    assert end.target.key == tuple(stream[: len(end.target.key)])
+    assert end.drafter.key == tuple(stream[: len(end.drafter.key)])
+    assert len(end.target.key) == int(end.target.caches[0].offset)
+    assert len(end.drafter.key) == int(end.drafter.caches[0].offset)
+
+
+def test_recurrent_state_reused_only_at_its_boundary() -> None:
+    """qwen35 (ArraysCache): a prefix of the previous prompt is NOT reused from a longer entry."""
+    a, b = _prompts()
+    res = _warm_vs_cold("qwen35", [a, a[:20], a], GREEDY)
+    assert all(d is None for _, d in res), [d for _, d in res if d]
+    assert res[1][0]["target_reused"] == 0, res[1][0]
+    assert "recurrent" in (res[1][0]["refused"] or ""), res[1][0]
+    assert res[2][0]["target_reused"] == len(a) - 1, res[2][0]  # regeneration: the prefill boundary
+
+
+def test_ring_wrapped_in_decode_is_refused() -> None:
+    """gemma3: a ring that wrapped during decode is not reused; its prefill boundary is."""
+    a, b = _prompts()
+    first = a + b[:12]  # 39 drained tokens: the 32-slot ring wraps in the prefill
+    res = _warm_vs_cold("gemma3", [first, first + [5, 6, 7]], GREEDY)
+    assert all(d is None for _, d in res), [d for _, d in res if d]
+    assert res[1][0]["target_reused"] == len(first) - 1, res[1][0]
+    assert "wrapped during decode" in (res[1][0]["refused"] or ""), res[1][0]
+
+
+def test_quantized_kv_segment_is_refused() -> None:
+    tp, dp = zoo.pair(zoo.KV_TARGET, "twin")
+    tm, dm = load_model(str(tp)).model, load_model(str(dp)).model
+    a, b = _prompts()
+    params = replace(GREEDY, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    s = PromptCacheSession(tm, TwoModelProvider(dm))
+    s.generate(a, params)
+    turn = s.generate(a, params)
+    assert turn.reuse["target_reused"] == 0 and "Quantized" in (turn.reuse["refused"] or ""), turn.reuse
+    c, _ = cold(tm, TwoModelProvider(dm), a, params)
+    assert compare_records(1, "regenerate", [*turn.result.records, turn.result.footer()],
+                           [*c.records, c.footer()]) is None
+
+
+def test_check_segment_names_request_segment_and_layer() -> None:
+    tm, _ = _pair("llama")
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    caches = make_prompt_cache(tm)
+    tm(mx.array([[1, 2, 3, 4]]), cache=caches)
+    check_segment(Segment("target", (1, 2, 3, 4), caches, "end", 3), 4, "save")
+    with pytest.raises(PromptCacheError, match=r"request 3: save: target segment \(end boundary\) layer 0 "
+                       r"\(KVCache\) holds 4 positions, its key has 5: a hole"):
+        check_segment(Segment("target", (1, 2, 3, 4, 5), caches, "end", 3), 5, "save")
+    with pytest.raises(PromptCacheError, match=r"holds 4 positions, its key has 3: duplicate positions"):
+        check_segment(Segment("target", (1, 2, 3), caches, "fetch", 3), 3, "fetch")
+
+
+def test_compare_names_request_round_and_position() -> None:
+    tm, dm = _pair("llama")
+    a, _ = _prompts()
+    c, _ = cold(tm, TwoModelProvider(dm), a, GREEDY)
+    warm = [dict(r) for r in c.records]
+    rnd = next(r for r in warm if r["type"] == "round" and r["index"] == 1)
+    rnd["samples"] = [*rnd["samples"][:-1], rnd["samples"][-1] + 1]
+    msg = compare_records(2, "follow-up", warm, list(c.records))
+    assert msg is not None and msg.startswith("request 2 (follow-up): round 1: samples position"), msg
+
+
+# --------------------------------------------------------------------------- planted bugs
+
+class ShortSave(PromptCacheSession):
+    """Plant: the saved target cache is one token short of its key."""
+
+    def save(self, entry: Any) -> None:
+        if entry.target.boundary == "end":
+            for c in entry.target.caches:
+                c.trim(1)
+        super().save(entry)
+
+
+class DrafterNotRestored(PromptCacheSession):
+    """Plant: the drafter's saved cache never reaches the source (only the target is reused)."""
+
+    def install_drafter(self, source: Any, seg: Any, n: int, fetch: Any) -> None:
+        return None
+
+
+class StaleDrafter(PromptCacheSession):
+    """Plant: the drafter state installed is another conversation's (same length, other tokens)."""
+
+    def install_drafter(self, source: Any, seg: Any, n: int, fetch: Any) -> None:
+        stale = next(e.drafter for e in self.entries
+                     if e.drafter is not None and len(e.drafter.key) >= n and e.drafter.key[:n] != seg.key[:n])
+        cut = copy_caches(stale.caches)
+        for c in cut:
+            c.trim(len(stale.key) - n)
+        source.caches[:] = cut
+
+
+class RingWithoutIndex(PromptCacheSession):
+    """Plant: a wrapped ring is saved without its write index, rebuilt as ``offset % max_size``
+    (right for a one-token ring, wrong for the buffer a multi-token prefill leaves)."""
+
+    def save(self, entry: Any) -> None:
+        for seg in (entry.target, entry.drafter):
+            for c in seg.caches if seg is not None else ():
+                if hasattr(c, "_idx") and int(c.offset) >= int(c.max_size):
+                    c._idx = int(c.offset) % int(c.max_size)
+        super().save(entry)
+
+
+def test_plant_saved_cache_one_token_short() -> None:
+    tm, dm = _pair("llama")
+    a, b = _prompts()
+    v = run_session(tm, lambda: TwoModelProvider(dm), "multi-turn", a, [b], GREEDY, session_factory=ShortSave)
+    assert not v.identical
+    assert v.first_divergence is not None and v.first_divergence.startswith("request 0 (fresh)"), v.first_divergence
+    assert "target segment (end boundary) layer 0" in v.first_divergence and "a hole" in v.first_divergence
+
+
+def test_plant_drafter_cache_not_saved() -> None:
+    tm, dm = _pair("llama")
+    a, b = _prompts()
+    v = run_session(tm, lambda: TwoModelProvider(dm), "multi-turn", a, [b], GREEDY,
+                    session_factory=DrafterNotRestored)
+    assert v.first_divergence is not None and v.first_divergence.startswith("request 1 (follow-up)"), v.first_divergence
+    assert "drafter segment" in v.first_divergence and "a hole" in v.first_divergence
+
+
+def test_plant_stale_drafter_state() -> None:
+    """Offsets agree, so only the digest check can see it: named at request 2's prefill."""
+    a, b = _prompts()
+    res = _warm_vs_cold("llama", [a, b, a], GREEDY, factory=StaleDrafter)
+    assert res[0][1] is None and res[1][1] is None  # nothing reused yet / no stale candidate
+    msg = res[2][1]
+    assert msg is not None and msg.startswith("request 2 (test): prefill (before round 0): drafter_cache_digest"), msg
+
+
+def test_plant_ring_reused_past_wrap_without_index() -> None:
+    a, b = _prompts()
+    first = a + b[:12]  # the gemma3 ring (32 slots) wraps in the prefill
+    res = _warm_vs_cold("gemma3", [first, first], GREEDY, factory=RingWithoutIndex)
+    assert res[1][0]["target_reused"] == len(first) - 1
+    msg = res[1][1]
+    assert msg is not None and msg.startswith("request 1 (test): prefill (before round 0): "), msg
+    assert "_cache_digest layer 0: warm" in msg, msg  # the drafter (gemma3 twin) is checked first
