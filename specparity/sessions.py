@@ -377,21 +377,26 @@ def render(verdicts: Sequence[SessionVerdict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: Path, verdicts: Sequence[SessionVerdict]) -> str:
+def write(out_dir: Path, verdicts: Sequence[SessionVerdict],
+          reference: Sequence[dict[str, Any]] = ()) -> str:
     from traces.io import atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = render(verdicts)
+    text = render(verdicts) + (render_reference(reference) if reference else "")
     data = {"summary": summary(verdicts),
-            "sessions": [{**asdict(v), "identical": v.identical} for v in verdicts]}
+            "sessions": [{**asdict(v), "identical": v.identical} for v in verdicts],
+            "reference": list(reference)}
     atomic_write_text(out_dir / "sessions.json", json.dumps(data, indent=1) + "\n")
     atomic_write_text(out_dir / "sessions.md", text)
     return text
 
 
 def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
-                  names: Sequence[str] | None = None) -> int:
-    """``specparity run --sessions``: exit 0 when every session is warm ≡ cold, else 1."""
+                  names: Sequence[str] | None = None, reference: bool = True) -> int:
+    """``specparity run --sessions``: exit 0 when every ENGINE session is warm ≡ cold, else 1.
+
+    The reference's sessions are reported beside (its divergences are known entries:
+    ``mlx-lm-prompt-cache-*`` in ``traces/known_divergences.toml``), never failing the run."""
     import sys
 
     t0 = time.perf_counter()
@@ -401,7 +406,17 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
             print(f"session {label}", file=sys.stderr)
 
     verdicts = sessions_from_cases(cases, names, say)
-    text = write(out_dir, verdicts)
+    ref_rows: list[dict[str, Any]] = []
+    if reference:
+        import oracles
+
+        ok, why = oracles.availability(REFERENCE)
+        if ok:
+            say(f"reference {REFERENCE}")
+            ref_rows = reference_sessions(cases, names)
+        elif not quiet:
+            print(f"- reference {REFERENCE} skipped: {why}", file=sys.stderr)
+    text = write(out_dir, verdicts, ref_rows)
     print(text)
     print(f"sessions written to {out_dir}/sessions.md ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return 0 if verdicts and all(v.identical for v in verdicts) else 1
@@ -409,3 +424,61 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
 
 __all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "compare_records", "main_sessions",
            "next_prompt", "replace", "run_session", "sessions_from_cases", "summary", "zoo_session_cases"]
+
+
+# --------------------------------------------------------------------------- the reference
+
+REFERENCE = "mlx_lm_prompt_cache"
+
+
+def reference_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """mlx-lm's own prompt-cache path (``oracles/mlx_lm_prompt_cache.py``) on the two-model groups of
+    ``cases``, with the draft model and without (the control); one row per (group, session, lane)."""
+    from oracles import mlx_lm_prompt_cache as ref
+    from specparity.runners import case_paths
+
+    groups: dict[tuple[Any, ...], list[Case]] = {}
+    for c in cases:
+        if c.drafter is not None and c.source == "two-model" and c.kv_bits is None:
+            groups.setdefault(_group_key(c), []).append(c)
+    rows = []
+    for group in groups.values():
+        c0 = group[0]
+        tp, dp = case_paths(c0)
+        ids = [_prompt_ids(c) for c in group]
+        for name in names or SESSIONS:
+            if name == "eos":
+                continue  # the reference stops on its tokenizer's EOS set only
+            for plain in (False, True):
+                reqs = ref.run_session(str(tp), str(dp), SESSIONS[name], ids[0], ids[1:], next_prompt,
+                                       gamma=c0.gamma, max_tokens=c0.max_tokens, temperature=c0.temperature,
+                                       seed=c0.seed, plain=plain)
+                cold_error = next((r["cold_error"] for r in reqs if r["cold_error"]), None)
+                rows.append({"label": f"{_label(c0)}/{name}", "lane": "plain" if plain else "spec",
+                             "compared": cold_error is None,
+                             "identical": all(r["identical"] for r in reqs),
+                             "tokens_identical": all(r["tokens_identical"] for r in reqs),
+                             "first_divergence": next((f"request {r['index']} ({r['kind']}): {r['divergence']}"
+                                                       for r in reqs if r["divergence"]), None),
+                             "requests": reqs})
+    return rows
+
+
+def render_reference(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["", f"## Reference: mlx-lm's prompt cache ({REFERENCE}: LRUPromptCache + stream_generate)", ""]
+    for lane in ("spec", "plain"):
+        rs = [r for r in rows if r["lane"] == lane and r["compared"]]
+        skipped = sum(1 for r in rows if r["lane"] == lane and not r["compared"])
+        if not rs:
+            continue
+        bad = sum(not r["identical"] for r in rs)
+        tok = sum(not r["tokens_identical"] for r in rs)
+        lines.append(f"- {lane}: {bad}/{len(rs)} sessions warm ≠ cold ({bad / len(rs):.0%}); "
+                     f"{tok}/{len(rs)} with different tokens or an error"
+                     + (f"; {skipped} not compared (the cold run itself refused)" if skipped else ""))
+    lines += ["", "| session | lane | verdict | first divergence |", "|---|---|---|---|"]
+    for r in rows:
+        verdict = "not compared" if not r["compared"] else ("warm ≡ cold" if r["identical"] else "DIVERGENT")
+        lines.append(f"| {r['label']} | {r['lane']} | {verdict} | "
+                     f"{r['first_divergence'] or ''} |")
+    return "\n".join(lines) + "\n"
