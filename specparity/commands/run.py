@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
     device = use_device(args.device)
     if args.device is not None or on_gpu():
         print(f"device {device}", file=sys.stderr)
-    if args.sessions:
+    if args.sessions or (args.suite is not None and _suite_sessions(args.suite) is not None):
         return _sessions(args)
     cases = cases_from_args(args)
     check_kv_models(cases)
@@ -189,15 +189,12 @@ def _sessions(args: argparse.Namespace) -> int:
     """``run --sessions`` (docs/prompt-cache.md): the zoo's session matrix, or the sessions of the
     cases a pair or a suite selects (grouped by everything but the prompt)."""
     from specparity.sessions import main_sessions, zoo_session_cases
-    from specparity.suite import load_suite
 
     if args.workers or args.ray is not None:
         raise ValueError("--sessions runs in this process: drop --workers/--ray")
     if args.runners is not None:
         raise ValueError("--sessions runs the engine's prompt-cache sessions: drop --runners")
-    names = None
-    if args.suite is not None:
-        names = getattr(load_suite(args.suite), "sessions", None)
+    names = _suite_sessions(args.suite) if args.suite is not None else None
     if args.target is None and args.suite is None:
         if args.drafters or args.gammas or args.prompts or args.temps or cache_fields(args).get("kv_bits"):
             raise ValueError("--sessions on the zoo runs its session matrix (docs/prompt-cache.md); "
@@ -207,3 +204,9 @@ def _sessions(args: argparse.Namespace) -> int:
         cases = cases_from_args(args)
     check_kv_models(cases)
     return main_sessions(cases, args.out, quiet=args.quiet, names=names)
+
+
+def _suite_sessions(path: Path) -> list[str] | None:
+    from specparity.suite import suite_sessions
+
+    return suite_sessions(path)
