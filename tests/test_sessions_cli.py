@@ -71,3 +71,9 @@ def test_sessions_zoo_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "DIVERGENT |" not in text.split("## Reference")[0]
+
+
+def test_sessions_zoo_refuses_flags_it_would_ignore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--sessions", "--temps", "0.8", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--temps need --target or --suite" in err, err

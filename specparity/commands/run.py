@@ -196,9 +196,13 @@ def _sessions(args: argparse.Namespace) -> int:
         raise ValueError("--sessions runs the engine's prompt-cache sessions: drop --runners")
     names = _suite_sessions(args.suite) if args.suite is not None else None
     if args.target is None and args.suite is None:
-        if args.drafters or args.gammas or args.prompts or args.temps or cache_fields(args).get("kv_bits"):
-            raise ValueError("--sessions on the zoo runs its session matrix (docs/prompt-cache.md); "
-                             "--targets and --max-tokens select from it; other flags need --target or --suite")
+        extra = _given(args, "drafters", "draft", "source", "prompts_file", *_SETTINGS) + [
+            "--" + k.replace("_", "-") for k, v in cache_fields(args).items() if v is not None]
+        extra = [f for f in extra if f != "--max-tokens"]
+        if extra:
+            raise ValueError(f"--sessions on the zoo runs its session matrix (docs/prompt-cache.md): "
+                             f"--targets and --max-tokens select from it; {', '.join(extra)} need "
+                             "--target or --suite")
         cases = zoo_session_cases(targets=args.targets, max_tokens=args.max_tokens or 16)
     else:
         cases = cases_from_args(args)
