@@ -426,8 +426,10 @@ def spec_generate(
     ``reuse`` (optional, ``engine.prompt_cache``): ``target_caches`` already hold
     the first ``reuse.target_prefix`` drained tokens; ``reuse.open_source(source)``
     installs the drafter's saved state and returns how many drained tokens it
-    holds; ``reuse.after_prefill(caches, source)`` sees the prefill boundary.
-    Only the rest is prefilled; the prefill record carries ``reuse.record()``.
+    holds; ``reuse.tap_context(ctx, drained)`` prepends the reused prefix's saved
+    tap rows; ``reuse.after_prefill(caches, source, ctx)`` sees the prefill
+    boundary and ``reuse.after_round(ctx, k)`` every round. Only the rest is
+    prefilled; the prefill record carries ``reuse.record()``.
 
     ``observer`` (optional) is told about every verify forward:
     ``before_verify(index, window, caches)`` and, after the forward and before
@@ -490,7 +492,10 @@ def spec_generate(
     pre_ctx: TapContext | None = None
     last_logits: mx.array | None
     if taps and drained:
-        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained, step, taps, req.kv)
+        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained[_skip(reuse):], step, taps,
+                                                       req.kv)
+        if reuse is not None:  # the saved hidden rows of the reused prefix, then the new ones
+            pre_ctx = reuse.tap_context(pre_ctx, drained)
         drafter_tokens = source.prefill(drained, pre_ctx)
     else:
         drafter_tokens = source.prefill(drained[source_skip:], None)
@@ -498,7 +503,7 @@ def spec_generate(
     if req.kv is not None:
         plan = CacheRollback(target_model, caches, rotating=params.rotating)  # converted caches
     if reuse is not None:
-        reuse.after_prefill(caches, source)
+        reuse.after_prefill(caches, source, pre_ctx)
     req.prefill_record(drained[_skip(reuse):], list(drafter_tokens),
                        source.cache_digest() if params.cache_digests else None, reuse)
 
@@ -580,6 +585,8 @@ def spec_generate(
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         req.counters.record_round(d, k)
+        if reuse is not None:
+            reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
         req.grow_history(emitted)
         req.records.append(
             {

@@ -65,6 +65,10 @@ from engine.seam import DraftProvider
 # Sources whose whole per-request state the session can save and restore.
 SEGMENT_SOURCES = ("two-model",)  # the drafter's own caches
 REREAD_SOURCES = ("ngram",)  # model-free: prefilled from the full prompt every time
+# Sources whose state is a function of the target's tapped hidden rows: the session saves the
+# rows with the target's caches and the source re-reads the whole prompt's rows (saved + new).
+TAPPED_SOURCES = ("mtp", "assistant", "native-mtp", "dspark", "deepspec")
+FULL_PREFILL = TAPPED_SOURCES  # their prefill convention (§2.1 "full")
 
 
 class PromptCacheError(RuntimeError):
@@ -81,6 +85,7 @@ class Segment:
     boundary: str  # "prefill" | "end"
     request: int
     wrapped_in_decode: bool = False
+    hidden: dict[int, Any] | None = None  # tapped target rows, one per key position (tapped sources)
 
     def reuse_rule(self) -> tuple[str, str | None]:
         """``("trim" | "exact" | "refuse", why)``: what a fetch may do with this segment."""
@@ -219,10 +224,14 @@ class Fetch:
     refused: list[str] = field(default_factory=list)
     prefill_target: list[Any] | None = None
     prefill_drafter: list[Any] | None = None
+    hidden: dict[int, Any] | None = None  # the reused prefix's tapped rows
+    prefill_hidden: dict[int, Any] | None = None
+    rows: dict[int, list[Any]] | None = None  # tapped rows of every kept position, in order
+    untapped_rounds: int = 0
 
     def open_source(self, source: Any) -> int:
-        if self.session.kind in REREAD_SOURCES:
-            return 0
+        if self.session.kind in REREAD_SOURCES + TAPPED_SOURCES:
+            return 0  # re-derived from the whole prompt (tapped: the saved rows + the new ones)
         if self.session.kind not in SEGMENT_SOURCES:
             if self.target_prefix:
                 raise PromptCacheError(f"request {self.request}: a {self.session.kind} source cannot resume")
@@ -234,10 +243,40 @@ class Fetch:
             check_segment(seg, n, "fetch")
         return n
 
-    def after_prefill(self, caches: list[Any], source: Any) -> None:
+    def tap_context(self, ctx: Any, drained: list[int]) -> Any:
+        """The prefill's tap context over the whole ``drained``: the saved rows, then the new ones."""
+        from engine.seam import TapContext
+
+        if not self.target_prefix:
+            return ctx
+        saved = self.hidden or {}
+        n = self.target_prefix
+        hidden = {}
+        for i, h in ctx.hidden.items():
+            if i not in saved or int(saved[i].shape[0]) != n:
+                have = None if i not in saved else int(saved[i].shape[0])
+                raise PromptCacheError(
+                    f"request {self.request}: fetch: target tap layer {i}: {have} saved rows for "
+                    f"{n} reused positions: a hole")
+            hidden[i] = mx.concatenate([saved[i], h], axis=0)
+        return TapContext(tokens=list(drained), hidden=hidden)
+
+    def after_prefill(self, caches: list[Any], source: Any, ctx: Any = None) -> None:
         self.prefill_target = copy_caches(caches)
         own = self.session.drafter_caches(source)
         self.prefill_drafter = None if own is None else copy_caches(own)
+        if ctx is not None:
+            self.prefill_hidden = dict(ctx.hidden)
+            self.rows = {i: [h] for i, h in ctx.hidden.items()}
+
+    def after_round(self, ctx: Any, k: int) -> None:
+        if self.rows is None:
+            return
+        if ctx is None:
+            self.untapped_rounds += 1
+            return
+        for i, parts in self.rows.items():
+            parts.append(ctx.hidden[i][: k + 1])
 
     def record(self) -> dict[str, Any]:
         return {
@@ -279,6 +318,9 @@ class PromptCacheSession:
         self.requests = 0
         self.last_source: Any = None
 
+    def prefill_mode(self, params: GenerationParams) -> str:
+        return params.prefill or ("full" if self.kind in FULL_PREFILL else "tail-split")
+
     # -- hooks a subclass (a planted bug, another source) may override
     def drafter_caches(self, source: Any) -> list[Any] | None:
         """The source's own caches, when the session saves them (two-model)."""
@@ -302,20 +344,23 @@ class PromptCacheSession:
         from mlx_lm.models.cache import make_prompt_cache
 
         index = self.requests
-        drained = list(prompt_ids[:-1])  # tail-split: the last prompt token heads the first window
+        full = self.prefill_mode(params) == "full"
+        # tail-split: the last prompt token heads the first window; full: the prefill's own last
+        # forward gives the first token, so at least one prompt token is always prefilled
+        drained = list(prompt_ids) if full else list(prompt_ids[:-1])
+        cap = len(drained) - 1 if full else len(drained)
         f = Fetch(self, index, drained)
         if not self.enabled:
             return f, make_prompt_cache(self.model)
-        if self.kind not in SEGMENT_SOURCES + REREAD_SOURCES:
-            f.refused.append(f"the {self.kind} source reads the target's hidden states: cold prefill")
-            return f, make_prompt_cache(self.model)
-        if (params.prefill or "tail-split") != "tail-split":
-            f.refused.append(f"prefill {params.prefill}: reuse is for the tail-split convention")
+        if self.kind not in SEGMENT_SOURCES + REREAD_SOURCES + TAPPED_SOURCES:
+            f.refused.append(f"the {self.kind} source keeps state the session cannot save: cold prefill")
             return f, make_prompt_cache(self.model)
         best: tuple[int, int, int] = (0, 0, -1)
         missed: list[tuple[int, str]] = []  # (prefix it shares, why it gives less)
         for j, e in enumerate(self.entries):
-            nt, why = e.target.usable(drained)
+            nt, why = e.target.usable(drained[:cap])
+            if self.kind in TAPPED_SOURCES and e.target.hidden is None:
+                nt, why = 0, "saved without the tapped hidden rows"
             if why:
                 missed.append((_common_prefix(e.target.key, drained),
                                f"request {e.target.request} {e.target.boundary}: {why}"))
@@ -337,6 +382,8 @@ class PromptCacheSession:
         f.entry, f.target_prefix = e, nt
         if self.kind in SEGMENT_SOURCES:
             f.drafter, f.drafter_prefix = e.drafter, nd
+        if e.target.hidden is not None:
+            f.hidden = {i: h[:nt] for i, h in e.target.hidden.items()}
         caches = trim_to(e.target, nt)
         check_segment(Segment("target", tuple(drained[:nt]), caches, "fetch", index), nt, "fetch")
         return f, caches
@@ -360,18 +407,20 @@ class PromptCacheSession:
         self.requests += 1
         source = holder[0] if holder else None
         self.last_source = source
-        if self.enabled and self.kind in SEGMENT_SOURCES + REREAD_SOURCES:
+        if self.enabled and self.kind in SEGMENT_SOURCES + REREAD_SOURCES + TAPPED_SOURCES:
             self._save_turn(index, list(prompt_ids), f, caches, source, result)
         return Turn(index, list(prompt_ids), result, f.record(), first[0] if first else None)
 
     def _save_turn(self, index: int, prompt: list[int], f: Fetch, caches: list[Any], source: Any,
                    result: GenerationResult) -> None:
-        drained = prompt[:-1]
-        if f.prefill_target is not None:
+        drained = f.drained
+        tapped = self.kind in TAPPED_SOURCES
+        if f.prefill_target is not None and (f.prefill_hidden is not None or not tapped):
             dpre = None
             if f.prefill_drafter is not None:
                 dpre = Segment("drafter", tuple(drained), f.prefill_drafter, "prefill", index)
-            self.save(Entry(Segment("target", tuple(drained), f.prefill_target, "prefill", index), dpre))
+            self.save(Entry(Segment("target", tuple(drained), f.prefill_target, "prefill", index,
+                                    hidden=f.prefill_hidden), dpre))
         stream = stream_tokens(prompt, result.records)
         decoded = len(stream) > len(prompt)
         tn = held(caches)
@@ -380,8 +429,15 @@ class PromptCacheSession:
         if tn > len(stream):
             raise PromptCacheError(
                 f"request {index}: save: target holds {tn} positions, the stream has {len(stream)}")
+        hidden = None
+        if tapped:
+            if f.rows is None or f.untapped_rounds:
+                return  # plain steps (the ring guard, §6) fed positions no tap saw
+            hidden = {i: mx.concatenate(parts, axis=0) for i, parts in f.rows.items()}
+            if any(int(h.shape[0]) != tn for h in hidden.values()):
+                return  # positions no tap saw (a plain fallback): nothing exact to save
         target = Segment("target", tuple(stream[:tn]), copy_caches(caches), "end", index,
-                         wrapped_in_decode=decoded)
+                         wrapped_in_decode=decoded, hidden=hidden)
         drafter = None
         own = self.drafter_caches(source) if source is not None else None
         if own is not None:
