@@ -86,6 +86,7 @@ class Segment:
     request: int
     wrapped_in_decode: bool = False
     hidden: dict[int, Any] | None = None  # tapped target rows, one per key position (tapped sources)
+    one_token_forwards: bool = False  # some position came from a one-token forward (see split_profile)
 
     def reuse_rule(self) -> tuple[str, str | None]:
         """``("trim" | "exact" | "refuse", why)``: what a fetch may do with this segment."""
@@ -119,6 +120,46 @@ class Segment:
                 return n, None
             return 0, f"{why}: saved at {len(self.key)} tokens, prompt shares {n}"
         return n, None
+
+
+_SPLIT: dict[int, tuple[Any, str]] = {}  # id(model) -> (the model, kept alive so the id stays its, profile)
+
+
+def split_profile(model: Any, tokens: Sequence[int]) -> str:
+    """Whether ``model``'s caches come out byte-identical however a prefill is split.
+
+    ``"exact"``: one chunk, two halves and ``n - 1`` + 1 give the same cache bytes (reuse
+    can split anywhere); ``"multi"``: only the one-token forward differs (mlx-lm
+    ``deepseek_v3`` MLA takes its absorbed-weights path when ``L == 1``), so a reused prefix
+    needs a suffix of at least two tokens and positions that no one-token forward wrote;
+    ``"none"``: splits change the bytes (no reuse). Measured once per model object on
+    ``tokens`` (the session's first prompt).
+    """
+    key = id(model)
+    if key not in _SPLIT:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from traces.digest import cache_digest
+
+        ids = list(tokens)
+        while len(ids) < 8:
+            ids = ids + ids
+        ids = ids[:16]
+
+        def fill(splits: list[int]) -> str:
+            caches = make_prompt_cache(model)
+            pos = 0
+            for n in splits:
+                model(mx.array(ids[pos : pos + n], mx.uint32)[None], cache=caches)
+                pos += n
+            mx.eval([c.state for c in caches])
+            return str(cache_digest(caches)["combined"])
+
+        one = fill([len(ids)])
+        halves = fill([len(ids) // 2, len(ids) - len(ids) // 2])
+        last = fill([len(ids) - 1, 1])
+        _SPLIT[key] = (model, "none" if halves != one else ("exact" if last == one else "multi"))
+    return _SPLIT[key][1]
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -355,18 +396,29 @@ class PromptCacheSession:
         if self.kind not in SEGMENT_SOURCES + REREAD_SOURCES + TAPPED_SOURCES:
             f.refused.append(f"the {self.kind} source keeps state the session cannot save: cold prefill")
             return f, make_prompt_cache(self.model)
+        tsplit = split_profile(self.model, prompt_ids)
+        dmodel = getattr(self.provider, "model", None) if self.kind in SEGMENT_SOURCES else None
+        dsplit = split_profile(dmodel, prompt_ids) if dmodel is not None else "exact"
+        if tsplit == "none":
+            f.refused.append("the target's caches depend on how a prefill is split: no reuse")
+            return f, make_prompt_cache(self.model)
+        if tsplit == "multi" or dsplit == "multi":
+            cap = min(cap, len(drained) - 2)  # never a one-token suffix forward
         best: tuple[int, int, int] = (0, 0, -1)
         missed: list[tuple[int, str]] = []  # (prefix it shares, why it gives less)
         for j, e in enumerate(self.entries):
-            nt, why = e.target.usable(drained[:cap])
+            nt, why = e.target.usable(drained[:max(cap, 0)])
             if self.kind in TAPPED_SOURCES and e.target.hidden is None:
                 nt, why = 0, "saved without the tapped hidden rows"
+            if nt and tsplit == "multi" and e.target.one_token_forwards:
+                nt, why = 0, ("target segment written by one-token forwards; this target's one-token "
+                              "forward is not its prefill's arithmetic (split_profile 'multi')")
             if why:
                 missed.append((_common_prefix(e.target.key, drained),
                                f"request {e.target.request} {e.target.boundary}: {why}"))
             nd = 0
-            if e.drafter is not None and nt:
-                nd, dwhy = e.drafter.usable(drained)
+            if e.drafter is not None and nt and not (dsplit != "exact" and e.drafter.one_token_forwards):
+                nd, dwhy = e.drafter.usable(drained[:max(cap, 0)])
                 if dwhy:
                     missed.append((min(nt, _common_prefix(e.drafter.key, drained)),
                                    f"request {e.drafter.request} {e.drafter.boundary}: {dwhy}"))
@@ -436,15 +488,17 @@ class PromptCacheSession:
             hidden = {i: mx.concatenate(parts, axis=0) for i, parts in f.rows.items()}
             if any(int(h.shape[0]) != tn for h in hidden.values()):
                 return  # positions no tap saw (a plain fallback): nothing exact to save
+        # a verify window of one position (no drafts) or a plain step is a one-token forward
+        one = any(r["type"] == "plain" or (r["type"] == "round" and not r["drafts"]) for r in result.records)
         target = Segment("target", tuple(stream[:tn]), copy_caches(caches), "end", index,
-                         wrapped_in_decode=decoded, hidden=hidden)
+                         wrapped_in_decode=decoded, hidden=hidden, one_token_forwards=one)
         drafter = None
         own = self.drafter_caches(source) if source is not None else None
         if own is not None:
             dn = held(own)
             if dn is not None and dn <= len(stream):
                 drafter = Segment("drafter", tuple(stream[:dn]), copy_caches(own), "end", index,
-                                  wrapped_in_decode=decoded)
+                                  wrapped_in_decode=decoded, one_token_forwards=decoded)  # drafting steps
         self.save(Entry(target, drafter))
 
 

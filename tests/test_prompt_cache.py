@@ -221,3 +221,53 @@ def test_plant_ring_reused_past_wrap_without_index() -> None:
     msg = res[1][1]
     assert msg is not None and msg.startswith("request 1 (test): prefill (before round 0): "), msg
     assert "_cache_digest layer 0: warm" in msg, msg  # the drafter (gemma3 twin) is checked first
+
+
+# --------------------------------------------------------------------------- sources reading the target's hidden
+
+def test_mtp_head_warm_equals_cold() -> None:
+    """mtp (qwen35 head): the target segment keeps its tapped rows; the head re-reads them."""
+    from engine.sources import make_provider
+    from zoo.heads import head_dir
+
+    tm = load_model(str(zoo.model_dir("qwen35"))).model
+    a, b = _prompts()
+    v = run_session(tm, lambda: make_provider("mtp", path=head_dir("qwen35-mtp-self")), "multi-turn", a, [b],
+                    GREEDY)
+    assert v.identical, v.first_divergence
+    assert any(r.target_reused for r in v.requests[1:]), [r.target_reused for r in v.requests]
+    assert all(r.drafter_reused is None for r in v.requests)  # re-derived from the rows, not saved
+
+
+def _deepseek() -> tuple[Any, Any]:
+    from engine.sources import make_provider
+    from zoo.native_mtp import target_paths
+
+    tdir, ckpt = target_paths("deepseek-mtp")
+    return load_model(str(tdir)).model, lambda: make_provider("native-mtp", path=ckpt)
+
+
+def test_split_profile_of_mla_is_multi() -> None:
+    """mlx-lm deepseek_v3 (MLA) takes its absorbed-weights path for a one-token forward."""
+    from engine.prompt_cache import split_profile
+
+    tm, _ = _deepseek()
+    a, _ = _prompts()
+    assert split_profile(tm, a) == "multi"
+    assert split_profile(_pair("llama")[0], a) == "exact"
+
+
+def test_plant_split_sensitive_target_treated_as_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant: the probe's verdict ignored (a one-token suffix after a reused MLA prefix): the
+    digest check names the request and the layer; with the probe, warm ≡ cold."""
+    import engine.prompt_cache as pc
+
+    tm, mk = _deepseek()
+    a, b = _prompts()
+    good = run_session(tm, mk, "regenerate", a, [b], GREEDY)
+    assert good.identical, good.first_divergence
+    monkeypatch.setitem(pc._SPLIT, id(tm), (tm, "exact"))
+    bad = run_session(tm, mk, "regenerate", a, [b], GREEDY)
+    msg = bad.first_divergence
+    assert msg is not None and msg.startswith("request 1 (regenerate): prefill (before round 0): "
+                                              "target_cache_digest layer 1"), msg
