@@ -217,20 +217,32 @@ def _params(case: Case, eos: tuple[int, ...]) -> Any:
 
 
 def _provider_factory(case: Case) -> Callable[[], Any]:
+    """A fresh provider per session and per cold run, built as the engine runner builds it."""
     from engine.sources import make_provider
     from engine.sources.two_model import TwoModelProvider
-    from specparity.runners import case_paths, load_model
+    from specparity.runners import (
+        DSPARK_SOURCES,
+        HEAD_SOURCES,
+        NATIVE_SOURCE,
+        case_paths,
+        dspark_drafter,
+        load_model,
+        native_conventions,
+    )
 
+    _, dp = case_paths(case)
     if case.source == "ngram":
         return lambda: make_provider("ngram", gamma=case.gamma)
+    if case.source in HEAD_SOURCES:
+        return lambda: make_provider(case.source, path=dp)
+    if case.source == NATIVE_SOURCE:
+        conv = native_conventions(case)
+        return lambda: make_provider(case.source, path=dp, conventions=conv)
+    if case.source in DSPARK_SOURCES:
+        thr = dspark_drafter(case)[1]
+        return lambda: make_provider(case.source, model=dp, confidence_threshold=thr)
     if case.source != "two-model":
-        tp, dp = case_paths(case)
-        from specparity.runners import HEAD_SOURCES
-        if case.source in HEAD_SOURCES:
-            return lambda: make_provider(case.source, path=dp)
-        raise ValueError(f"sessions: the {case.source} source is not run in sessions (reuse is refused "
-                         "for sources reading the target's hidden states; see docs/prompt-cache.md)")
-    _, dp = case_paths(case)
+        raise ValueError(f"sessions: no session runner for the {case.source} source")
     assert dp is not None
     draft = load_model(str(dp))
     return lambda: TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
@@ -272,6 +284,8 @@ def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = Non
         ids = [_prompt_ids(c) for c in group]
         eos = tuple(getattr(target, "eos_ids", ()) or ())
         params = _params(c0, eos)
+        if c0.source == "deepspec":
+            params = replace(params, prefill="full")  # as the engine runner runs it
         try:
             make = _provider_factory(c0)
         except ValueError as exc:
@@ -299,7 +313,10 @@ def zoo_session_cases(targets: Sequence[str] | None = None, max_tokens: int = 16
 
     KVCache (llama, qwen3), RotatingKVCache (gemma3: sliding window 32, wrapped by the
     sessions' prompts), recurrent ArraysCache (qwen35), quantized KV (llama-kv, 4-bit,
-    group 32, from the prefill and from position 36), and the model-free ngram source.
+    group 32, from the prefill and from position 36), the model-free ngram source, and
+    the sources reading the target's hidden states: an MTP head (qwen35), an assistant
+    (gemma4), a DSpark block drafter (qwen3) and native MTP on an MLA target (deepseek-mtp,
+    whose one-token forward is not its prefill's arithmetic).
     """
     import zoo
 
@@ -310,6 +327,9 @@ def zoo_session_cases(targets: Sequence[str] | None = None, max_tokens: int = 16
         (zoo.KV_TARGET, "twin", "two-model", {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 0}),
         (zoo.KV_TARGET, "twin", "two-model", {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 36}),
         ("llama", "ngram", "ngram", {}),
+        # sources reading the target's hidden states: the target's tapped rows are saved with it
+        ("qwen35", "qwen35-mtp-self", "mtp", {}), ("gemma4", "gemma4-assistant-self", "assistant", {}),
+        ("qwen3", "dspark-t0", "dspark", {}), ("deepseek-mtp", "native", "native-mtp", {}),
     ]
     cases = []
     for t, d, src, kv in rows:
