@@ -161,8 +161,13 @@ def _end(records: Sequence[dict[str, Any]]) -> str | None:
 
 def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, first: Sequence[int],
                 turns: Sequence[Sequence[int]], params: Any, *, label: str = "",
-                session_factory: Callable[..., Any] | None = None) -> SessionVerdict:
-    """Run session ``name`` warm and cold; one verdict per request."""
+                session_factory: Callable[..., Any] | None = None,
+                on_request: Callable[[int, str, list[int], Any, list[dict[str, Any]]], None] | None = None,
+                ) -> SessionVerdict:
+    """Run session ``name`` warm and cold; one verdict per request.
+
+    ``on_request(index, kind, prompt, params, warm_records)`` sees every warm request
+    (the command writes its trace)."""
     from engine.prompt_cache import PromptCacheSession, cold, stream_tokens
 
     kinds = SESSIONS[name]
@@ -192,6 +197,8 @@ def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, 
             out.error = f"request {i} ({kind}): {type(exc).__name__}: {exc}"
             return out
         warm = [*turn.result.records, turn.result.footer()]
+        if on_request is not None:
+            on_request(i, kind, list(prompt), p_i, warm)
         div = compare_records(i, kind, warm, [*c.records, c.footer()])
         r = turn.reuse
         out.requests.append(RequestVerdict(
@@ -265,8 +272,42 @@ def _label(c: Case) -> str:
     return s
 
 
+def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]:
+    """Writes each warm request's trace: ``trace_dir/<pair dir>/<session>/r<i>-<kind>.jsonl``.
+
+    The header is the one ``specparity record`` would write for that request as a case
+    (its prompt, budget and EOS ids); the prefill record carries ``prompt_cache``."""
+    from specparity.runners import _identity as identity
+    from specparity.runners import case_params, case_paths, tokenizer_digest
+    from specparity.runners.registry import get
+    from traces.io import write_trace
+    from traces.records import make_header
+
+    def write(i: int, kind: str, prompt: list[int], p: Any, records: list[dict[str, Any]]) -> None:
+        import zoo
+
+        c = replace(case, prompt_id=f"{case.prompt_id}@{name}-r{i}", prompt_tokens=tuple(prompt),
+                    max_tokens=p.max_tokens, eos_ids=tuple(p.eos_ids))
+        tpath, dpath = case_paths(c)
+        header = make_header(
+            runner=get("engine").runner_info(), mode="spec", source=c.source, case_id=c.case_id,
+            target=identity(str(tpath)), drafter=identity(str(dpath)) if dpath is not None else None,
+            tokenizer_sha256=zoo.tokenizer_digest() if c.on_zoo else tokenizer_digest(tpath),
+            params=case_params(c, "full" if p.prefill == "full" or c.source in _FULL else "tail-split"),
+            prompt_id=c.prompt_id, prompt_ids=prompt, eos_ids=list(p.eos_ids))
+        where = trace_dir / _label(case).replace("/", "__") / name
+        where.mkdir(parents=True, exist_ok=True)
+        write_trace(where / f"r{i}-{kind}.jsonl", [header, *records])
+
+    return write
+
+
+_FULL = ("mtp", "assistant", "native-mtp", "dspark", "deepspec")
+
+
 def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = None,
-                        progress: Callable[[str], None] | None = None) -> list[SessionVerdict]:
+                        progress: Callable[[str], None] | None = None,
+                        trace_dir: Path | None = None) -> list[SessionVerdict]:
     """Group ``cases`` by everything but the prompt; run every session on each group."""
     from specparity.runners import case_paths, load_model
     from specparity.runners.registry import CaseRun  # noqa: F401  (same loading path as run_case)
@@ -295,7 +336,9 @@ def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = Non
             label = f"{_label(c0)}/{name}"
             if progress:
                 progress(label)
-            out.append(run_session(target.model, make, name, ids[0], ids[1:], params, label=label))
+            writer = _trace_writer(trace_dir, c0, name) if trace_dir is not None else None
+            out.append(run_session(target.model, make, name, ids[0], ids[1:], params, label=label,
+                                   on_request=writer))
     return out
 
 
@@ -425,7 +468,7 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
         if not quiet:
             print(f"session {label}", file=sys.stderr)
 
-    verdicts = sessions_from_cases(cases, names, say)
+    verdicts = sessions_from_cases(cases, names, say, trace_dir=out_dir / "traces" / "sessions")
     ref_rows: list[dict[str, Any]] = []
     if reference:
         import oracles

@@ -38,6 +38,17 @@ def test_sessions_on_a_pair(tmp_path: Path, prompts: Path, capsys: pytest.Captur
     lanes = {r["lane"] for r in data["reference"]}
     assert lanes == {"spec", "plain"}, lanes
     assert "## Reference: mlx-lm's prompt cache" in (out / "sessions.md").read_text()
+    # every warm request's trace is written, valid, and records what it reused
+    from traces.io import read_trace
+    from traces.validate import validate_file
+
+    files = sorted((out / "traces" / "sessions").rglob("*.jsonl"))
+    assert len(files) == 18, files
+    assert all(validate_file(f) == [] for f in files)
+    r1 = read_trace(next(f for f in files if f.parent.name == "multi-turn" and f.name.startswith("r1-")))
+    assert r1.prefill is not None and r1.prefill["prompt_cache"]["target_reused"] > 0, r1.prefill
+    assert len(r1.prefill["target_tokens"]) == len(r1.header["prompt"]["token_ids"]) - 1 - \
+        r1.prefill["prompt_cache"]["target_reused"]
 
 
 def test_suite_sessions_key(tmp_path: Path, prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:
