@@ -271,3 +271,38 @@ def test_plant_split_sensitive_target_treated_as_exact(monkeypatch: pytest.Monke
     msg = bad.first_divergence
     assert msg is not None and msg.startswith("request 1 (regenerate): prefill (before round 0): "
                                               "target_cache_digest layer 1"), msg
+
+
+# --------------------------------------------------------------------------- random sessions
+
+def test_random_sessions_warm_equal_cold() -> None:
+    """Hypothesis draws request sequences (every kind, cut points, budgets) on llama and qwen35:
+    each warm request equals its cold run."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from specparity.sessions import next_prompt
+
+    pairs = {t: _pair(t) for t in ("llama", "qwen35")}
+    a, b = _prompts()
+    kinds = ("follow-up", "continue", "regenerate", "prefix", "shared-prefix")
+
+    @settings(max_examples=4, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(target=st.sampled_from(sorted(pairs)), ops=st.lists(st.sampled_from(kinds), min_size=1, max_size=4),
+           budgets=st.lists(st.integers(1, 10), min_size=5, max_size=5), temp=st.sampled_from([0.0, 0.8]))
+    def check(target: str, ops: list[str], budgets: list[int], temp: float) -> None:
+        tm, dm = pairs[target]
+        s = PromptCacheSession(tm, TwoModelProvider(dm))
+        prompt, stream = list(a), list(a)
+        for i, kind in enumerate(["fresh", *ops]):
+            if i:
+                prompt = next_prompt(kind, prompt, stream, b)
+            p = replace(GREEDY, max_tokens=budgets[i], sampler=SamplerParams(temperature=temp), seed=i)
+            turn = s.generate(prompt, p)
+            c, _ = cold(tm, TwoModelProvider(dm), prompt, p)
+            msg = compare_records(i, kind, [*turn.result.records, turn.result.footer()], [*c.records, c.footer()])
+            assert msg is None, f"{target} {['fresh', *ops]} budgets {budgets} t{temp}: {msg}"
+            stream = stream_tokens(prompt, turn.result.records)
+
+    check()
