@@ -6,8 +6,7 @@ entry, ``can_trim_prompt_cache`` / ``trim_prompt_cache`` to the common prefix;
 ``insert_cache`` after the request) as ``mlx_lm/server.py``
 ``ResponseGenerator._serve_single`` drives it with a draft model. Contract:
 ``../shared/reference/speculative-decoding.md`` §2 (the prompt-cache bypass on
-the spec path is the open item of §8 this closes for the two-model and ngram
-sources) and §4.8 (a recurrent state is reused only at the exact boundary it
+the spec path, "Spec × prompt-cache composition" of §8, is what this closes) and §4.8 (a recurrent state is reused only at the exact boundary it
 was saved at, never trimmed).
 
 What differs from mlx-lm's server, on purpose:
@@ -36,23 +35,27 @@ What differs from mlx-lm's server, on purpose:
   against quantized K/V in decode, the cold prefill computes them against
   full-precision K/V (mlx-lm ``maybe_quantize_kv_cache`` runs after the
   whole prefill chunk).
-- Every fetch is checked: after the trim each layer of each segment holds
-  exactly the reused length (no hole, no duplicate position), and the key the
-  segment was saved with agrees with the new prompt over the reused length.
+- Every fetch is checked: the key each segment was saved with agrees with the
+  new prompt over the reused length, and after the trim each layer holds
+  exactly that length (no hole, no duplicate position).
+- ``split_profile``: reuse splits a prefill where a cold run does not, so it is
+  exact only for a model whose cache bytes do not depend on the split (probed
+  once per model); mlx-lm ``deepseek_v3`` (MLA) differs for one-token forwards.
 
 Sources: ``two-model`` keeps its drafter caches (a segment like the target's);
 ``ngram`` is model-free and re-reads the whole prompt (its history IS the
 token list, rebuilt exactly); a source that reads the target's hidden states
-(``tap_layers`` / ``wants_anchor_hidden``: mtp, assistant, native-mtp,
-dspark, deepspec) is run cold, the reason recorded (its prefill needs the
-hidden rows of every prompt position).
+(mtp, assistant, native-mtp, dspark, deepspec) gets the whole prompt's tapped
+rows, the reused prefix's saved with the target segment and the suffix's from
+its prefill (executor hooks ``tap_context`` / ``after_round``), so its state
+is rebuilt exactly rather than saved.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -431,6 +434,11 @@ class PromptCacheSession:
             return f, make_prompt_cache(self.model)
         e = self.entries.pop(j)
         self.entries.append(e)  # most recently used last
+        for seg, n in ((e.target, nt), (e.drafter, nd)):
+            if seg is not None and n and tuple(seg.key[:n]) != tuple(drained[:n]):
+                raise PromptCacheError(
+                    f"request {index}: fetch: {seg.name} segment (request {seg.request} {seg.boundary}) "
+                    f"key differs from the prompt within the {n} reused positions")
         f.entry, f.target_prefix = e, nt
         if self.kind in SEGMENT_SOURCES:
             f.drafter, f.drafter_prefix = e.drafter, nd
@@ -536,5 +544,3 @@ def cold(target_model: Any, provider: DraftProvider, prompt_ids: Sequence[int],
                         target_caches=make_prompt_cache(target_model))
     return res, first[0] if first else None
 
-
-SessionFactory = Callable[[], PromptCacheSession]

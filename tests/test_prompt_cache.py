@@ -306,3 +306,15 @@ def test_random_sessions_warm_equal_cold() -> None:
             stream = stream_tokens(prompt, turn.result.records)
 
     check()
+
+
+def test_plant_entry_chosen_without_comparing_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant: an entry offered for its length, not its tokens: the fetch's key check names it."""
+    monkeypatch.setattr(Segment, "usable", lambda self, drained: (min(len(self.key), len(drained)), None))
+    tm, dm = _pair("llama")
+    a, b = _prompts()
+    s = PromptCacheSession(tm, TwoModelProvider(dm))
+    s.generate(a, GREEDY)
+    with pytest.raises(PromptCacheError, match=r"request 1: fetch: target segment \(request 0 \w+\) key differs "
+                                               r"from the prompt within the \d+ reused positions"):
+        s.generate(b, GREEDY)
