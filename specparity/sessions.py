@@ -310,7 +310,6 @@ def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = Non
                         trace_dir: Path | None = None) -> list[SessionVerdict]:
     """Group ``cases`` by everything but the prompt; run every session on each group."""
     from specparity.runners import case_paths, load_model
-    from specparity.runners.registry import CaseRun  # noqa: F401  (same loading path as run_case)
 
     groups: dict[tuple[Any, ...], list[Case]] = {}
     for c in cases:
@@ -486,7 +485,8 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
 
 
 __all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "compare_records", "main_sessions",
-           "next_prompt", "replace", "run_session", "sessions_from_cases", "summary", "zoo_session_cases"]
+           "next_prompt", "reference_sessions", "run_session", "sessions_from_cases", "summary",
+           "zoo_session_cases"]
 
 
 # --------------------------------------------------------------------------- the reference
