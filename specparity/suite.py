@@ -20,6 +20,8 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     kv_bits = 4                        # quantized KV (mlx-lm kv_bits); with kv_group_size = 32,
     quantized_kv_start = 0             #   ... (defaults 64 / 5000); head dim must be a multiple
     rotating = "exact"                 # rotating caches past the ring wrap (default "guard")
+    sessions = true                    # top level only: run prompt-cache sessions instead
+                                       #   (or a list, ["multi-turn", "regenerate"]; docs/prompt-cache.md)
 
     [[pair]]
     target = "llama"                   # a zoo target, or a path to an mlx-lm model dir
@@ -217,7 +219,7 @@ def load_suite(path: str | Path) -> list[PairSpec]:
     unknown = set(data) - _SUITE_KEYS - {"pair", "sessions"}
     if unknown:
         raise SuiteError(f"suite {p}: unknown key(s) {sorted(unknown)}; known: "
-                         f"{sorted(_SUITE_KEYS | {'pair'})}")
+                         f"{sorted(_SUITE_KEYS | {'pair', 'sessions'})}")
     root = p.resolve().parent
     base = _settings({k: v for k, v in data.items() if k not in ("pair", "sessions")}, PairSpec(target=""),
                      str(p), root)
@@ -427,7 +429,10 @@ def suite_sessions(path: str | Path) -> list[str] | None:
     docs/prompt-cache.md): ``true`` (every session), a list of session names, or absent (None)."""
     from specparity.sessions import SESSIONS
 
-    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # load_suite reports it in its own words
     v = data.get("sessions")
     if v is None or v is False:
         return None
