@@ -318,3 +318,38 @@ def test_plant_entry_chosen_without_comparing_keys(monkeypatch: pytest.MonkeyPat
     with pytest.raises(PromptCacheError, match=r"request 1: fetch: target segment \(request 0 \w+\) key differs "
                                                r"from the prompt within the \d+ reused positions"):
         s.generate(b, GREEDY)
+
+
+def test_eos_endings_leave_different_keys() -> None:
+    """An accepted EOS draft leaves the EOS in the target's cache (its key ends with it); an EOS
+    correction does not; each end key matches its caches' offset, and the next turn is warm ≡ cold."""
+    from specparity.sessions import _end
+
+    tm, dm = _pair("llama")
+    a, b = _prompts()
+    base, _ = cold(tm, TwoModelProvider(dm), a, replace(GREEDY, max_tokens=24))
+    seen: dict[str, bool] = {}
+    for j in range(1, 20):
+        eos = base.output_ids[j]
+        if eos in base.output_ids[:j]:
+            continue  # it would stop earlier
+        p = replace(GREEDY, max_tokens=24, eos_ids=(eos,))
+        s = PromptCacheSession(tm, TwoModelProvider(dm))
+        turn = s.generate(a, p)
+        end = _end(turn.result.records)
+        assert end is not None and end.startswith("eos@"), end
+        key = s.entries[-1].target.key
+        assert len(key) == int(s.entries[-1].target.caches[0].offset)
+        stream = stream_tokens(a, turn.result.records)
+        assert stream[-1] == eos and key == tuple(stream[: len(key)])
+        seen[end] = key[-1] == eos
+        nxt = [*stream, *b[:4]]
+        warm = s.generate(nxt, p)
+        c, _ = cold(tm, TwoModelProvider(dm), nxt, p)
+        assert compare_records(1, "follow-up", [*warm.result.records, warm.result.footer()],
+                               [*c.records, c.footer()]) is None
+        assert warm.reuse["target_reused"] == len(key), (end, warm.reuse)
+        if {"eos@accepted", "eos@correction"} <= set(seen):
+            break
+    assert seen.get("eos@accepted") is True, seen  # the accepted EOS draft is in the cache
+    assert seen.get("eos@correction") is False, seen  # the EOS correction is not
