@@ -252,7 +252,8 @@ class _Request:
         if self.history is not None and tokens:
             self.history = mx.concatenate([self.history, mx.array(tokens, mx.uint32)])
 
-    def prefill_record(self, drained: list[int], drafter_tokens: list[int] | None, drafter_digest: Any) -> None:
+    def prefill_record(self, drained: list[int], drafter_tokens: list[int] | None, drafter_digest: Any,
+                       reuse: Any = None) -> None:
         self.records.append(
             {
                 "type": "prefill",
@@ -260,6 +261,7 @@ class _Request:
                 "drafter_tokens": drafter_tokens,
                 "target_cache_digest": _digest(self.params, self.caches),
                 "drafter_cache_digest": drafter_digest,
+                **({} if reuse is None else {"prompt_cache": reuse.record()}),
             }
         )
 
@@ -417,8 +419,17 @@ def spec_generate(
     on_token: OnToken | None = None,
     target_caches: list[Any] | None = None,
     observer: Any = None,
+    reuse: Any = None,
 ) -> GenerationResult:
     """Speculative decode of ``prompt_ids`` with ``provider`` filling the drafts.
+
+    ``reuse`` (optional, ``engine.prompt_cache``): ``target_caches`` already hold
+    the first ``reuse.target_prefix`` drained tokens; ``reuse.open_source(source)``
+    installs the drafter's saved state and returns how many drained tokens it
+    holds; ``reuse.tap_context(ctx, drained)`` prepends the reused prefix's saved
+    tap rows; ``reuse.after_prefill(caches, source, ctx)`` sees the prefill
+    boundary and ``reuse.after_round(ctx, k)`` every round. Only the rest is
+    prefilled; the prefill record carries ``reuse.record()``.
 
     ``observer`` (optional) is told about every verify forward:
     ``before_verify(index, window, caches)`` and, after the forward and before
@@ -444,25 +455,26 @@ def spec_generate(
             raise cache_ops.CacheRollbackError(f"target: {plan.reason}")
         # No speculation at all for this request: plain decode, reason recorded.
         mode0: PrefillMode = params.prefill or "tail-split"
-        drained0 = req.drained(mode0)
+        drained0 = req.drained(mode0)[_skip(reuse):]
         last = _prefill_chunks(target_model, caches, drained0, params.prefill_step_size or SPEC_PREFILL_STEP,
                                req.kv)
-        req.prefill_record(drained0, None, None)
+        req.prefill_record(drained0, None, None, reuse)
         nxt = req.prompt_ids[-1] if mode0 == "tail-split" else req.initial_sample(last)
         req.plain_loop(nxt, "no-rollback", plan.reason, ahead=target_caches is None)
         return req.result(speculative=True)
 
     sampler, stream = req.sampler, req.stream
     source = provider.open(sampler, TargetView(model=target_model, caches=caches))
+    source_skip = reuse.open_source(source) if reuse is not None else 0
     if params.rotating != "guard":
         _set_rotating(source, params.rotating)
     if req.kv is not None and not _set_kv_quantization(source, req.kv):
         # §6: quantized KV wins over speculation for a source that reads the target's state.
         mode_q: PrefillMode = params.prefill or source.prefill_mode
-        drained_q = req.drained(mode_q)
+        drained_q = req.drained(mode_q)[_skip(reuse):]
         last = _prefill_chunks(target_model, caches, drained_q, params.prefill_step_size or SPEC_PREFILL_STEP,
                                req.kv)
-        req.prefill_record(drained_q, None, None)
+        req.prefill_record(drained_q, None, None, reuse)
         nxt = req.prompt_ids[-1] if mode_q == "tail-split" else req.initial_sample(last)
         why = (f"quantized-kv: kv_bits {req.kv.bits}: the {type(source).__name__} source reads the "
                "target's caches or hidden states (no set_kv_quantization); quantized KV wins over "
@@ -480,14 +492,20 @@ def spec_generate(
     pre_ctx: TapContext | None = None
     last_logits: mx.array | None
     if taps and drained:
-        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained, step, taps, req.kv)
+        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained[_skip(reuse):], step, taps,
+                                                       req.kv)
+        if reuse is not None:  # the saved hidden rows of the reused prefix, then the new ones
+            pre_ctx = reuse.tap_context(pre_ctx, drained)
         drafter_tokens = source.prefill(drained, pre_ctx)
     else:
-        drafter_tokens = source.prefill(drained, None)
-        last_logits = _prefill_chunks(target_model, caches, drained, step, req.kv)
+        drafter_tokens = source.prefill(drained[source_skip:], None)
+        last_logits = _prefill_chunks(target_model, caches, drained[_skip(reuse):], step, req.kv)
     if req.kv is not None:
         plan = CacheRollback(target_model, caches, rotating=params.rotating)  # converted caches
-    req.prefill_record(drained, list(drafter_tokens), source.cache_digest() if params.cache_digests else None)
+    if reuse is not None:
+        reuse.after_prefill(caches, source, pre_ctx)
+    req.prefill_record(drained[_skip(reuse):], list(drafter_tokens),
+                       source.cache_digest() if params.cache_digests else None, reuse)
 
     anchor: mx.array | None = None
     if mode == "tail-split":
@@ -567,6 +585,8 @@ def spec_generate(
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         req.counters.record_round(d, k)
+        if reuse is not None:
+            reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
         req.grow_history(emitted)
         req.records.append(
             {
@@ -592,6 +612,11 @@ def spec_generate(
         anchor = verified
 
     return req.result(speculative=True)
+
+
+def _skip(reuse: Any) -> int:
+    """Drained tokens the target's caches already hold (prompt-cache reuse; 0 without)."""
+    return 0 if reuse is None else int(reuse.target_prefix)
 
 
 def _lazy_drafts(source: DraftSource, observer: Any, taps: tuple[int, ...], sampler: StepSampler) -> Any:

@@ -20,6 +20,8 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     kv_bits = 4                        # quantized KV (mlx-lm kv_bits); with kv_group_size = 32,
     quantized_kv_start = 0             #   ... (defaults 64 / 5000); head dim must be a multiple
     rotating = "exact"                 # rotating caches past the ring wrap (default "guard")
+    sessions = true                    # top level only: run prompt-cache sessions instead
+                                       #   (or a list, ["multi-turn", "regenerate"]; docs/prompt-cache.md)
 
     [[pair]]
     target = "llama"                   # a zoo target, or a path to an mlx-lm model dir
@@ -214,12 +216,13 @@ def load_suite(path: str | Path) -> list[PairSpec]:
         raise SuiteError(f"suite {str(p)!r}: cannot read ({exc.strerror or exc})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SuiteError(f"suite {p}: not valid TOML ({exc})") from None
-    unknown = set(data) - _SUITE_KEYS - {"pair"}
+    unknown = set(data) - _SUITE_KEYS - {"pair", "sessions"}
     if unknown:
         raise SuiteError(f"suite {p}: unknown key(s) {sorted(unknown)}; known: "
-                         f"{sorted(_SUITE_KEYS | {'pair'})}")
+                         f"{sorted(_SUITE_KEYS | {'pair', 'sessions'})}")
     root = p.resolve().parent
-    base = _settings({k: v for k, v in data.items() if k != "pair"}, PairSpec(target=""), str(p), root)
+    base = _settings({k: v for k, v in data.items() if k not in ("pair", "sessions")}, PairSpec(target=""),
+                     str(p), root)
     pairs = data.get("pair")
     if not isinstance(pairs, list) or not pairs:
         raise SuiteError(f"suite {p}: no [[pair]] tables")
@@ -419,3 +422,22 @@ def check_case_count(n: int, max_cases: int) -> None:
     if n > max_cases:
         raise SuiteError(f"{n} cases exceed the limit of {max_cases} (--max-cases); select fewer "
                          f"prompts, pairs, gammas or sampling settings, or raise --max-cases")
+
+
+def suite_sessions(path: str | Path) -> list[str] | None:
+    """The suite's top-level ``sessions`` key (``run --suite`` then runs prompt-cache sessions,
+    docs/prompt-cache.md): ``true`` (every session), a list of session names, or absent (None)."""
+    from specparity.sessions import SESSIONS
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # load_suite reports it in its own words
+    v = data.get("sessions")
+    if v is None or v is False:
+        return None
+    if v is True:
+        return list(SESSIONS)
+    if not isinstance(v, list) or not v or any(n not in SESSIONS for n in v):
+        raise SuiteError(f"suite {path}: 'sessions' must be true or a list of {sorted(SESSIONS)}, got {v!r}")
+    return list(v)

@@ -88,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run cases on Ray (a local cluster when no ADDRESS)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--sessions", action="store_true",
+                   help="prompt-cache sessions instead: each request warm (saved target+drafter caches "
+                        "reused) vs cold, token- and cache-identical (docs/prompt-cache.md)")
     add_device_argument(p)
 
 
@@ -169,6 +172,8 @@ def main(args: argparse.Namespace) -> int:
     device = use_device(args.device)
     if args.device is not None or on_gpu():
         print(f"device {device}", file=sys.stderr)
+    if args.sessions or (args.suite is not None and _suite_sessions(args.suite) is not None):
+        return _sessions(args)
     cases = cases_from_args(args)
     check_kv_models(cases)
     fill = None  # the whole zoo matrix also runs the fill cases (§7; zoo/fill.py)
@@ -183,3 +188,34 @@ def main(args: argparse.Namespace) -> int:
     print((args.out / "summary.md").read_text())
     print(f"traces and report written to {args.out}/", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    """``run --sessions`` (docs/prompt-cache.md): the zoo's session matrix, or the sessions of the
+    cases a pair or a suite selects (grouped by everything but the prompt)."""
+    from specparity.sessions import main_sessions, zoo_session_cases
+
+    if args.workers or args.ray is not None:
+        raise ValueError("--sessions runs in this process: drop --workers/--ray")
+    if args.runners is not None:
+        raise ValueError("--sessions runs the engine's prompt-cache sessions: drop --runners")
+    names = _suite_sessions(args.suite) if args.suite is not None else None
+    if args.target is None and args.suite is None:
+        extra = _given(args, "drafters", "draft", "source", "prompts_file", *_SETTINGS) + [
+            "--" + k.replace("_", "-") for k, v in cache_fields(args).items() if v is not None]
+        extra = [f for f in extra if f != "--max-tokens"]
+        if extra:
+            raise ValueError(f"--sessions on the zoo runs its session matrix (docs/prompt-cache.md): "
+                             f"--targets and --max-tokens select from it; {', '.join(extra)} need "
+                             "--target or --suite")
+        cases = zoo_session_cases(targets=args.targets, max_tokens=args.max_tokens or 16)
+    else:
+        cases = cases_from_args(args)
+    check_kv_models(cases)
+    return main_sessions(cases, args.out, quiet=args.quiet, names=names)
+
+
+def _suite_sessions(path: Path) -> list[str] | None:
+    from specparity.suite import suite_sessions
+
+    return suite_sessions(path)

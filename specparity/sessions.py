@@ -1,0 +1,547 @@
+"""Prompt-cache sessions: warm ≡ cold, request by request (``specparity run --sessions``).
+
+A session is a list of requests sharing prefixes (``SESSIONS``): follow-ups
+(the previous prompt, its stream — completion, EOS included when the turn
+ended on one — then a new user turn), regenerations (the same prompt again),
+continuations (the previous prompt + stream exactly), a prefix of the previous
+prompt and a shared prefix with a new tail. Each request runs twice: WARM
+through one ``engine.prompt_cache.PromptCacheSession`` (the saved target and
+drafter caches reused) and COLD (fresh caches, the whole prompt prefilled). They
+must be token-identical and cache-byte-identical: every record of the warm
+trace equals the cold one's (the prefill record's cache digests cover the whole
+cache, reused prefix included; every round's feed, drafts, samples, k_accept,
+end and target/drafter cache digests), and the footer's output and usage. The
+first divergence is named by request index, round and position.
+
+Reported, never asserted: the prefix-hit rate (reused prompt tokens / prompt
+tokens) and time to first token warm vs cold, paired per request (the order of
+the two runs alternates per request).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specparity.cases import Case
+
+# session name -> request kinds, in order (the first is always "fresh")
+SESSIONS: dict[str, tuple[str, ...]] = {
+    "multi-turn": ("fresh", "follow-up", "follow-up"),
+    "regenerate": ("fresh", "regenerate", "follow-up", "regenerate"),
+    "continue": ("fresh", "continue", "continue"),
+    "prefix": ("fresh", "prefix", "shared-prefix", "regenerate"),
+    "eos": ("fresh", "continue", "follow-up", "regenerate"),  # an early output token made an EOS id
+}
+TURN_TOKENS = 6  # tokens of a new user turn (taken from the next prompt)
+
+# Fields of a record never compared (what a warm request legitimately does differently).
+_SKIP = {"time_s", "target_tokens", "drafter_tokens", "prompt_cache", "wall_s"}
+
+
+def next_prompt(kind: str, prev_prompt: Sequence[int], prev_stream: Sequence[int],
+                turn: Sequence[int]) -> list[int]:
+    """The prompt of a request of ``kind`` after a request that took ``prev_stream``."""
+    if kind == "follow-up":
+        return [*prev_stream, *turn[:TURN_TOKENS]]
+    if kind == "continue":
+        return list(prev_stream)
+    if kind == "regenerate":
+        return list(prev_prompt)
+    if kind == "prefix":
+        return list(prev_prompt[: max(2, len(prev_prompt) * 2 // 3)])
+    if kind == "shared-prefix":
+        return [*prev_prompt[: max(1, len(prev_prompt) // 2)], *turn[:TURN_TOKENS]]
+    raise ValueError(f"unknown request kind {kind!r}; known: follow-up, continue, regenerate, prefix, "
+                     "shared-prefix")
+
+
+def _first_index(a: Sequence[Any], b: Sequence[Any]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _where(rec: dict[str, Any]) -> str:
+    if rec["type"] == "prefill":
+        return "prefill (before round 0)"
+    if rec["type"] == "round":
+        return f"round {rec['index']}"
+    if rec["type"] == "plain":
+        return f"plain step {rec['index']}"
+    return str(rec["type"])
+
+
+def _field_diff(name: str, a: Any, b: Any) -> str:
+    if isinstance(a, dict) and isinstance(b, dict) and "layers" in a and "layers" in b:
+        j = _first_index(a["layers"], b["layers"])
+        return f"{name} layer {j}: warm {str(a['combined'])[:12]} != cold {str(b['combined'])[:12]}"
+    if isinstance(a, list) and isinstance(b, list):
+        j = _first_index(a, b)
+        return (f"{name} position {j}: warm {a[j] if j < len(a) else '<end>'} != "
+                f"cold {b[j] if j < len(b) else '<end>'}")
+    return f"{name}: warm {a!r} != cold {b!r}"
+
+
+def compare_records(request: int, kind: str, warm: Sequence[dict[str, Any]],
+                    cold: Sequence[dict[str, Any]]) -> str | None:
+    """The first difference between a warm and a cold request's records (None: identical)."""
+    head = f"request {request} ({kind})"
+    for a, b in zip(warm, cold, strict=False):
+        if a["type"] != b["type"]:
+            return f"{head}: {_where(b)}: record type: warm {a['type']} != cold {b['type']}"
+        if a["type"] == "footer":
+            for k in ("output_ids", "usage", "speculation"):
+                if a.get(k) != b.get(k):
+                    return f"{head}: footer: {_field_diff(k, a.get(k), b.get(k))}"
+            continue
+        for k in sorted((set(a) | set(b)) - _SKIP):
+            if a.get(k) != b.get(k):
+                return f"{head}: {_where(b)}: {_field_diff(k, a.get(k), b.get(k))}"
+    if len(warm) != len(cold):
+        return f"{head}: warm has {len(warm)} records, cold {len(cold)}"
+    return None
+
+
+@dataclass
+class RequestVerdict:
+    index: int
+    kind: str
+    prompt_tokens: int
+    target_reused: int
+    drafter_reused: int | None
+    entry: str | None
+    refused: str | None
+    end: str | None  # how the request's last round ended (correction/bonus/eos/budget/...)
+    divergence: str | None
+    ttft_warm_s: float | None
+    ttft_cold_s: float | None
+
+    @property
+    def identical(self) -> bool:
+        return self.divergence is None
+
+
+@dataclass
+class SessionVerdict:
+    label: str  # pair / source / sampling / session name
+    session: str
+    requests: list[RequestVerdict] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def identical(self) -> bool:
+        return self.error is None and all(r.identical for r in self.requests)
+
+    @property
+    def first_divergence(self) -> str | None:
+        if self.error:
+            return self.error
+        return next((r.divergence for r in self.requests if r.divergence), None)
+
+
+def _end(records: Sequence[dict[str, Any]]) -> str | None:
+    """How the request ended and on what: ``budget@accepted``, ``eos@correction``, ``budget@bonus``,
+    ``budget@plain`` ... (each leaves the target and drafter caches at different offsets)."""
+    last = next((r for r in reversed(records) if r["type"] in ("round", "plain")), None)
+    if last is None:
+        return None
+    if last["type"] == "plain":
+        return f"{last.get('end')}@plain"
+    i, d = len(last["samples"]) - 1, len(last["drafts"])
+    on = "bonus" if i >= d else ("accepted" if last["samples"][i] == last["drafts"][i] else "correction")
+    return f"{last['end']}@{on}"
+
+
+def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, first: Sequence[int],
+                turns: Sequence[Sequence[int]], params: Any, *, label: str = "",
+                session_factory: Callable[..., Any] | None = None,
+                on_request: Callable[[int, str, list[int], Any, list[dict[str, Any]]], None] | None = None,
+                ) -> SessionVerdict:
+    """Run session ``name`` warm and cold; one verdict per request.
+
+    ``on_request(index, kind, prompt, params, warm_records)`` sees every warm request
+    (the command writes its trace)."""
+    from engine.prompt_cache import PromptCacheSession, cold, stream_tokens
+
+    kinds = SESSIONS[name]
+    factory = session_factory or PromptCacheSession
+    if name == "eos":
+        # a token the first cold request emits early becomes an EOS id: turns end on EOS
+        c0, _ = cold(target_model, make_provider(), first, params)
+        if len(c0.output_ids) > 3:
+            params = replace(params, eos_ids=(*params.eos_ids, c0.output_ids[3]))
+    provider = make_provider()
+    session = factory(target_model, provider)
+    out = SessionVerdict(label=label or name, session=name)
+    prompt: list[int] = list(first)
+    stream: list[int] = []
+    for i, kind in enumerate(kinds):
+        if i:
+            prompt = next_prompt(kind, prompt, stream, turns[(i - 1) % len(turns)] if turns else first)
+        p_i = replace(params, max_tokens=params.max_tokens + i)  # a budget stop lands elsewhere each turn
+        try:
+            if i % 2 == 0:
+                c, ttft_c = cold(target_model, make_provider(), prompt, p_i)
+                turn = session.generate(prompt, p_i)
+            else:
+                turn = session.generate(prompt, p_i)
+                c, ttft_c = cold(target_model, make_provider(), prompt, p_i)
+        except Exception as exc:  # an invariant check (PromptCacheError) or an engine error
+            out.error = f"request {i} ({kind}): {type(exc).__name__}: {exc}"
+            return out
+        warm = [*turn.result.records, turn.result.footer()]
+        if on_request is not None:
+            on_request(i, kind, list(prompt), p_i, warm)
+        div = compare_records(i, kind, warm, [*c.records, c.footer()])
+        r = turn.reuse
+        out.requests.append(RequestVerdict(
+            i, kind, len(prompt), r["target_reused"], r["drafter_reused"], r["entry"], r["refused"],
+            _end(turn.result.records), div, turn.ttft_s, ttft_c))
+        stream = stream_tokens(prompt, turn.result.records)
+    return out
+
+
+# --------------------------------------------------------------------------- cases → sessions
+
+def _params(case: Case, eos: tuple[int, ...]) -> Any:
+    from engine.executor import GenerationParams
+    from engine.sampler import SamplerParams
+    from specparity.runners import kv_params, processor_params
+
+    return GenerationParams(
+        max_tokens=case.max_tokens, gamma=case.gamma,
+        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
+                              processors=processor_params(case)),
+        seed=case.seed, eos_ids=case.eos_ids if case.eos_ids is not None else eos,
+        stop_sequences=case.stop_sequences, rotating=case.rotating, **kv_params(case))
+
+
+def _provider_factory(case: Case) -> Callable[[], Any]:
+    """A fresh provider per session and per cold run, built as the engine runner builds it."""
+    from engine.sources import make_provider
+    from engine.sources.two_model import TwoModelProvider
+    from specparity.runners import (
+        DSPARK_SOURCES,
+        HEAD_SOURCES,
+        NATIVE_SOURCE,
+        case_paths,
+        dspark_drafter,
+        load_model,
+        native_conventions,
+    )
+
+    _, dp = case_paths(case)
+    if case.source == "ngram":
+        return lambda: make_provider("ngram", gamma=case.gamma)
+    if case.source in HEAD_SOURCES:
+        return lambda: make_provider(case.source, path=dp)
+    if case.source == NATIVE_SOURCE:
+        conv = native_conventions(case)
+        return lambda: make_provider(case.source, path=dp, conventions=conv)
+    if case.source in DSPARK_SOURCES:
+        thr = dspark_drafter(case)[1]
+        return lambda: make_provider(case.source, model=dp, confidence_threshold=thr)
+    if case.source != "two-model":
+        raise ValueError(f"sessions: no session runner for the {case.source} source")
+    assert dp is not None
+    draft = load_model(str(dp))
+    return lambda: TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
+
+
+def _group_key(c: Case) -> tuple[Any, ...]:
+    return tuple(v for k, v in asdict(c).items() if k not in ("prompt_id", "prompt_tokens"))
+
+
+def _label(c: Case) -> str:
+    t = Path(c.target_path).name if c.target_path else c.target
+    d = (Path(c.draft_path).name if c.draft_path else c.drafter) if c.drafter else "plain"
+    s = f"{t}/{d}/{c.source}/g{c.gamma}/n{c.max_tokens}"
+    if c.temperature:
+        s += f"/t{c.temperature:g}-s{c.seed}"
+    if c.kv_bits:
+        s += f"/kv{c.kv_bits}@{c.quantized_kv_start}"
+    if c.rotating != "guard":
+        s += f"/rot-{c.rotating}"
+    return s
+
+
+def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]:
+    """Writes each warm request's trace: ``trace_dir/<pair dir>/<session>/r<i>-<kind>.jsonl``.
+
+    The header is the one ``specparity record`` would write for that request as a case
+    (its prompt, budget and EOS ids); the prefill record carries ``prompt_cache``."""
+    from specparity.runners import _identity as identity
+    from specparity.runners import case_params, case_paths, tokenizer_digest
+    from specparity.runners.registry import get
+    from traces.io import write_trace
+    from traces.records import make_header
+
+    def write(i: int, kind: str, prompt: list[int], p: Any, records: list[dict[str, Any]]) -> None:
+        import zoo
+
+        c = replace(case, prompt_id=f"{case.prompt_id}@{name}-r{i}", prompt_tokens=tuple(prompt),
+                    max_tokens=p.max_tokens, eos_ids=tuple(p.eos_ids))
+        tpath, dpath = case_paths(c)
+        header = make_header(
+            runner=get("engine").runner_info(), mode="spec", source=c.source, case_id=c.case_id,
+            target=identity(str(tpath)), drafter=identity(str(dpath)) if dpath is not None else None,
+            tokenizer_sha256=zoo.tokenizer_digest() if c.on_zoo else tokenizer_digest(tpath),
+            params=case_params(c, "full" if p.prefill == "full" or c.source in _FULL else "tail-split"),
+            prompt_id=c.prompt_id, prompt_ids=prompt, eos_ids=list(p.eos_ids))
+        where = trace_dir / _label(case).replace("/", "__") / name
+        where.mkdir(parents=True, exist_ok=True)
+        write_trace(where / f"r{i}-{kind}.jsonl", [header, *records])
+
+    return write
+
+
+_FULL = ("mtp", "assistant", "native-mtp", "dspark", "deepspec")
+
+
+def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = None,
+                        progress: Callable[[str], None] | None = None,
+                        trace_dir: Path | None = None) -> list[SessionVerdict]:
+    """Group ``cases`` by everything but the prompt; run every session on each group."""
+    from specparity.runners import case_paths, load_model
+
+    groups: dict[tuple[Any, ...], list[Case]] = {}
+    for c in cases:
+        if c.drafter is None:
+            continue  # plain cases: nothing speculative to reuse under
+        groups.setdefault(_group_key(c), []).append(c)
+    out: list[SessionVerdict] = []
+    for group in groups.values():
+        c0 = group[0]
+        tp, _ = case_paths(c0)
+        target = load_model(str(tp))
+        ids = [_prompt_ids(c) for c in group]
+        eos = tuple(getattr(target, "eos_ids", ()) or ())
+        params = _params(c0, eos)
+        if c0.source == "deepspec":
+            params = replace(params, prefill="full")  # as the engine runner runs it
+        try:
+            make = _provider_factory(c0)
+        except ValueError as exc:
+            out.append(SessionVerdict(_label(c0), "-", error=str(exc)))
+            continue
+        for name in names or SESSIONS:
+            label = f"{_label(c0)}/{name}"
+            if progress:
+                progress(label)
+            writer = _trace_writer(trace_dir, c0, name) if trace_dir is not None else None
+            out.append(run_session(target.model, make, name, ids[0], ids[1:], params, label=label,
+                                   on_request=writer))
+    return out
+
+
+def _prompt_ids(c: Case) -> list[int]:
+    if c.prompt_tokens is not None:
+        return list(c.prompt_tokens)
+    import zoo
+
+    return list(zoo.prompt(c.prompt_id).token_ids)
+
+
+def zoo_session_cases(targets: Sequence[str] | None = None, max_tokens: int = 16,
+                      sampling: Sequence[tuple[float, int]] = ((0.0, 0), (0.8, 7))) -> list[Case]:
+    """The zoo's session matrix: one pair per cache family, γ 3, two prompts per group.
+
+    KVCache (llama, qwen3), RotatingKVCache (gemma3: sliding window 32, wrapped by the
+    sessions' prompts), recurrent ArraysCache (qwen35), quantized KV (llama-kv, 4-bit,
+    group 32, from the prefill and from position 36), the model-free ngram source, and
+    the sources reading the target's hidden states: an MTP head (qwen35), an assistant
+    (gemma4), a DSpark block drafter (qwen3) and native MTP on an MLA target (deepseek-mtp,
+    whose one-token forward is not its prefill's arithmetic).
+    """
+    import zoo
+
+    pids = [p.id for p in zoo.prompts() if p.kind == "natural"][:2]
+    rows: list[tuple[str, str, str, dict[str, Any]]] = [
+        ("llama", "twin", "two-model", {}), ("qwen3", "twin", "two-model", {}),
+        ("gemma3", "twin", "two-model", {}), ("qwen35", "twin", "two-model", {}),
+        (zoo.KV_TARGET, "twin", "two-model", {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 0}),
+        (zoo.KV_TARGET, "twin", "two-model", {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 36}),
+        ("llama", "ngram", "ngram", {}),
+        # sources reading the target's hidden states: the target's tapped rows are saved with it
+        ("qwen35", "qwen35-mtp-self", "mtp", {}), ("gemma4", "gemma4-assistant-self", "assistant", {}),
+        ("qwen3", "dspark-t0", "dspark", {}), ("deepseek-mtp", "native", "native-mtp", {}),
+    ]
+    cases = []
+    for t, d, src, kv in rows:
+        if targets is not None and t not in targets:
+            continue
+        for temp, seed in sampling:
+            for pid in pids:
+                cases.append(Case(target=t, drafter=d, prompt_id=pid, gamma=3, max_tokens=max_tokens,
+                                  temperature=temp, seed=seed, source=src,
+                                  eos_ids=(zoo.eos_id(),), **kv))
+    return cases
+
+
+# --------------------------------------------------------------------------- report
+
+def summary(verdicts: Sequence[SessionVerdict]) -> dict[str, Any]:
+    reqs = [r for v in verdicts for r in v.requests]
+    later = [r for r in reqs if r.index > 0]
+    prompt = sum(r.prompt_tokens for r in later)
+    reused = sum(r.target_reused for r in later)
+    pairs = [(r.ttft_warm_s, r.ttft_cold_s) for r in later if r.ttft_warm_s and r.ttft_cold_s]
+    ratio = [w / c for w, c in pairs]
+    return {
+        "sessions": len(verdicts),
+        "identical": sum(v.identical for v in verdicts),
+        "requests": len(reqs),
+        "requests_identical": sum(r.identical for r in reqs),
+        "prefix_hit_rate": (reused / prompt) if prompt else None,
+        "requests_reusing": sum(1 for r in later if r.target_reused),
+        "later_requests": len(later),
+        "ttft_pairs": len(pairs),
+        "ttft_warm_median_s": statistics.median(w for w, _ in pairs) if pairs else None,
+        "ttft_cold_median_s": statistics.median(c for _, c in pairs) if pairs else None,
+        "ttft_warm_over_cold_median": statistics.median(ratio) if ratio else None,
+    }
+
+
+def render(verdicts: Sequence[SessionVerdict]) -> str:
+    s = summary(verdicts)
+    lines = ["# Prompt-cache sessions: warm ≡ cold", "",
+             f"{s['identical']}/{s['sessions']} sessions warm ≡ cold "
+             f"({s['requests_identical']}/{s['requests']} requests).", ""]
+    hit = s["prefix_hit_rate"]
+    lines.append(f"Prefix-hit rate (requests after the first): "
+                 f"{'-' if hit is None else f'{hit:.1%}'} of prompt tokens reused; "
+                 f"{s['requests_reusing']}/{s['later_requests']} requests reused a prefix.")
+    if s["ttft_pairs"]:
+        lines.append(f"Time to first token, paired over {s['ttft_pairs']} requests (figures, not a "
+                     f"benchmark): median warm {s['ttft_warm_median_s'] * 1e3:.2f} ms, cold "
+                     f"{s['ttft_cold_median_s'] * 1e3:.2f} ms, median warm/cold "
+                     f"{s['ttft_warm_over_cold_median']:.2f}.")
+    lines += ["", "| session | verdict | reused per request (target/drafter of prompt) | ends | first divergence |",
+              "|---|---|---|---|---|"]
+    for v in verdicts:
+        reused = ", ".join(f"{r.target_reused}/{'-' if r.drafter_reused is None else r.drafter_reused}"
+                           f" of {r.prompt_tokens}" for r in v.requests)
+        ends = ", ".join(str(r.end) for r in v.requests)
+        verdict = "warm ≡ cold" if v.identical else "DIVERGENT"
+        lines.append(f"| {v.label} | {verdict} | {reused} | {ends} | {v.first_divergence or ''} |")
+    refusals = sorted({f"{v.label} request {r.index}: {r.refused}" for v in verdicts for r in v.requests
+                       if r.refused})
+    if refusals:
+        lines += ["", "Reuse refused (cold prefill instead), first few:", ""]
+        lines += [f"- {x}" for x in refusals[:8]]
+    return "\n".join(lines) + "\n"
+
+
+def write(out_dir: Path, verdicts: Sequence[SessionVerdict],
+          reference: Sequence[dict[str, Any]] = ()) -> str:
+    from traces.io import atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = render(verdicts) + (render_reference(reference) if reference else "")
+    data = {"summary": summary(verdicts),
+            "sessions": [{**asdict(v), "identical": v.identical} for v in verdicts],
+            "reference": list(reference)}
+    atomic_write_text(out_dir / "sessions.json", json.dumps(data, indent=1) + "\n")
+    atomic_write_text(out_dir / "sessions.md", text)
+    return text
+
+
+def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
+                  names: Sequence[str] | None = None, reference: bool = True) -> int:
+    """``specparity run --sessions``: exit 0 when every ENGINE session is warm ≡ cold, else 1.
+
+    The reference's sessions are reported beside (its divergences are known entries:
+    ``mlx-lm-prompt-cache-*`` in ``traces/known_divergences.toml``), never failing the run."""
+    import sys
+
+    t0 = time.perf_counter()
+
+    def say(label: str) -> None:
+        if not quiet:
+            print(f"session {label}", file=sys.stderr)
+
+    verdicts = sessions_from_cases(cases, names, say, trace_dir=out_dir / "traces" / "sessions")
+    ref_rows: list[dict[str, Any]] = []
+    if reference:
+        import oracles
+
+        ok, why = oracles.availability(REFERENCE)
+        if ok:
+            say(f"reference {REFERENCE}")
+            ref_rows = reference_sessions(cases, names)
+        elif not quiet:
+            print(f"- reference {REFERENCE} skipped: {why}", file=sys.stderr)
+    text = write(out_dir, verdicts, ref_rows)
+    print(text)
+    print(f"sessions written to {out_dir}/sessions.md ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    return 0 if verdicts and all(v.identical for v in verdicts) else 1
+
+
+__all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "compare_records", "main_sessions",
+           "next_prompt", "reference_sessions", "run_session", "sessions_from_cases", "summary",
+           "zoo_session_cases"]
+
+
+# --------------------------------------------------------------------------- the reference
+
+REFERENCE = "mlx_lm_prompt_cache"
+
+
+def reference_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """mlx-lm's own prompt-cache path (``oracles/mlx_lm_prompt_cache.py``) on the two-model groups of
+    ``cases``, with the draft model and without (the control); one row per (group, session, lane)."""
+    from oracles import mlx_lm_prompt_cache as ref
+    from specparity.runners import case_paths
+
+    groups: dict[tuple[Any, ...], list[Case]] = {}
+    for c in cases:
+        if c.drafter is not None and c.source == "two-model" and c.kv_bits is None:
+            groups.setdefault(_group_key(c), []).append(c)
+    rows = []
+    for group in groups.values():
+        c0 = group[0]
+        tp, dp = case_paths(c0)
+        ids = [_prompt_ids(c) for c in group]
+        for name in names or SESSIONS:
+            if name == "eos":
+                continue  # the reference stops on its tokenizer's EOS set only
+            for plain in (False, True):
+                reqs = ref.run_session(str(tp), str(dp), SESSIONS[name], ids[0], ids[1:], next_prompt,
+                                       gamma=c0.gamma, max_tokens=c0.max_tokens, temperature=c0.temperature,
+                                       seed=c0.seed, plain=plain)
+                cold_error = next((r["cold_error"] for r in reqs if r["cold_error"]), None)
+                rows.append({"label": f"{_label(c0)}/{name}", "lane": "plain" if plain else "spec",
+                             "compared": cold_error is None,
+                             "identical": all(r["identical"] for r in reqs),
+                             "tokens_identical": all(r["tokens_identical"] for r in reqs),
+                             "first_divergence": next((f"request {r['index']} ({r['kind']}): {r['divergence']}"
+                                                       for r in reqs if r["divergence"]), None),
+                             "requests": reqs})
+    return rows
+
+
+def render_reference(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["", f"## Reference: mlx-lm's prompt cache ({REFERENCE}: LRUPromptCache + stream_generate)", ""]
+    for lane in ("spec", "plain"):
+        rs = [r for r in rows if r["lane"] == lane and r["compared"]]
+        skipped = sum(1 for r in rows if r["lane"] == lane and not r["compared"])
+        if not rs:
+            continue
+        bad = sum(not r["identical"] for r in rs)
+        tok = sum(not r["tokens_identical"] for r in rs)
+        lines.append(f"- {lane}: {bad}/{len(rs)} sessions warm ≠ cold ({bad / len(rs):.0%}); "
+                     f"{tok}/{len(rs)} with different tokens or an error"
+                     + (f"; {skipped} not compared (the cold run itself refused)" if skipped else ""))
+    lines += ["", "| session | lane | verdict | first divergence |", "|---|---|---|---|"]
+    for r in rows:
+        verdict = "not compared" if not r["compared"] else ("warm ≡ cold" if r["identical"] else "DIVERGENT")
+        lines.append(f"| {r['label']} | {r['lane']} | {verdict} | "
+                     f"{r['first_divergence'] or ''} |")
+    return "\n".join(lines) + "\n"
