@@ -208,6 +208,14 @@ def _counters(case: SubjectCase, eng: Any, rounds: list[RoundReport]) -> dict[st
     return {"rounds": int(eng._total_verify_rounds)}
 
 
+def _clip(rounds: list[RoundReport], emitted: int) -> None:
+    """A round's committed count is what reached the output: a loop that cuts a verify's tokens
+    (at the budget, before an EOS) committed only those (mlx-flash 0.9.2 appends them all)."""
+    for r in rounds:
+        r.committed = max(0, min(r.committed, emitted))
+        emitted -= r.committed
+
+
 def generate(case: SubjectCase) -> SubjectRun:
     import mlx.core as mx
 
@@ -228,6 +236,7 @@ def generate(case: SubjectCase) -> SubjectRun:
         raise RuntimeError(f"generate() did not return the prompt first: {full[:len(ids)]} vs {ids}")
     stream = full[len(ids):]
     prefill = 1 if case.mode == "layerskip" and stream else 0
+    _clip(rec.rounds, len(stream) - prefill)
     return SubjectRun(stream=stream, finish_reason=None, hooks=hooks, rounds=rec.rounds,
                       counters=_counters(case, eng, rec.rounds), wall_s=wall, prefill_tokens=prefill,
                       extra={"note": "generate() returns prompt + output; the prompt is cut here"})

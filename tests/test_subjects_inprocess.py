@@ -1,0 +1,161 @@
+"""The in-process adapters of issue 24 (mlx-flash, flyto-mlx), graded on fakes of their packages.
+
+The third-party packages are not installed in the default environment, so each
+test puts a small fake of the package's module into ``sys.modules`` with the
+classes and methods the adapter drives (same names, same call shapes) over
+the zoo ``llama`` target's own greedy continuation, and runs the adapter
+through ``specparity.engines.grade_mode``: the faithful fake passes every
+check it supports, and each planted bug (budget overrun, EOS emitted, a round
+that commits tokens its verify did not accept) is caught by its check with
+the case named. The live runs are ``conformance/test_subjects.py -m subject``
+in ``tox -e subject-<name>``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from subjects import Mode
+from subjects.base import SubjectCase
+
+BUGS = (None, "overrun", "eos", "phantom")
+
+
+def _continuation(model: Any, prompt: list[int], n: int) -> list[int]:
+    from subjects.oracle_drafter import greedy_continuation
+
+    return [int(t) for t in greedy_continuation(model, prompt, n)]
+
+
+@dataclass
+class LayerSkipConfig:  # the fields the adapter sets (mlx_flash_compress.layerskip.LayerSkipConfig)
+    num_speculative_tokens: int = 5
+
+
+def _fake_layerskip(bug: str | None) -> types.ModuleType:
+    """``LayerSkipEngine`` with mlx-flash's shape: generate() returns prompt + output, the first
+    token from the prefill, then rounds through ``self._verify_and_accept``; ``bug`` plants one defect."""
+    import mlx.core as mx
+
+    class LayerSkipEngine:
+        def __init__(self, model: Any, tokenizer: Any, config: LayerSkipConfig) -> None:
+            self.model, self.tokenizer, self.config = model, tokenizer, config
+            self.stats: dict[str, Any] = {}
+            self._seq: list[int] = []
+
+        def _verify_and_accept(self, last: int, drafts: list[int], cache: Any) -> tuple[list[int], int]:
+            pos = self._pos
+            truth = self._seq[pos : pos + len(drafts) + 1]
+            k = 0
+            while k < len(drafts) and drafts[k] == truth[k]:
+                k += 1
+            new = list(drafts[:k]) + [truth[k]]
+            if bug == "phantom" and k < len(drafts):  # commits a token its verify never accepted
+                new = new + [truth[k + 1]]
+            self.stats["total_verify_steps"] += 1
+            self.stats["total_draft_tokens"] += len(drafts)
+            self.stats["acceptance_counts"].append(k)
+            return new, k
+
+        def generate(self, prompt_tokens: Any, max_tokens: int = 100, callback: Any = None) -> Any:
+            self.stats = {"total_draft_tokens": 0, "total_verify_steps": 0, "acceptance_counts": []}
+            prompt = [int(t) for t in prompt_tokens.tolist()]
+            K = self.config.num_speculative_tokens
+            self._seq = _continuation(self.model, prompt, max_tokens + 2 * K + 4)
+            eos = self.tokenizer.eos_token_id
+            out = [self._seq[0]]
+            self._pos = 1
+            while len(out) < max_tokens and out[-1] != eos:
+                drafts = list(self._seq[self._pos : self._pos + K])
+                drafts[-1] = (drafts[-1] + 1) % 512  # one rejection per round
+                new, _ = self._verify_and_accept(out[-1], drafts, None)
+                if bug != "overrun":
+                    new = new[: max_tokens - len(out)]
+                if eos in new and bug != "eos":
+                    new = new[: new.index(eos)]
+                    out.extend(new)
+                    break
+                out.extend(new)
+                self._pos += len(new)
+            if bug != "eos" and out and out[-1] == eos:
+                out.pop()
+            return mx.array(prompt + out)
+
+    mod = types.ModuleType("mlx_flash_compress.layerskip")
+    mod.LayerSkipConfig = LayerSkipConfig  # type: ignore[attr-defined]
+    mod.LayerSkipEngine = LayerSkipEngine  # type: ignore[attr-defined]
+    return mod
+
+
+@pytest.fixture
+def fake_flash(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from subjects import mlx_flash
+
+    def install(bug: str | None) -> None:
+        pkg = types.ModuleType("mlx_flash_compress")
+        monkeypatch.setitem(sys.modules, "mlx_flash_compress", pkg)
+        monkeypatch.setitem(sys.modules, "mlx_flash_compress.layerskip", _fake_layerskip(bug))
+
+    monkeypatch.setattr(mlx_flash, "version", lambda: "fake")
+    yield install
+
+
+def _grade(name: str, gen: Any, mode_name: str, mode: Mode) -> dict[str, Any]:
+    from specparity.engines import grade_mode
+
+    return grade_mode(name, gen, mode_name, mode, dist_n=30)
+
+
+def test_mlx_flash_adapter_passes_a_faithful_layerskip(fake_flash: Any) -> None:
+    from subjects import mlx_flash
+
+    fake_flash(None)
+    mode = Mode(targets=("llama",), unsupported=mlx_flash.MODES["layerskip"].unsupported)
+    res = _grade("mlx-flash", mlx_flash.generate, "layerskip", mode)
+    got = {c: r.status for c, r in res.items()}
+    assert got == {"identity": "pass", "mlx_lm": "unsupported", "budget": "pass", "eos": "pass",
+                   "stop": "unsupported", "counters": "pass", "distribution": "unsupported"}, \
+        {c: r.detail for c, r in res.items()}
+    run = mlx_flash.generate(SubjectCase(target="llama", mode="layerskip", max_tokens=9, eos_ids=()))
+    assert len(run.stream) == 9 and run.prefill_tokens == 1 and run.rounds
+    assert sum(r.committed for r in run.rounds) + 1 == 9
+    assert run.counters["rounds"] == len(run.rounds)
+    assert run.counters["accepted"] == sum(r.accepted for r in run.rounds)
+
+
+@pytest.mark.parametrize(("bug", "check", "needle"), [
+    ("overrun", "budget", "tokens emitted"),
+    ("eos", "eos", "EOS id"),
+    ("phantom", "counters", "committed"),
+])
+def test_mlx_flash_adapter_catches_planted_bugs(fake_flash: Any, bug: str, check: str, needle: str) -> None:
+    from subjects import mlx_flash
+
+    fake_flash(bug)
+    mode = Mode(targets=("llama",), unsupported=mlx_flash.MODES["layerskip"].unsupported)
+    res = _grade("mlx-flash", mlx_flash.generate, "layerskip", mode)
+    r = res[check]
+    assert r.status == "fail" and needle in r.detail, (bug, r)
+    assert r.case and r.case.startswith("layerskip:llama/"), r.case
+
+
+def test_mlx_flash_rounds_accept_count_from_the_verified_path() -> None:
+    from subjects.mlx_flash import _Rounds
+
+    rec = _Rounds()
+    rec.add([5, 6, 7], [5, 9], None)  # one accepted, then the correction
+    rec.add([5, 6, 7], [5, 6, 7], None)  # all accepted, no bonus
+    rec.add([5, 6, 7], [8, 6], None)  # nothing of the verified path, two committed: counters flags it
+    rec.add([5, 6, 7], [5, 6, 1], 2)  # the engine's own count wins
+    assert [(r.accepted, r.committed) for r in rec.rounds] == [(1, 2), (3, 3), (0, 2), (2, 3)]
+    from subjects.base import SubjectRun
+    from subjects.checks import counter_problems
+
+    run = SubjectRun(stream=[5, 9, 5, 6, 7, 8, 6, 5, 6, 1], finish_reason=None, hooks=[], rounds=rec.rounds)
+    assert counter_problems(run) == ["round 2: committed 2 > accepted 0 + 1"]
