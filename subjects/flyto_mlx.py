@@ -164,7 +164,7 @@ def parse_summary(lines: list[str]) -> tuple[bool, dict[str, int] | None]:
 def generate(case: SubjectCase) -> SubjectRun:
     import mlx.core as mx
 
-    case_mode(case, MODES, "flyto-mlx", stop="")
+    case_mode(case.with_(stop_ids=()), MODES, "flyto-mlx", stop="")  # stop ids: more stop_tokens
     stops = sorted(eos_for(case.eos_ids) | set(case.stop_ids))
     handler = _Lines()
     log = logging.getLogger(_LOGGER)

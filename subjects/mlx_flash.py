@@ -41,7 +41,14 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import EosTokenizer, case_mode, dist_version, eos_for, prompt_ids, require_module
+from subjects._common import (
+    EosTokenizer,
+    case_mode,
+    dist_version,
+    eos_for,
+    prompt_ids,
+    require_module,
+)
 from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
 
 NAME = "mlx-flash"
