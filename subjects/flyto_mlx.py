@@ -115,15 +115,15 @@ def _restore(saved: list[tuple[Any, dict[str, Any]]]) -> None:
 
 
 @contextlib.contextmanager
-def _flyto_patched() -> Iterator[None]:
-    """flyto's patches applied for the duration; stock mlx-lm restored after."""
+def _flyto_patched(path: str | None = None) -> Iterator[None]:
+    """flyto's patches for checkpoint ``path`` applied for the duration; stock mlx-lm restored after."""
     import types
 
     saved = _snapshot(_PATCHED_MODULES)
     try:
         from omlx.utils.model_loading import maybe_apply_pre_load_patches
 
-        maybe_apply_pre_load_patches(checkpoint(), types.SimpleNamespace(mtp_enabled=True))
+        maybe_apply_pre_load_patches(path or checkpoint(), types.SimpleNamespace(mtp_enabled=True))
         yield
     finally:
         _restore(saved)
