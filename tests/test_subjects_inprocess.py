@@ -159,3 +159,94 @@ def test_mlx_flash_rounds_accept_count_from_the_verified_path() -> None:
 
     run = SubjectRun(stream=[5, 9, 5, 6, 7, 8, 6, 5, 6, 1], finish_reason=None, hooks=[], rounds=rec.rounds)
     assert counter_problems(run) == ["round 2: committed 2 > accepted 0 + 1"]
+
+
+# ------------------------------------------------------------------ native-MTP conventions (issue 28)
+
+
+def _planted_capture(hidden: str, concat: str, mask: bool, rows: str, n: int = 6) -> Any:
+    """Head calls as an engine with the given conventions would make them: our native-mtp head
+    over the zoo qwen35-native checkpoint, one row per call (the engine-side row bookkeeping)."""
+    import numpy as np
+
+    import zoo
+    from specparity.mtp_conventions import _block_logits, _hidden_rows, _our_parts
+    from subjects.mtp_conventions import Capture, HeadCall
+
+    model, parts, head, _ = _our_parts("qwen35-native")
+    prompt = list(zoo.prompt("nat-00").token_ids)
+    stream = _continuation(model, prompt, 2 * n + 2)
+    seq = prompt + stream
+    pre, post = _hidden_rows(model, seq, parts[2])
+    src = pre if hidden == "pre-norm" else post
+    # rows skipped as after an accepted draft, so head-cache offsets and sequence positions differ
+    # by more than a uniform shift (which RoPE could not see)
+    qs = [len(prompt) + i + i // 2 for i in range(n)]
+    call_rows = [(src[q], seq[q + 1], i if rows == "offset" else q) for i, q in enumerate(qs)]
+    logits = _block_logits(head.blocks[0], parts, call_rows, concat, mask)
+    cap = Capture(engine="planted", checkpoint="qwen35-native", prompt_ids=prompt, stream=stream)
+    cap.calls = [HeadCall(hidden=np.asarray(h), token=t, offset=i, logits=lg, emitted_before=i)
+                 for i, ((h, t, _), lg) in enumerate(zip(call_rows, logits, strict=True))]
+    return cap
+
+
+@pytest.mark.parametrize(("hidden", "concat", "mask", "rows"), [
+    ("pre-norm", "e;h", False, "offset"),  # flyto-mlx 0.7.0's conventions
+    ("post-norm", "e;h", False, "offset"),  # planted: the other hidden
+    ("pre-norm", "h;e", False, "offset"),  # planted: concat order
+    ("pre-norm", "e;h", True, "offset"),  # planted: position-0 mask
+    ("pre-norm", "e;h", False, "sequence"),  # planted: rows at their sequence positions
+])
+def test_mtp_convention_measurement_names_the_planted_convention(hidden: str, concat: str, mask: bool,
+                                                                 rows: str) -> None:
+    from specparity.mtp_conventions import measure
+    from subjects.mtp_conventions import verdict
+
+    cap = _planted_capture(hidden, concat, mask, rows)
+    row = measure(cap, "qwen35-native")
+    v = verdict(row)
+    assert v["hidden"].startswith(hidden), v
+    assert v["concat"].startswith(concat + " "), v
+    assert v["mask_pos0"].startswith(str(mask).lower() + " "), v
+    want = "head-cache offset" if rows == "offset" else "sequence positions"
+    assert want in v["rows/position"] and f"({len(cap.calls)}/{len(cap.calls)} calls)" in v["rows/position"], v
+    assert v["identity"].startswith("pass"), v
+
+
+def test_mtp_convention_verdict_reports_what_it_cannot_tell() -> None:
+    import numpy as np
+
+    from subjects.mtp_conventions import best_preset, match_hidden, verdict
+
+    pre = np.arange(12, dtype=np.float32).reshape(3, 4)
+    post = pre / 10
+    assert match_hidden(pre[2], pre, post)[:2] == ("pre-norm", 2)
+    assert match_hidden(post[1] + 1e-6, pre, post)[:2] == ("post-norm", 1)
+    b = best_preset(np.zeros(3), {"a": np.zeros(3), "b": np.ones(3), "c": np.zeros(3)})
+    assert b["match"] == ["a", "c"] and b["diffs"]["b"] == 1.0
+    v = verdict({"hidden": {"match": ["pre-norm", "post-norm"], "token_offset_from_hidden_row": [1]},
+                 "first_call": {"match": ["concat=e;h,mask_pos0=false", "concat=e;h,mask_pos0=true"],
+                                "offset": 3, "diffs": {}},
+                 "replay": {"x": {"calls_within": 2}, "y": {"calls_within": 4}}, "calls": 4, "depth_layers": 2})
+    assert v["hidden"].startswith("unmeasured") and v["concat"].startswith("unmeasured")
+    assert v["rows/position"] == "y (4/4 calls)" and v["depth"].startswith("2 layers")
+
+
+@pytest.mark.subject
+def test_flyto_mlx_conventions_as_committed() -> None:
+    """Live (tox -e subject-flyto-mlx-mtp): flyto-mlx's measured conventions = the committed row."""
+    import json
+    from pathlib import Path
+
+    from subjects import availability
+
+    ok, why = availability("flyto-mlx-mtp")
+    if not ok:
+        pytest.skip(why)
+    from specparity.mtp_conventions import grade_flyto
+
+    committed = json.loads((Path(__file__).resolve().parents[1] / "docs" / "scoreboard"
+                            / "mtp-conventions-flyto-mlx.json").read_text())
+    got = grade_flyto(Path("."))
+    assert [r.get("conventions") for r in got["rows"]] == [r.get("conventions") for r in committed["rows"]]
+    assert [r.get("loads") for r in got["rows"]] == [r.get("loads") for r in committed["rows"]]
