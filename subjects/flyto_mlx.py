@@ -103,7 +103,7 @@ def _restore(saved: list[tuple[Any, dict[str, Any]]]) -> None:
     for obj, before in saved:
         now = dict(vars(obj))
         for k in now.keys() - before.keys():
-            if not k.startswith("__"):
+            if k not in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
                 delattr(obj, k)
         for k, v in before.items():
             if k in ("__dict__", "__weakref__", "__doc__") or now.get(k, object()) is v:

@@ -250,3 +250,28 @@ def test_flyto_mlx_conventions_as_committed() -> None:
     got = grade_flyto(Path("."))
     assert [r.get("conventions") for r in got["rows"]] == [r.get("conventions") for r in committed["rows"]]
     assert [r.get("loads") for r in got["rows"]] == [r.get("loads") for r in committed["rows"]]
+
+
+@pytest.mark.subject
+def test_flyto_patches_are_undone_after_each_call() -> None:
+    """Live: the references of the grading job run on stock mlx-lm, so the classes flyto-mlx patches
+    (mlx-lm's qwen3_5 model classes, GenerationBatch) are the stock ones again after a call."""
+    import importlib
+
+    from subjects import availability
+
+    ok, why = availability("flyto-mlx-mtp")
+    if not ok:
+        pytest.skip(why)
+    from subjects import flyto_mlx
+
+    q = importlib.import_module("mlx_lm.models.qwen3_5")
+    g = importlib.import_module("mlx_lm.generate")
+    classes = (q.TextModel, q.Qwen3_5TextModel, q.GatedDeltaNet, q.DecoderLayer, g.GenerationBatch)
+    before = [dict(vars(c)) for c in classes]
+    run = flyto_mlx.generate(SubjectCase(target="qwen35", mode="mtp", max_tokens=6))
+    assert run.counters["drafted"] > 0, run.counters  # the MTP cycle ran
+    for c, b in zip(classes, before, strict=True):
+        now = dict(vars(c))
+        assert now.keys() == b.keys(), (c.__name__, sorted(now.keys() ^ b.keys()))
+        assert all(now[k] is b[k] for k in b), c.__name__
