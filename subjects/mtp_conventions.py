@@ -41,13 +41,27 @@ SAME = 1e-4
 
 @dataclass
 class HeadCall:
-    """One MTP head call as the engine made it."""
+    """One MTP head call as the engine made it: ``T`` rows (one per token fed)."""
 
-    hidden: np.ndarray  # (H,) the target hidden fed to the head
-    token: int  # the token id embedded with it
+    hidden: np.ndarray  # (T, H) the target hiddens fed to the head
+    tokens: list[int]  # the T token ids embedded with them
     offset: int  # head-cache offset before the call (rows already in the head's cache)
-    logits: np.ndarray  # (V,) float32 draft logits returned
+    logits: np.ndarray | None  # (V,) float32 draft logits of the last row; None: a cache-update call
     emitted_before: int  # output tokens the engine had produced when it made the call
+    position_offset: int | None = None  # an explicit RoPE position the engine passed, if any
+
+
+def head_call(hidden: Any, token_ids: Any, cache: Any, logits: Any, emitted: int,
+              position_offset: int | None = None) -> HeadCall:
+    """A :class:`HeadCall` from the arrays of one call (``cache``: the head cache list or one cache)."""
+    import mlx.core as mx
+
+    first = cache[0] if isinstance(cache, (list, tuple)) and cache else cache
+    offset = int(getattr(first, "offset", 0) or 0) if first is not None else 0
+    h = np.array(hidden.astype(mx.float32)).reshape(-1, hidden.shape[-1])
+    lg = None if logits is None else np.array(logits.reshape(-1, logits.shape[-1])[-1].astype(mx.float32))
+    return HeadCall(hidden=h, tokens=[int(t) for t in np.array(token_ids).reshape(-1).tolist()], offset=offset,
+                    logits=lg, emitted_before=emitted, position_offset=position_offset)
 
 
 @dataclass
@@ -131,12 +145,10 @@ def capture_flyto(prompt_id: str = "nat-00", max_tokens: int = 24, target: str =
             stream: list[int] = []
 
             def record(hidden: Any, next_ids: Any, mtp_cache: Any) -> Any:
-                offset = int(getattr(mtp_cache[0], "offset", 0) or 0) if mtp_cache else 0
+                call = head_call(hidden, next_ids, mtp_cache, None, len(stream))
                 logits = type(model).mtp_forward(model, hidden, next_ids, mtp_cache)
-                cap.calls.append(HeadCall(
-                    hidden=np.array(hidden.reshape(-1).astype(mx.float32)),
-                    token=int(next_ids.reshape(-1)[0].item()), offset=offset,
-                    logits=np.array(logits[0, -1].astype(mx.float32)), emitted_before=len(stream)))
+                call.logits = np.array(logits[0, -1].astype(mx.float32))
+                cap.calls.append(call)
                 return logits
 
             model.mtp_forward = record  # this instance only; the engine calls gen_batch.model.mtp_forward
@@ -193,16 +205,28 @@ def verdict(row: dict[str, Any]) -> dict[str, str]:
     fm = first.get("match") or []
     if len(fm) == 1:
         cc, mk = (kv.split("=")[1] for kv in fm[0].split(","))
-        out["concat"] = f"{cc} (first call, max abs logit diff {first['diffs'][fm[0]]:.1e})"
-        out["mask_pos0"] = f"{mk} (first call is head-cache row 0)" if first.get("offset") == 0 else \
-            "unmeasured: the first call is not at row 0"
+        out["concat"] = f"{cc} (first draft, max abs logit diff {first['diffs'][fm[0]]:.1e})"
+        out["mask_pos0"] = f"{mk} at head-cache position 0 (in the first draft's context)"
+    elif len(fm) == 2 and fm[0].split(",")[0] == fm[1].split(",")[0]:
+        cc = fm[0].split(",")[0].split("=")[1]
+        out["concat"] = f"{cc} (first draft, max abs logit diff {first['diffs'][fm[0]]:.1e})"
+        out["mask_pos0"] = "unmeasured: masked and unmasked row 0 give the same draft logits"
     else:
         out["concat"] = out["mask_pos0"] = f"unmeasured: first call matched {fm or 'no candidate'}"
     rep = row.get("replay", {})
-    calls = row.get("calls", 0)
-    fits = [k for k, v in rep.items() if v.get("calls_within") == calls and calls]
-    out["rows/position"] = (f"{fits[0]} ({calls}/{calls} calls)" if len(fits) == 1
-                            else f"unmeasured: replays within tolerance {fits or 'none'}")
+    fits = [k for k, v in rep.items() if v.get("calls") and v.get("calls_within") == v.get("calls")]
+    fresh = row.get("fresh_head_cache_calls")
+    cache_note = "" if fresh is None else f"; head cache empty before {fresh} of {row.get('calls')} calls"
+    calls = row.get("calls")
+    if len(fits) == 1:
+        n = rep[fits[0]]["calls"]
+        out["rows/position"] = f"{fits[0]} ({n}/{n} calls{cache_note})"
+    elif fits and fresh == calls and row.get("rows") == calls:
+        n = rep[fits[0]]["calls"]
+        out["rows/position"] = (f"no head history: one row per draft on an empty head cache ({n}/{n} calls; "
+                                "positions invisible)")
+    else:
+        out["rows/position"] = f"unmeasured: replays within tolerance {fits or 'none'}"
     d = row.get("depth_layers")
     out["depth"] = ("unmeasured: the checkpoint has 1 MTP layer (reuse and chain coincide)" if d == 1
                     else f"{d} layers: not measured")
@@ -212,3 +236,79 @@ def verdict(row: dict[str, Any]) -> dict[str, str]:
                            + ("" if ident["first_divergence"] is None else
                               f", first divergence at token {ident['first_divergence']}"))
     return out
+
+
+# ------------------------------------------------------------------ capture: mtplx
+
+
+def capture_mtplx(prompt_id: str = "nat-00", max_tokens: int = 24, target: str = "qwen35-native") -> Capture:
+    """Run mtplx 2.12.2's ``generate_mtp1`` greedily on a zoo native-MTP checkpoint and record its head
+    calls: ``_mtp_core`` of its Qwen text model (``mtp_patch.inject_mtp_support``: both
+    ``mtp_forward`` and ``mtp_update_cache`` run it) or ``mtp_forward`` of its GLM model
+    (``glm_mtp_patch.inject_glm_mtp_support``; its ``mtp_update_cache`` calls it), wrapped on the
+    loaded model instance."""
+    import zoo
+    from subjects import mtplx as mtplx_adapter
+    from zoo.native_mtp import target_paths
+
+    gen = mtplx_adapter._import_generation()
+    from mtplx.runtime import load
+    from mtplx.sampling import SamplerConfig
+
+    ckpt = str(target_paths(target)[1])
+    ids = list(zoo.prompt(prompt_id).token_ids)
+    cap = Capture(engine="mtplx", checkpoint=target, prompt_ids=ids, stream=[])
+    try:
+        rt = load(ckpt, mtp=True)
+    except Exception as exc:  # noqa: BLE001 - the engine's refusal is the evidence
+        msg = " ".join(str(exc).split())
+        cap.notes.append(f"mtplx.runtime.load(mtp=True) raised {type(exc).__name__}: "
+                         + (msg if len(msg) <= 200 else msg[:200] + "…"))
+        return cap
+    if not rt.mtp_enabled:
+        cap.notes.append("mtplx.runtime.load(mtp=True) returned a runtime without MTP")
+        return cap
+    model = rt.model
+    text = getattr(model, "language_model", model)
+    if hasattr(type(text), "_mtp_core"):
+        core = type(text)._mtp_core
+
+        def mtp_core(hidden_states: Any, next_token_ids: Any, mtp_cache: Any = None, concat_order: Any = None,
+                     mtp_hidden_variant: str = "post_norm", position_offset: int | None = None,
+                     emit_logits: bool = True, input_embeddings: Any = None) -> Any:
+            call = head_call(hidden_states, next_token_ids, mtp_cache, None, -1, position_offset)
+            logits, hidden = core(text, hidden_states, next_token_ids, mtp_cache=mtp_cache,
+                                  concat_order=concat_order, mtp_hidden_variant=mtp_hidden_variant,
+                                  position_offset=position_offset, emit_logits=emit_logits,
+                                  input_embeddings=input_embeddings)
+            if logits is not None:
+                call.logits = head_call(hidden_states, next_token_ids, None, logits, -1).logits
+            cap.calls.append(call)
+            return logits, hidden
+
+        text._mtp_core = mtp_core
+        cap.notes.append("hook: instance wrapper of _MTPLXTextModel._mtp_core")
+    else:
+        forward = type(model).mtp_forward
+
+        def mtp_forward(hidden_states: Any, next_token_ids: Any, *a: Any, **kw: Any) -> Any:
+            depth = kw.get("mtp_depth")
+            mc = kw.get("mtp_cache")
+            layer = (0 if depth is None else max(int(depth) - 1, 0)) if isinstance(mc, list) else 0
+            one = mc[layer % len(mc)] if isinstance(mc, list) and mc else mc
+            call = head_call(hidden_states, next_token_ids, one, None, -1, kw.get("position_offset"))
+            out = forward(model, hidden_states, next_token_ids, *a, **kw)
+            logits = out[0] if isinstance(out, tuple) else out
+            call.logits = head_call(hidden_states, next_token_ids, None, logits, -1).logits
+            cap.calls.append(call)
+            return out
+
+        model.mtp_forward = mtp_forward
+        cap.notes.append(f"hook: instance wrapper of {type(model).__name__}.mtp_forward")
+    out = gen.generate_mtp1(rt, ids, max_tokens=max_tokens, sampler=SamplerConfig(temperature=0.0, top_p=1.0,
+                                                                                   top_k=0),
+                            seed=0, stop_token_ids=set())
+    cap.stream = [int(t) for t in out.tokens]
+    if not cap.calls:
+        cap.notes.append("no MTP head call was captured")
+    return cap

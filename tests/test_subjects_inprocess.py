@@ -170,7 +170,7 @@ def _planted_capture(hidden: str, concat: str, mask: bool, rows: str, n: int = 6
     import numpy as np
 
     import zoo
-    from specparity.mtp_conventions import _block_logits, _hidden_rows, _our_parts
+    from specparity.mtp_conventions import _hidden_rows, _our_parts, _replay
     from subjects.mtp_conventions import Capture, HeadCall
 
     model, parts, head, _ = _our_parts("qwen35-native")
@@ -182,11 +182,14 @@ def _planted_capture(hidden: str, concat: str, mask: bool, rows: str, n: int = 6
     # rows skipped as after an accepted draft, so head-cache offsets and sequence positions differ
     # by more than a uniform shift (which RoPE could not see)
     qs = [len(prompt) + i + i // 2 for i in range(n)]
-    call_rows = [(src[q], seq[q + 1], i if rows == "offset" else q) for i, q in enumerate(qs)]
-    logits = _block_logits(head.blocks[0], parts, call_rows, concat, mask)
+    calls = [HeadCall(hidden=np.asarray(src[q])[None], tokens=[seq[q + 1]], offset=0 if rows == "fresh" else i,
+                      logits=None, emitted_before=i) for i, q in enumerate(qs)]
+    starts = [0] * n if rows == "fresh" else list(range(n)) if rows == "offset" else qs
+    logits = _replay(head.blocks[0], parts, calls, starts, concat, mask)
+    for c, lg in zip(calls, logits, strict=True):
+        c.logits = lg
     cap = Capture(engine="planted", checkpoint="qwen35-native", prompt_ids=prompt, stream=stream)
-    cap.calls = [HeadCall(hidden=np.asarray(h), token=t, offset=i, logits=lg, emitted_before=i)
-                 for i, ((h, t, _), lg) in enumerate(zip(call_rows, logits, strict=True))]
+    cap.calls = calls
     return cap
 
 
@@ -196,6 +199,7 @@ def _planted_capture(hidden: str, concat: str, mask: bool, rows: str, n: int = 6
     ("pre-norm", "h;e", False, "offset"),  # planted: concat order
     ("pre-norm", "e;h", True, "offset"),  # planted: position-0 mask
     ("pre-norm", "e;h", False, "sequence"),  # planted: rows at their sequence positions
+    ("post-norm", "e;h", False, "fresh"),  # mtplx 2.12.2's: an empty head cache for every draft
 ])
 def test_mtp_convention_measurement_names_the_planted_convention(hidden: str, concat: str, mask: bool,
                                                                  rows: str) -> None:
@@ -208,8 +212,11 @@ def test_mtp_convention_measurement_names_the_planted_convention(hidden: str, co
     assert v["hidden"].startswith(hidden), v
     assert v["concat"].startswith(concat + " "), v
     assert v["mask_pos0"].startswith(str(mask).lower() + " "), v
-    want = "head-cache offset" if rows == "offset" else "sequence positions"
-    assert want in v["rows/position"] and f"({len(cap.calls)}/{len(cap.calls)} calls)" in v["rows/position"], v
+    if rows == "fresh":
+        assert v["rows/position"].startswith("no head history"), v
+        return
+    want = "head-cache positions" if rows == "offset" else "sequence positions"
+    assert want in v["rows/position"] and f"({len(cap.calls)}/{len(cap.calls)} calls" in v["rows/position"], v
     assert v["identity"].startswith("pass"), v
 
 
@@ -225,31 +232,33 @@ def test_mtp_convention_verdict_reports_what_it_cannot_tell() -> None:
     b = best_preset(np.zeros(3), {"a": np.zeros(3), "b": np.ones(3), "c": np.zeros(3)})
     assert b["match"] == ["a", "c"] and b["diffs"]["b"] == 1.0
     v = verdict({"hidden": {"match": ["pre-norm", "post-norm"], "token_offset_from_hidden_row": [1]},
-                 "first_call": {"match": ["concat=e;h,mask_pos0=false", "concat=e;h,mask_pos0=true"],
+                 "first_call": {"match": ["concat=e;h,mask_pos0=false", "concat=h;e,mask_pos0=true"],
                                 "offset": 3, "diffs": {}},
-                 "replay": {"x": {"calls_within": 2}, "y": {"calls_within": 4}}, "calls": 4, "depth_layers": 2})
+                 "replay": {"x": {"calls_within": 2, "calls": 4}, "y": {"calls_within": 4, "calls": 4}},
+                 "depth_layers": 2})
     assert v["hidden"].startswith("unmeasured") and v["concat"].startswith("unmeasured")
     assert v["rows/position"] == "y (4/4 calls)" and v["depth"].startswith("2 layers")
 
 
 @pytest.mark.subject
-def test_flyto_mlx_conventions_as_committed() -> None:
-    """Live (tox -e subject-flyto-mlx-mtp): flyto-mlx's measured conventions = the committed row."""
+@pytest.mark.parametrize(("engine", "subject"), [("flyto-mlx", "flyto-mlx-mtp"), ("mtplx", "mtplx")])
+def test_mtp_conventions_as_committed(engine: str, subject: str) -> None:
+    """Live (tox -e subject-flyto-mlx-mtp / subject-mtplx): the measured conventions = the committed rows."""
     import json
     from pathlib import Path
 
     from subjects import availability
 
-    ok, why = availability("flyto-mlx-mtp")
+    ok, why = availability(subject)
     if not ok:
         pytest.skip(why)
-    from specparity.mtp_conventions import grade_flyto
+    from specparity.mtp_conventions import grade
 
     committed = json.loads((Path(__file__).resolve().parents[1] / "docs" / "scoreboard"
-                            / "mtp-conventions-flyto-mlx.json").read_text())
-    got = grade_flyto(Path("."))
-    assert [r.get("conventions") for r in got["rows"]] == [r.get("conventions") for r in committed["rows"]]
-    assert [r.get("loads") for r in got["rows"]] == [r.get("loads") for r in committed["rows"]]
+                            / f"mtp-conventions-{engine}.json").read_text())
+    got = grade(engine)
+    assert [(r["checkpoint"], r.get("loads"), r.get("conventions")) for r in got["rows"]] == \
+        [(r["checkpoint"], r.get("loads"), r.get("conventions")) for r in committed["rows"]]
 
 
 @pytest.mark.subject
