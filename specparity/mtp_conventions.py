@@ -1,7 +1,8 @@
 """Grade an engine's native-MTP conventions against our ``native-mtp`` source (issue 28).
 
-``python -m specparity.mtp_conventions flyto-mlx|mtplx --out docs/scoreboard`` (in the
-engine's environment: ``tox exec -e subject-flyto-mlx-mtp -- ...``, ``subject-mtplx``) captures the
+``python -m specparity.mtp_conventions flyto-mlx|mtplx|vllm-mlx --out docs/scoreboard`` (in the
+engine's environment: ``tox exec -e subject-flyto-mlx-mtp -- ...``, ``subject-mtplx``, vllm-mlx's
+server virtualenv) captures the
 engine's MTP head calls on each zoo native-MTP checkpoint
 (``subjects/mtp_conventions.py``) and, input for input, recomputes them with
 ``engine.sources.native_mtp``'s head (the checkpoint's ``MTPBlock``, mlx-lm's
@@ -184,7 +185,17 @@ def _mtplx() -> tuple[str, str, Any, Any]:
     return "mtplx", mtplx.version(), capture_mtplx, support
 
 
-ENGINES = {"flyto-mlx": _flyto, "mtplx": _mtplx}
+def _vllm_mlx() -> tuple[str, str, Any, Any]:
+    from subjects._common import dist_version
+    from subjects.mtp_conventions import vllm_mlx_support
+
+    def capture(*a: Any, **kw: Any) -> Any:  # pragma: no cover - reached only if its loop could run
+        raise NotImplementedError("vllm-mlx's MTP loop ran here: add its head-call capture")
+
+    return "vllm-mlx", dist_version("vllm-mlx"), capture, vllm_mlx_support
+
+
+ENGINES = {"flyto-mlx": _flyto, "mtplx": _mtplx, "vllm-mlx": _vllm_mlx}
 
 
 def grade(engine: str, prompts: tuple[str, ...] = ("nat-00", "rnd-00")) -> dict[str, Any]:
@@ -192,8 +203,11 @@ def grade(engine: str, prompts: tuple[str, ...] = ("nat-00", "rnd-00")) -> dict[
     subject, version, capture, support = ENGINES[engine]()
     doc: dict[str, Any] = {"engine": engine, "subject": subject, "version": version,
                            "kind": "mtp-conventions", "rows": []}
+    import zoo
+
     for target in TARGETS:
         ok, why = support(target)
+        why = why.replace(str(zoo.cache_root()), "<zoo cache>")
         if not ok:
             doc["rows"].append({"checkpoint": target, "loads": False, "evidence": why})
             continue
@@ -201,7 +215,8 @@ def grade(engine: str, prompts: tuple[str, ...] = ("nat-00", "rnd-00")) -> dict[
             cap = capture(p, target=target)
             if not cap.calls:
                 doc["rows"].append({"checkpoint": target, "prompt": p, "loads": False,
-                                    "evidence": "; ".join(cap.notes)})
+                                    "evidence": "; ".join(cap.notes).replace(str(zoo.cache_root()),
+                                                                             "<zoo cache>")})
                 break  # the engine refuses the checkpoint: one row says so
             row = {"prompt": p, "loads": True, "evidence": why, "hooks": cap.notes, **measure(cap, target)}
             row["conventions"] = verdict(row)

@@ -312,3 +312,89 @@ def capture_mtplx(prompt_id: str = "nat-00", max_tokens: int = 24, target: str =
     if not cap.calls:
         cap.notes.append("no MTP head call was captured")
     return cap
+
+
+# ------------------------------------------------------------------ vllm-mlx: can its MTP loop run?
+
+
+class _LogLines:
+    """Collects the messages of the named loggers while active (their own log lines are the evidence)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        import logging
+
+        self.names, self.lines = names, []
+        outer = self
+
+        class _H(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                outer.lines.append(record.getMessage())
+
+        self.handler = _H(logging.DEBUG)
+
+    def __enter__(self) -> _LogLines:
+        import logging
+
+        self.saved = []
+        for n in self.names:
+            log = logging.getLogger(n)
+            self.saved.append((log, log.level))
+            log.addHandler(self.handler)
+            log.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for log, level in self.saved:
+            log.removeHandler(self.handler)
+            log.setLevel(level)
+
+
+def vllm_mlx_support(target: str) -> tuple[bool, str]:
+    """Whether vllm-mlx's MTP decode loop can run on the zoo checkpoint ``target`` here, with its own
+    log lines as the evidence: ``vllm_mlx.utils.tokenizer.load_model_with_fallback`` (which calls
+    ``_try_inject_mtp``: ``patches/qwen3_5_mtp.py`` / ``qwen3_next_mtp.py`` ``inject_mtp_support``)
+    and ``vllm_mlx.scheduler._install_mtp`` on an mlx-lm ``BatchGenerator`` (what its scheduler does)."""
+    from mlx_lm.generate import BatchGenerator
+
+    from zoo.native_mtp import target_paths
+
+    ckpt = str(target_paths(target)[1])
+    why: list[str] = []
+    with _LogLines(("vllm_mlx", "vllm_mlx.utils.tokenizer", "vllm_mlx.patches.qwen3_5_mtp",
+                    "vllm_mlx.patches.qwen3_next_mtp", "vllm_mlx.scheduler")) as logs:
+        try:
+            from vllm_mlx.utils.tokenizer import load_model_with_fallback
+
+            model, _ = load_model_with_fallback(ckpt)
+        except Exception as exc:  # noqa: BLE001 - the engine's refusal is the evidence
+            msg = " ".join(str(exc).split())
+            return False, (f"vllm_mlx.utils.tokenizer.load_model_with_fallback raised {type(exc).__name__}: "
+                           + (msg if len(msg) <= 200 else msg[:200] + "…"))
+        inner = getattr(model, "language_model", model)
+        head = getattr(inner, "mtp", None) is not None or getattr(model, "mtp", None) is not None
+        if not head and "qwen3_5" in str(model.__class__.__module__):
+            # the loader's own injection was not reached on this path: ask it directly
+            import json
+            from pathlib import Path
+
+            from vllm_mlx.patches.qwen3_5_mtp import inject_mtp_support
+
+            cfg = json.loads((Path(ckpt) / "config.json").read_text())
+            head = bool(inject_mtp_support(model, ckpt, cfg))
+        if not head:
+            said = list(dict.fromkeys(x for x in logs.lines if "[MTP" in x))
+            why.append("no MTP head attached (log: " + (" | ".join(said) or "nothing") + ")")
+        from vllm_mlx.scheduler import _install_mtp
+
+        bg = BatchGenerator(model)
+        before = getattr(bg, "_step", None)
+        _install_mtp(bg, model)
+        installed = getattr(bg, "_step", None) is not before and before is not None
+        if not installed:
+            said = [x for x in logs.lines if "[MTP] disabled" in x]
+            why.append("scheduler._install_mtp installed nothing: "
+                       + (said[-1] if said else "BatchGenerator has no _step hook"))
+        bg.close()
+    if why:
+        return False, "; ".join(why)
+    return True, "vllm-mlx loads the checkpoint with an MTP head and installs its MTP step"
