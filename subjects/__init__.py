@@ -65,6 +65,10 @@ SUBJECTS: dict[str, SubjectInfo] = {
         # the same package on the mlx-lm it was written against (0.32's KVCache.state is a 3-tuple)
         SubjectInfo("nunspark-mlxlm031", "subjects.nunspark", "nunspark==0.13.0", "subject-nunspark-mlxlm031",
                     extra_deps=("mlx-lm==0.31.3",)),
+        SubjectInfo("mlx-flash", "subjects.mlx_flash", "mlx-flash==0.9.2", "subject-mlx-flash"),
+        # flyto-mlx's MTP patch of mlx-lm, in process (the runner "flyto-mlx" is its omlx server,
+        # graded over HTTP); on mlx-lm 0.31.3 / mlx 0.32.3, the pins flyto-mlx resolves
+        SubjectInfo("flyto-mlx-mtp", "subjects.flyto_mlx", "flyto-mlx==0.7.0", "subject-flyto-mlx-mtp"),
     )
 }
 

@@ -306,7 +306,7 @@ def test_grade_mode_and_scoreboard_from_fakes(tmp_path: Path) -> None:
 
 def test_registry_names_every_package_and_reports_missing_ones() -> None:
     assert set(SUBJECTS) == {"mlx-dspark", "dspark-mlx", "dflash-mlx", "dfly-mlx", "mtplx", "mlx-lm-broomva",
-                             "nunspark", "nunspark-mlxlm031"}
+                             "nunspark", "nunspark-mlxlm031", "mlx-flash", "flyto-mlx-mtp"}
     for name in SUBJECTS:
         ok, why = availability(name)
         assert ok or SUBJECTS[name].tox_env in why or "failed" in why, (name, why)
