@@ -140,8 +140,11 @@ def ll_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> 
     """llguidance's view of an HF fast tokenizer, its vocabulary padded to the logits width."""
     require_llguidance()
     import llguidance.hf
+    import transformers
 
-    inner = getattr(hf_tokenizer, "_tokenizer", hf_tokenizer)  # mlx-lm TokenizerWrapper
+    inner = hf_tokenizer
+    if not isinstance(inner, transformers.PreTrainedTokenizerFast):
+        inner = getattr(inner, "_tokenizer", inner)  # mlx-lm's TokenizerWrapper holds the HF tokenizer
     eos = [int(t) for t in eos_ids] or None
     return llguidance.hf.from_tokenizer(inner, n_vocab=vocab_size, eos_token=eos)
 
