@@ -133,3 +133,38 @@ def spells(text: str) -> bool:
     """Whether the zoo tokenizer round-trips ``text`` (byte-level BPE: every UTF-8 text)."""
     tok = _tokenizer()
     return bool(tok.decode(tok.encode(text, add_special_tokens=False).ids) == text)
+
+
+_SUFFIX = {"json": ".json", "regex": ".regex", "lark": ".lark"}
+
+
+def ref_from_header(block: dict[str, Any]) -> str:
+    """A grammar reference (zoo name or file) for a trace header's ``params.grammar`` block.
+
+    A zoo grammar with the recorded digest is named as such; any other grammar's
+    recorded text is written once, content-addressed, under
+    ``$SPECPARITY_CACHE_DIR/grammars`` (default ``~/.cache/specparity/grammars``),
+    so ``grade`` re-runs the case with the grammar the trace was made under.
+    """
+    import hashlib
+    import os
+
+    from engine.grammar import GrammarError, GrammarSpec
+
+    kind, name, text = block.get("kind"), str(block.get("name") or "grammar"), block.get("text")
+    if name in GRAMMARS and spec(name).digest == block.get("sha256"):
+        return name
+    if not isinstance(text, str) or kind not in _SUFFIX:
+        raise GrammarError(f"trace header params.grammar {name!r}: no grammar text to re-run it with")
+    g = GrammarSpec(str(kind), text, name)
+    if g.digest != block.get("sha256"):
+        raise GrammarError(f"trace header params.grammar {name!r}: its text does not match its sha256")
+    root = Path(os.environ.get("SPECPARITY_CACHE_DIR") or Path.home() / ".cache" / "specparity")
+    path = root.expanduser() / "grammars" / hashlib.sha256(g.digest.encode()).hexdigest()[:16] / (
+        "".join(c if c.isalnum() or c in "-_." else "_" for c in name) + _SUFFIX[str(kind)])
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return str(path)
