@@ -42,7 +42,7 @@ from engine.grammar import GrammarError, GrammarSpec
 from specparity.cases import Case
 from specparity.runners import run_case
 from traces.diff import diff_traces, grammar_divergence
-from traces.io import Trace
+from traces.io import Trace, read_trace
 from traces.validate import validate_trace
 
 pytest.importorskip("llguidance")
@@ -387,3 +387,105 @@ def _sites(trace: Trace) -> list[tuple[int, str]]:
     from traces.diff import grammar_sites
 
     return [(tok, dig) for _, _, tok, dig in grammar_sites(trace)] + [(-1, "end")]
+
+
+# ------------------------------------------------------------------------ harness
+
+
+def _cli(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from specparity.cli import main
+
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def schema_file(tmp_path: Path) -> Path:
+    p = tmp_path / "answer.json"
+    p.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"},
+                                                              "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                             "required": ["ok", "n"], "additionalProperties": False}))
+    return p
+
+
+def test_generate_record_and_grade_with_a_grammar_file(schema_file: Path, tmp_path: Path, tokenizer: Any,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    tdir, ddir = zoo.pair(KV, "twin")
+    common = ["--target", tdir, "--draft", ddir, "--prompt", "Answer: ", "-n", 24, "--gamma", 3,
+              "--grammar", schema_file]
+    rc, out, err = _cli(["generate", *common, "--trace", tmp_path / "g.jsonl"], capsys)
+    assert rc == 0, err
+    jsonschema.validate(json.loads(out.strip()), json.loads(schema_file.read_text()))
+    trace = read_trace(tmp_path / "g.jsonl")
+    assert not validate_trace(trace), validate_trace(trace)[:3]
+    assert trace.header["params"]["grammar"]["sha256"] == GrammarSpec.from_file(schema_file).digest
+    assert all("grammar_masks" in r and "grammar_state" in r for r in trace.rounds)
+    assert trace.header["case_id"].endswith(f"/gr-{GrammarSpec.from_file(schema_file).tag}")
+    rc, _, err = _cli(["record", *common, "--runner", "engine,mlx_lm_grammar", "--out", tmp_path / "rec"],
+                      capsys)
+    assert rc == 0, err
+    eng = next((tmp_path / "rec" / "engine").glob("*.jsonl"))
+    ref = next((tmp_path / "rec" / "mlx_lm_grammar").glob("*.jsonl"))
+    assert grammar_divergence(read_trace(eng), read_trace(ref)) is None
+    # grade re-runs plain decode and the references under the grammar the header recorded
+    schema_file.unlink()  # from the header's text, not the user's file
+    rc, out, err = _cli(["grade", tmp_path / "rec" / "engine", "--out", tmp_path / "graded"], capsys)
+    assert rc == 0, err + out
+    comps = json.loads((tmp_path / "graded" / "comparisons.json").read_text())
+    kinds = {c["kind"]: c["verdict"] for c in comps}
+    assert kinds.get("engine-vs-mlx_lm_grammar") == "identical", comps
+    assert any(c["known"] == "mlx-lm-spec-stateful-grammar-processor-crashes" for c in comps), comps
+
+
+@pytest.mark.parametrize("text, suffix, msg", [
+    ("a", ".txt", "suffix must be .json"),
+    ("[1]", ".json", "must be an object"),
+    ("{", ".json", "not a JSON schema"),
+])
+def test_a_bad_grammar_file_is_one_line_exit_2(tmp_path: Path, text: str, suffix: str, msg: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / f"g{suffix}"
+    p.write_text(text)
+    rc, _, err = _cli(["generate", "--target", zoo.model_dir(KV), "--prompt", "x", "-n", 2, "--grammar", p],
+                      capsys)
+    assert rc == 2 and msg in err and "Traceback" not in err, err
+
+
+def test_a_grammar_that_does_not_compile_is_refused_before_decoding(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "bad.lark"
+    p.write_text("start: missing_rule\n")
+    rc, _, err = _cli(["generate", "--target", zoo.model_dir(KV), "--prompt", "x", "-n", 2, "--grammar", p],
+                      capsys)
+    assert rc == 2 and "does not compile" in err and "Traceback" not in err, err
+
+
+def test_suite_key_grammar(schema_file: Path, tmp_path: Path) -> None:
+    from specparity.suite import SuiteError, load_suite, suite_cases
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('gammas = [2]\nmax_tokens = 24\nzoo_prompts = 1\ngrammar = "answer.json"\n'
+                     '[[pair]]\ntarget = "llama"\ndrafter = "twin"\n'
+                     '[[pair]]\ntarget = "qwen35"\ndrafter = "twin"\ngrammar = "lark-list"\n')
+    cases = suite_cases(load_suite(suite))
+    assert {c.grammar for c in cases} == {str(schema_file.resolve()), "lark-list"}, cases
+    assert all("/gr-" in c.case_id for c in cases)
+    for bad, msg in (('grammar = ""', "expected a grammar file"), ('grammar = "nope.json"', "no such file")):
+        suite.write_text(f'{bad}\n[[pair]]\ntarget = "llama"\n')
+        with pytest.raises(SuiteError, match=msg):
+            load_suite(suite)
+
+
+def test_zoo_matrix_has_grammar_cases_on_every_cache_kind() -> None:
+    from specparity.run import grammar_cases, zoo_cases
+
+    cases = grammar_cases(gammas=(1, 3))
+    assert {c.target for c in cases} == {KV, ROTATING, RECURRENT}
+    assert {c.grammar for c in cases} == {"json-small", "regex-sentence"}
+    assert all(c.max_tokens >= 48 and c.prompt_tokens for c in cases)
+    assert {c.grammar for c in grammar_cases(gammas=(3,), grammar="lark-list")} == {"lark-list"}
+    matrix = zoo_cases(targets=[KV], drafters=["twin"], gammas=(3,), n_prompts=1)
+    assert [c.case_id for c in matrix if c.grammar] == [
+        "llama/twin/json-00/g3/n48/gr-json-small", "llama/twin/json-00/g3/n48/gr-regex-sentence"]
+    assert all(not c.grammar for c in matrix if c.prompt_id != "json-00")  # the other cases as before
