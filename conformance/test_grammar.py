@@ -156,3 +156,34 @@ def test_sampled_spec_is_not_compared_with_processor_references() -> None:
         assert not registry.supports(runner, case)
         assert registry.supports(runner, case.plain())
     assert not registry.supports("mlx_lm", replace(case, temperature=0.0))  # no grammar option
+
+
+def test_mlx_vlm_llguidance_processor_behaves_as_the_stateful_replica() -> None:
+    """mlx-vlm 0.7.10's own ``LLGuidanceLogitsProcessor`` (its class unmodified, the Metal mask
+    kernel replaced by the same mask on the CPU; ``tox -e vlm``) in mlx-lm's loops does what the
+    stateful runner measures: plain decode identical, speculation the same crash or the same output."""
+    pytest.importorskip("mlx_vlm.structured")
+    from oracles import mlx_lm_grammar as oracle
+    from specparity.runners import load_model
+    from zoo import model_dir
+
+    target, draft = load_model(str(model_dir("llama"))), load_model(str(model_dir("llama-twin")))
+
+    def outcome(processor: str, grammar: str, prompt: str, spec: bool) -> tuple[str, object]:
+        g = G.spec(grammar)
+        try:
+            recs = oracle.run(target.model, target.tokenizer, list(G.prompt_ids(prompt)), grammar_kind=g.kind,
+                              grammar_text=g.text, vocab_size=512, processor=processor,
+                              draft=draft.model if spec else None, gamma=3, max_tokens=48)
+        except (oracle.GrammarRunError, ReferenceRefused):
+            return "crash", None
+        return "ok", recs[-1]["output_ids"]
+
+    rows = Counter()
+    for grammar in GRAMMARS:
+        for prompt in ("json-00", "nat-00"):
+            for spec in (False, True):
+                vlm, replica = outcome("mlx_vlm", grammar, prompt, spec), outcome("stateful", grammar, prompt, spec)
+                assert vlm == replica, (grammar, prompt, spec, vlm, replica)
+                rows[("spec" if spec else "plain", vlm[0])] += 1
+    assert rows[("plain", "ok")] == 8 and rows[("spec", "crash")] > 0, rows

@@ -38,6 +38,7 @@ verify rows' digests for the walked positions), as ``traces/INTERPRETING.md``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,7 +47,7 @@ from typing import Any
 from oracles import OracleUnavailable
 
 NAME = "mlx_lm_grammar"
-PROCESSORS = ("pure", "stateful")
+PROCESSORS = ("pure", "stateful", "mlx_vlm")
 
 
 def require() -> None:
@@ -183,6 +184,32 @@ class StatefulProcessor:
 
 
 @contextmanager
+def _mlx_vlm_on_cpu() -> Iterator[Any]:
+    """mlx-vlm 0.7.10's own ``LLGuidanceLogitsProcessor`` class, unmodified, with its Metal mask
+    kernel (``mlx_vlm.structured._apply_llguidance_mask``) replaced by the same mask on the CPU
+    for the duration (the harness runs on Linux CPU and CUDA; the kernel is Metal only)."""
+    import mlx.core as mx
+    import mlx_vlm.structured as structured
+    import numpy as np
+
+    def cpu_mask(logits: Any, mask: Any) -> Any:
+        if logits.ndim == 1:
+            logits = logits[None, :]
+        if mask.ndim == 1:
+            mask = mask[None, :]
+        bits = np.unpackbits(np.array(mask).view(np.uint8), axis=-1, bitorder="little")
+        allowed = mx.array(bits[:, : logits.shape[-1]].astype(bool))
+        return mx.where(allowed, logits, mx.array(-mx.inf, logits.dtype))
+
+    saved = structured._apply_llguidance_mask
+    structured._apply_llguidance_mask = cpu_mask
+    try:
+        yield structured.LLGuidanceLogitsProcessor
+    finally:
+        structured._apply_llguidance_mask = saved
+
+
+@contextmanager
 def _processors_given(processors: list[Any]) -> Iterator[None]:
     """``mlx_lm.sample_utils.make_logits_processors`` returns ``processors`` inside the block
     (where ``oracles.mlx_lm.run`` asks it for the list it passes to mlx-lm)."""
@@ -236,9 +263,14 @@ def run(
     roles = _Roles()
     spec = draft is not None
     skip = 1 if spec else len(prompt_ids)  # where mlx-lm's processor history starts
-    proc: Any = (HistoryPureProcessor(grammar, llt, skip, roles) if processor == "pure"
-                 else StatefulProcessor(grammar, llt, roles))
-    with _processors_given([proc]):
+    with contextlib.ExitStack() as stack:
+        if processor == "pure":
+            proc: Any = HistoryPureProcessor(grammar, llt, skip, roles)
+        elif processor == "stateful":
+            proc = StatefulProcessor(grammar, llt, roles)
+        else:  # mlx-vlm's own class (tox -e vlm); no mask digests: it computes its masks inside
+            proc = stack.enter_context(_mlx_vlm_on_cpu())(grammar, llt)
+        stack.enter_context(_processors_given([proc]))
         try:
             records = base.run(
                 _Marked(target, "target", roles), tokenizer, prompt_ids,
