@@ -307,8 +307,9 @@ def grammar_cases(
     On the JSON-capable pairs (``zoo.grammars.PAIRS``: a KV, a rotating and a
     recurrent target), the JSON prompt ``json-00``, every γ and sampling setting:
     the JSON schema ``json-small`` and the regex ``regex-sentence``, or the one
-    ``grammar`` given (``--grammar``). Their budget is at least 48 tokens, so the
-    grammars end inside it. Compared with plain decode + the same grammar and with
+    ``grammar`` given (``--grammar``), with the matrix's budget (``json-small`` ends
+    in about 30 tokens, ``regex-sentence`` within 61 characters). Compared with
+    plain decode + the same grammar and with
     mlx-lm + the grammar as a logits processor (``mlx_lm_grammar``, and the stateful
     adapter shape ``mlx_lm_grammar_stateful``).
     """
@@ -317,7 +318,7 @@ def grammar_cases(
 
     grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
     ids = G.prompt_ids("json-00")
-    return [Case(t, d, "json-00", g, max(max_tokens, 48), temperature=smp.temperature, top_p=smp.top_p,
+    return [Case(t, d, "json-00", g, max_tokens, temperature=smp.temperature, top_p=smp.top_p,
                  top_k=smp.top_k, seed=smp.seed, processors=smp.processors, eos_ids=eos_ids,
                  prompt_tokens=ids, grammar=gr, **(cache or {}))
             for (t, d) in G.PAIRS

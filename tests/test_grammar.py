@@ -483,9 +483,9 @@ def test_zoo_matrix_has_grammar_cases_on_every_cache_kind() -> None:
     cases = grammar_cases(gammas=(1, 3))
     assert {c.target for c in cases} == {KV, ROTATING, RECURRENT}
     assert {c.grammar for c in cases} == {"json-small", "regex-sentence"}
-    assert all(c.max_tokens >= 48 and c.prompt_tokens for c in cases)
+    assert all(c.max_tokens == 32 and c.prompt_tokens for c in cases)
     assert {c.grammar for c in grammar_cases(gammas=(3,), grammar="lark-list")} == {"lark-list"}
     matrix = zoo_cases(targets=[KV], drafters=["twin"], gammas=(3,), n_prompts=1)
     assert [c.case_id for c in matrix if c.grammar] == [
-        "llama/twin/json-00/g3/n48/gr-json-small", "llama/twin/json-00/g3/n48/gr-regex-sentence"]
+        "llama/twin/json-00/g3/n32/gr-json-small", "llama/twin/json-00/g3/n32/gr-regex-sentence"]
     assert all(not c.grammar for c in matrix if c.prompt_id != "json-00")  # the other cases as before
