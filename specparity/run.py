@@ -305,7 +305,7 @@ def grammar_cases(
     """The zoo matrix's grammar cases (engine/grammar.py, docs/grammar.md).
 
     On the JSON-capable pairs (``zoo.grammars.PAIRS``: a KV, a rotating and a
-    recurrent target), the JSON prompt ``json-00``, every γ and sampling setting:
+    recurrent target, each with its prompt), every γ and sampling setting:
     the JSON schema ``json-small`` and the regex ``regex-sentence``, or the one
     ``grammar`` given (``--grammar``), with the matrix's budget (``json-small`` ends
     in about 30 tokens, ``regex-sentence`` within 61 characters). Compared with
@@ -317,11 +317,10 @@ def grammar_cases(
     from zoo import grammars as G
 
     grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
-    ids = G.prompt_ids("json-00")
-    return [Case(t, d, "json-00", g, max_tokens, temperature=smp.temperature, top_p=smp.top_p,
+    return [Case(t, d, p, g, max_tokens, temperature=smp.temperature, top_p=smp.top_p,
                  top_k=smp.top_k, seed=smp.seed, processors=smp.processors, eos_ids=eos_ids,
-                 prompt_tokens=ids, grammar=gr, **(cache or {}))
-            for (t, d) in G.PAIRS
+                 prompt_tokens=G.prompt_ids(p), grammar=gr, **(cache or {}))
+            for (t, d, p) in G.PAIRS
             if (targets is None or t in targets) and (drafters is None or d in drafters)
             for gr in grammars for smp in (sampling or (Sampling(),)) for g in gammas]
 
