@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,50 @@ def test_mlx_vlm_llguidance_processor_behaves_as_the_stateful_replica() -> None:
                 assert vlm == replica, (grammar, prompt, spec, vlm, replica)
                 rows[("spec" if spec else "plain", vlm[0])] += 1
     assert rows[("plain", "ok")] == 8 and rows[("spec", "crash")] > 0, rows
+
+
+# outlines 1.3's MLXLM processors (tox -e grammar-outlines): measured against their own plain runs.
+OUTLINES_MATRIX = [(t, g, b, p, gamma) for t in ("llama", "qwen3") for g in GRAMMARS
+                   for b in ((None, "llguidance") if g != "lark-list" else (None,))
+                   for p in ("json-00", "nat-00", "nat-03") for gamma in (1, 3)]
+# (backend, outcome) -> cases, measured on the zoo at temperature 0, max_tokens 40 (docs/grammar.md)
+OUTLINES_ROWS = {
+    ("outlines_core", "crash"): 32, ("outlines_core", "differs"): 4, ("outlines_core", "identical"): 0,
+    ("llguidance", "crash"): 0, ("llguidance", "differs"): 48, ("llguidance", "identical"): 0,
+}
+
+
+def test_outlines_processors_under_speculation_vs_their_own_plain_decode() -> None:
+    """outlines' own processor (from its MLXLM API, driven as ``model.stream(..., draft_model=...)``
+    hands it to mlx-lm): its speculative output against its plain output, greedy. A correct
+    adapter emits the same tokens; the measured outcomes are pinned (docs/grammar.md scoreboard)."""
+    pytest.importorskip("outlines")
+    from oracles import mlx_lm_grammar as oracle
+    from specparity.runners import load_model
+    from zoo import model_dir
+
+    rows: Counter[tuple[str, str]] = Counter()
+    for target, grammar, backend, prompt, gamma in OUTLINES_MATRIX:
+        t, d = load_model(str(model_dir(target))), load_model(str(model_dir(f"{target}-twin")))
+        g = G.spec(grammar)
+        proc = "outlines_llguidance" if backend == "llguidance" else "outlines"
+        run = dict(oracle=oracle, target=t, kind=g.kind, text=g.text, processor=proc,
+                   prompt=list(G.prompt_ids(prompt)), gamma=gamma)
+        plain = _outlines_output(**run, draft=None)
+        assert plain is not None, (target, grammar, backend, prompt, "outlines' plain decode raised")
+        spec = _outlines_output(**run, draft=d.model)
+        name = backend or ("llguidance" if g.kind == "lark" else "outlines_core")
+        rows[(name, "crash" if spec is None else "identical" if spec == plain else "differs")] += 1
+    print(dict(rows))
+    assert dict(rows) == {k: v for k, v in OUTLINES_ROWS.items() if v}, dict(rows)
+
+
+def _outlines_output(oracle: Any, target: Any, kind: str, text: str, processor: str, prompt: list[int],
+                     gamma: int, draft: Any) -> list[int] | None:
+    """Output ids of one outlines-processor run in mlx-lm's loop; None when it raised."""
+    try:
+        recs = oracle.run(target.model, target.tokenizer, prompt, grammar_kind=kind, grammar_text=text,
+                          vocab_size=512, processor=processor, draft=draft, gamma=gamma, max_tokens=40)
+    except (oracle.GrammarRunError, ReferenceRefused):
+        return None
+    return list(recs[-1]["output_ids"])

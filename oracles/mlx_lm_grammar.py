@@ -47,7 +47,7 @@ from typing import Any
 from oracles import OracleUnavailable
 
 NAME = "mlx_lm_grammar"
-PROCESSORS = ("pure", "stateful", "mlx_vlm")
+PROCESSORS = ("pure", "stateful", "mlx_vlm", "outlines", "outlines_llguidance")
 
 
 def require() -> None:
@@ -209,6 +209,47 @@ def _mlx_vlm_on_cpu() -> Iterator[Any]:
         structured._apply_llguidance_mask = saved
 
 
+def _cpu_bitmask_apply(logits: Any, mask_np: Any) -> Any:
+    """``apply_token_bitmask(logits, mask)`` of outlines_core / llguidance's MLX kernels, on the CPU."""
+    import mlx.core as mx
+    import numpy as np
+
+    if logits.ndim == 1:
+        logits = logits[None, :]
+    mask = np.asarray(mask_np).astype(np.int32)
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    bits = np.unpackbits(mask.view(np.uint8), axis=-1, bitorder="little")[:, : logits.shape[-1]]
+    return mx.where(mx.array(bits.astype(bool)), logits, mx.array(-mx.inf, logits.dtype))
+
+
+@contextmanager
+def _outlines_processor(model: Any, tokenizer: Any, kind: str, text: str, backend: str | None) -> Iterator[Any]:
+    """outlines 1.3's own processor for an MLXLM model (``outlines.from_mlxlm`` and
+    ``outlines.backends.get_*_logits_processor``: what ``model.stream(prompt, output_type,
+    draft_model=...)`` hands mlx-lm), unmodified; its Metal mask kernels
+    (``outlines_core.kernels.mlx`` / ``llguidance.mlx`` ``apply_token_bitmask``) replaced by
+    the same mask on the CPU for the duration. ``backend`` None: outlines' default per type
+    (outlines_core for JSON schema and regex, llguidance for a Lark CFG)."""
+    import llguidance.mlx as llg_mlx
+    import outlines
+    import outlines.backends as ob
+    import outlines_core.kernels.mlx as oc_mlx
+
+    om = outlines.from_mlxlm(model, tokenizer)
+    saved = (oc_mlx.apply_token_bitmask, llg_mlx.apply_token_bitmask)
+    oc_mlx.apply_token_bitmask = llg_mlx.apply_token_bitmask = _cpu_bitmask_apply
+    try:
+        if kind == "json":
+            yield ob.get_json_schema_logits_processor(backend or ob.JSON_SCHEMA_DEFAULT_BACKEND, om, text)
+        elif kind == "regex":
+            yield ob.get_regex_logits_processor(backend or ob.REGEX_DEFAULT_BACKEND, om, text)
+        else:
+            yield ob.get_cfg_logits_processor(backend or ob.CFG_DEFAULT_BACKEND, om, text)
+    finally:
+        oc_mlx.apply_token_bitmask, llg_mlx.apply_token_bitmask = saved
+
+
 @contextmanager
 def _processors_given(processors: list[Any]) -> Iterator[None]:
     """``mlx_lm.sample_utils.make_logits_processors`` returns ``processors`` inside the block
@@ -268,8 +309,11 @@ def run(
             proc: Any = HistoryPureProcessor(grammar, llt, skip, roles)
         elif processor == "stateful":
             proc = StatefulProcessor(grammar, llt, roles)
-        else:  # mlx-vlm's own class (tox -e vlm); no mask digests: it computes its masks inside
+        elif processor == "mlx_vlm":  # mlx-vlm's own class (tox -e vlm); no mask digests
             proc = stack.enter_context(_mlx_vlm_on_cpu())(grammar, llt)
+        else:  # outlines 1.3's own processor (tox -e grammar-outlines); no mask digests
+            backend = "llguidance" if processor == "outlines_llguidance" else None
+            proc = stack.enter_context(_outlines_processor(target, tokenizer, grammar_kind, grammar_text, backend))
         stack.enter_context(_processors_given([proc]))
         try:
             records = base.run(
@@ -279,8 +323,8 @@ def run(
                 seed=seed, eos_ids=eos_ids, cache_digests=cache_digests,
                 logits_processors={"grammar": grammar_kind},
             )
-        except ValueError as exc:
-            raise GrammarRunError(str(exc).splitlines()[0]) from exc
+        except (ValueError, RuntimeError) as exc:  # a processor's own error (outlines-core: ValueError)
+            raise GrammarRunError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     _attach_masks(records, roles.calls)
     return records
 

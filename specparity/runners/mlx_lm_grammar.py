@@ -5,7 +5,11 @@
 - ``mlx_lm_grammar_stateful``: the stateful processor shape MLX adapters use
   (mlx-vlm's ``LLGuidanceLogitsProcessor``, outlines/xgrammar mlxlm): correct in
   plain decode, measured under mlx-lm's speculative loop (known entry
-  ``mlx-lm-spec-stateful-grammar-processor-drifts``).
+  ``mlx-lm-spec-stateful-grammar-processor-drifts``);
+outlines 1.3's own MLXLM processors (``oracles/outlines_mlxlm.py``) constrain to
+their own languages (free JSON whitespace, their own regex engine), so they are not
+compared with the engine case by case: ``conformance/test_grammar.py`` checks
+their speculative runs against their own plain runs (``tox -e grammar-outlines``).
 
 Grammar cases only (the option ``grammar`` is required: without a grammar these
 are ``mlx_lm``).
