@@ -508,3 +508,16 @@ def test_zoo_matrix_has_grammar_cases_on_every_cache_kind() -> None:
     assert [c.case_id for c in matrix if c.grammar] == [
         "llama/twin/json-00/g3/n32/gr-json-small", "llama/twin/json-00/g3/n32/gr-regex-sentence"]
     assert all(not c.grammar for c in matrix if c.prompt_id != "json-00")  # the other cases as before
+
+
+@pytest.mark.parametrize("processors", ["rp1.3c64", "pp0.5c20+fp1c64+lb5=1.5"])
+def test_grammar_with_logits_processors_spec_equals_plain(processors: str, tokenizer: Any) -> None:
+    """Processors run before the mask in every lane; a walked row's history is the request history
+    plus the round's tokens emitted before it (never a rejected draft)."""
+    for drafter, gamma in (("self", 3), ("twin", 2), ("twin", 5)):
+        case = _case(KV, drafter, "regex-sentence", gamma, processors=processors)
+        spec, plain = _trace(case), _trace(case.plain())
+        _identical(spec, plain)
+        _check_valid(spec, "regex-sentence", tokenizer)
+    free = _trace(replace(case, processors=""))
+    assert free.footer["output_ids"] != spec.footer["output_ids"], "the processors changed nothing"
