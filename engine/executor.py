@@ -91,6 +91,8 @@ class GenerationParams:
     kv_bits: int | None = None
     kv_group_size: int = 64
     quantized_kv_start: int = 5000
+    # Grammar-constrained decoding (engine.grammar: mask in the accept walk, drafter free).
+    grammar: Any = None
 
     @property
     def kv(self) -> cache_ops.KVQuantization | None:
@@ -181,6 +183,15 @@ class _Stream:
     def left(self) -> int:
         return self.params.max_tokens - len(self.output)
 
+    def terminate(self) -> str:
+        """Grammar termination (engine.grammar): the stream ends; the EOS the grammar's mask
+        would force is counted like a stopping EOS when it is one of the request's EOS ids."""
+        if self.eos & set(getattr(self.params.grammar, "eos_ids", ())):
+            self.usage.generation_tokens += 1
+        self.usage.finish_reason = "stop"
+        self.done = True
+        return "grammar"
+
 
 def refeed(drafts: list[int], k_accept: int, next_token: int) -> list[int]:
     """mlx-lm's re-feed rule (generate.py ``draft_y``): ``[correction]``, or
@@ -225,6 +236,7 @@ class _Request:
         # then the emitted tokens; it always ends with the pending token.
         start = prompt_ids if self.sampler.history_prompt == "full" else prompt_ids[-1:]
         self.history = mx.array(start, mx.uint32) if self.sampler.has_processors else None
+        self.grammar = params.grammar.matcher() if params.grammar is not None else None
 
     def quantize(self) -> bool:
         """mlx-lm ``maybe_quantize_kv_cache`` on the target caches (True: some converted)."""
@@ -271,7 +283,8 @@ class _Request:
 
     def _sample_row(self, row: mx.array) -> tuple[mx.array, mx.array | None]:
         """The lazy sample and top-2 margin of a ``[1, V]`` row (read back together: one sync)."""
-        return self.sampler.sample_plain(row, self.history), margin_array(row)
+        mask = None if self.grammar is None else self.grammar.mask(row.shape[-1])
+        return self.sampler.sample_plain(row, self.history, mask=mask), margin_array(row)
 
     def _emit_plain(
         self, inp: list[int], y_arr: mx.array, m_arr: mx.array | None, reason: str, detail: str | None,
@@ -286,6 +299,13 @@ class _Request:
         rec = _plain_record(index, inp, y, margin, stop, reason, self.caches, self.params, ts)
         if detail is not None:
             rec["detail"] = detail
+        if self.grammar is not None:
+            rec["grammar_mask"] = self.grammar.mask_digest()
+            if stop != "eos":
+                self.grammar.consume(y)
+                if stop is None and self.grammar.stopped:
+                    rec["end"] = self.stream.terminate()
+            rec["grammar_state"] = self.grammar.state_digest()
         self.records.append(rec)
         if stop != "eos":
             self.grow_history([y])
@@ -307,7 +327,7 @@ class _Request:
         EOS or a stop the caches hold one token more, as mlx-lm's do. Tokens,
         margins and records are the same bits either way (a test checks it).
         """
-        ahead = ahead and self.history is None and not self.params.cache_digests
+        ahead = ahead and self.history is None and self.grammar is None and not self.params.cache_digests
         step: tuple[mx.array, mx.array | None] | None = None
         while not self.stream.done:
             ts = time.perf_counter()
@@ -545,7 +565,9 @@ def spec_generate(
                 inputs = mx.concatenate([mx.array(pending, mx.uint32), drafts_arr.astype(mx.uint32)])
                 logits, ctx = target_model(inputs[None], cache=caches), None
             block = logits[0, -(d + 1) :, :]
-            samples_arr = sampler.sample_window(block, req.history_before_pending(), window)
+            # Under a grammar the rows are sampled in the walk, each masked by the state before it.
+            samples_arr = (sampler.sample_window(block, req.history_before_pending(), window)
+                           if req.grammar is None else mx.array([], mx.uint32))
             margins_arr = margin_array(block)
             mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []),
                     *([drafts_arr] if drafts_arr is not None else []))
@@ -561,7 +583,13 @@ def spec_generate(
         emitted: list[int] = []
         k = 0
         end = "bonus"
-        for i in range(d + 1):
+        grammar_walk = None
+        if req.grammar is not None:
+            grammar_walk = _grammar_walk(req, block, drafts)
+            walked, emitted = grammar_walk.walked, grammar_walk.emitted
+            k, end = grammar_walk.k_accept, grammar_walk.end
+            samples_all = walked
+        for i in range(d + 1 if grammar_walk is None else 0):
             t = samples_all[i]
             walked.append(t)
             matched = i < d and t == drafts[i]
@@ -606,7 +634,13 @@ def spec_generate(
                 "time_s": time.perf_counter() - tr0,
             }
         )
+        if grammar_walk is not None:
+            assert req.grammar is not None
+            req.records[-1]["grammar_masks"] = grammar_walk.masks
+            req.records[-1]["grammar_state"] = req.grammar.state_digest()
         round_index += 1
+        if stream.done:
+            break
         pending = [samples_all[k]]
         feed = refeed(drafts, k, samples_all[k])
         anchor = verified
@@ -617,6 +651,30 @@ def spec_generate(
 def _skip(reuse: Any) -> int:
     """Drained tokens the target's caches already hold (prompt-cache reuse; 0 without)."""
     return 0 if reuse is None else int(reuse.target_prefix)
+
+
+def _grammar_walk(req: _Request, block: mx.array, drafts: list[int]) -> Any:
+    """The constrained accept walk (engine.grammar): row ``i`` sees the processor history up to
+    the pending token plus the tokens emitted before it in this round, and the grammar mask."""
+    from engine.grammar import constrained_walk
+
+    assert req.grammar is not None
+    base = req.history
+    emitted_so_far: list[int] = []
+
+    def sample_row(row: mx.array, i: int, mask: mx.array | None) -> mx.array:
+        hist = base
+        if hist is not None and emitted_so_far:
+            hist = mx.concatenate([hist, mx.array(emitted_so_far, mx.uint32)])
+        return req.sampler.sample_plain(row, hist, mask=mask)
+
+    def offer(t: int) -> str | None:
+        stop = req.stream.offer(t)
+        if stop != "eos":
+            emitted_so_far.append(t)
+        return stop
+
+    return constrained_walk(sample_row, offer, req.grammar, block, drafts, req.stream.terminate)
 
 
 def _lazy_drafts(source: DraftSource, observer: Any, taps: tuple[int, ...], sampler: StepSampler) -> Any:

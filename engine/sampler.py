@@ -223,10 +223,18 @@ class StepSampler:
             logits = processor(history, logits)
         return logits
 
-    def sample_plain(self, logits: mx.array, history: mx.array | None = None) -> mx.array:
-        """Sample one token from a ``[1, V]`` row (``generate_step`` shape)."""
+    def sample_plain(
+        self, logits: mx.array, history: mx.array | None = None, mask: mx.array | None = None
+    ) -> mx.array:
+        """Sample one token from a ``[1, V]`` row (``generate_step`` shape).
+
+        ``mask`` (bool ``[1, V]``, engine.grammar): disallowed ids get ``-inf`` after the
+        processors and before the sampler, the place a logits processor appended last has.
+        """
         if self._processors:
             logits = self._process(history, logits)
+        if mask is not None:
+            logits = mx.where(mask, logits, mx.array(-mx.inf, logits.dtype))
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
         return self._sampler(logprobs)
 

@@ -607,3 +607,18 @@ def model_ref(text: str) -> str:
     if "/" in text or os.sep in text or text.startswith("~") or p.is_dir():
         return model_dir(text)
     return text
+
+
+def grammar_ref(text: str) -> str:
+    """``--grammar``: a zoo grammar name, or a readable ``.json``/``.regex``/``.lark`` file that
+    compiles as that kind of grammar text (resolved to an absolute path); else one line, exit 2."""
+    from zoo.grammars import GRAMMARS, spec
+
+    if text in GRAMMARS:
+        return text
+    p = readable_file(text)
+    try:
+        spec(str(p))
+    except ValueError as exc:  # engine.grammar.GrammarError: suffix, unreadable, not a JSON object
+        raise _err(str(exc)) from None
+    return str(p.resolve())

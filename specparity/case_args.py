@@ -72,6 +72,8 @@ def case_from_args(args: argparse.Namespace) -> Any:
 
     kw: dict[str, Any] = {"processors": processors} if processors else {}
     kw.update(cache_fields(args))  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
+    if getattr(args, "grammar", None):
+        kw["grammar"] = args.grammar  # --grammar FILE (resolved) or a zoo grammar name
     return Case(
         target=model_label(target.path), drafter=drafter, prompt_id=pid,
         gamma=args.gamma if kind else 0, max_tokens=args.max_tokens, temperature=args.temp,

@@ -55,6 +55,9 @@ class Case:
     quantized_kv_start: int | None = None
     # Rotating caches past the ring wrap: "guard" (§2) or "exact" (engine.rollback.RingRound).
     rotating: str = "guard"
+    # Grammar-constrained decoding: a zoo grammar name (zoo/grammars.py) or a grammar file
+    # (.json schema, .regex, .lark); '' = unconstrained.
+    grammar: str = ""
 
     @property
     def on_zoo(self) -> bool:
@@ -90,6 +93,10 @@ class Case:
                 base += f"s{self.quantized_kv_start}"
         if self.rotating != "guard" and self.drafter is not None:
             base += f"/rot-{self.rotating}"
+        if self.grammar:
+            from zoo.grammars import label
+
+            base += f"/gr-{label(self.grammar)}"
         return base
 
     @property

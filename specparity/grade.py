@@ -151,6 +151,13 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
                      quantized_kv_start=int(p.get("quantized_kv_start", 5000)))
     if spec and p.get("rotating", "guard") != "guard":
         extra["rotating"] = str(p["rotating"])
+    if isinstance(p.get("grammar"), dict):  # re-run under the grammar the trace recorded
+        from zoo.grammars import ref_from_header
+
+        try:
+            extra["grammar"] = ref_from_header(p["grammar"])
+        except ValueError as exc:
+            raise GradeError(f"{trace_path}: {exc}") from None
     return Case(
         **extra,
         target=model_label(tpath), drafter=drafter, prompt_id=str(header["prompt"]["id"]),

@@ -233,6 +233,7 @@ def zoo_cases(
     truncate: bool = False,
     max_cases: int | None = None,
     cache: dict[str, Any] | None = None,
+    grammar: str | None = None,
 ) -> list[Case]:
     """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts x ``sampling``.
 
@@ -247,6 +248,10 @@ def zoo_cases(
     the run (36: mlx-lm converts on the verify window's offset, the known entry
     ``mlx-lm-kv-quantized-on-unverified-offset``). ``cache``
     (:func:`specparity.kv_args.cache_fields`) replaces every case's cache settings.
+
+    Plus the grammar cases (:func:`grammar_cases`): structured output under speculation
+    on the JSON-capable pairs (``zoo/grammars.py``), ``grammar`` (``--grammar``) replacing
+    the default grammars.
     """
     import zoo
     from specparity.args import zoo_drafters, zoo_targets
@@ -281,8 +286,44 @@ def zoo_cases(
                          temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed,
                          processors=smp.processors, **(cache or {}))
                     for (t, d) in native for smp in common["sampling"] for g in gammas for p in prompt_ids]
+    gcases = grammar_cases(targets=targets, drafters=drafters, gammas=tuple(gammas), max_tokens=max_tokens,
+                           sampling=common["sampling"], eos_ids=eos_ids, grammar=grammar, cache=cache)
     # cache settings given for the whole matrix can make the two quantized-KV cases one
-    return list(dict.fromkeys([*suite_cases(specs, max_cases=max_cases), *native_cases]))
+    return list(dict.fromkeys([*suite_cases(specs, max_cases=max_cases), *native_cases, *gcases]))
+
+
+def grammar_cases(
+    *,
+    targets: list[str] | None = None,
+    drafters: list[str] | None = None,
+    gammas: tuple[int, ...] = DEFAULT_GAMMAS,
+    max_tokens: int = 32,
+    sampling: tuple[Any, ...] = (),
+    eos_ids: tuple[int, ...] | None = None,
+    grammar: str | None = None,
+    cache: dict[str, Any] | None = None,
+) -> list[Case]:
+    """The zoo matrix's grammar cases (engine/grammar.py, docs/grammar.md).
+
+    On the JSON-capable pairs (``zoo.grammars.PAIRS``: a KV, a rotating and a
+    recurrent target, each with its prompt), every γ and sampling setting:
+    the JSON schema ``json-small`` and the regex ``regex-sentence``, or the one
+    ``grammar`` given (``--grammar``), with the matrix's budget (``json-small`` ends
+    in about 30 tokens, ``regex-sentence`` within 61 characters). Compared with
+    plain decode + the same grammar and with
+    mlx-lm + the grammar as a logits processor (``mlx_lm_grammar``, and the stateful
+    adapter shape ``mlx_lm_grammar_stateful``).
+    """
+    from specparity.suite import Sampling
+    from zoo import grammars as G
+
+    grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
+    return [Case(t, d, p, g, max_tokens, temperature=smp.temperature, top_p=smp.top_p,
+                 top_k=smp.top_k, seed=smp.seed, processors=smp.processors, eos_ids=eos_ids,
+                 prompt_tokens=G.prompt_ids(p), grammar=gr, **(cache or {}))
+            for (t, d, p) in G.PAIRS
+            if (targets is None or t in targets) and (drafters is None or d in drafters)
+            for gr in grammars for smp in (sampling or (Sampling(),)) for g in gammas]
 
 
 def check_unique(cases: list[Case]) -> list[Case]:

@@ -53,7 +53,7 @@ __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "su
 
 _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling", "eos_ids",
                "stop_ids", "stop_strings", "truncate", "chat_template", "kv_bits", "kv_group_size",
-               "quantized_kv_start", "rotating"}
+               "quantized_kv_start", "rotating", "grammar"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
 SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
@@ -97,6 +97,7 @@ class PairSpec:
     where: str = "pair"
     extra: dict[str, Any] = field(default_factory=dict)
     chat_template: bool = False  # text prompts through the target tokenizer's chat template
+    grammar: str = ""  # a grammar file (.json schema, .regex, .lark) or a zoo grammar name; '' = none
 
 
 def _is_zoo_target(name: str) -> bool:
@@ -198,6 +199,12 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
             if v not in ("guard", "exact"):
                 raise SuiteError(f"{w}: expected \"guard\" or \"exact\", got {v!r}")
             s.rotating = v
+        elif key == "grammar":  # docs/grammar.md
+            from zoo.grammars import GRAMMARS
+
+            if not isinstance(v, str) or not v:
+                raise SuiteError(f"{w}: expected a grammar file or a zoo grammar name, got {v!r}")
+            s.grammar = v if v in GRAMMARS else _check(args.grammar_ref, str(_path(v, w, root)), w)
     if s.kv_bits is None and (s.kv_group_size is not None or s.quantized_kv_start is not None):
         raise SuiteError(f"{where}: kv_group_size/quantized_kv_start need kv_bits")
     return s
@@ -304,6 +311,7 @@ def pair_cases(spec: PairSpec) -> list[Case]:
         "target_path": None if on_zoo else spec.target,
         "kv_bits": spec.kv_bits, "kv_group_size": spec.kv_group_size,
         "quantized_kv_start": spec.quantized_kv_start,
+        **({"grammar": spec.grammar} if spec.grammar else {}),
     }
     cases: list[Case] = []
     sources = _sources(spec)

@@ -945,7 +945,7 @@ def test_zoo_matrix_applies_sampling_and_eos_flags(capsys: pytest.CaptureFixture
                        "--prompts", "1", "--temps", "0,0.7", "--top-k", "5", "--seed", "9",
                        "--eos-ids", "1"], capsys)
     assert rc == 1 and "_Started" in err, err
-    cases = captured[0]["cases"]
+    cases = [c for c in captured[0]["cases"] if not c.grammar]  # the grammar cases: tests/test_grammar.py
     assert sorted(c.temperature for c in cases) == [0.0, 0.7]
     sampled = next(c for c in cases if c.temperature)
     assert (sampled.top_k, sampled.seed, sampled.eos_ids) == (5, 9, (1,))
@@ -982,6 +982,7 @@ RUN_FLAG_VALUES: dict[str, list[str]] = {
     "--max-tokens": ["6"], "--suite": ["SUITE"], "--max-cases": ["1"], "--runners": [""],
     "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [], "--chat-template": [],
     "--kv-bits": ["4"], "--kv-group-size": ["32"], "--quantized-kv-start": ["0"], "--rotating": ["exact"],
+    "--grammar": ["lark-list"],
 }
 # Flags that act only in a situation the baseline lacks: given with these, the baseline is refused
 # and the flag must make it run.
@@ -1075,7 +1076,7 @@ SUITE_KEY_FLAG: dict[str, str | None] = {
     "sampling.top_p": "--top-p", "sampling.top_k": "--top-k", "sampling.seed": "--seed",
     "sampling.processors": None, "target": None, "drafter": None, "sources": None,
     "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size", "quantized_kv_start": "--quantized-kv-start",
-    "rotating": "--rotating",
+    "rotating": "--rotating", "grammar": "--grammar",
 }
 _LIST_KEYS = {"gammas", "eos_ids", "stop_strings", "sources"}
 

@@ -22,6 +22,8 @@ from specparity.cases import Case
 from specparity.cli import main
 from specparity.runners import registry, run_case
 from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
+from traces.io import Trace
+from traces.reference import ReferenceRefused, refusal_verdict
 
 # One cheap zoo case per draft source (the engine implements them all).
 SOURCE_CASES: dict[str, Case] = {
@@ -40,9 +42,16 @@ def declared_source_problems(runner: str | Runner, sources: list[str]) -> list[s
     """For each source: a case of it run by ``runner`` must be a trace of that mode and source,
     and a speculative one must hold verify rounds (not a plain decode under the label)."""
     problems = []
+    r = registry.get(runner) if isinstance(runner, str) else runner
     for src in sources:
         case = SOURCE_CASES[src]
-        recs = run_case(runner, case)
+        if "grammar" in r.requires:  # a grammar-only reference (specparity/runners/mlx_lm_grammar.py)
+            case = replace(case, grammar="lark-list")
+        try:
+            recs = run_case(runner, case)
+        except ReferenceRefused as exc:  # a reference behaviour the known manifest explains
+            assert refusal_verdict(Trace.from_records(run_case("engine", case)), exc).status == "refused", exc
+            continue
         header = recs[0]
         kinds = {r["type"] for r in recs[1:]}
         name = runner if isinstance(runner, str) else runner.name
@@ -115,6 +124,7 @@ CASE_FIELDS = {
     "rotating",
     "temperature", "top_p", "top_k", "eos_ids", "stop_sequences", "processors",  # OPTIONS
     "kv_bits", "kv_group_size", "quantized_kv_start",  # OPTIONS["kv_cache"]
+    "grammar",  # OPTIONS["grammar"]
 }
 
 

@@ -59,6 +59,8 @@ __all__ = [
     "WitnessVerdict",
     "diff_main",
     "diff_traces",
+    "grammar_divergence",
+    "grammar_sites",
     "token_origin",
 ]
 
@@ -70,6 +72,9 @@ ROUND_FIELDS = ("feed", "drafts", "window", "samples", "k_accept", "emitted", "e
 PLAIN_FIELDS = ("input", "sample", "emitted", "end")
 ROUND_DIGESTS = ("target_cache_digest", "drafter_cache_digest")
 PLAIN_DIGESTS = ("target_cache_digest",)
+# Optional grammar fields (grammar-constrained runs): compared only when both records carry them.
+ROUND_GRAMMAR = ("grammar_masks", "grammar_state")
+PLAIN_GRAMMAR = ("grammar_mask", "grammar_state")
 USAGE_FIELDS_ROUND = ("prompt_tokens", "generation_tokens", "finish_reason")
 USAGE_FIELDS_TOKENS = ("generation_tokens", "finish_reason", "prompt_tokens")
 SPECULATION_FIELDS = (
@@ -394,6 +399,11 @@ def _diff_events(c: _Ctx) -> Divergence | None:
                 None,
             )
         if diff_field is None:
+            gfields = ROUND_GRAMMAR if ta == "round" else PLAIN_GRAMMAR
+            diff_field = next((f for f in gfields if f in ea and f in eb and ea[f] != eb[f]), None)
+            if diff_field is not None:
+                return _grammar_field(c, where, diff_field, ea, eb)
+        if diff_field is None:
             continue
         va, vb = ea.get(diff_field), eb.get(diff_field)
         if ta == "round":
@@ -409,6 +419,85 @@ def _diff_events(c: _Ctx) -> Divergence | None:
         return c.make(f"event {min(len(c.a.events), len(c.b.events))}", "events",
                       len(c.a.events), len(c.b.events))
     return None
+
+
+def _grammar_field(c: _Ctx, where: str, fld: str, ea: Record, eb: Record) -> Divergence:
+    """Two records equal in every token field whose grammar masks or matcher states differ."""
+    va, vb = ea.get(fld), eb.get(fld)
+    pos = _first_diff(va, vb) if isinstance(va, list) and isinstance(vb, list) else None
+    if fld == "grammar_state":
+        note = "the matchers differ after the same emitted tokens (advanced on a different token stream)"
+    elif pos is not None:
+        note = f"grammar masks differ at window position {pos} (the allowed sets the samples were drawn under)"
+    else:
+        note = "grammar masks differ (the allowed set the sample was drawn under)"
+    return c.make(where, fld, va, vb, position=pos, note=note)
+
+
+def grammar_sites(trace: Trace) -> list[tuple[str, int | None, int, str]]:
+    """One entry per walked position of a grammar-constrained trace, in output order.
+
+    Entry ``j`` is ``(record name, window position or None, sampled token,
+    mask digest)`` for output token ``j`` (a terminal EOS sample included).
+    Records without grammar fields contribute nothing.
+    """
+    out: list[tuple[str, int | None, int, str]] = []
+    for k, e in enumerate(trace.events):
+        name = _event_name(e, k)
+        if e.get("type") == "round" and isinstance(e.get("grammar_masks"), list):
+            samples = e.get("samples") or []
+            for j, digest in enumerate(e["grammar_masks"]):
+                out.append((name, j, int(_at(samples, j) if _at(samples, j) is not None else -1), digest))
+        elif e.get("type") == "plain" and isinstance(e.get("grammar_mask"), str):
+            out.append((name, None, int(e.get("sample", -1)), e["grammar_mask"]))
+    return out
+
+
+def grammar_divergence(a: Trace, b: Trace) -> Divergence | None:
+    """The first output position where two grammar-constrained runs' masks or samples differ.
+
+    Works across structures (a speculative trace against a plain one): both
+    are read as one walked position per output token (``grammar_sites``), so
+    the divergence names the round and window position in each trace where
+    the allowed sets (mask digests) or the tokens drawn under them first
+    differ. ``None`` when neither carries grammar fields or they agree on
+    their common length and have the same length.
+    """
+    ga, gb = grammar_sites(a), grammar_sites(b)
+    if not ga and not gb:
+        return None
+    c = _Ctx(a, b, "tokens", DEFAULT_EPS, None)
+
+    def at(sites: list[tuple[str, int | None, int, str]], j: int) -> str:
+        if j >= len(sites):
+            return "no walked position (the run ended)"
+        name, pos, tok, dig = sites[j]
+        return f"{name}{'' if pos is None else f' window position {pos}'} (token {tok}, mask {dig})"
+
+    for j, (sa, sb) in enumerate(zip(ga, gb, strict=False)):
+        if sa[3] != sb[3]:
+            return c.make(f"output token {j}", "grammar_mask", sa[3], sb[3], position=j,
+                          note=f"masks differ: a at {at(ga, j)}; b at {at(gb, j)}")
+        if sa[2] != sb[2]:
+            return c.make(f"output token {j}", "sample", sa[2], sb[2], position=j,
+                          note=f"same mask, different token: a at {at(ga, j)}; b at {at(gb, j)}")
+    if len(ga) != len(gb) and not _forced_eos(a, ga, b, gb):
+        j = min(len(ga), len(gb))
+        return c.make(f"output token {j}", "grammar_mask", len(ga), len(gb), position=j,
+                      note=f"one run walked more positions: a at {at(ga, j)}; b at {at(gb, j)}")
+    return None
+
+
+def _forced_eos(a: Trace, ga: list[tuple[str, int | None, int, str]], b: Trace,
+                gb: list[tuple[str, int | None, int, str]]) -> bool:
+    """A run that ended on grammar termination (end ``grammar``) equals one that walked one more
+    position and sampled EOS there: the EOS its mask forces (INTERPRETING.md "Grammar")."""
+    (short, s_sites), (long_, l_sites) = sorted(((a, ga), (b, gb)), key=lambda x: len(x[1]))
+    if len(l_sites) != len(s_sites) + 1:
+        return False
+    ends = [e.get("end") for e in short.events if e.get("end") is not None]
+    eos = set(long_.header.get("eos_ids") or ())
+    return bool(ends) and ends[-1] == "grammar" and l_sites[-1][2] in eos
 
 
 def _token_sites(trace: Trace) -> list[TokenSite]:
@@ -537,7 +626,10 @@ def diff_traces(
             or _diff_output(c)
         )
     if level == "tokens":
-        return _diff_output(c) or _diff_usage(c, USAGE_FIELDS_TOKENS)
+        div = _diff_output(c)
+        if div is None and grammar_sites(a) and grammar_sites(b):
+            div = grammar_divergence(a, b)
+        return div or _diff_usage(c, USAGE_FIELDS_TOKENS)
     return _diff_speculation(c)
 
 

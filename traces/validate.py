@@ -38,7 +38,7 @@ __all__ = [
     "validate_trace",
 ]
 
-TERMINAL_ENDS = frozenset({"eos", "budget", "stop"})
+TERMINAL_ENDS = frozenset({"eos", "budget", "stop", "grammar"})
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,10 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     # --chat-template (issue 22): text prompts through the tokenizer's chat template
     g.add_argument("--chat-template", action="store_true", help=CHAT_TEMPLATE_HELP)
     add_processor_arguments(g)
+    g.add_argument("--grammar", type=a.grammar_ref, default=None, metavar="FILE",
+                   help="constrain the output: a JSON schema (.json), a regex (.regex) or a Lark "
+                        "grammar (.lark), or a zoo grammar name (json-small, json-item, regex-sentence, "
+                        "lark-list); the mask rides the accept walk, the drafter runs free (docs/grammar.md)")
     add_device_argument(g)
 
 
@@ -72,6 +76,14 @@ def _processors_param(proc: Any) -> dict[str, Any]:
     from specparity.runners import processors_block
 
     return {"logits_processors": processors_block(proc)} if proc.active else {}
+
+
+def _grammar_param(case: Any) -> dict[str, Any]:
+    if not case.grammar:
+        return {}
+    from zoo.grammars import spec
+
+    return {"grammar": spec(case.grammar).to_dict()}
 
 
 def _rotating_params(mode: str, kind: str | None, target: Any, provider: Any) -> dict[str, Any]:
@@ -111,6 +123,10 @@ def main(args: argparse.Namespace) -> int:
         rotating=args.rotating,
         **kv_params(case),
     )
+    if case.grammar:
+        from specparity.runners.engine import compile_grammar
+
+        params = replace(params, grammar=compile_grammar(case.grammar, target, eos_ids))
     speculative = args.draft is not None or args.source not in ("auto", None)
     kind = resolve_kind(args.source, args.draft) if speculative else None
 
@@ -173,7 +189,8 @@ def main(args: argparse.Namespace) -> int:
                     **_processors_param(params.sampler.processors),
                     **kv_params(case),
                     **({"mtp_conventions": provider.header_params()} if kind == "native-mtp" else {}),
-                    **_rotating_params(args.rotating, kind, target, provider)},
+                    **_rotating_params(args.rotating, kind, target, provider),
+                    **_grammar_param(case)},
             prompt_id=case.prompt_id, prompt_ids=ids, eos_ids=eos_ids,
         )
         args.trace.parent.mkdir(parents=True, exist_ok=True)

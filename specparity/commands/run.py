@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--chat-template", action="store_true", default=None, help=CHAT_TEMPLATE_HELP)
     s.add_argument("--gammas", type=a.gamma_list, default=None, help="default 1,2,3,5")
     s.add_argument("--max-tokens", type=a.max_tokens, default=None, help="default 32")
+    s.add_argument("--grammar", type=a.grammar_ref, default=None, metavar="FILE",
+                   help="constrain every case (your pair) or the zoo matrix's grammar cases: a JSON "
+                        "schema (.json), regex (.regex), Lark grammar (.lark) or zoo grammar name "
+                        "(docs/grammar.md)")
     add_kv_arguments(s)
     p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
     p.add_argument("--max-cases", type=positive, default=a.MAX_CASES,
@@ -95,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 _SETTINGS = ("temps", "top_p", "top_k", "seed", "eos_ids", "truncate", "gammas", "max_tokens", "prompts",
-             "chat_template")
+             "chat_template", "grammar")
 
 
 def _given(args: argparse.Namespace, *names: str) -> list[str]:
@@ -142,7 +146,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
         return zoo_cases(targets=args.targets, drafters=args.drafters, gammas=gammas,
                          n_prompts=args.prompts or 8, max_tokens=max_tokens, sampling=sampling,
                          eos_ids=args.eos_ids, truncate=bool(args.truncate), max_cases=args.max_cases,
-                         cache=fields)
+                         cache=fields, grammar=args.grammar)
     if args.targets or args.drafters:
         raise ValueError("--target (one pair) and --targets/--drafters (the zoo matrix) exclude each other")
     if args.prompts is not None and args.prompts_file is not None:
@@ -157,7 +161,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
         gammas=gammas, max_tokens=max_tokens,
         prompts_file=args.prompts_file, zoo_prompts=args.prompts or 8,
         sampling=sampling, eos_ids=args.eos_ids, truncate=bool(args.truncate), where="--target",
-        chat_template=bool(args.chat_template),
+        chat_template=bool(args.chat_template), grammar=args.grammar or "",
         **fields,
     )
     return suite_cases([spec], max_cases=args.max_cases)

@@ -164,6 +164,10 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
     extra.update(kv_params(case))
     if case.rotating != "guard" and case.drafter is not None:
         extra["rotating"] = case.rotating
+    if case.grammar:  # absent when unconstrained; the text lets grade re-run the case
+        from zoo.grammars import spec
+
+        extra["grammar"] = spec(case.grammar).to_dict()
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,

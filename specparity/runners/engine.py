@@ -12,7 +12,8 @@ from typing import Any
 
 from specparity.runners.registry import CaseRun, Runner, sources
 
-OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache")
+OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache",
+           "grammar")
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:
@@ -42,6 +43,8 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
         rotating=case.rotating,
         **kv_params(case),
     )
+    if case.grammar:
+        params = replace(params, grammar=compile_grammar(case.grammar, x.target, params.eos_ids))
     if case.drafter is None:
         result = plain_generate(x.target.model, x.ids, params)
     elif case.source in DSPARK_SOURCES:
@@ -63,6 +66,15 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
     else:  # unreachable: the registry refuses an undeclared source first
         raise ValueError(f"the engine runner has no source {case.source!r} yet")
     return [*result.records, result.footer()]
+
+
+def compile_grammar(ref: str, target: Any, eos_ids: tuple[int, ...]) -> Any:
+    """A case's grammar (zoo name or file) compiled against the target's tokenizer and vocabulary
+    (engine.grammar.Grammar); the EOS ids are the ones its mask allows at the end."""
+    from engine.grammar import Grammar, model_vocab_size
+    from zoo.grammars import spec
+
+    return Grammar.for_tokenizer(spec(ref), target.tokenizer, model_vocab_size(target.model), eos_ids)
 
 
 RUNNER = Runner(

@@ -47,6 +47,7 @@ OPTIONS: dict[str, Callable[[Any], bool]] = {
     "stop_sequences": lambda c: bool(c.stop_sequences),
     "logits_processors": lambda c: bool(c.processors),
     "kv_cache": lambda c: c.kv_bits is not None,  # kv_bits / kv_group_size / quantized_kv_start
+    "grammar": lambda c: bool(getattr(c, "grammar", "")),  # engine/grammar.py (docs/grammar.md)
 }
 
 PLAIN = "plain"  # the "source" of a case without a drafter (plain decode)
@@ -107,6 +108,7 @@ class Runner:
     elsewhere: str | None = None
     header: Callable[[], dict[str, Any]] | None = None
     rank: int = 100
+    requires: frozenset[str] = frozenset()  # options a case must use (a grammar-only reference)
 
     @property
     def per_case(self) -> bool:
@@ -204,6 +206,9 @@ def unsupported(runner: str | Runner, case: Any) -> str | None:
     if src not in r.sources:
         return (f"{r.name} does not implement the {src} source (it implements: "
                 f"{', '.join(r.sources)}); case {case.case_id}")
+    needed = [o for o in sorted(r.requires) if not OPTIONS[o](case)]
+    if needed:
+        return f"{r.name} runs only cases with {', '.join(needed)}; case {case.case_id}"
     missing = [o for o in case_options(case) if o not in r.sources[src]]
     if missing:
         return (f"{r.name} does not implement {', '.join(missing)} on the {src} source "

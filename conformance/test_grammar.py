@@ -1,0 +1,237 @@
+"""Grammar-constrained decoding: the engine vs mlx-lm + the grammar as a logits processor.
+
+References (``oracles/mlx_lm_grammar.py``): mlx-lm 0.32.2 ``generate_step`` and
+``speculative_generate_step`` driven unmodified, the grammar handed in as a
+logits processor built on llguidance — the history-pure one (``mlx_lm_grammar``)
+and the stateful adapter shape MLX users run (``mlx_lm_grammar_stateful``:
+mlx-vlm's ``LLGuidanceLogitsProcessor``, outlines/xgrammar mlxlm).
+
+- plain + grammar: the engine equals mlx-lm + the history-pure processor token
+  for token and mask for mask, greedy AND seeded sampled (one draw per token in
+  both), on the KV, rotating and recurrent targets;
+- spec + grammar (greedy, every γ 1–5): equal to mlx-lm's speculative loop with
+  the history-pure processor in tokens, usage and per-position masks (the drafts
+  differ by design: mlx-lm masks the drafter, the engine's runs free);
+- the stateful processor: correct in plain decode; under mlx-lm's speculative
+  loop every case is a known entry (a crash or a silent drift), never silently
+  "identical", and the counts are the scoreboard row;
+- a planted engine walk bug is caught against the reference, round and position named.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from conformance.conftest import require_oracle, run_trace
+from specparity.cases import Case
+from specparity.runners import run_case
+from traces.diff import grammar_divergence
+from traces.io import Trace
+from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
+from zoo import grammars as G
+
+pytestmark = pytest.mark.oracle
+
+GRAMMARS = ("json-small", "json-item", "regex-sentence", "lark-list")
+
+
+def _case(target: str, drafter: str | None, grammar: str, gamma: int = 3, prompt: str = "json-00",
+          **kw: object) -> Case:
+    return Case(target, drafter, prompt, gamma if drafter else 0, 48, grammar=grammar,
+                prompt_tokens=G.prompt_ids(prompt), **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _oracle() -> None:
+    pytest.importorskip("llguidance")
+    require_oracle("mlx_lm_grammar")
+
+
+def _verdict(case: Case, runner: str) -> object:
+    eng = run_trace("engine", case)
+    try:
+        ref = Trace.from_records(run_case(runner, case))
+    except ReferenceRefused as exc:
+        return refusal_verdict(eng, exc)
+    return compare_with_reference(eng, ref, runner)
+
+
+@pytest.mark.parametrize("target", ["llama", "gemma3", "qwen35"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_plain_grammar_equals_mlx_lm_processor(target: str, temperature: float) -> None:
+    for grammar in GRAMMARS:
+        case = _case(target, None, grammar, temperature=temperature, seed=5)
+        for runner in ("mlx_lm_grammar", "mlx_lm_grammar_stateful"):
+            v = _verdict(case, runner)
+            assert v.status == "identical", f"{case.case_id} vs {runner}:\n{v.format()}"
+
+
+@pytest.mark.parametrize("target", ["llama", "qwen3"])
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5])
+def test_spec_grammar_equals_mlx_lm_spec_with_history_pure_processor(target: str, gamma: int) -> None:
+    for grammar in GRAMMARS:
+        for drafter in ("twin", "self"):
+            case = _case(target, drafter, grammar, gamma)
+            v = _verdict(case, "mlx_lm_grammar")
+            assert v.status == "identical", f"{case.case_id}:\n{v.format()}"
+
+
+def test_stateful_processor_under_speculation_is_known_never_silent() -> None:
+    """Every speculative case with the stateful processor is a known entry; the counts are the
+    scoreboard row (crash / wrong masks / correct)."""
+    seen: Counter[str] = Counter()
+    for target in ("llama", "qwen3"):
+        for grammar in GRAMMARS:
+            for prompt in ("json-00", "nat-00"):
+                for gamma in (1, 3):
+                    case = _case(target, "twin", grammar, gamma, prompt=prompt)
+                    v = _verdict(case, "mlx_lm_grammar_stateful")
+                    assert v.status in ("refused", "known", "identical"), f"{case.case_id}:\n{v.format()}"
+                    seen[v.known.id if v.known else v.status] += 1
+    assert seen["mlx-lm-spec-stateful-grammar-processor-crashes"] > 0, seen
+    assert seen["identical"] < sum(seen.values()), seen
+
+
+def test_known_grammar_entry_does_not_excuse_plain_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stateful entries apply to speculative grammar cases only: a plain-lane engine bug (the
+    mask of the step before) is still a failure against the same reference."""
+    import engine.executor as ex
+
+    real = ex._Request._sample_row
+    state: dict[str, object] = {}
+
+    def lagging(self: object, row: object) -> object:
+        g = self.grammar  # type: ignore[attr-defined]
+        prev = state.get("mask")
+        state["mask"] = g.mask(row.shape[-1]) if g is not None else None  # type: ignore[attr-defined]
+        if prev is None:
+            return real(self, row)  # type: ignore[arg-type]
+        y = self.sampler.sample_plain(row, self.history, mask=prev)  # type: ignore[attr-defined]
+        return y, ex.margin_array(row)
+
+    from engine import grammar as eg
+
+    strict = eg.GrammarMatcher.consume
+
+    def lenient(self: eg.GrammarMatcher, token: int) -> None:  # the bug lets refused tokens through
+        try:
+            strict(self, token)
+        except eg.GrammarError:
+            self._m.reset()
+
+    monkeypatch.setattr(ex._Request, "_sample_row", lagging)
+    monkeypatch.setattr(eg.GrammarMatcher, "consume", lenient)
+    case = _case("llama", None, "json-small")
+    eng = run_trace("engine", case)
+    ref = Trace.from_records(run_case("mlx_lm_grammar_stateful", case))
+    v = compare_with_reference(eng, ref, "mlx_lm_grammar_stateful")
+    assert v.status == "divergent", v.format()
+
+
+def test_planted_walk_bug_is_caught_against_mlx_lm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine import grammar as eg
+    from tests.test_grammar import _planted
+
+    case = _case("llama", "self", "regex-sentence", 3)
+    ref = Trace.from_records(run_case("mlx_lm_grammar", case))
+    monkeypatch.setattr(eg, "constrained_walk", _planted("stale-mask"))
+    bad = run_trace("engine", case)
+    div = grammar_divergence(bad, ref)
+    assert div is not None and div.field == "grammar_mask", div
+    assert "a at round" in div.message and "window position" in div.message, div.message
+    v = compare_with_reference(bad, ref, "mlx_lm_grammar")
+    assert v.status == "divergent", v.format()
+
+
+def test_sampled_spec_is_not_compared_with_processor_references() -> None:
+    """mlx-lm samples every verify row and masks its drafter: a sampled speculative grammar case
+    draws differently by design, so the references refuse it instead of a false divergence."""
+    from specparity.runners import registry
+
+    case = _case("llama", "twin", "json-small", temperature=0.8)
+    for runner in ("mlx_lm_grammar", "mlx_lm_grammar_stateful"):
+        assert not registry.supports(runner, case)
+        assert registry.supports(runner, case.plain())
+    assert not registry.supports("mlx_lm", replace(case, temperature=0.0))  # no grammar option
+
+
+def test_mlx_vlm_llguidance_processor_behaves_as_the_stateful_replica() -> None:
+    """mlx-vlm 0.7.10's own ``LLGuidanceLogitsProcessor`` (its class unmodified, the Metal mask
+    kernel replaced by the same mask on the CPU; ``tox -e vlm``) in mlx-lm's loops does what the
+    stateful runner measures: plain decode identical, speculation the same crash or the same output."""
+    pytest.importorskip("mlx_vlm.structured")
+    from oracles import mlx_lm_grammar as oracle
+    from specparity.runners import load_model
+    from zoo import model_dir
+
+    target, draft = load_model(str(model_dir("llama"))), load_model(str(model_dir("llama-twin")))
+
+    def outcome(processor: str, grammar: str, prompt: str, spec: bool) -> tuple[str, object]:
+        g = G.spec(grammar)
+        try:
+            recs = oracle.run(target.model, target.tokenizer, list(G.prompt_ids(prompt)), grammar_kind=g.kind,
+                              grammar_text=g.text, vocab_size=512, processor=processor,
+                              draft=draft.model if spec else None, gamma=3, max_tokens=48)
+        except (oracle.GrammarRunError, ReferenceRefused):
+            return "crash", None
+        return "ok", recs[-1]["output_ids"]
+
+    rows = Counter()
+    for grammar in GRAMMARS:
+        for prompt in ("json-00", "nat-00"):
+            for spec in (False, True):
+                vlm, replica = outcome("mlx_vlm", grammar, prompt, spec), outcome("stateful", grammar, prompt, spec)
+                assert vlm == replica, (grammar, prompt, spec, vlm, replica)
+                rows[("spec" if spec else "plain", vlm[0])] += 1
+    assert rows[("plain", "ok")] == 8 and rows[("spec", "crash")] > 0, rows
+
+
+# outlines 1.3's MLXLM processors (tox -e grammar-outlines): measured against their own plain runs.
+OUTLINES_MATRIX = [(t, g, b, p, gamma) for t in ("llama", "qwen3") for g in GRAMMARS
+                   for b in ((None, "llguidance") if g != "lark-list" else (None,))
+                   for p in ("json-00", "nat-00", "nat-03") for gamma in (1, 3)]
+# (backend, outcome) -> cases, measured on the zoo at temperature 0, max_tokens 40 (docs/grammar.md)
+OUTLINES_ROWS = {
+    ("outlines_core", "crash"): 32, ("outlines_core", "differs"): 4, ("outlines_core", "identical"): 0,
+    ("llguidance", "crash"): 0, ("llguidance", "differs"): 48, ("llguidance", "identical"): 0,
+}
+
+
+def test_outlines_processors_under_speculation_vs_their_own_plain_decode() -> None:
+    """outlines' own processor (from its MLXLM API, driven as ``model.stream(..., draft_model=...)``
+    hands it to mlx-lm): its speculative output against its plain output, greedy. A correct
+    adapter emits the same tokens; the measured outcomes are pinned (docs/grammar.md scoreboard)."""
+    pytest.importorskip("outlines")
+    from oracles import mlx_lm_grammar as oracle
+    from specparity.runners import load_model
+    from zoo import model_dir
+
+    rows: Counter[tuple[str, str]] = Counter()
+    for target, grammar, backend, prompt, gamma in OUTLINES_MATRIX:
+        t, d = load_model(str(model_dir(target))), load_model(str(model_dir(f"{target}-twin")))
+        g = G.spec(grammar)
+        proc = "outlines_llguidance" if backend == "llguidance" else "outlines"
+        run = dict(oracle=oracle, target=t, kind=g.kind, text=g.text, processor=proc,
+                   prompt=list(G.prompt_ids(prompt)), gamma=gamma)
+        plain = _outlines_output(**run, draft=None)
+        assert plain is not None, (target, grammar, backend, prompt, "outlines' plain decode raised")
+        spec = _outlines_output(**run, draft=d.model)
+        name = backend or ("llguidance" if g.kind == "lark" else "outlines_core")
+        rows[(name, "crash" if spec is None else "identical" if spec == plain else "differs")] += 1
+    print(dict(rows))
+    assert dict(rows) == {k: v for k, v in OUTLINES_ROWS.items() if v}, dict(rows)
+
+
+def _outlines_output(oracle: Any, target: Any, kind: str, text: str, processor: str, prompt: list[int],
+                     gamma: int, draft: Any) -> list[int] | None:
+    """Output ids of one outlines-processor run in mlx-lm's loop; None when it raised."""
+    try:
+        recs = oracle.run(target.model, target.tokenizer, prompt, grammar_kind=kind, grammar_text=text,
+                          vocab_size=512, processor=processor, draft=draft, gamma=gamma, max_tokens=40)
+    except (oracle.GrammarRunError, ReferenceRefused):
+        return None
+    return list(recs[-1]["output_ids"])
