@@ -778,16 +778,27 @@ def plain_generate(
     params: GenerationParams,
     *,
     on_token: OnToken | None = None,
+    target_caches: list[Any] | None = None,
+    reuse: Any = None,
 ) -> GenerationResult:
-    """Plain (non-speculative) decode through the same sampler (mlx-lm ``generate_step``)."""
+    """Plain (non-speculative) decode through the same sampler (mlx-lm ``generate_step``).
+
+    ``target_caches`` / ``reuse`` (optional, ``engine.prompt_cache.PlainPromptCacheSession``):
+    as for ``spec_generate``, the caches already hold the first ``reuse.target_prefix``
+    drained tokens and only the rest is prefilled; ``reuse.after_prefill(caches, None)``
+    sees the prefill boundary and the prefill record carries ``reuse.record()``.
+    """
     from mlx_lm.models.cache import make_prompt_cache
 
-    req = _Request(target_model, make_prompt_cache(target_model), prompt_ids, params, on_token)
+    caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
+    req = _Request(target_model, caches, prompt_ids, params, on_token)
     mode: PrefillMode = params.prefill or "tail-split"
-    drained = req.drained(mode)
+    drained = req.drained(mode)[_skip(reuse):]
     last = _prefill_chunks(target_model, req.caches, drained, params.prefill_step_size or PLAIN_PREFILL_STEP,
                            req.kv)
-    req.prefill_record(drained, None, None)
+    if reuse is not None:
+        reuse.after_prefill(caches, None)
+    req.prefill_record(drained, None, None, reuse)
     nxt = req.prompt_ids[-1] if mode == "tail-split" else req.initial_sample(last)
-    req.plain_loop(nxt, "baseline", ahead=True)
+    req.plain_loop(nxt, "baseline", ahead=target_caches is None)
     return req.result(speculative=False)

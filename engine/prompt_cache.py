@@ -61,7 +61,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.executor import GenerationParams, GenerationResult, OnToken, spec_generate
+from engine.executor import GenerationParams, GenerationResult, OnToken, plain_generate, spec_generate
 from engine.rollback import is_arrays, is_rotating
 from engine.seam import DraftProvider
 
@@ -365,6 +365,19 @@ class PromptCacheSession:
     def prefill_mode(self, params: GenerationParams) -> str:
         return params.prefill or ("full" if self.kind in FULL_PREFILL else "tail-split")
 
+    def saves(self) -> bool:
+        """Whether this session's source leaves state the session can save (or re-derive)."""
+        return self.kind in SEGMENT_SOURCES + REREAD_SOURCES + TAPPED_SOURCES
+
+    def run(self, prompt_ids: list[int], params: GenerationParams, tick: OnToken, caches: list[Any],
+            f: Fetch) -> tuple[GenerationResult, Any]:
+        """The request on the fetched ``caches``: its result and the source it opened."""
+        holder: list[Any] = []
+        provider = _Capture(self.provider, holder)
+        result = spec_generate(self.model, provider, prompt_ids, params, on_token=tick,
+                               target_caches=caches, reuse=f)
+        return result, holder[0] if holder else None
+
     # -- hooks a subclass (a planted bug, another source) may override
     def drafter_caches(self, source: Any) -> list[Any] | None:
         """The source's own caches, when the session saves them (two-model)."""
@@ -396,7 +409,7 @@ class PromptCacheSession:
         f = Fetch(self, index, drained)
         if not self.enabled:
             return f, make_prompt_cache(self.model)
-        if self.kind not in SEGMENT_SOURCES + REREAD_SOURCES + TAPPED_SOURCES:
+        if not self.saves():
             f.refused.append(f"the {self.kind} source keeps state the session cannot save: cold prefill")
             return f, make_prompt_cache(self.model)
         tsplit = split_profile(self.model, prompt_ids)
@@ -460,14 +473,10 @@ class PromptCacheSession:
             return on_token(t) if on_token is not None else None
 
         f, caches = self.fetch(prompt_ids, params)
-        holder: list[Any] = []
-        provider = _Capture(self.provider, holder)
-        result = spec_generate(self.model, provider, list(prompt_ids), params, on_token=tick,
-                               target_caches=caches, reuse=f)
+        result, source = self.run(list(prompt_ids), params, tick, caches, f)
         self.requests += 1
-        source = holder[0] if holder else None
         self.last_source = source
-        if self.enabled and self.kind in SEGMENT_SOURCES + REREAD_SOURCES + TAPPED_SOURCES:
+        if self.enabled and self.saves():
             self._save_turn(index, list(prompt_ids), f, caches, source, result)
         return Turn(index, list(prompt_ids), result, f.record(), first[0] if first else None)
 
@@ -544,3 +553,62 @@ def cold(target_model: Any, provider: DraftProvider, prompt_ids: Sequence[int],
                         target_caches=make_prompt_cache(target_model))
     return res, first[0] if first else None
 
+
+
+class PlainPromptCacheSession(PromptCacheSession):
+    """The same prompt cache under plain (non-speculative) decode: the control arm.
+
+    One segment per entry (the target's), saved at the same two boundaries, keyed by
+    the stream cut to its offset and held to the same invariants (``check_segment``
+    after every save and fetch, the key check on every fetch) and reuse rules
+    (``Segment.reuse_rule``, ``split_profile``). It runs ``plain_generate(reuse=...)``
+    where ``PromptCacheSession`` runs ``spec_generate``; every decode step is a
+    one-token forward, so a ``multi`` target reuses only its prefill boundaries.
+    """
+
+    def __init__(self, target_model: Any, provider: Any = None, *, max_entries: int = 8,
+                 enabled: bool = True) -> None:
+        super().__init__(target_model, _NoSource(), max_entries=max_entries, enabled=enabled)
+        self.kind = PLAIN
+
+    def prefill_mode(self, params: GenerationParams) -> str:
+        return params.prefill or "tail-split"  # plain_generate's
+
+    def saves(self) -> bool:
+        return True
+
+    def drafter_caches(self, source: Any) -> list[Any] | None:
+        return None
+
+    def run(self, prompt_ids: list[int], params: GenerationParams, tick: OnToken, caches: list[Any],
+            f: Fetch) -> tuple[GenerationResult, Any]:
+        return plain_generate(self.model, prompt_ids, params, on_token=tick, target_caches=caches,
+                              reuse=f), None
+
+
+PLAIN = "plain"
+
+
+class _NoSource:
+    """Stands for the provider of a plain session (there is no drafter)."""
+
+    kind = PLAIN
+
+
+def cold_plain(target_model: Any, prompt_ids: Sequence[int], params: GenerationParams, *,
+               on_token: OnToken | None = None) -> tuple[GenerationResult, float | None]:
+    """The cold run a warm plain request is held to: fresh caches, the whole prompt prefilled
+    (passed as ``target_caches`` like the warm run's, so both take the same decode loop)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def tick(t: int) -> bool | None:
+        if not first:
+            first.append(time.perf_counter() - t0)
+        return on_token(t) if on_token is not None else None
+
+    res = plain_generate(target_model, list(prompt_ids), params, on_token=tick,
+                         target_caches=make_prompt_cache(target_model))
+    return res, first[0] if first else None
