@@ -61,7 +61,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.executor import GenerationParams, GenerationResult, OnToken, plain_generate, spec_generate
+from engine.executor import (
+    GenerationParams,
+    GenerationResult,
+    OnToken,
+    plain_generate,
+    spec_generate,
+)
 from engine.rollback import is_arrays, is_rotating
 from engine.seam import DraftProvider
 
@@ -593,6 +599,9 @@ class _NoSource:
     """Stands for the provider of a plain session (there is no drafter)."""
 
     kind = PLAIN
+
+    def open(self, sampler: Any, target: Any) -> Any:
+        raise PromptCacheError("a plain session has no drafter to open")
 
 
 def cold_plain(target_model: Any, prompt_ids: Sequence[int], params: GenerationParams, *,
