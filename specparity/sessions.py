@@ -16,6 +16,21 @@ first divergence is named by request index, round and position.
 Reported, never asserted: the prefix-hit rate (reused prompt tokens / prompt
 tokens) and time to first token warm vs cold, paired per request (the order of
 the two runs alternates per request).
+
+The plain arm (``run_session(plain=True)``, on in ``specparity run --sessions``):
+the same session again under plain decode through
+``engine.prompt_cache.PlainPromptCacheSession`` (the same prompt cache, target
+segment only), each request warm and cold, held to the same record-for-record
+check (a plain warm ≠ cold fails the run too, named ``plain arm: request i ...``).
+Each arm builds its prompts from its own streams (a follow-up carries that arm's
+answer: the same tokens under greedy, other tokens under seeded sampling), and the
+four cells of a request (spec warm, spec cold, plain warm, plain cold) run back to
+back in a rotating order. ``paired_summary`` reports per arm the prefix-hit rate
+and, over the requests with all four cells, the median time to first token of each
+cell and the paired ratios spec/plain (warm, cold) and warm/cold (per arm): medians
+with 95 % percentile-bootstrap intervals (``reports.stats.median_ratio``) and the
+Wilcoxon signed-rank p of their logs (``scipy.stats.wilcoxon``). Figures, never
+asserted.
 """
 
 from __future__ import annotations
@@ -134,16 +149,38 @@ class SessionVerdict:
     session: str
     requests: list[RequestVerdict] = field(default_factory=list)
     error: str | None = None
+    plain: list[RequestVerdict] | None = None  # the plain arm's requests (None: not run)
+    plain_error: str | None = None
 
     @property
-    def identical(self) -> bool:
+    def spec_identical(self) -> bool:
         return self.error is None and all(r.identical for r in self.requests)
 
     @property
-    def first_divergence(self) -> str | None:
+    def plain_identical(self) -> bool:
+        return self.plain_error is None and all(r.identical for r in self.plain or ())
+
+    @property
+    def identical(self) -> bool:
+        """Both arms warm ≡ cold (the plain arm, where it ran)."""
+        return self.spec_identical and self.plain_identical
+
+    @property
+    def spec_first_divergence(self) -> str | None:
         if self.error:
             return self.error
         return next((r.divergence for r in self.requests if r.divergence), None)
+
+    @property
+    def plain_first_divergence(self) -> str | None:
+        if self.plain_error:
+            return f"plain arm: {self.plain_error}"
+        d = next((r.divergence for r in self.plain or () if r.divergence), None)
+        return None if d is None else f"plain arm: {d}"
+
+    @property
+    def first_divergence(self) -> str | None:
+        return self.spec_first_divergence or self.plain_first_divergence
 
 
 def _end(records: Sequence[dict[str, Any]]) -> str | None:
@@ -159,16 +196,61 @@ def _end(records: Sequence[dict[str, Any]]) -> str | None:
     return f"{last['end']}@{on}"
 
 
+def _request_verdict(i: int, kind: str, prompt: Sequence[int], turn: Any, c: Any,
+                     ttft_c: float | None) -> RequestVerdict:
+    warm = [*turn.result.records, turn.result.footer()]
+    div = compare_records(i, kind, warm, [*c.records, c.footer()])
+    r = turn.reuse
+    return RequestVerdict(i, kind, len(prompt), r["target_reused"], r["drafter_reused"], r["entry"], r["refused"],
+                          _end(turn.result.records), div, turn.ttft_s, ttft_c)
+
+
+class _PlainArm:
+    """The plain arm of one session: its own prompt cache, prompts built from its own streams."""
+
+    def __init__(self, target_model: Any, first: Sequence[int], factory: Callable[..., Any]) -> None:
+        self.model = target_model
+        self.session = factory(target_model)
+        self.prompt: list[int] = list(first)
+        self.stream: list[int] = []
+        self.out: list[RequestVerdict] = []
+        self.error: str | None = None
+
+    def cells(self, i: int, kind: str, turn_tokens: Sequence[int], params: Any, warm_first: bool) -> None:
+        from engine.prompt_cache import cold_plain, stream_tokens
+
+        if self.error is not None:
+            return
+        if i:
+            self.prompt = next_prompt(kind, self.prompt, self.stream, turn_tokens)
+        try:
+            if warm_first:
+                turn = self.session.generate(self.prompt, params)
+                c, ttft_c = cold_plain(self.model, self.prompt, params)
+            else:
+                c, ttft_c = cold_plain(self.model, self.prompt, params)
+                turn = self.session.generate(self.prompt, params)
+        except Exception as exc:  # an invariant check (PromptCacheError) or an engine error
+            self.error = f"request {i} ({kind}): {type(exc).__name__}: {exc}"
+            return
+        self.out.append(_request_verdict(i, kind, self.prompt, turn, c, ttft_c))
+        self.stream = stream_tokens(self.prompt, turn.result.records)
+
+
 def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, first: Sequence[int],
                 turns: Sequence[Sequence[int]], params: Any, *, label: str = "",
                 session_factory: Callable[..., Any] | None = None,
                 on_request: Callable[[int, str, list[int], Any, list[dict[str, Any]]], None] | None = None,
+                plain: bool = False, plain_session_factory: Callable[..., Any] | None = None,
                 ) -> SessionVerdict:
     """Run session ``name`` warm and cold; one verdict per request.
 
     ``on_request(index, kind, prompt, params, warm_records)`` sees every warm request
-    (the command writes its trace)."""
-    from engine.prompt_cache import PromptCacheSession, cold, stream_tokens
+    (the command writes its trace). ``plain`` (or a ``plain_session_factory``): the plain
+    arm too (module docstring); request ``i``'s four cells run spec pair first when
+    ``i // 2`` is even, the plain pair first otherwise, the plain pair's warm/cold order
+    the opposite of the spec pair's."""
+    from engine.prompt_cache import PlainPromptCacheSession, PromptCacheSession, cold, stream_tokens
 
     kinds = SESSIONS[name]
     factory = session_factory or PromptCacheSession
@@ -180,12 +262,18 @@ def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, 
     provider = make_provider()
     session = factory(target_model, provider)
     out = SessionVerdict(label=label or name, session=name)
+    arm = None
+    if plain or plain_session_factory is not None:
+        arm = _PlainArm(target_model, first, plain_session_factory or PlainPromptCacheSession)
     prompt: list[int] = list(first)
     stream: list[int] = []
     for i, kind in enumerate(kinds):
+        turn_tokens = turns[(i - 1) % len(turns)] if turns else first
         if i:
-            prompt = next_prompt(kind, prompt, stream, turns[(i - 1) % len(turns)] if turns else first)
+            prompt = next_prompt(kind, prompt, stream, turn_tokens)
         p_i = replace(params, max_tokens=params.max_tokens + i)  # a budget stop lands elsewhere each turn
+        if arm is not None and (i // 2) % 2 == 1:
+            arm.cells(i, kind, turn_tokens, p_i, warm_first=i % 2 == 0)
         try:
             if i % 2 == 0:
                 c, ttft_c = cold(target_model, make_provider(), prompt, p_i)
@@ -195,16 +283,15 @@ def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, 
                 c, ttft_c = cold(target_model, make_provider(), prompt, p_i)
         except Exception as exc:  # an invariant check (PromptCacheError) or an engine error
             out.error = f"request {i} ({kind}): {type(exc).__name__}: {exc}"
-            return out
-        warm = [*turn.result.records, turn.result.footer()]
+            break
         if on_request is not None:
-            on_request(i, kind, list(prompt), p_i, warm)
-        div = compare_records(i, kind, warm, [*c.records, c.footer()])
-        r = turn.reuse
-        out.requests.append(RequestVerdict(
-            i, kind, len(prompt), r["target_reused"], r["drafter_reused"], r["entry"], r["refused"],
-            _end(turn.result.records), div, turn.ttft_s, ttft_c))
+            on_request(i, kind, list(prompt), p_i, [*turn.result.records, turn.result.footer()])
+        out.requests.append(_request_verdict(i, kind, prompt, turn, c, ttft_c))
         stream = stream_tokens(prompt, turn.result.records)
+        if arm is not None and (i // 2) % 2 == 0:
+            arm.cells(i, kind, turn_tokens, p_i, warm_first=i % 2 == 0)
+    if arm is not None:
+        out.plain, out.plain_error = arm.out, arm.error
     return out
 
 
@@ -307,8 +394,9 @@ _FULL = ("mtp", "assistant", "native-mtp", "dspark", "deepspec")
 
 def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = None,
                         progress: Callable[[str], None] | None = None,
-                        trace_dir: Path | None = None) -> list[SessionVerdict]:
-    """Group ``cases`` by everything but the prompt; run every session on each group."""
+                        trace_dir: Path | None = None, plain: bool = False) -> list[SessionVerdict]:
+    """Group ``cases`` by everything but the prompt; run every session on each group
+    (``plain``: with the plain arm, ``run_session``)."""
     from specparity.runners import case_paths, load_model
 
     groups: dict[tuple[Any, ...], list[Case]] = {}
@@ -337,7 +425,7 @@ def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = Non
                 progress(label)
             writer = _trace_writer(trace_dir, c0, name) if trace_dir is not None else None
             out.append(run_session(target.model, make, name, ids[0], ids[1:], params, label=label,
-                                   on_request=writer))
+                                   on_request=writer, plain=plain))
     return out
 
 
@@ -396,7 +484,7 @@ def summary(verdicts: Sequence[SessionVerdict]) -> dict[str, Any]:
     ratio = [w / c for w, c in pairs]
     return {
         "sessions": len(verdicts),
-        "identical": sum(v.identical for v in verdicts),
+        "identical": sum(v.spec_identical for v in verdicts),
         "requests": len(reqs),
         "requests_identical": sum(r.identical for r in reqs),
         "prefix_hit_rate": (reused / prompt) if prompt else None,
@@ -429,14 +517,136 @@ def render(verdicts: Sequence[SessionVerdict]) -> str:
         reused = ", ".join(f"{r.target_reused}/{'-' if r.drafter_reused is None else r.drafter_reused}"
                            f" of {r.prompt_tokens}" for r in v.requests)
         ends = ", ".join(str(r.end) for r in v.requests)
-        verdict = "warm ≡ cold" if v.identical else "DIVERGENT"
-        lines.append(f"| {v.label} | {verdict} | {reused} | {ends} | {v.first_divergence or ''} |")
+        verdict = "warm ≡ cold" if v.spec_identical else "DIVERGENT"
+        lines.append(f"| {v.label} | {verdict} | {reused} | {ends} | {v.spec_first_divergence or ''} |")
     refusals = sorted({f"{v.label} request {r.index}: {r.refused}" for v in verdicts for r in v.requests
                        if r.refused})
     if refusals:
         lines += ["", "Reuse refused (cold prefill instead), first few:", ""]
         lines += [f"- {x}" for x in refusals[:8]]
+    if any(v.plain is not None for v in verdicts):
+        lines += render_paired(paired_summary(verdicts), verdicts)
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- with and without speculation
+
+CELLS = ("spec_warm", "spec_cold", "plain_warm", "plain_cold")
+# ratio name -> (numerator cell, denominator cell)
+RATIOS: dict[str, tuple[str, str]] = {
+    "spec/plain warm": ("spec_warm", "plain_warm"),
+    "spec/plain cold": ("spec_cold", "plain_cold"),
+    "warm/cold spec": ("spec_warm", "spec_cold"),
+    "warm/cold plain": ("plain_warm", "plain_cold"),
+}
+
+
+def _arm_hits(reqs: Sequence[RequestVerdict]) -> dict[str, Any]:
+    later = [r for r in reqs if r.index > 0]
+    prompt = sum(r.prompt_tokens for r in later)
+    reused = sum(r.target_reused for r in later)
+    return {"prefix_hit_rate": (reused / prompt) if prompt else None, "prompt_tokens": prompt,
+            "reused_tokens": reused, "requests_reusing": sum(1 for r in later if r.target_reused),
+            "later_requests": len(later)}
+
+
+def ttft_cells(verdicts: Sequence[SessionVerdict]) -> list[dict[str, Any]]:
+    """One row per request after the first that has all four cells: its times to first token
+    (``spec_warm``, ``spec_cold``, ``plain_warm``, ``plain_cold``, seconds) and both prompts' lengths."""
+    rows = []
+    for v in verdicts:
+        plain = {r.index: r for r in v.plain or ()}
+        for r in v.requests:
+            q = plain.get(r.index)
+            if r.index == 0 or q is None:
+                continue
+            cells = {"spec_warm": r.ttft_warm_s, "spec_cold": r.ttft_cold_s,
+                     "plain_warm": q.ttft_warm_s, "plain_cold": q.ttft_cold_s}
+            if all(t is not None and t > 0 for t in cells.values()):
+                rows.append({"label": v.label, "index": r.index, "kind": r.kind, **cells,
+                             "spec_prompt_tokens": r.prompt_tokens, "plain_prompt_tokens": q.prompt_tokens})
+    return rows
+
+
+def paired_ratio(rows: Sequence[dict[str, Any]], num: str, den: str) -> dict[str, Any] | None:
+    """The per-request ratio ``num / den``: median, 95 % percentile-bootstrap interval of the
+    median (``reports.stats.median_ratio``) and the two-sided Wilcoxon signed-rank p of the log
+    ratios against 0 (``scipy.stats.wilcoxon``; None under 6 pairs or when all are equal)."""
+    import math
+
+    from reports.stats import median_ratio
+
+    ratios = [float(r[num]) / float(r[den]) for r in rows]
+    if not ratios:
+        return None
+    ci = median_ratio(ratios)
+    p = None
+    logs = [math.log(x) for x in ratios]
+    if len(logs) >= 6 and any(x != 0 for x in logs):
+        from scipy.stats import wilcoxon
+
+        p = float(wilcoxon(logs).pvalue)
+    return {"n": ci.n, "median": ci.median, "low": ci.low, "high": ci.high, "confidence": ci.confidence,
+            "wilcoxon_p": p, "method": ci.method + "; Wilcoxon signed-rank on log ratios"}
+
+
+def paired_summary(verdicts: Sequence[SessionVerdict]) -> dict[str, Any]:
+    """The report with and without speculation (module docstring): per arm the warm ≡ cold
+    count and the prefix-hit rate; the four TTFT cells' medians and the paired ratios."""
+    import statistics as st
+
+    ran = [v for v in verdicts if v.plain is not None]
+    rows = ttft_cells(ran)
+    arms = {
+        "spec": {"sessions": len(ran), "identical": sum(v.spec_identical for v in ran),
+                 **_arm_hits([r for v in ran for r in v.requests])},
+        "plain": {"sessions": len(ran), "identical": sum(v.plain_identical for v in ran),
+                  **_arm_hits([r for v in ran for r in v.plain or ()])},
+    }
+    return {
+        "arms": arms,
+        "pairs": len(rows),
+        "same_prompt": sum(r["spec_prompt_tokens"] == r["plain_prompt_tokens"] for r in rows),
+        "ttft_median_s": {c: (st.median(r[c] for r in rows) if rows else None) for c in CELLS},
+        "ratios": {name: paired_ratio(rows, a, b) for name, (a, b) in RATIOS.items()},
+        "rows": rows,
+    }
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f} ms"
+
+
+def render_paired(p: dict[str, Any], verdicts: Sequence[SessionVerdict]) -> list[str]:
+    lines = ["", "## With and without speculation (paired)", "",
+             "The same sessions under plain decode through the same prompt cache "
+             "(`PlainPromptCacheSession`), each request warm and cold; time to first token over the "
+             f"{p['pairs']} requests after the first with all four cells ({p['same_prompt']} with the same "
+             "prompt in both arms: a follow-up carries each arm's own answer). Figures, not a benchmark.", "",
+             "| arm | sessions warm ≡ cold | prefix-hit rate | requests reusing | TTFT warm (median) | "
+             "TTFT cold (median) | warm/cold (median, 95 % CI) |", "|---|---|---|---|---|---|---|"]
+    for arm in ("spec", "plain"):
+        a, r = p["arms"][arm], p["ratios"][f"warm/cold {arm}"]
+        hit = a["prefix_hit_rate"]
+        lines.append(f"| {arm} | {a['identical']}/{a['sessions']} | {'-' if hit is None else f'{hit:.1%}'} | "
+                     f"{a['requests_reusing']}/{a['later_requests']} | {_ms(p['ttft_median_s'][f'{arm}_warm'])} | "
+                     f"{_ms(p['ttft_median_s'][f'{arm}_cold'])} | {_ratio(r)} |")
+    lines += ["", "| paired ratio | median | 95 % CI (bootstrap) | Wilcoxon p | pairs |", "|---|---|---|---|---|"]
+    for name, r in p["ratios"].items():
+        if r is None:
+            lines.append(f"| {name} | - | - | - | 0 |")
+            continue
+        wp = "-" if r["wilcoxon_p"] is None else f"{r['wilcoxon_p']:.2g}"
+        lines.append(f"| {name} TTFT | {r['median']:.2f} | [{r['low']:.2f}, {r['high']:.2f}] | {wp} | {r['n']} |")
+    bad = [v for v in verdicts if v.plain is not None and not v.plain_identical]
+    if bad:
+        lines += ["", "Plain arm DIVERGENT (warm ≠ cold):", ""]
+        lines += [f"- {v.label}: {v.plain_first_divergence}" for v in bad]
+    return lines
+
+
+def _ratio(r: dict[str, Any] | None) -> str:
+    return "-" if r is None else f"{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
 
 
 def write(out_dir: Path, verdicts: Sequence[SessionVerdict],
@@ -448,14 +658,17 @@ def write(out_dir: Path, verdicts: Sequence[SessionVerdict],
     data = {"summary": summary(verdicts),
             "sessions": [{**asdict(v), "identical": v.identical} for v in verdicts],
             "reference": list(reference)}
+    if any(v.plain is not None for v in verdicts):
+        data["paired"] = paired_summary(verdicts)
     atomic_write_text(out_dir / "sessions.json", json.dumps(data, indent=1) + "\n")
     atomic_write_text(out_dir / "sessions.md", text)
     return text
 
 
 def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
-                  names: Sequence[str] | None = None, reference: bool = True) -> int:
-    """``specparity run --sessions``: exit 0 when every ENGINE session is warm ≡ cold, else 1.
+                  names: Sequence[str] | None = None, reference: bool = True, plain: bool = True) -> int:
+    """``specparity run --sessions``: exit 0 when every ENGINE session is warm ≡ cold, else 1
+    (``plain``: the plain arm too, both arms warm ≡ cold; the paired report).
 
     The reference's sessions are reported beside (its divergences are known entries:
     ``mlx-lm-prompt-cache-*`` in ``traces/known_divergences.toml``), never failing the run."""
@@ -467,7 +680,7 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
         if not quiet:
             print(f"session {label}", file=sys.stderr)
 
-    verdicts = sessions_from_cases(cases, names, say, trace_dir=out_dir / "traces" / "sessions")
+    verdicts = sessions_from_cases(cases, names, say, trace_dir=out_dir / "traces" / "sessions", plain=plain)
     ref_rows: list[dict[str, Any]] = []
     if reference:
         import oracles
@@ -485,8 +698,8 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
 
 
 __all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "compare_records", "main_sessions",
-           "next_prompt", "reference_sessions", "run_session", "sessions_from_cases", "summary",
-           "zoo_session_cases"]
+           "next_prompt", "paired_ratio", "paired_summary", "reference_sessions", "run_session",
+           "sessions_from_cases", "summary", "ttft_cells", "zoo_session_cases"]
 
 
 # --------------------------------------------------------------------------- the reference
