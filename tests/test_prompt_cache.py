@@ -353,3 +353,129 @@ def test_eos_endings_leave_different_keys() -> None:
             break
     assert seen.get("eos@accepted") is True, seen  # the accepted EOS draft is in the cache
     assert seen.get("eos@correction") is False, seen  # the EOS correction is not
+
+
+# --------------------------------------------------------------------------- the plain arm (no speculation)
+
+@pytest.mark.parametrize("target", ["llama", "gemma3", "qwen35"])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "seeded"])
+def test_plain_arm_warm_equals_cold(target: str, params: GenerationParams) -> None:
+    """The same prompt cache under plain decode (KVCache, RotatingKVCache, ArraysCache): every warm
+    plain request equals its cold run record for record, and later requests reuse a prefix."""
+    tm, dm = _pair(target)
+    a, b = _prompts()
+    for name in ("multi-turn", "prefix"):
+        v = run_session(tm, lambda: TwoModelProvider(dm), name, a, [b], params, plain=True)
+        assert v.plain is not None and len(v.plain) == len(v.requests), (v.plain, v.plain_error)
+        assert v.identical, v.first_divergence
+        reused = [r.target_reused for r in v.plain if r.index > 0]
+        assert any(reused), f"{target} {name}: the plain arm reused nothing: {reused}"
+        assert all(r.drafter_reused is None for r in v.plain)
+        if params is GREEDY:  # greedy speculation is lossless: both arms see the same prompts
+            assert [r.prompt_tokens for r in v.plain] == [r.prompt_tokens for r in v.requests]
+
+
+def test_plain_session_keys_and_refusals() -> None:
+    """Plain end boundary keyed by the stream cut to the offset; a gemma3 ring wrapped in decode
+    is refused for the plain arm too, its prefill boundary reused."""
+    from engine.prompt_cache import PlainPromptCacheSession, cold_plain
+
+    tm, _ = _pair("llama")
+    a, b = _prompts()
+    s = PlainPromptCacheSession(tm)
+    turn = s.generate(a, GREEDY)
+    end = s.entries[-1].target
+    stream = stream_tokens(a, turn.result.records)
+    assert end.boundary == "end" and s.entries[-1].drafter is None
+    assert end.key == tuple(stream[: len(end.key)]) and len(end.key) == int(end.caches[0].offset)
+    g, _ = _pair("gemma3")
+    first = a + b[:12]
+    s = PlainPromptCacheSession(g)
+    s.generate(first, GREEDY)
+    nxt = first + [5, 6, 7]
+    turn = s.generate(nxt, GREEDY)
+    assert turn.reuse["target_reused"] == len(first) - 1, turn.reuse
+    assert "wrapped during decode" in (turn.reuse["refused"] or ""), turn.reuse
+    c, _ = cold_plain(g, nxt, GREEDY)
+    assert compare_records(1, "plain", [*turn.result.records, turn.result.footer()], [*c.records, c.footer()]) is None
+
+
+def test_plain_generate_unchanged_without_reuse() -> None:
+    """``plain_generate`` without ``target_caches``/``reuse`` is the baseline it was: same records
+    (no ``prompt_cache`` field) as a run on fresh caches passed in."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.executor import plain_generate
+
+    tm, _ = _pair("llama")
+    a, _ = _prompts()
+    base = plain_generate(tm, a, GREEDY)
+    fresh = plain_generate(tm, a, GREEDY, target_caches=make_prompt_cache(tm))
+    assert "prompt_cache" not in base.records[0]
+    assert compare_records(0, "plain", [*base.records, base.footer()], [*fresh.records, fresh.footer()]) is None
+
+
+def _plain_short_save() -> type:
+    from engine.prompt_cache import PlainPromptCacheSession
+
+    class PlainShortSave(PlainPromptCacheSession):
+        """Plant: the plain arm's saved target cache is one token short of its key."""
+
+        def save(self, entry: Any) -> None:
+            if entry.target.boundary == "end":
+                for c in entry.target.caches:
+                    c.trim(1)
+            super().save(entry)
+
+    return PlainShortSave
+
+
+def _plain_stale_prefix() -> type:
+    from engine.prompt_cache import PlainPromptCacheSession
+
+    class PlainStalePrefix(PlainPromptCacheSession):
+        """Plant: a fetch installs another conversation's caches cut to the reused length (offsets
+        agree, so only the record digests can see it)."""
+
+        def fetch(self, prompt_ids: Any, params: Any) -> Any:
+            f, caches = super().fetch(prompt_ids, params)
+            n, want = f.target_prefix, tuple(f.drained[: f.target_prefix])
+            stale = [e.target for e in self.entries if len(e.target.key) >= n and e.target.key[:n] != want]
+            if n and stale:
+                cut = copy_caches(stale[0].caches)
+                for c in cut:
+                    c.trim(len(stale[0].key) - n)
+                caches[:] = cut
+            return f, caches
+
+    return PlainStalePrefix
+
+
+def test_plant_plain_saved_cache_one_token_short() -> None:
+    """The plain arm's invariant check names the request, segment and layer; the spec arm passes."""
+    tm, dm = _pair("llama")
+    a, b = _prompts()
+    v = run_session(tm, lambda: TwoModelProvider(dm), "multi-turn", a, [b], GREEDY,
+                    plain_session_factory=_plain_short_save())
+    assert v.spec_identical and not v.identical
+    msg = v.first_divergence
+    assert msg is not None and msg.startswith("plain arm: request 0 (fresh): PromptCacheError: request 0: save: "
+                                              "target segment (end boundary) layer 0"), msg
+    assert "a hole" in msg, msg
+
+
+def test_plant_plain_stale_prefix() -> None:
+    """Offsets agree, so the record digests catch it: request 2's prefill, the target's layer 0."""
+    from engine.prompt_cache import cold_plain
+
+    tm, _ = _pair("llama")
+    a, b = _prompts()
+    s = _plain_stale_prefix()(tm)
+    msgs = []
+    for i, p in enumerate([a, b, a]):
+        turn = s.generate(p, GREEDY)
+        c, _ = cold_plain(tm, p, GREEDY)
+        msgs.append(compare_records(i, "plain", [*turn.result.records, turn.result.footer()], [*c.records, c.footer()]))
+    assert msgs[0] is None and msgs[1] is None, msgs  # nothing reused yet (b shares no prefix with a)
+    assert msgs[2] is not None and msgs[2].startswith(
+        "request 2 (plain): prefill (before round 0): target_cache_digest layer 0"), msgs[2]
