@@ -603,14 +603,31 @@ def paired_summary(verdicts: Sequence[SessionVerdict]) -> dict[str, Any]:
         "plain": {"sessions": len(ran), "identical": sum(v.plain_identical for v in ran),
                   **_arm_hits([r for v in ran for r in v.plain or ()])},
     }
+    by_pair: dict[str, dict[str, Any]] = {}
+    for pair in dict.fromkeys(_pair_of(v.label) for v in ran):
+        vs = [v for v in ran if _pair_of(v.label) == pair]
+        prs = [r for r in rows if _pair_of(r["label"]) == pair]
+        by_pair[pair] = {
+            "spec_hit_rate": _arm_hits([r for v in vs for r in v.requests])["prefix_hit_rate"],
+            "plain_hit_rate": _arm_hits([r for v in vs for r in v.plain or ()])["prefix_hit_rate"],
+            "pairs": len(prs),
+            **{f"{name} median": (st.median(r[a] / r[b] for r in prs) if prs else None)
+               for name, (a, b) in RATIOS.items()},
+        }
     return {
         "arms": arms,
+        "by_pair": by_pair,
         "pairs": len(rows),
         "same_prompt": sum(r["spec_prompt_tokens"] == r["plain_prompt_tokens"] for r in rows),
         "ttft_median_s": {c: (st.median(r[c] for r in rows) if rows else None) for c in CELLS},
         "ratios": {name: paired_ratio(rows, a, b) for name, (a, b) in RATIOS.items()},
         "rows": rows,
     }
+
+
+def _pair_of(label: str) -> str:
+    """The pair part of a session label (``<pair>/<session name>``)."""
+    return label.rsplit("/", 1)[0]
 
 
 def _ms(x: float | None) -> str:
@@ -638,6 +655,13 @@ def render_paired(p: dict[str, Any], verdicts: Sequence[SessionVerdict]) -> list
             continue
         wp = "-" if r["wilcoxon_p"] is None else f"{r['wilcoxon_p']:.2g}"
         lines.append(f"| {name} TTFT | {r['median']:.2f} | [{r['low']:.2f}, {r['high']:.2f}] | {wp} | {r['n']} |")
+    lines += ["", "By pair (prefix-hit rate per arm; medians of the paired TTFT ratios):", "",
+              "| pair | spec hit | plain hit | spec/plain warm | spec/plain cold | warm/cold spec | "
+              "warm/cold plain | pairs |", "|---|---|---|---|---|---|---|---|"]
+    for pair, b in p["by_pair"].items():
+        cells = [("-" if b[k] is None else f"{b[k]:.1%}") for k in ("spec_hit_rate", "plain_hit_rate")]
+        cells += [("-" if b[f"{n} median"] is None else f"{b[f'{n} median']:.2f}") for n in RATIOS]
+        lines.append(f"| {pair} | {' | '.join(cells)} | {b['pairs']} |")
     bad = [v for v in verdicts if v.plain is not None and not v.plain_identical]
     if bad:
         lines += ["", "Plain arm DIVERGENT (warm ≠ cold):", ""]

@@ -144,6 +144,9 @@ def test_paired_report_ratio_math_on_injected_timings() -> None:
     # per-arm prefix-hit rate: 6 (spec) and 4 (plain) of 10 prompt tokens in every later request
     assert p["arms"]["spec"]["prefix_hit_rate"] == pytest.approx(0.6)
     assert p["arms"]["plain"]["prefix_hit_rate"] == pytest.approx(0.4)
+    b = p["by_pair"]["x"]  # the label's pair part ("x/multi-turn" -> "x")
+    assert (b["spec_hit_rate"], b["plain_hit_rate"], b["pairs"]) == pytest.approx((0.6, 0.4, len(times)))
+    assert b["spec/plain warm median"] == pytest.approx(p["ratios"]["spec/plain warm"]["median"])
     text = render(_verdicts(times))
     assert "| spec | 1/1 | 60.0% | 7/7 |" in text and "| plain | 1/1 | 40.0% | 7/7 |" in text, text
     med = statistics.median(sw / pw for sw, _, pw, _ in times)
