@@ -49,6 +49,11 @@ token list, rebuilt exactly); a source that reads the target's hidden states
 rows, the reused prefix's saved with the target segment and the suffix's from
 its prefill (executor hooks ``tap_context`` / ``after_round``), so its state
 is rebuilt exactly rather than saved.
+
+The control arm, ``PlainPromptCacheSession``: the same prompt cache under plain
+decode (``engine.executor.plain_generate(target_caches=..., reuse=...)``, mlx-lm
+``server.py`` without a draft model), one target segment per entry, the same two
+boundaries, invariant checks and reuse rules; ``cold_plain`` is its cold run.
 """
 
 from __future__ import annotations
