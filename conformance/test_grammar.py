@@ -235,3 +235,47 @@ def _outlines_output(oracle: Any, target: Any, kind: str, text: str, processor: 
     except (oracle.GrammarRunError, ReferenceRefused):
         return None
     return list(recs[-1]["output_ids"])
+
+
+# A reasoning-end marker (engine.grammar; tests/test_grammar_reasoning.py): the history-pure
+# processor applies the grammar after the marker's first occurrence in its history, as the engine
+# does after the emitted marker; engine vs mlx-lm stays comparable, plain and speculative.
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5])
+def test_reasoning_marker_engine_equals_mlx_lm_history_pure(gamma: int) -> None:
+    from engine.grammar import FREE_DIGEST
+    from oracles.mlx_lm_grammar import FREE_DIGEST as ORACLE_FREE
+    from tests.test_grammar_reasoning import _free, _marker_ending_at, _marker_site
+
+    assert FREE_DIGEST == ORACLE_FREE
+    tok = _zoo_tokenizer()
+    free = _free()
+    offsets = set()
+    for j in range(gamma + 1):
+        marker = _marker_ending_at(free, j, tok)
+        if marker is None:
+            continue
+        for drafter in (None, "self", "twin"):
+            case = Case("llama", drafter, "nat-03", gamma if drafter else 0, 64, grammar="json-small",
+                        reasoning_end=marker, prompt_tokens=G.prompt_ids("nat-03"))
+            v = _verdict(case, "mlx_lm_grammar")
+            assert v.status == "identical", f"{case.case_id}:\n{v.format()}"
+            if drafter == "self":
+                offsets.add(_marker_site(run_trace("engine", case))[1])
+    assert offsets == set(range(gamma + 1)), offsets
+
+
+def test_reasoning_marker_refused_by_the_stateful_shape() -> None:
+    case = Case("llama", "twin", "nat-03", 3, 16, grammar="json-small", reasoning_end="ll",
+                prompt_tokens=G.prompt_ids("nat-03"))
+    with pytest.raises(ReferenceRefused, match="no reasoning-end marker"):
+        run_case("mlx_lm_grammar_stateful", case)
+
+
+def _zoo_tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    import zoo
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(zoo.tokenizer_path()))
