@@ -279,3 +279,66 @@ def _zoo_tokenizer() -> Any:
     import zoo
 
     return PreTrainedTokenizerFast(tokenizer_file=str(zoo.tokenizer_path()))
+
+
+# xgrammar's contrib/mlxlm.py processor (tox -e grammar-xgrammar): measured against its own plain
+# runs (and its plain runs against the engine's). Lark is not driven: xgrammar reads EBNF.
+XGRAMMAR_MATRIX = [(t, g, p, gamma) for t in ("llama", "qwen3") for g in GRAMMARS if g != "lark-list"
+                   for p in ("json-00", "nat-00", "nat-03") for gamma in (1, 3)]
+# outcome -> cases, measured on the zoo at temperature 0, max_tokens 40 (docs/grammar.md)
+XGRAMMAR_ROWS: dict[str, int] = {"plain text == engine": 12, "plain text != engine": 24, "crash": 0,
+                                 "identical": 0, "differs-valid": 0, "differs-invalid": 36}
+
+
+def _xgrammar_outcome(spec: list[int] | None, plain: list[int], grammar: str) -> str:
+    if spec is None:
+        return "crash"
+    if spec == plain:
+        return "identical"
+    return "differs-valid" if _valid_text(_zoo_tokenizer().decode(spec), grammar) else "differs-invalid"
+
+
+def _valid_text(text: str, grammar: str) -> bool:
+    import json
+    import re
+
+    import jsonschema
+
+    g = G.spec(grammar)
+    if g.kind == "regex":
+        return re.fullmatch(g.text, text) is not None
+    try:
+        jsonschema.validate(json.loads(text), json.loads(g.text))
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def test_xgrammar_processor_under_speculation_vs_its_own_plain_decode() -> None:
+    """xgrammar's own class driven unmodified as ``mlx_lm.generate(..., logits_processors=[p],
+    draft_model=...)`` would: its speculative output against its plain output, greedy. Its plain
+    output is the engine's (the same compact JSON / regex language); the measured speculative
+    outcomes are pinned (docs/grammar.md scoreboard)."""
+    pytest.importorskip("xgrammar")
+    from oracles import xgrammar_mlxlm
+    from specparity.runners import load_model
+    from zoo import model_dir
+
+    xgrammar_mlxlm.require()
+    rows: Counter[str] = Counter()
+    for target, grammar, prompt, gamma in XGRAMMAR_MATRIX:
+        t, d = load_model(str(model_dir(target))), load_model(str(model_dir(f"{target}-twin")))
+        g = G.spec(grammar)
+        run = dict(oracle=xgrammar_mlxlm._base, target=t, kind=g.kind, text=g.text, processor="xgrammar",
+                   prompt=list(G.prompt_ids(prompt)), gamma=gamma)
+        plain = _outlines_output(**run, draft=None)
+        assert plain is not None, (target, grammar, prompt, "xgrammar's plain decode raised")
+        eng = run_trace("engine", Case(target, None, prompt, 0, 40, grammar=grammar,
+                                       prompt_tokens=G.prompt_ids(prompt)))
+        tok = _zoo_tokenizer()
+        same_text = tok.decode(plain) == tok.decode(eng.footer["output_ids"])
+        rows["plain text == engine" if same_text else "plain text != engine"] += 1
+        spec = _outlines_output(**run, draft=d.model)
+        rows[_xgrammar_outcome(spec, plain, grammar)] += 1
+    print(dict(rows))
+    assert dict(rows) == {k: v for k, v in XGRAMMAR_ROWS.items() if v}, dict(rows)

@@ -281,14 +281,14 @@ def _outlines_processor(model: Any, tokenizer: Any, kind: str, text: str, backen
 def _xgrammar_compiled(tokenizer: Any, kind: str, text: str, vocab_size: int) -> Any:
     """The grammar compiled by xgrammar (``GrammarCompiler`` over ``TokenizerInfo.from_huggingface``,
     as ``contrib/mlxlm.py``'s ``main`` builds it): JSON schema compact (``any_whitespace=False``,
-    the engine's language), regex; a Lark grammar is refused (xgrammar reads GBNF/EBNF)."""
+    ``separators=(",", ":")``: the engine's language), regex; a Lark grammar is refused (xgrammar reads GBNF/EBNF)."""
     import transformers
     import xgrammar
 
     inner = tokenizer if isinstance(tokenizer, transformers.PreTrainedTokenizerFast) else tokenizer._tokenizer
     compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(inner, vocab_size=vocab_size))
     if kind == "json":
-        return compiler.compile_json_schema(text, any_whitespace=False)
+        return compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"))
     if kind == "regex":
         return compiler.compile_regex(text)
     raise ValueError(f"xgrammar reads EBNF, not a {kind} grammar")
