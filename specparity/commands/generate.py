@@ -69,6 +69,10 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="constrain the output: a JSON schema (.json), a regex (.regex) or a Lark "
                         "grammar (.lark), or a zoo grammar name (json-small, json-item, regex-sentence, "
                         "lark-list); the mask rides the accept walk, the drafter runs free (docs/grammar.md)")
+    g.add_argument("--reasoning-end", type=a.reasoning_end, default=None, metavar="TEXT",
+                   help="with --grammar: the output is free until the emitted tokens end with TEXT "
+                        "(encoded with the target tokenizer, e.g. '</think>'); the grammar masks from the "
+                        "next position on (docs/grammar.md)")
     add_device_argument(g)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from specparity.runners.registry import CaseRun, Runner, sources
 
 OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache",
-           "grammar")
+           "grammar", "reasoning_end")
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:

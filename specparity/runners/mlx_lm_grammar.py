@@ -28,11 +28,11 @@ PLAIN_OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "grammar")
 SPEC_OPTIONS = ("eos_ids", "grammar")
 
 
-def _sources() -> dict[str, frozenset[str]]:
-    return {**sources(PLAIN_OPTIONS, "plain"), **sources(SPEC_OPTIONS, "two-model")}
+def _sources(*extra: str) -> dict[str, frozenset[str]]:
+    return {**sources((*PLAIN_OPTIONS, *extra), "plain"), **sources((*SPEC_OPTIONS, *extra), "two-model")}
 
 
-NAMES = {"pure": "mlx_lm_grammar", "stateful": "mlx_lm_grammar_stateful"}
+NAMES = {"pure": "mlx_lm_grammar", "stateful": "mlx_lm_grammar_stateful", "xgrammar": "xgrammar_mlxlm"}
 
 
 def _marker(case: Any, tokenizer: Any, processor: str) -> dict[str, Any]:
@@ -82,7 +82,7 @@ RUNNERS = (
         name="mlx_lm_grammar",
         kind="reference",
         package="mlx-lm",
-        sources=_sources(),
+        sources=_sources("reasoning_end"),  # the history-pure processor's reasoning phase
         run=_run("pure"),
         available=oracle_availability("mlx_lm_grammar"),
         install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33, llguidance)",
