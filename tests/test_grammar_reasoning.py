@@ -31,6 +31,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -331,3 +332,73 @@ def test_planted_reasoning_bug_is_caught(variant: str, tokenizer: Any, monkeypat
         assert first == marker_at + 1, (first, marker_at, div.message)
     else:  # drafted: before the marker was emitted
         assert first <= marker_at or marker_at is None, (first, marker_at, div.message)
+
+
+# ------------------------------------------------------------------------ harness
+
+
+def _cli(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from specparity.cli import main
+
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_generate_record_and_grade_with_a_reasoning_marker(tokenizer: Any, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from traces.io import read_trace
+
+    free = _free()
+    marker = _marker_ending_at(free, 3, tokenizer)
+    assert marker is not None
+    tdir, ddir = zoo.pair(KV, "twin")
+    common = ["--target", tdir, "--draft", ddir, "--prompt-ids", ",".join(map(str, G.prompt_ids("nat-03"))),
+              "-n", 64, "--gamma", 3, "--grammar", "json-small", "--reasoning-end", marker]
+    rc, out, err = _cli(["generate", *common, "--trace", tmp_path / "g.jsonl"], capsys)
+    assert rc == 0, err
+    trace = read_trace(tmp_path / "g.jsonl")
+    assert not validate_trace(trace), validate_trace(trace)[:3]
+    assert trace.header["params"]["grammar"]["reasoning_end"] == marker
+    assert re.search(r"/re-[0-9a-f]{8}$", trace.header["case_id"]), trace.header["case_id"]
+    _, _, j = _marker_site(trace)
+    assert j == 3 and trace.footer["output_ids"][:4] == free[:4]
+    _valid_after_marker(trace, j, tokenizer)
+    rc, _, err = _cli(["record", *common, "--runner", "engine,mlx_lm_grammar", "--out", tmp_path / "rec"], capsys)
+    assert rc == 0, err
+    eng = read_trace(next((tmp_path / "rec" / "engine").glob("*.jsonl")))
+    ref = read_trace(next((tmp_path / "rec" / "mlx_lm_grammar").glob("*.jsonl")))
+    assert grammar_divergence(eng, ref) is None
+    # grade re-runs plain decode and the reference under the marker the header recorded
+    rc, out, err = _cli(["grade", tmp_path / "rec" / "engine", "--out", tmp_path / "graded"], capsys)
+    assert rc == 0, err + out
+    comps = json.loads((tmp_path / "graded" / "comparisons.json").read_text())
+    kinds = {c["kind"]: c["verdict"] for c in comps}
+    assert kinds.get("engine-vs-mlx_lm_grammar") == "identical" and kinds.get("spec-vs-plain") == "identical", comps
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--reasoning-end", "</think>"], "--reasoning-end needs --grammar"),
+    (["--grammar", "json-small", "--reasoning-end", ""], "--reasoning-end: expected a non-empty marker"),
+])
+def test_reasoning_end_without_grammar_is_one_line_exit_2(argv: list[str], msg: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _cli(["generate", "--target", zoo.model_dir(KV), "--prompt", "x", "-n", 2, *argv], capsys)
+    assert rc == 2 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_suite_key_reasoning_end(tmp_path: Path) -> None:
+    from specparity.suite import SuiteError, load_suite, suite_cases
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('gammas = [2]\nmax_tokens = 24\nzoo_prompts = 1\nreasoning_end = "</think>"\n'
+                     '[[pair]]\ntarget = "llama"\ndrafter = "twin"\ngrammar = "json-small"\n')
+    cases = suite_cases(load_suite(suite))
+    assert cases and {c.reasoning_end for c in cases} == {"</think>"}, cases
+    assert all("/re-" in c.case_id for c in cases)
+    suite.write_text('reasoning_end = "</think>"\n[[pair]]\ntarget = "llama"\n')
+    with pytest.raises(SuiteError, match="reasoning_end needs grammar"):
+        suite_cases(load_suite(suite))
+    suite.write_text('reasoning_end = 3\n[[pair]]\ntarget = "llama"\n')
+    with pytest.raises(SuiteError, match="expected the marker text"):
+        load_suite(suite)
