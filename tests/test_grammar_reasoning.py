@@ -75,19 +75,13 @@ def _free(target: str = KV, prompt: str = "nat-03", n: int = 40) -> list[int]:
 
 
 def _marker_ending_at(free: list[int], j: int, tokenizer: Any) -> str | None:
-    """A marker text whose tokens are ``free[j-m+1 : j+1]`` (m = 1..3), that round-trips through
-    the tokenizer and whose first occurrence in ``free`` ends at ``j``; None if there is none."""
-    for m in (1, 2, 3):
-        if j - m + 1 < 0:
-            break
-        ids = free[j - m + 1 : j + 1]
-        text = tokenizer.decode(ids)
-        if "\ufffd" in text or tokenizer.encode(text, add_special_tokens=False) != ids:
-            continue
-        first = next(e for e in range(m - 1, len(free)) if free[e - m + 1 : e + 1] == ids)
-        if first == j:
-            return text
-    return None
+    """The zoo's marker whose tokens are ``free[j-m+1 : j+1]`` (zoo.grammars.marker_ending_at),
+    checked against the HF view of the zoo tokenizer the engine encodes it with."""
+    text = G.marker_ending_at(free, j)
+    if text is not None:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert free[j - len(ids) + 1 : j + 1] == ids, (text, ids)
+    return text
 
 
 def _marker_site(trace: Trace) -> tuple[str, int | None, int]:
