@@ -291,7 +291,7 @@ def _xgrammar_compiled(tokenizer: Any, kind: str, text: str, vocab_size: int) ->
         return compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"))
     if kind == "regex":
         return compiler.compile_regex(text)
-    raise ValueError(f"xgrammar reads EBNF, not a {kind} grammar")
+    raise GrammarRunError(f"xgrammar reads EBNF, not a {kind} grammar")
 
 
 @contextmanager
