@@ -235,3 +235,114 @@ def _outlines_output(oracle: Any, target: Any, kind: str, text: str, processor: 
     except (oracle.GrammarRunError, ReferenceRefused):
         return None
     return list(recs[-1]["output_ids"])
+
+
+# A reasoning-end marker (engine.grammar; tests/test_grammar_reasoning.py): the history-pure
+# processor applies the grammar after the marker's first occurrence in its history, as the engine
+# does after the emitted marker; engine vs mlx-lm stays comparable, plain and speculative.
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5])
+def test_reasoning_marker_engine_equals_mlx_lm_history_pure(gamma: int) -> None:
+    from engine.grammar import FREE_DIGEST
+    from oracles.mlx_lm_grammar import FREE_DIGEST as ORACLE_FREE
+    from tests.test_grammar_reasoning import _free, _marker_ending_at, _marker_site
+
+    assert FREE_DIGEST == ORACLE_FREE
+    tok = _zoo_tokenizer()
+    free = _free()
+    offsets = set()
+    for j in range(gamma + 1):
+        marker = _marker_ending_at(free, j, tok)
+        if marker is None:
+            continue
+        for drafter in (None, "self", "twin"):
+            case = Case("llama", drafter, "nat-03", gamma if drafter else 0, 64, grammar="json-small",
+                        reasoning_end=marker, prompt_tokens=G.prompt_ids("nat-03"))
+            v = _verdict(case, "mlx_lm_grammar")
+            assert v.status == "identical", f"{case.case_id}:\n{v.format()}"
+            if drafter == "self":
+                offsets.add(_marker_site(run_trace("engine", case))[1])
+    assert offsets == set(range(gamma + 1)), offsets
+
+
+def test_reasoning_marker_refused_by_the_stateful_shape() -> None:
+    from specparity.runners import registry
+
+    case = Case("llama", "twin", "nat-03", 3, 16, grammar="json-small", reasoning_end="ll",
+                prompt_tokens=G.prompt_ids("nat-03"))
+    for runner in ("mlx_lm_grammar_stateful", "xgrammar_mlxlm"):
+        why = registry.unsupported(runner, case)
+        assert why is not None and "reasoning_end" in why, why
+    assert registry.unsupported("mlx_lm_grammar", case) is None
+
+
+def _zoo_tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    import zoo
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(zoo.tokenizer_path()))
+
+
+# xgrammar's contrib/mlxlm.py processor (tox -e grammar-xgrammar): measured against its own plain
+# runs (and its plain runs against the engine's). Lark is not driven: xgrammar reads EBNF.
+XGRAMMAR_MATRIX = [(t, g, p, gamma) for t in ("llama", "qwen3") for g in GRAMMARS if g != "lark-list"
+                   for p in ("json-00", "nat-00", "nat-03") for gamma in (1, 3)]
+# outcome -> cases, measured on the zoo at temperature 0, max_tokens 40 (docs/grammar.md)
+XGRAMMAR_ROWS: dict[str, int] = {"plain text == engine": 12, "plain text != engine": 24, "crash": 0,
+                                 "identical": 0, "differs-valid": 0, "differs-invalid": 36}
+
+
+def _xgrammar_outcome(spec: list[int] | None, plain: list[int], grammar: str) -> str:
+    if spec is None:
+        return "crash"
+    if spec == plain:
+        return "identical"
+    return "differs-valid" if _valid_text(_zoo_tokenizer().decode(spec), grammar) else "differs-invalid"
+
+
+def _valid_text(text: str, grammar: str) -> bool:
+    import json
+    import re
+
+    import jsonschema
+
+    g = G.spec(grammar)
+    if g.kind == "regex":
+        return re.fullmatch(g.text, text) is not None
+    try:
+        jsonschema.validate(json.loads(text), json.loads(g.text))
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def test_xgrammar_processor_under_speculation_vs_its_own_plain_decode() -> None:
+    """xgrammar's own class driven unmodified as ``mlx_lm.generate(..., logits_processors=[p],
+    draft_model=...)`` would: its speculative output against its plain output, greedy. Its plain
+    output is the engine's (the same compact JSON / regex language); the measured speculative
+    outcomes are pinned (docs/grammar.md scoreboard)."""
+    pytest.importorskip("xgrammar")
+    from oracles import xgrammar_mlxlm
+    from specparity.runners import load_model
+    from zoo import model_dir
+
+    xgrammar_mlxlm.require()
+    rows: Counter[str] = Counter()
+    for target, grammar, prompt, gamma in XGRAMMAR_MATRIX:
+        t, d = load_model(str(model_dir(target))), load_model(str(model_dir(f"{target}-twin")))
+        g = G.spec(grammar)
+        run = dict(oracle=xgrammar_mlxlm._base, target=t, kind=g.kind, text=g.text, processor="xgrammar",
+                   prompt=list(G.prompt_ids(prompt)), gamma=gamma)
+        plain = _outlines_output(**run, draft=None)
+        assert plain is not None, (target, grammar, prompt, "xgrammar's plain decode raised")
+        eng = run_trace("engine", Case(target, None, prompt, 0, 40, grammar=grammar,
+                                       prompt_tokens=G.prompt_ids(prompt)))
+        tok = _zoo_tokenizer()
+        same_text = tok.decode(plain) == tok.decode(eng.footer["output_ids"])
+        rows["plain text == engine" if same_text else "plain text != engine"] += 1
+        spec = _outlines_output(**run, draft=d.model)
+        rows[_xgrammar_outcome(spec, plain, grammar)] += 1
+    print(dict(rows))
+    assert dict(rows) == {k: v for k, v in XGRAMMAR_ROWS.items() if v}, dict(rows)

@@ -40,6 +40,20 @@ per id, ``ceil(V / 32)`` words); ``state_digest`` is the sha256 (16 hex) of the
 consumed-token count, the accepting/stopped flags and the bitmask of the next
 position: two matchers that consumed the same tokens have the same digest, a
 matcher advanced on one token more or less almost never does.
+
+Reasoning models (vLLM ``reasoning_parser`` + structured output; mlx-lm server
+and outlines setups with a think block) emit free text until a reasoning-end
+marker (``</think>``, possibly several tokens) and only then does the grammar
+constrain the output. ``reasoning_end`` (token ids: the marker text encoded with
+the target tokenizer) gives that: until the EMITTED tokens end with the whole
+marker no mask applies (the mask digest is :data:`FREE_DIGEST`) and the matcher
+does not advance; the position right after the marker's last token is the first
+masked one, from the matcher's fresh state (the marker is never fed to it). The
+walk needs nothing else: the phase flips in :meth:`GrammarMatcher.consume` on an
+emitted token, so when the marker ends inside a window the following positions
+of the same round are masked from the fresh state (vLLM 0.11
+``StructuredOutputManager.should_advance`` / ``ReasoningParser.is_reasoning_end``
+on the accepted tokens of each step: the same rule, per emitted token).
 """
 
 from __future__ import annotations
@@ -149,6 +163,20 @@ def ll_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> 
     return llguidance.hf.from_tokenizer(inner, n_vocab=vocab_size, eos_token=eos)
 
 
+def marker_ids(hf_tokenizer: Any, marker: str | Sequence[int]) -> tuple[int, ...]:
+    """A reasoning-end marker as token ids: a text is encoded with the target tokenizer
+    (no special tokens); ids are taken as they are. An empty text: no marker."""
+    if not isinstance(marker, str):
+        return tuple(int(t) for t in marker)
+    if not marker:
+        return ()
+    ids = hf_tokenizer.encode(marker, add_special_tokens=False)
+    ids = getattr(ids, "ids", ids)
+    if not ids:
+        raise GrammarError(f"reasoning-end marker {marker!r} encodes to no tokens")
+    return tuple(int(t) for t in ids)
+
+
 def model_vocab_size(model: Any) -> int:
     """The logits width of an mlx-lm model (``args.vocab_size``, or its text model's)."""
     for obj in (model, getattr(model, "language_model", None)):
@@ -165,12 +193,14 @@ def model_vocab_size(model: Any) -> int:
 class Grammar:
     """A grammar compiled against one tokenizer; :meth:`matcher` opens a fresh matcher per request."""
 
-    def __init__(self, spec: GrammarSpec, tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    def __init__(self, spec: GrammarSpec, tokenizer: Any, vocab_size: int, eos_ids: Sequence[int],
+                 reasoning_end: Sequence[int] = ()) -> None:
         import llguidance
 
         self.spec = spec
         self.vocab_size = int(vocab_size)
         self.eos_ids = tuple(int(t) for t in eos_ids)
+        self.reasoning_end = tuple(int(t) for t in reasoning_end)
         self._tokenizer = tokenizer
         self._grammar = spec.llguidance_grammar()
         err = llguidance.LLMatcher.validate_grammar(self._grammar, tokenizer)
@@ -179,9 +209,13 @@ class Grammar:
 
     @classmethod
     def for_tokenizer(
-        cls, spec: GrammarSpec, hf_tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]
+        cls, spec: GrammarSpec, hf_tokenizer: Any, vocab_size: int, eos_ids: Sequence[int],
+        reasoning_end: str | Sequence[int] = (),
     ) -> Grammar:
-        return cls(spec, ll_tokenizer(hf_tokenizer, vocab_size, eos_ids), vocab_size, eos_ids)
+        """``reasoning_end``: the marker text (encoded with ``hf_tokenizer``, no special tokens)
+        or its token ids; empty: the grammar applies from the first output token."""
+        return cls(spec, ll_tokenizer(hf_tokenizer, vocab_size, eos_ids), vocab_size, eos_ids,
+                   marker_ids(hf_tokenizer, reasoning_end))
 
     def matcher(self) -> GrammarMatcher:
         import llguidance
@@ -189,17 +223,18 @@ class Grammar:
         m = llguidance.LLMatcher(self._tokenizer, self._grammar, log_level=0)
         if m.is_error():
             raise GrammarError(f"grammar {self.spec.name!r}: {m.get_error()}")
-        return GrammarMatcher(m, self.vocab_size, self.eos_ids)
+        return GrammarMatcher(m, self.vocab_size, self.eos_ids, self.reasoning_end)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Grammar) and (self.spec, self.vocab_size, self.eos_ids) == (
-            other.spec, other.vocab_size, other.eos_ids)
+        return isinstance(other, Grammar) and (self.spec, self.vocab_size, self.eos_ids, self.reasoning_end) == (
+            other.spec, other.vocab_size, other.eos_ids, other.reasoning_end)
 
     def __hash__(self) -> int:
-        return hash((self.spec, self.vocab_size, self.eos_ids))
+        return hash((self.spec, self.vocab_size, self.eos_ids, self.reasoning_end))
 
     def __repr__(self) -> str:
-        return f"Grammar({self.spec.kind}:{self.spec.tag})"
+        marker = f", reasoning_end={list(self.reasoning_end)}" if self.reasoning_end else ""
+        return f"Grammar({self.spec.kind}:{self.spec.tag}{marker})"
 
 
 def bitmask_allowed(bitmask: bytes, vocab_size: int) -> np.ndarray:
@@ -214,15 +249,30 @@ def _h(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+# The mask digest of a position sampled with no grammar mask (before the reasoning-end marker):
+# 16 hex like every mask digest, never the digest of a bitmask (those hash ceil(V/32)*4 bytes).
+FREE_DIGEST = _h(b"reasoning: no grammar mask")
+
+
 class GrammarMatcher:
     """One request's matcher: mask, consume, termination, digests (llguidance ``LLMatcher``)."""
 
-    def __init__(self, matcher: Any, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, eos_ids: Sequence[int],
+                 reasoning_end: Sequence[int] = ()) -> None:
         self._m = matcher
         self.vocab_size = vocab_size
         self.eos_ids = tuple(eos_ids)
         self.consumed = 0
         self._bitmask: bytes | None = None
+        # Reasoning phase (module docstring): free until the emitted tokens end with the marker.
+        self.reasoning_end = tuple(int(t) for t in reasoning_end)
+        self.reasoning = bool(self.reasoning_end)
+        self.free: list[int] = []  # the tokens emitted before the grammar applied (marker included)
+
+    def _marker_done(self) -> bool:
+        """Whether the emitted (free) tokens end with the whole reasoning-end marker."""
+        n = len(self.reasoning_end)
+        return len(self.free) >= n and tuple(self.free[-n:]) == self.reasoning_end
 
     def bitmask(self) -> bytes:
         if self._bitmask is None:
@@ -232,8 +282,11 @@ class GrammarMatcher:
     def allowed(self) -> np.ndarray:
         return bitmask_allowed(self.bitmask(), self.vocab_size)
 
-    def mask(self, width: int | None = None) -> mx.array:
-        """The allowed set as a ``[1, width]`` bool array (ids past the tokenizer: never allowed)."""
+    def mask(self, width: int | None = None) -> mx.array | None:
+        """The allowed set as a ``[1, width]`` bool array (ids past the tokenizer: never allowed);
+        None before the reasoning-end marker (no mask)."""
+        if self.reasoning:
+            return None
         allowed = self.allowed()
         width = width or self.vocab_size
         if width != allowed.size:
@@ -244,23 +297,33 @@ class GrammarMatcher:
         return mx.array(allowed)[None]
 
     def mask_digest(self) -> str:
-        return _h(self.bitmask())
+        return FREE_DIGEST if self.reasoning else _h(self.bitmask())
 
     def state_digest(self) -> str:
+        if self.reasoning:  # how far into the reasoning, and the tail the marker could still end
+            tail = self.free[-(len(self.reasoning_end) - 1):] if len(self.reasoning_end) > 1 else []
+            return _h(f"reasoning:{len(self.free)}:{tail}".encode())
         head = f"{self.consumed}:{int(self.accepting)}:{int(self.stopped)}:".encode()
         return _h(head + self.bitmask())
 
     @property
     def accepting(self) -> bool:
-        return bool(self._m.is_accepting())
+        return not self.reasoning and bool(self._m.is_accepting())
 
     @property
     def stopped(self) -> bool:
         """The grammar is complete and allows nothing more (only EOS), or the matcher failed."""
-        return bool(self._m.is_stopped())
+        return not self.reasoning and bool(self._m.is_stopped())
 
     def consume(self, token: int) -> None:
-        """Advance on one EMITTED token; a token the grammar does not allow raises."""
+        """Advance on one EMITTED token; a token the grammar does not allow raises.
+
+        Before the reasoning-end marker the token is only recorded; the one that completes
+        the marker switches the grammar on (the matcher stays at its fresh state)."""
+        if self.reasoning:
+            self.free.append(int(token))
+            self.reasoning = not self._marker_done()
+            return
         ok = self._m.consume_token(int(token))
         self._bitmask = None
         if not ok or self._m.is_error():
@@ -269,8 +332,8 @@ class GrammarMatcher:
         self.consumed += 1
 
     def fork(self) -> GrammarMatcher:
-        other = GrammarMatcher(self._m.deep_copy(), self.vocab_size, self.eos_ids)
-        other.consumed = self.consumed
+        other = GrammarMatcher(self._m.deep_copy(), self.vocab_size, self.eos_ids, self.reasoning_end)
+        other.consumed, other.reasoning, other.free = self.consumed, self.reasoning, list(self.free)
         return other
 
 
@@ -286,7 +349,7 @@ class WalkResult:
 
 
 # The hooks a planted-bug test replaces (tests/test_grammar.py): each is one line of the walk.
-def _mask_for(matcher: GrammarMatcher, width: int) -> tuple[mx.array, str]:
+def _mask_for(matcher: GrammarMatcher, width: int) -> tuple[mx.array | None, str]:
     return matcher.mask(width), matcher.mask_digest()
 
 

@@ -47,7 +47,10 @@ from typing import Any
 from oracles import OracleUnavailable
 
 NAME = "mlx_lm_grammar"
-PROCESSORS = ("pure", "stateful", "mlx_vlm", "outlines", "outlines_llguidance")
+PROCESSORS = ("pure", "stateful", "mlx_vlm", "outlines", "outlines_llguidance", "xgrammar")
+# The mask digest logged for a call made before the reasoning-end marker (no mask applied):
+# the same 16 hex as engine.grammar.FREE_DIGEST (this layer never imports engine).
+FREE_DIGEST = hashlib.sha256(b"reasoning: no grammar mask").hexdigest()[:16]
 
 
 def require() -> None:
@@ -124,13 +127,33 @@ class _Marked:
         return self._model(*args, **kwargs)
 
 
-class HistoryPureProcessor:
-    """Grammar mask whose state is a function of ``history[skip:]`` alone (mlx-lm processor API)."""
+def after_marker(generated: list[int], marker: Sequence[int]) -> list[int] | None:
+    """The tokens after the first occurrence of ``marker`` in ``generated`` (all of them when
+    there is no marker); None while the marker has not been generated in full."""
+    n = len(marker)
+    if not n:
+        return generated
+    for end in range(n, len(generated) + 1):
+        if generated[end - n : end] == list(marker):
+            return generated[end:]
+    return None
 
-    def __init__(self, grammar: str, tokenizer: Any, skip: int, roles: _Roles | None = None) -> None:
+
+class HistoryPureProcessor:
+    """Grammar mask whose state is a function of ``history[skip:]`` alone (mlx-lm processor API).
+
+    With a reasoning-end marker (token ids) the history is read as vLLM's reasoning
+    parsers read it: until it contains the whole marker the call applies no mask (and
+    logs :data:`FREE_DIGEST`); after it, the matcher state is that of the tokens after
+    the marker's first occurrence (the marker is never fed to the matcher).
+    """
+
+    def __init__(self, grammar: str, tokenizer: Any, skip: int, roles: _Roles | None = None,
+                 reasoning_end: Sequence[int] = ()) -> None:
         self._grammar, self._tokenizer = grammar, tokenizer
         self._skip = skip
         self._roles = roles
+        self._marker = [int(t) for t in reasoning_end]
 
     def _state(self, generated: list[int]) -> Any:
         # A fresh matcher every call, never a rolled-back one: llguidance 1.9.1 takes an EOS
@@ -147,7 +170,12 @@ class HistoryPureProcessor:
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         history = [int(t) for t in tokens.tolist()] if tokens is not None else []
-        bitmask = bytes(self._state(history[self._skip:]).compute_bitmask())
+        generated = after_marker(history[self._skip:], self._marker)
+        if generated is None:  # still reasoning: no mask
+            if self._roles is not None:
+                self._roles.log(FREE_DIGEST)
+            return logits
+        bitmask = bytes(self._state(generated).compute_bitmask())
         if self._roles is not None:
             self._roles.log(_digest(bitmask))
         return _apply(logits, bitmask)
@@ -250,6 +278,33 @@ def _outlines_processor(model: Any, tokenizer: Any, kind: str, text: str, backen
         oc_mlx.apply_token_bitmask, llg_mlx.apply_token_bitmask = saved
 
 
+def _xgrammar_compiled(tokenizer: Any, kind: str, text: str, vocab_size: int) -> Any:
+    """The grammar compiled by xgrammar (``GrammarCompiler`` over ``TokenizerInfo.from_huggingface``,
+    as ``contrib/mlxlm.py``'s ``main`` builds it): JSON schema compact (``any_whitespace=False``,
+    ``separators=(",", ":")``: the engine's language), regex; a Lark grammar is refused (xgrammar reads GBNF/EBNF)."""
+    import transformers
+    import xgrammar
+
+    inner = tokenizer if isinstance(tokenizer, transformers.PreTrainedTokenizerFast) else tokenizer._tokenizer
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(inner, vocab_size=vocab_size))
+    if kind == "json":
+        return compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"))
+    if kind == "regex":
+        return compiler.compile_regex(text)
+    raise GrammarRunError(f"xgrammar reads EBNF, not a {kind} grammar")
+
+
+@contextmanager
+def _xgrammar_processor(tokenizer: Any, kind: str, text: str, vocab_size: int) -> Iterator[Any]:
+    """xgrammar's ``contrib/mlxlm.py`` ``XGrammarLogitsProcessor``, unmodified (its ``__call__``:
+    ``accept_token(tokens[-1])``, and on a refused token ``reset()`` then ``accept_token`` again;
+    no mask once terminated). Its ``apply_token_bitmask_mlx`` (an ``mx.compile``d gather, runs on
+    any MLX backend) is kept as is."""
+    from xgrammar.contrib import mlxlm as xg_mlxlm
+
+    yield xg_mlxlm.XGrammarLogitsProcessor(_xgrammar_compiled(tokenizer, kind, text, vocab_size))
+
+
 @contextmanager
 def _processors_given(processors: list[Any]) -> Iterator[None]:
     """``mlx_lm.sample_utils.make_logits_processors`` returns ``processors`` inside the block
@@ -286,11 +341,15 @@ def run(
     seed: int | None = 0,
     eos_ids: list[int] | None = None,
     cache_digests: bool = True,
+    reasoning_end: Sequence[int] = (),
 ) -> list[dict[str, Any]]:
     """Run mlx-lm with the grammar processor on one case; the trace records after the header.
 
     ``draft=None`` runs plain ``generate_step``, else ``speculative_generate_step``
-    with ``num_draft_tokens=gamma``. ``processor``: ``pure`` or ``stateful``.
+    with ``num_draft_tokens=gamma``. ``processor``: ``pure`` or ``stateful`` (or a
+    third-party adapter: ``mlx_vlm``, ``outlines``, ``outlines_llguidance``, ``xgrammar``).
+    ``reasoning_end`` (token ids): the history-pure processor applies the grammar only
+    after the marker (:class:`HistoryPureProcessor`); the other processors refuse it.
     Raises :class:`GrammarRunError` when mlx-lm raises mid-run (the processor's error).
     """
     require()
@@ -304,13 +363,17 @@ def run(
     roles = _Roles()
     spec = draft is not None
     skip = 1 if spec else len(prompt_ids)  # where mlx-lm's processor history starts
+    if reasoning_end and processor != "pure":
+        raise ValueError(f"processor {processor!r} has no reasoning-end marker (the history-pure one has)")
     with contextlib.ExitStack() as stack:
         if processor == "pure":
-            proc: Any = HistoryPureProcessor(grammar, llt, skip, roles)
+            proc: Any = HistoryPureProcessor(grammar, llt, skip, roles, reasoning_end)
         elif processor == "stateful":
             proc = StatefulProcessor(grammar, llt, roles)
         elif processor == "mlx_vlm":  # mlx-vlm's own class (tox -e vlm); no mask digests
             proc = stack.enter_context(_mlx_vlm_on_cpu())(grammar, llt)
+        elif processor == "xgrammar":  # xgrammar's contrib/mlxlm.py class (tox -e grammar-xgrammar)
+            proc = stack.enter_context(_xgrammar_processor(tokenizer, grammar_kind, grammar_text, vocab_size))
         else:  # outlines 1.3's own processor (tox -e grammar-outlines); no mask digests
             backend = "llguidance" if processor == "outlines_llguidance" else None
             proc = stack.enter_context(_outlines_processor(target, tokenizer, grammar_kind, grammar_text, backend))

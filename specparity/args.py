@@ -609,6 +609,15 @@ def model_ref(text: str) -> str:
     return text
 
 
+def reasoning_end(text: str) -> str:
+    """``--reasoning-end``: the marker text that ends a reasoning model's free part (non-empty, at
+    most 256 characters, no NUL); encoded with the target tokenizer (engine.grammar.marker_ids)."""
+    if not text or len(text) > 256 or "\x00" in text:
+        raise _err(f"--reasoning-end: expected a non-empty marker text of at most 256 characters "
+                   f"without NUL, got {text[:40]!r}")
+    return text
+
+
 def grammar_ref(text: str) -> str:
     """``--grammar``: a zoo grammar name, or a readable ``.json``/``.regex``/``.lark`` file that
     compiles as that kind of grammar text (resolved to an absolute path); else one line, exit 2."""

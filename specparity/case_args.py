@@ -74,6 +74,11 @@ def case_from_args(args: argparse.Namespace) -> Any:
     kw.update(cache_fields(args))  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
     if getattr(args, "grammar", None):
         kw["grammar"] = args.grammar  # --grammar FILE (resolved) or a zoo grammar name
+    if getattr(args, "reasoning_end", None):
+        if not getattr(args, "grammar", None):
+            raise ValueError("--reasoning-end needs --grammar (the marker ends the free part of a "
+                             "grammar-constrained output)")
+        kw["reasoning_end"] = args.reasoning_end
     return Case(
         target=model_label(target.path), drafter=drafter, prompt_id=pid,
         gamma=args.gamma if kind else 0, max_tokens=args.max_tokens, temperature=args.temp,

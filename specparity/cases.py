@@ -58,6 +58,9 @@ class Case:
     # Grammar-constrained decoding: a zoo grammar name (zoo/grammars.py) or a grammar file
     # (.json schema, .regex, .lark); '' = unconstrained.
     grammar: str = ""
+    # A reasoning-end marker (text, encoded with the target tokenizer): the grammar applies only
+    # after the emitted tokens end with it (engine.grammar); '' = from the first token.
+    reasoning_end: str = ""
 
     @property
     def on_zoo(self) -> bool:
@@ -97,6 +100,10 @@ class Case:
             from zoo.grammars import label
 
             base += f"/gr-{label(self.grammar)}"
+            if self.reasoning_end:
+                import hashlib
+
+                base += f"/re-{hashlib.sha256(self.reasoning_end.encode()).hexdigest()[:8]}"
         return base
 
     @property

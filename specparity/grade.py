@@ -156,6 +156,8 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
 
         try:
             extra["grammar"] = ref_from_header(p["grammar"])
+            if isinstance(p["grammar"].get("reasoning_end"), str):
+                extra["reasoning_end"] = p["grammar"]["reasoning_end"]
         except ValueError as exc:
             raise GradeError(f"{trace_path}: {exc}") from None
     return Case(

@@ -234,6 +234,7 @@ def zoo_cases(
     max_cases: int | None = None,
     cache: dict[str, Any] | None = None,
     grammar: str | None = None,
+    reasoning_end: str = "",
 ) -> list[Case]:
     """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts x ``sampling``.
 
@@ -287,7 +288,8 @@ def zoo_cases(
                          processors=smp.processors, **(cache or {}))
                     for (t, d) in native for smp in common["sampling"] for g in gammas for p in prompt_ids]
     gcases = grammar_cases(targets=targets, drafters=drafters, gammas=tuple(gammas), max_tokens=max_tokens,
-                           sampling=common["sampling"], eos_ids=eos_ids, grammar=grammar, cache=cache)
+                           sampling=common["sampling"], eos_ids=eos_ids, grammar=grammar, cache=cache,
+                           reasoning_end=reasoning_end)
     # cache settings given for the whole matrix can make the two quantized-KV cases one
     return list(dict.fromkeys([*suite_cases(specs, max_cases=max_cases), *native_cases, *gcases]))
 
@@ -302,6 +304,7 @@ def grammar_cases(
     eos_ids: tuple[int, ...] | None = None,
     grammar: str | None = None,
     cache: dict[str, Any] | None = None,
+    reasoning_end: str = "",
 ) -> list[Case]:
     """The zoo matrix's grammar cases (engine/grammar.py, docs/grammar.md).
 
@@ -312,7 +315,8 @@ def grammar_cases(
     in about 30 tokens, ``regex-sentence`` within 61 characters). Compared with
     plain decode + the same grammar and with
     mlx-lm + the grammar as a logits processor (``mlx_lm_grammar``, and the stateful
-    adapter shape ``mlx_lm_grammar_stateful``).
+    adapter shape ``mlx_lm_grammar_stateful``). ``reasoning_end`` (``--reasoning-end``):
+    every grammar case free until that marker.
     """
     from specparity.suite import Sampling
     from zoo import grammars as G
@@ -320,7 +324,8 @@ def grammar_cases(
     grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
     return [Case(t, d, p, g, max_tokens, temperature=smp.temperature, top_p=smp.top_p,
                  top_k=smp.top_k, seed=smp.seed, processors=smp.processors, eos_ids=eos_ids,
-                 prompt_tokens=G.prompt_ids(p), grammar=gr, **(cache or {}))
+                 prompt_tokens=G.prompt_ids(p), grammar=gr, **(cache or {}),
+                 **({"reasoning_end": reasoning_end} if reasoning_end else {}))
             for (t, d, p) in G.PAIRS
             if (targets is None or t in targets) and (drafters is None or d in drafters)
             for gr in grammars for smp in (sampling or (Sampling(),)) for g in gammas]

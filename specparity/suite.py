@@ -53,7 +53,7 @@ __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "su
 
 _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling", "eos_ids",
                "stop_ids", "stop_strings", "truncate", "chat_template", "kv_bits", "kv_group_size",
-               "quantized_kv_start", "rotating", "grammar"}
+               "quantized_kv_start", "rotating", "grammar", "reasoning_end"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
 SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
@@ -98,6 +98,7 @@ class PairSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     chat_template: bool = False  # text prompts through the target tokenizer's chat template
     grammar: str = ""  # a grammar file (.json schema, .regex, .lark) or a zoo grammar name; '' = none
+    reasoning_end: str = ""  # with grammar: the marker text the output is free until (engine.grammar)
 
 
 def _is_zoo_target(name: str) -> bool:
@@ -205,6 +206,10 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
             if not isinstance(v, str) or not v:
                 raise SuiteError(f"{w}: expected a grammar file or a zoo grammar name, got {v!r}")
             s.grammar = v if v in GRAMMARS else _check(args.grammar_ref, str(_path(v, w, root)), w)
+        elif key == "reasoning_end":  # docs/grammar.md
+            if not isinstance(v, str):
+                raise SuiteError(f"{w}: expected the marker text, got {v!r}")
+            s.reasoning_end = _check(args.reasoning_end, v, w)
     if s.kv_bits is None and (s.kv_group_size is not None or s.quantized_kv_start is not None):
         raise SuiteError(f"{where}: kv_group_size/quantized_kv_start need kv_bits")
     return s
@@ -306,12 +311,16 @@ def pair_cases(spec: PairSpec) -> list[Case]:
     prompts = _prompts(spec, on_zoo)
     stops = spec.stop_ids + tuple(_encode_stops(spec) if spec.stop_strings else ())
     tlabel = spec.target if on_zoo else model_label(spec.target)
+    if spec.reasoning_end and not spec.grammar:
+        raise SuiteError(f"{spec.where}: reasoning_end needs grammar (the marker ends the free part of a "
+                         "grammar-constrained output)")
     common: dict[str, Any] = {
         "max_tokens": spec.max_tokens, "eos_ids": spec.eos_ids, "stop_sequences": stops,
         "target_path": None if on_zoo else spec.target,
         "kv_bits": spec.kv_bits, "kv_group_size": spec.kv_group_size,
         "quantized_kv_start": spec.quantized_kv_start,
         **({"grammar": spec.grammar} if spec.grammar else {}),
+        **({"reasoning_end": spec.reasoning_end} if spec.reasoning_end else {}),
     }
     cases: list[Case] = []
     sources = _sources(spec)

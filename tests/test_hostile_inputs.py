@@ -982,7 +982,7 @@ RUN_FLAG_VALUES: dict[str, list[str]] = {
     "--max-tokens": ["6"], "--suite": ["SUITE"], "--max-cases": ["1"], "--runners": [""],
     "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [], "--chat-template": [],
     "--kv-bits": ["4"], "--kv-group-size": ["32"], "--quantized-kv-start": ["0"], "--rotating": ["exact"],
-    "--grammar": ["lark-list"],
+    "--grammar": ["lark-list"], "--reasoning-end": ["ll"],
 }
 # Flags that act only in a situation the baseline lacks: given with these, the baseline is refused
 # and the flag must make it run.
@@ -1076,7 +1076,7 @@ SUITE_KEY_FLAG: dict[str, str | None] = {
     "sampling.top_p": "--top-p", "sampling.top_k": "--top-k", "sampling.seed": "--seed",
     "sampling.processors": None, "target": None, "drafter": None, "sources": None,
     "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size", "quantized_kv_start": "--quantized-kv-start",
-    "rotating": "--rotating", "grammar": "--grammar",
+    "rotating": "--rotating", "grammar": "--grammar", "reasoning_end": "--reasoning-end",
 }
 _LIST_KEYS = {"gammas", "eos_ids", "stop_strings", "sources"}
 

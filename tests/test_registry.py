@@ -125,6 +125,7 @@ CASE_FIELDS = {
     "temperature", "top_p", "top_k", "eos_ids", "stop_sequences", "processors",  # OPTIONS
     "kv_bits", "kv_group_size", "quantized_kv_start",  # OPTIONS["kv_cache"]
     "grammar",  # OPTIONS["grammar"]
+    "reasoning_end",  # OPTIONS["reasoning_end"]
 }
 
 

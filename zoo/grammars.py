@@ -131,6 +131,27 @@ def prompt_ids(prompt_id: str) -> tuple[int, ...]:
     return tuple(zoo.prompt(prompt_id).token_ids)
 
 
+def marker_ending_at(output: list[int], j: int, max_tokens: int = 3) -> str | None:
+    """A reasoning-end marker for the zoo (engine.grammar ``reasoning_end``) made of tokens a zoo
+    model actually emitted: the text of ``output[j-m+1 : j+1]`` (m = 1..``max_tokens``, shortest
+    first) that the zoo tokenizer encodes back to exactly those ids and whose first occurrence in
+    ``output`` ends at ``j`` -- so with that marker the free part of a greedy run is ``output[:j+1]``
+    and the grammar applies from output position ``j + 1``. None when no such text exists (a token
+    inside a UTF-8 sequence)."""
+    tok = _tokenizer()
+    for m in range(1, max_tokens + 1):
+        if j - m + 1 < 0:
+            break
+        ids = list(output[j - m + 1 : j + 1])
+        text = tok.decode(ids)
+        if "\ufffd" in text or tok.encode(text, add_special_tokens=False).ids != ids:
+            continue
+        first = next(e for e in range(m - 1, len(output)) if list(output[e - m + 1 : e + 1]) == ids)
+        if first == j:
+            return str(text)
+    return None
+
+
 def spells(text: str) -> bool:
     """Whether the zoo tokenizer round-trips ``text`` (byte-level BPE: every UTF-8 text)."""
     tok = _tokenizer()

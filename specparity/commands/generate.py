@@ -69,6 +69,10 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="constrain the output: a JSON schema (.json), a regex (.regex) or a Lark "
                         "grammar (.lark), or a zoo grammar name (json-small, json-item, regex-sentence, "
                         "lark-list); the mask rides the accept walk, the drafter runs free (docs/grammar.md)")
+    g.add_argument("--reasoning-end", type=a.reasoning_end, default=None, metavar="TEXT",
+                   help="with --grammar: the output is free until the emitted tokens end with TEXT "
+                        "(encoded with the target tokenizer, e.g. '</think>'); the grammar masks from the "
+                        "next position on (docs/grammar.md)")
     add_device_argument(g)
 
 
@@ -83,7 +87,10 @@ def _grammar_param(case: Any) -> dict[str, Any]:
         return {}
     from zoo.grammars import spec
 
-    return {"grammar": spec(case.grammar).to_dict()}
+    block = spec(case.grammar).to_dict()
+    if case.reasoning_end:  # absent without a marker: older traces unchanged
+        block["reasoning_end"] = case.reasoning_end
+    return {"grammar": block}
 
 
 def _rotating_params(mode: str, kind: str | None, target: Any, provider: Any) -> dict[str, Any]:
@@ -126,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
     if case.grammar:
         from specparity.runners.engine import compile_grammar
 
-        params = replace(params, grammar=compile_grammar(case.grammar, target, eos_ids))
+        params = replace(params, grammar=compile_grammar(case.grammar, target, eos_ids, case.reasoning_end))
     speculative = args.draft is not None or args.source not in ("auto", None)
     kind = resolve_kind(args.source, args.draft) if speculative else None
 

@@ -81,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="constrain every case (your pair) or the zoo matrix's grammar cases: a JSON "
                         "schema (.json), regex (.regex), Lark grammar (.lark) or zoo grammar name "
                         "(docs/grammar.md)")
+    s.add_argument("--reasoning-end", type=a.reasoning_end, default=None, metavar="TEXT",
+                   help="with --grammar: each grammar case is free until the emitted tokens end with "
+                        "TEXT, then constrained (docs/grammar.md)")
     add_kv_arguments(s)
     p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
     p.add_argument("--max-cases", type=positive, default=a.MAX_CASES,
@@ -99,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 _SETTINGS = ("temps", "top_p", "top_k", "seed", "eos_ids", "truncate", "gammas", "max_tokens", "prompts",
-             "chat_template", "grammar")
+             "chat_template", "grammar", "reasoning_end")
 
 
 def _given(args: argparse.Namespace, *names: str) -> list[str]:
@@ -137,6 +140,9 @@ def cases_from_args(args: argparse.Namespace) -> list:
     sampling = _sampling(args)
     gammas = tuple(args.gammas or (1, 2, 3, 5))
     max_tokens = args.max_tokens or 32
+    if args.reasoning_end and not args.grammar:
+        raise ValueError("--reasoning-end needs --grammar (the marker ends the free part of a "
+                         "grammar-constrained output)")
     if args.target is None:
         if args.draft or args.source or args.prompts_file:
             raise ValueError("--draft/--source/--prompts-file need --target")
@@ -146,7 +152,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
         return zoo_cases(targets=args.targets, drafters=args.drafters, gammas=gammas,
                          n_prompts=args.prompts or 8, max_tokens=max_tokens, sampling=sampling,
                          eos_ids=args.eos_ids, truncate=bool(args.truncate), max_cases=args.max_cases,
-                         cache=fields, grammar=args.grammar)
+                         cache=fields, grammar=args.grammar, reasoning_end=args.reasoning_end or "")
     if args.targets or args.drafters:
         raise ValueError("--target (one pair) and --targets/--drafters (the zoo matrix) exclude each other")
     if args.prompts is not None and args.prompts_file is not None:
@@ -162,6 +168,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
         prompts_file=args.prompts_file, zoo_prompts=args.prompts or 8,
         sampling=sampling, eos_ids=args.eos_ids, truncate=bool(args.truncate), where="--target",
         chat_template=bool(args.chat_template), grammar=args.grammar or "",
+        reasoning_end=args.reasoning_end or "",
         **fields,
     )
     return suite_cases([spec], max_cases=args.max_cases)

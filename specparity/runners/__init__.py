@@ -168,6 +168,8 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
         from zoo.grammars import spec
 
         extra["grammar"] = spec(case.grammar).to_dict()
+        if getattr(case, "reasoning_end", ""):  # absent without a marker: older traces unchanged
+            extra["grammar"]["reasoning_end"] = case.reasoning_end
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,

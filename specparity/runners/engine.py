@@ -13,7 +13,7 @@ from typing import Any
 from specparity.runners.registry import CaseRun, Runner, sources
 
 OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache",
-           "grammar")
+           "grammar", "reasoning_end")
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:
@@ -44,7 +44,8 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
         **kv_params(case),
     )
     if case.grammar:
-        params = replace(params, grammar=compile_grammar(case.grammar, x.target, params.eos_ids))
+        params = replace(params, grammar=compile_grammar(case.grammar, x.target, params.eos_ids,
+                                                         case.reasoning_end))
     if case.drafter is None:
         result = plain_generate(x.target.model, x.ids, params)
     elif case.source in DSPARK_SOURCES:
@@ -68,13 +69,15 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
     return [*result.records, result.footer()]
 
 
-def compile_grammar(ref: str, target: Any, eos_ids: tuple[int, ...]) -> Any:
+def compile_grammar(ref: str, target: Any, eos_ids: tuple[int, ...], reasoning_end: str = "") -> Any:
     """A case's grammar (zoo name or file) compiled against the target's tokenizer and vocabulary
-    (engine.grammar.Grammar); the EOS ids are the ones its mask allows at the end."""
+    (engine.grammar.Grammar); the EOS ids are the ones its mask allows at the end; a
+    reasoning-end marker text is encoded with the target tokenizer."""
     from engine.grammar import Grammar, model_vocab_size
     from zoo.grammars import spec
 
-    return Grammar.for_tokenizer(spec(ref), target.tokenizer, model_vocab_size(target.model), eos_ids)
+    return Grammar.for_tokenizer(spec(ref), target.tokenizer, model_vocab_size(target.model), eos_ids,
+                                 reasoning_end)
 
 
 RUNNER = Runner(

@@ -28,11 +28,24 @@ PLAIN_OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "grammar")
 SPEC_OPTIONS = ("eos_ids", "grammar")
 
 
-def _sources() -> dict[str, frozenset[str]]:
-    return {**sources(PLAIN_OPTIONS, "plain"), **sources(SPEC_OPTIONS, "two-model")}
+def _sources(*extra: str) -> dict[str, frozenset[str]]:
+    return {**sources((*PLAIN_OPTIONS, *extra), "plain"), **sources((*SPEC_OPTIONS, *extra), "two-model")}
 
 
-NAMES = {"pure": "mlx_lm_grammar", "stateful": "mlx_lm_grammar_stateful"}
+NAMES = {"pure": "mlx_lm_grammar", "stateful": "mlx_lm_grammar_stateful", "xgrammar": "xgrammar_mlxlm"}
+
+
+def _marker(case: Any, tokenizer: Any, processor: str) -> dict[str, Any]:
+    """``reasoning_end`` ids (the case's marker text encoded with the target tokenizer, as the
+    engine encodes it); only the history-pure processor has the reasoning phase."""
+    if not getattr(case, "reasoning_end", ""):
+        return {}
+    from traces.reference import ReferenceRefused
+
+    if processor != "pure":
+        raise ReferenceRefused(NAMES[processor], case.case_id, "no reasoning-end marker in this processor shape")
+    ids = tokenizer.encode(case.reasoning_end, add_special_tokens=False)
+    return {"reasoning_end": [int(t) for t in getattr(ids, "ids", ids)]}
 
 
 def _run(processor: str) -> Any:
@@ -55,6 +68,7 @@ def _run(processor: str) -> Any:
                 gamma=case.gamma, max_tokens=case.max_tokens, temperature=case.temperature,
                 top_p=case.top_p, top_k=case.top_k, seed=case.seed,
                 eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
+                **_marker(case, x.target.tokenizer, processor),
             )
         except (oracle.GrammarRunError, ReferenceRefused) as exc:  # mlx-lm raised mid-run
             msg = exc.message if isinstance(exc, ReferenceRefused) else str(exc)
@@ -68,7 +82,7 @@ RUNNERS = (
         name="mlx_lm_grammar",
         kind="reference",
         package="mlx-lm",
-        sources=_sources(),
+        sources=_sources("reasoning_end"),  # the history-pure processor's reasoning phase
         run=_run("pure"),
         available=oracle_availability("mlx_lm_grammar"),
         install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33, llguidance)",

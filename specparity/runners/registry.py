@@ -48,6 +48,7 @@ OPTIONS: dict[str, Callable[[Any], bool]] = {
     "logits_processors": lambda c: bool(c.processors),
     "kv_cache": lambda c: c.kv_bits is not None,  # kv_bits / kv_group_size / quantized_kv_start
     "grammar": lambda c: bool(getattr(c, "grammar", "")),  # engine/grammar.py (docs/grammar.md)
+    "reasoning_end": lambda c: bool(getattr(c, "reasoning_end", "")),  # the grammar after a marker
 }
 
 PLAIN = "plain"  # the "source" of a case without a drafter (plain decode)
