@@ -857,8 +857,10 @@ class _Started(Exception):
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """``specparity.run.run`` stubbed: its arguments are kept and it raises :class:`_Started`."""
+    """``specparity.run.run`` (and ``run --sessions``' job) stubbed: its arguments are kept and it
+    raises :class:`_Started`."""
     import specparity.run
+    import specparity.sessions
 
     calls: list[dict[str, Any]] = []
 
@@ -866,7 +868,12 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append({"out": out, **kwargs})
         raise _Started()
 
+    def sessions(cases: Any, out: Path, **kwargs: Any) -> None:  # run --sessions: another job
+        calls.append({"out": out, "sessions": True, "cases": list(cases), **kwargs})
+        raise _Started()
+
     monkeypatch.setattr(specparity.run, "run", run)
+    monkeypatch.setattr(specparity.sessions, "main_sessions", sessions)
     return calls
 
 
@@ -982,7 +989,7 @@ RUN_FLAG_VALUES: dict[str, list[str]] = {
     "--max-tokens": ["6"], "--suite": ["SUITE"], "--max-cases": ["1"], "--runners": [""],
     "--workers": ["1"], "--ray": ["127.0.0.1:1"], "--quiet": [], "--chat-template": [],
     "--kv-bits": ["4"], "--kv-group-size": ["32"], "--quantized-kv-start": ["0"], "--rotating": ["exact"],
-    "--grammar": ["lark-list"], "--reasoning-end": ["ll"],
+    "--grammar": ["lark-list"], "--reasoning-end": ["ll"], "--sessions": [],
 }
 # Flags that act only in a situation the baseline lacks: given with these, the baseline is refused
 # and the flag must make it run.
