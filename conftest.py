@@ -46,3 +46,16 @@ def short_target_trim(monkeypatch: pytest.MonkeyPatch) -> None:
         real(cs, n - 1 if who == "target" and n > 0 else n, who)
 
     monkeypatch.setattr(caches, "trim", trim)
+
+
+# ------------------------------------------------------------------ heavy matrices
+def pytest_runtest_setup(item):  # noqa: ANN001, ANN201
+    """``@pytest.mark.heavy`` tests (whole-zoo matrices of minutes) run only when asked for:
+    ``-m slow`` / ``-m heavy`` or ``SPECPARITY_PROMPTS=all`` (the nightly workflow); the
+    default run keeps a few minutes on 2 cores."""
+    if item.get_closest_marker("heavy") is None:
+        return
+    expr = str(item.config.getoption("-m") or "")
+    asked = any(m in expr and f"not {m}" not in expr for m in ("slow", "heavy"))
+    if not (asked or os.environ.get("SPECPARITY_PROMPTS") == "all"):
+        pytest.skip("heavy matrix: run with -m slow or SPECPARITY_PROMPTS=all (nightly)")

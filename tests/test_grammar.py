@@ -170,6 +170,7 @@ def test_greedy_spec_equals_plain_rotating_and_recurrent(target: str, gamma: int
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("target", [KV, ROTATING, RECURRENT, "qwen3", "gemma4"])
 @pytest.mark.parametrize("grammar", list(G.GRAMMARS))
 def test_greedy_spec_equals_plain_matrix(target: str, grammar: str, tokenizer: Any) -> None:

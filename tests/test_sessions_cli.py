@@ -85,6 +85,7 @@ def test_sessions_refuses_workers(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_sessions_zoo_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["run", "--sessions", "--out", str(tmp_path / "o"), "--quiet"])
     text = capsys.readouterr().out
