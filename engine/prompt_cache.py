@@ -75,6 +75,7 @@ from engine.executor import (
 )
 from engine.rollback import is_arrays, is_rotating
 from engine.seam import DraftProvider
+from traces.diff import common_prefix
 
 # Sources whose whole per-request state the session can save and restore.
 SEGMENT_SOURCES = ("two-model",)  # the drafter's own caches
@@ -125,7 +126,7 @@ class Segment:
 
     def usable(self, drained: Sequence[int]) -> tuple[int, str | None]:
         """How many of ``drained`` this segment can supply, and why not more."""
-        n = _common_prefix(self.key, drained)
+        n = common_prefix(self.key, drained)
         rule, why = self.reuse_rule()
         if rule == "refuse":
             return 0, why
@@ -174,15 +175,6 @@ def split_profile(model: Any, tokens: Sequence[int]) -> str:
         last = fill([len(ids) - 1, 1])
         _SPLIT[key] = (model, "none" if halves != one else ("exact" if last == one else "multi"))
     return _SPLIT[key][1]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def positions(c: Any) -> int | None:
@@ -441,13 +433,13 @@ class PromptCacheSession:
                 nt, why = 0, ("target segment written by one-token forwards; this target's one-token "
                               "forward is not its prefill's arithmetic (split_profile 'multi')")
             if why:
-                missed.append((_common_prefix(e.target.key, drained),
+                missed.append((common_prefix(e.target.key, drained),
                                f"request {e.target.request} {e.target.boundary}: {why}"))
             nd = 0
             if e.drafter is not None and nt and not (dsplit != "exact" and e.drafter.one_token_forwards):
                 nd, dwhy = e.drafter.usable(drained[:max(cap, 0)])
                 if dwhy:
-                    missed.append((min(nt, _common_prefix(e.drafter.key, drained)),
+                    missed.append((min(nt, common_prefix(e.drafter.key, drained)),
                                    f"request {e.drafter.request} {e.drafter.boundary}: {dwhy}"))
             if (nt, nd) > best[:2]:
                 best = (nt, nd, j)
@@ -563,7 +555,6 @@ def cold(target_model: Any, provider: DraftProvider, prompt_ids: Sequence[int],
     res = spec_generate(target_model, provider, list(prompt_ids), params, on_token=tick,
                         target_caches=make_prompt_cache(target_model))
     return res, first[0] if first else None
-
 
 
 class PlainPromptCacheSession(PromptCacheSession):

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from traces.diff import common_prefix
+
 MIN_PROMPTS = 32
 
 Timing = Callable[[str, int, Any], float]
@@ -131,15 +133,6 @@ def accepted_flags(records: list[dict[str, Any]]) -> list[bool]:
         elif r["type"] == "plain":
             flags += [False] * len(r["emitted"])
     return flags
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | None = None,

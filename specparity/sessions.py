@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.cases import Case
+from traces.diff import common_prefix
 
 # session name -> request kinds, in order (the first is always "fresh")
 SESSIONS: dict[str, tuple[str, ...]] = {
@@ -76,13 +77,6 @@ def next_prompt(kind: str, prev_prompt: Sequence[int], prev_stream: Sequence[int
                      "shared-prefix")
 
 
-def _first_index(a: Sequence[Any], b: Sequence[Any]) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
 def _where(rec: dict[str, Any]) -> str:
     if rec["type"] == "prefill":
         return "prefill (before round 0)"
@@ -95,10 +89,10 @@ def _where(rec: dict[str, Any]) -> str:
 
 def _field_diff(name: str, a: Any, b: Any) -> str:
     if isinstance(a, dict) and isinstance(b, dict) and "layers" in a and "layers" in b:
-        j = _first_index(a["layers"], b["layers"])
+        j = common_prefix(a["layers"], b["layers"])
         return f"{name} layer {j}: warm {str(a['combined'])[:12]} != cold {str(b['combined'])[:12]}"
     if isinstance(a, list) and isinstance(b, list):
-        j = _first_index(a, b)
+        j = common_prefix(a, b)
         return (f"{name} position {j}: warm {a[j] if j < len(a) else '<end>'} != "
                 f"cold {b[j] if j < len(b) else '<end>'}")
     return f"{name}: warm {a!r} != cold {b!r}"

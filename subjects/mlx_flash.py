@@ -50,6 +50,7 @@ from subjects._common import (
     require_module,
 )
 from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
+from traces.diff import common_prefix
 
 NAME = "mlx-flash"
 _NO_STOP = "no stop-id parameter (generate() stops only on tokenizer.eos_token_id)"
@@ -94,15 +95,6 @@ def drafter_path(case: SubjectCase) -> str | None:
     return str(zoo.pair(case.target, "twin")[1]) if case.mode == "sequoia" else None
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    k = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        k += 1
-    return k
-
-
 class _Rounds:
     """Per-round (drafts, accepted, committed tokens) from the instance's own verify calls."""
 
@@ -110,7 +102,7 @@ class _Rounds:
         self.rounds: list[RoundReport] = []
 
     def add(self, drafts: list[int], committed: list[int], accepted: int | None) -> None:
-        k = _common_prefix(drafts, committed) if accepted is None else int(accepted)
+        k = common_prefix(drafts, committed) if accepted is None else int(accepted)
         self.rounds.append(RoundReport(drafted=len(drafts), accepted=k, committed=len(committed),
                                        drafts=list(drafts)))
 

@@ -293,6 +293,12 @@ def _short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def common_prefix(x: Sequence[Any], y: Sequence[Any]) -> int:
+    """Length of the longest common prefix of ``x`` and ``y`` (compared element by element)."""
+    i = _first_diff(x, y)
+    return min(len(x), len(y)) if i is None else i
+
+
 def _first_diff(x: Sequence[Any], y: Sequence[Any]) -> int | None:
     """Index of the first differing element over the common prefix, else None."""
     for i, (p, q) in enumerate(zip(x, y, strict=False)):

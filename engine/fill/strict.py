@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.fill.proposal import MIN_SPAN, Proposal, TokenView
+from traces.diff import common_prefix
 
 VALUE_PROBES = ("Qz", "47")  # different first characters and classes: different first ids
 PROSE_PROBES = ("Okay.", "7 ways")
@@ -87,15 +88,6 @@ def required_of(tool: dict[str, Any]) -> list[str]:
 def _call(name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": "",
             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]}
-
-
-def _prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _suffix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -177,15 +169,15 @@ def compile_rows(tok: ChatTokenizer, messages: Sequence[dict[str, Any]],
     if any(real[n] == prose[0] for n in names) or probe_name is None or any(
             empty[n] == probe_name for n in names):
         return ScaffoldPlan((), frozenset(), real, reason="the template does not render tool calls by name")
-    d0 = min(_prefix_len(real[n], p) for n in names for p in prose if p is not None)
+    d0 = min(common_prefix(real[n], p) for n in names for p in prose if p is not None)
     # where each tool's argument object starts / its first value starts
     ends: dict[str, int] = {}
     for n in names:
         a, b = calls[n]
-        value_at = _prefix_len(a, b)
-        args_at = _prefix_len(a, empty[n])
+        value_at = common_prefix(a, b)
+        args_at = common_prefix(a, empty[n])
         ends[n] = value_at if len(required_of(next(t for t in tools if _name(t) == n))) == 1 else args_at
-    shared = min(_prefix_len(real[n], real[m]) for n in names for m in names if m != n) if len(names) > 1 \
+    shared = min(common_prefix(real[n], real[m]) for n in names for m in names if m != n) if len(names) > 1 \
         else len(real[names[0]])
     rows: list[Row] = []
     first = names[0]
@@ -197,7 +189,7 @@ def compile_rows(tok: ChatTokenizer, messages: Sequence[dict[str, Any]],
             rows.append(Row("scaffold", None, tuple(real[first][d0:trig_end]), tuple(ids), first, d0))
     if len(names) > 1:
         for n in names:
-            own = max(_prefix_len(real[n], real[m]) for m in names if m != n)
+            own = max(common_prefix(real[n], real[m]) for m in names if m != n)
             end = _anchor(tok, real[n], own, ends[n])
             if end is None or own == 0:
                 continue
@@ -268,7 +260,7 @@ def check_rows(plan: ScaffoldPlan, tok: ChatTokenizer) -> list[str]:
             while pos < len(ids) and len(acc) + len(tok.decode([ids[pos]])) <= c:
                 acc += tok.decode([ids[pos]])
                 pos += 1
-            j = _prefix_len(seq, ids[pos:])
+            j = common_prefix(seq, ids[pos:])
             got = seq[j] if j < len(seq) else None
             want = ids[pos + j] if pos + j < len(ids) else None
             where = (f"; its text {text!r} IS in the {n} rendering (char {c}) but the ids differ at row "
