@@ -160,7 +160,12 @@ def ll_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> 
     if not isinstance(inner, transformers.PreTrainedTokenizerFast):
         inner = getattr(inner, "_tokenizer", inner)  # mlx-lm's TokenizerWrapper holds the HF tokenizer
     eos = [int(t) for t in eos_ids] or None
-    return llguidance.hf.from_tokenizer(inner, n_vocab=vocab_size, eos_token=eos)
+    try:
+        return llguidance.hf.from_tokenizer(inner, n_vocab=vocab_size, eos_token=eos)
+    except Exception as exc:  # llguidance's own reader (e.g. a WordPiece decoder it cannot map)
+        raise GrammarError(f"grammar: llguidance cannot read this model's tokenizer ({exc}); "
+                           "grammar-constrained decoding needs a byte-level BPE or SentencePiece "
+                           "tokenizer") from exc
 
 
 def marker_ids(hf_tokenizer: Any, marker: str | Sequence[int]) -> tuple[int, ...]:

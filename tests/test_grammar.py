@@ -522,3 +522,24 @@ def test_grammar_with_logits_processors_spec_equals_plain(processors: str, token
         _check_valid(spec, "regex-sentence", tokenizer)
     free = _trace(replace(case, processors=""))
     assert free.footer["output_ids"] != spec.footer["output_ids"], "the processors changed nothing"
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_one_clear_error(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's word-level (WordPiece-decoder) tokenizer: llguidance cannot map it; `run --grammar`
+    says so in one line naming the tokenizer (exit 2), no llguidance-internal text alone."""
+    from specparity.cli import main
+    from tests import foreign
+
+    t = foreign.write_model("phi3", tmp_path / "t")
+    d = foreign.write_model("phi3", tmp_path / "d", drafter=True)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "text": "ba de fi"}\n')
+    (tmp_path / "g.regex").write_text("(ba |de )+")
+    rc = main(["run", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts), "--gammas", "2",
+               "--max-tokens", "4", "--grammar", str(tmp_path / "g.regex"), "--out", str(tmp_path / "out"),
+               "--quiet"])
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if "error:" in ln]
+    assert rc == 2 and len(errors) == 1 and "llguidance cannot read this model's tokenizer" in errors[0], err
+    assert "Traceback" not in err
