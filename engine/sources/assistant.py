@@ -28,6 +28,7 @@ the prefill's own sample, as in optiq's ``spec_generate``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,10 @@ import mlx.nn as nn
 
 from engine.sampler import StepSampler
 from engine.seam import PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "assistant"
+PREFILL: PrefillMode = "full"  # §2.1; the source and its descriptor share it
 CENTROIDS = "masked_embedding.centroids.weight"
 ORDERING = "masked_embedding.token_ordering"
 
@@ -297,7 +300,7 @@ def _read_kv(cache: Any) -> tuple[mx.array, mx.array]:
 
 
 class AssistantSource:
-    prefill_mode: PrefillMode = "full"
+    prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = True
     weights_bytes = 0
@@ -379,3 +382,20 @@ class AssistantProvider:
     def open(self, sampler: StepSampler, target: TargetView) -> AssistantSource:
         self.check_target(target.model)
         return AssistantSource(self.drafter, target)
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> AssistantProvider:
+    return AssistantProvider(path=draft_dir)
+
+
+def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
+    return "assistant" in str(config().get("model_type", ""))  # gemma4_assistant dirs
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=AssistantProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=4,
+    detect=_detect, detect_rank=2, zoo="zoo.heads:case_paths",
+)
