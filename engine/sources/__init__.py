@@ -15,10 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from engine.seam import DraftProvider
-from engine.sources.kind import OpenOptions, SourceKind, all_kinds, find, get, names, prefill_for
+from engine.sources.kind import (
+    OpenOptions,
+    SourceKind,
+    all_kinds,
+    find,
+    get,
+    names,
+    prefill_for,
+    roster_help,
+)
 
 __all__ = ["KINDS", "PINNED_GAMMA", "OpenOptions", "SourceKind", "all_kinds", "find", "get",
-           "make_provider", "names", "open_drafter", "prefill_for"]
+           "make_provider", "names", "open_drafter", "prefill_for", "roster_help"]
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: derived tables, never typed again

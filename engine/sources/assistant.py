@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
 from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "assistant"
@@ -299,7 +299,7 @@ def _read_kv(cache: Any) -> tuple[mx.array, mx.array]:
     return cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
 
 
-class AssistantSource:
+class AssistantSource(DraftSourceBase):
     prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = True
@@ -398,4 +398,5 @@ def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
 SOURCE = SourceKind(
     name=KIND, provider=AssistantProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=4,
     detect=_detect, detect_rank=2, zoo="zoo.heads:case_paths",
+    hint="a gemma4_assistant dir",
 )

@@ -45,7 +45,7 @@ import mlx.core as mx
 from engine import caches as cache_ops
 from engine.dspark import deepspec_module as dsm
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
 from engine.sources.kind import OpenOptions, SourceKind, read_json
 
 KIND = "deepspec"
@@ -66,7 +66,7 @@ def _embed_rows(target_model: Any, tokens: list[int]) -> mx.array:
     return (emb * scale if scale is not None else emb).astype(mx.float32)
 
 
-class DeepSpecSource:
+class DeepSpecSource(DraftSourceBase):
     prefill_mode: PrefillMode = PREFILL
     wants_anchor_hidden = False
 
@@ -184,4 +184,5 @@ SOURCE = SourceKind(
     name=KIND, provider=DeepSpecProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=5,
     detect=_detect, detect_rank=1, pinned_gamma=_block, threshold_default=0.0,
     options=frozenset({"confidence_threshold"}), header=_header, zoo="zoo.dspark:case_paths",
+    hint="a Gemma4DSparkModel dir",
 )

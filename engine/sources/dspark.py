@@ -27,7 +27,7 @@ from engine import caches as cache_ops
 from engine.dspark import loader
 from engine.dspark import module as dsm
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
 from engine.sources.kind import OpenOptions, SourceKind, read_json
 
 KIND = "dspark"
@@ -52,7 +52,7 @@ def _target_io(target_model: Any) -> tuple[Any, Any]:
     return embed, (head if head is not None else inner.embed_tokens.as_linear)
 
 
-class DSparkSource:
+class DSparkSource(DraftSourceBase):
     prefill_mode: PrefillMode = PREFILL
     wants_anchor_hidden = False
     weights_bytes = 0
@@ -144,4 +144,5 @@ SOURCE = SourceKind(
     detect=_detect, detect_rank=0, pinned_gamma=_block,
     threshold_default=None,  # the checkpoint's calibrated thresholds (DSparkProvider)
     options=frozenset({"confidence_threshold"}), header=_header, zoo="zoo.dspark:case_paths",
+    hint="a dspark.json dir",
 )

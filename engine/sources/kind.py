@@ -97,6 +97,7 @@ class SourceKind:
         zoo: ``"module:function"`` locating a zoo case's ``(target dir, drafter dir)`` from
             ``(target, drafter)`` names (None: the drafter is not a zoo artifact).
         label_prefix: a drafter path's case label is ``<kind>-<dir label>`` (False: the bare label).
+        hint: what its drafter artifact is, for help texts (``--source``).
     """
 
     name: str
@@ -116,6 +117,7 @@ class SourceKind:
     header: Callable[[Path | None, OpenOptions], dict[str, Any]] | None = None
     zoo: str | None = None
     label_prefix: bool = True
+    hint: str = ""
 
     def __post_init__(self) -> None:
         from engine.seam import PREFILL_MODES
@@ -174,6 +176,11 @@ def all_kinds() -> tuple[SourceKind, ...]:
 
 def names() -> tuple[str, ...]:
     return tuple(k.name for k in all_kinds())
+
+
+def roster_help() -> str:
+    """The roster for ``--source`` help texts: ``two-model (a drafter model dir), ngram (...)``."""
+    return ", ".join(f"{k.name} ({k.hint})" if k.hint else k.name for k in all_kinds())
 
 
 def get(name: str) -> SourceKind:

@@ -48,7 +48,7 @@ import mlx.nn as nn
 
 from engine import caches as cache_ops
 from engine.sampler import StepSampler, token_ids
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
 from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "mtp"
@@ -167,7 +167,7 @@ def owe_prompt_rows(src: Any, prompt_ids: list[int], ctx: TapContext | None) -> 
     return list(prompt_ids[1:])
 
 
-class MTPSource:
+class MTPSource(DraftSourceBase):
     prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = True
@@ -289,4 +289,5 @@ def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
 SOURCE = SourceKind(
     name=KIND, provider=MTPProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=2,
     detect=_detect, detect_rank=3, zoo="zoo.heads:case_paths",
+    hint="a qwen3_5_mtp head dir",
 )

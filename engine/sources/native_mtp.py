@@ -74,7 +74,7 @@ import mlx.nn as nn
 
 from engine import caches as cache_ops
 from engine.sampler import StepSampler, token_ids
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
 from engine.sources.kind import OpenOptions, SourceKind
 from engine.sources.mtp import owe_prompt_rows
 
@@ -418,7 +418,7 @@ def _target_parts(target_model: Any) -> tuple[Any, Any, Any]:
     return inner.embed_tokens, head, inner.norm
 
 
-class NativeMTPSource:
+class NativeMTPSource(DraftSourceBase):
     prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = True
@@ -606,4 +606,5 @@ SOURCE = SourceKind(
     name=KIND, provider=NativeMTPProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=3,
     detect=_detect, detect_rank=4, options=frozenset({"conventions"}), header=_header,
     zoo=None,  # the MTP layers sit inside the zoo target's checkpoint (zoo/native_mtp.py, by target)
+    hint="a checkpoint carrying its own MTP layers: model.layers.{N}.* or mtp.*",
 )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
 from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "ngram"
@@ -54,7 +54,7 @@ def lookup(history: list[int], n: int, ngram_max: int = 3, ngram_min: int = 1) -
     return []
 
 
-class NgramSource:
+class NgramSource(DraftSourceBase):
     prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = False
@@ -149,4 +149,5 @@ SOURCE = SourceKind(
     name=KIND, provider=NgramProvider, open=_open, prefill=PREFILL, reuse="reread", roster=1,
     takes_dir=False,  # model-free: never detected, refuses a drafter directory
     options=frozenset({"ngram"}),
+    hint="model-free, no --draft",
 )

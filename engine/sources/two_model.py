@@ -40,7 +40,7 @@ import mlx.core as mx
 from engine import caches as cache_ops
 from engine.rollback import RingRound, is_arrays, is_kv, is_rotating, ring_unsupported
 from engine.sampler import StepSampler, token_ids
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
 from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "two-model"
@@ -113,7 +113,7 @@ def check_compatible(target: Any, draft: Any, target_tok: Any = None, draft_tok:
             )
 
 
-class TwoModelSource:
+class TwoModelSource(DraftSourceBase):
     prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = False
@@ -341,4 +341,5 @@ SOURCE = SourceKind(
     name=KIND, provider=TwoModelProvider, open=_open, prefill=PREFILL, reuse="segment", roster=0,
     detect_fallback=True,  # §3: a directory no other detector claims is a drafter model
     loads_model=True, zoo="zoo:pair", label_prefix=False,
+    hint="a drafter mlx-lm model dir",
 )
