@@ -136,9 +136,9 @@ class DraftSourceBase:
     wants_anchor_hidden: bool = False
     weights_bytes: int = 0
 
-    draft_array: ClassVar[Callable[..., mx.array] | None] = None
+    draft_array: ClassVar[Callable[..., mx.array] | None] = None  # (self, feed, n, step_base, anchor_hidden)
     last_confidence: list[float] | None = None
-    set_kv_quantization: ClassVar[Callable[..., None] | None] = None
+    set_kv_quantization: ClassVar[Callable[[Any, KVQuantization], None] | None] = None
 
     def set_rotating(self, mode: str) -> None:
         """Request option ``rotating`` (the source's own rotating caches): default no-op."""
