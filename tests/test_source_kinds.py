@@ -236,3 +236,41 @@ def test_generate_trace_header_is_record_s(kind: str, tmp_path: Path, capsys: py
     if kind == "dspark":  # γ pinned to the checkpoint's block in the case, as generate runs it
         assert g.header["params"]["gamma"] == 4 and "/g4/" in g.header["case_id"]
         assert g.header["params"]["confidence_threshold"] is None  # the checkpoint's thresholds
+
+
+def test_drafter_labels_round_trip_the_threshold(tmp_path: Path) -> None:
+    """A path case's drafter label carries exactly the threshold the run uses (None: the
+    checkpoint's own, dspark) and dspark_drafter reads it back; deepspec's default is 0."""
+    from specparity.runners import drafter_label, dspark_drafter
+
+    tdir, ddir = _zoo_pair("dspark")
+
+    def back(kind: str, label: str) -> float | None:
+        return dspark_drafter(Case("t", label, "p", 4, 4, source=kind, target_path=str(tdir),
+                                   draft_path=str(ddir)))[1]
+
+    none = drafter_label("dspark", ddir)
+    assert "-t" not in none.removeprefix("dspark-") and back("dspark", none) is None
+    assert back("dspark", drafter_label("dspark", ddir, confidence_threshold=0.5)) == 0.5
+    assert drafter_label("deepspec", ddir).endswith("-t0") and back("deepspec", drafter_label("deepspec", ddir)) == 0.0
+    assert drafter_label("native-mtp", ddir, conventions="depth=chain").endswith("+depth=chain")
+    assert drafter_label("ngram", None) == "ngram"
+
+
+def test_grade_reruns_a_dspark_trace_under_its_own_threshold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dspark trace run with the checkpoint's thresholds (header confidence_threshold null)
+    re-runs with them, not with 0 (grade's case_from_header used to label it -t0)."""
+    from specparity.cli import main
+    from specparity.grade import case_from_header
+    from specparity.runners import dspark_drafter
+    from traces.io import read_trace
+
+    tdir, ddir = _zoo_pair("dspark")
+    assert main(["record", "--target", str(tdir), "--draft", str(ddir), "--prompt-ids", "5,6,7,8", "-n", "4",
+                 "--runner", "engine", "--trace", str(tmp_path / "r.jsonl")]) == 0
+    capsys.readouterr()
+    tr = read_trace(tmp_path / "r.jsonl")
+    assert tr.header["source"] == "dspark" and tr.header["params"]["confidence_threshold"] is None
+    case = case_from_header(tr.header, tmp_path / "r.jsonl", tmp_path)
+    assert dspark_drafter(case)[1] is None, case.drafter
+    assert case.case_id == tr.header["case_id"]
