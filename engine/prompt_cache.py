@@ -77,13 +77,35 @@ from engine.rollback import is_arrays, is_rotating
 from engine.seam import DraftProvider
 from traces.diff import common_prefix
 
-# Sources whose whole per-request state the session can save and restore.
-SEGMENT_SOURCES = ("two-model",)  # the drafter's own caches
-REREAD_SOURCES = ("ngram",)  # model-free: prefilled from the full prompt every time
-# Sources whose state is a function of the target's tapped hidden rows: the session saves the
-# rows with the target's caches and the source re-reads the whole prompt's rows (saved + new).
-TAPPED_SOURCES = ("mtp", "assistant", "native-mtp", "dspark", "deepspec")
-FULL_PREFILL = TAPPED_SOURCES  # their prefill convention (§2.1 "full")
+
+def reuse_family(kind: str) -> str | None:
+    """The source kind's reuse family (``engine.sources.kind.Reuse``), None for an unknown kind.
+
+    ``segment``: the session saves and restores the drafter's own caches; ``reread``:
+    model-free, prefilled from the full prompt every time; ``tapped``: a function of the
+    target's tapped hidden rows, saved with the target's caches, the source re-reading
+    the whole prompt's rows (saved + new).
+    """
+    from engine.sources.kind import find
+
+    desc = find(kind)
+    return desc.reuse if desc is not None else None
+
+
+def _kinds_of(family: str) -> tuple[str, ...]:
+    from engine.sources.kind import all_kinds
+
+    return tuple(k.name for k in all_kinds() if k.reuse == family)
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: the per-kind tables, derived from the descriptors
+    if name in ("SEGMENT_SOURCES", "REREAD_SOURCES", "TAPPED_SOURCES"):
+        return _kinds_of(name.split("_")[0].lower())
+    if name == "FULL_PREFILL":  # the kinds whose convention is §2.1 "full"
+        from engine.sources.kind import all_kinds
+
+        return tuple(k.name for k in all_kinds() if k.prefill == "full")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class PromptCacheError(RuntimeError):
@@ -277,9 +299,9 @@ class Fetch:
     untapped_rounds: int = 0
 
     def open_source(self, source: Any) -> int:
-        if self.session.kind in REREAD_SOURCES + TAPPED_SOURCES:
+        if reuse_family(self.session.kind) in ("reread", "tapped"):
             return 0  # re-derived from the whole prompt (tapped: the saved rows + the new ones)
-        if self.session.kind not in SEGMENT_SOURCES:
+        if reuse_family(self.session.kind) != "segment":
             if self.target_prefix:
                 raise PromptCacheError(f"request {self.request}: a {self.session.kind} source cannot resume")
             return 0
@@ -366,11 +388,14 @@ class PromptCacheSession:
         self.last_source: Any = None
 
     def prefill_mode(self, params: GenerationParams) -> str:
-        return params.prefill or ("full" if self.kind in FULL_PREFILL else "tail-split")
+        from engine.sources.kind import find
+
+        desc = find(self.kind)
+        return params.prefill or (desc.prefill if desc is not None else "tail-split")
 
     def saves(self) -> bool:
         """Whether this session's source leaves state the session can save (or re-derive)."""
-        return self.kind in SEGMENT_SOURCES + REREAD_SOURCES + TAPPED_SOURCES
+        return reuse_family(self.kind) is not None
 
     def run(self, prompt_ids: list[int], params: GenerationParams, tick: OnToken, caches: list[Any],
             f: Fetch) -> tuple[GenerationResult, Any]:
@@ -384,7 +409,7 @@ class PromptCacheSession:
     # -- hooks a subclass (a planted bug, another source) may override
     def drafter_caches(self, source: Any) -> list[Any] | None:
         """The source's own caches, when the session saves them (two-model)."""
-        return source.caches if self.kind in SEGMENT_SOURCES else None
+        return source.caches if reuse_family(self.kind) == "segment" else None
 
     def install_drafter(self, source: Any, seg: Segment, n: int, fetch: Fetch) -> None:
         """Put ``seg`` cut to ``n`` positions into ``source`` (same list object: the source's
@@ -416,7 +441,7 @@ class PromptCacheSession:
             f.refused.append(f"the {self.kind} source keeps state the session cannot save: cold prefill")
             return f, make_prompt_cache(self.model)
         tsplit = split_profile(self.model, prompt_ids)
-        dmodel = getattr(self.provider, "model", None) if self.kind in SEGMENT_SOURCES else None
+        dmodel = getattr(self.provider, "model", None) if reuse_family(self.kind) == "segment" else None
         dsplit = split_profile(dmodel, prompt_ids) if dmodel is not None else "exact"
         if tsplit == "none":
             f.refused.append("the target's caches depend on how a prefill is split: no reuse")
@@ -427,7 +452,7 @@ class PromptCacheSession:
         missed: list[tuple[int, str]] = []  # (prefix it shares, why it gives less)
         for j, e in enumerate(self.entries):
             nt, why = e.target.usable(drained[:max(cap, 0)])
-            if self.kind in TAPPED_SOURCES and e.target.hidden is None:
+            if reuse_family(self.kind) == "tapped" and e.target.hidden is None:
                 nt, why = 0, "saved without the tapped hidden rows"
             if nt and tsplit == "multi" and e.target.one_token_forwards:
                 nt, why = 0, ("target segment written by one-token forwards; this target's one-token "
@@ -456,7 +481,7 @@ class PromptCacheSession:
                     f"request {index}: fetch: {seg.name} segment (request {seg.request} {seg.boundary}) "
                     f"key differs from the prompt within the {n} reused positions")
         f.entry, f.target_prefix = e, nt
-        if self.kind in SEGMENT_SOURCES:
+        if reuse_family(self.kind) == "segment":
             f.drafter, f.drafter_prefix = e.drafter, nd
         if e.target.hidden is not None:
             f.hidden = {i: h[:nt] for i, h in e.target.hidden.items()}
@@ -486,7 +511,7 @@ class PromptCacheSession:
     def _save_turn(self, index: int, prompt: list[int], f: Fetch, caches: list[Any], source: Any,
                    result: GenerationResult) -> None:
         drained = f.drained
-        tapped = self.kind in TAPPED_SOURCES
+        tapped = reuse_family(self.kind) == "tapped"
         if f.prefill_target is not None and (f.prefill_hidden is not None or not tapped):
             dpre = None
             if f.prefill_drafter is not None:

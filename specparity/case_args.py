@@ -21,6 +21,12 @@ def prompt_id_for(ids: list[int], given: str | None) -> str:
     return "cli-" + hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:8]
 
 
+def _conventions_kinds() -> str:
+    from engine.sources.kind import all_kinds
+
+    return "/".join(k.name for k in all_kinds() if "conventions" in k.options)
+
+
 def case_from_args(args: argparse.Namespace) -> Any:
     """The :class:`specparity.cases.Case` that ``generate``/``record`` flags describe."""
     from engine.sources.detect import resolve_kind
@@ -41,24 +47,31 @@ def case_from_args(args: argparse.Namespace) -> Any:
     ids = check_ids_for_model(ids, target.path, max_tokens=args.max_tokens, prompt_id=pid)
     speculative = args.draft is not None or args.source not in ("auto", None)
     kind = resolve_kind(args.source, args.draft) if speculative else None
-    drafter = dpath = None
-    if kind == "ngram":
-        drafter = "ngram"
-    elif kind is not None:
-        dpath = str(Path(args.draft).expanduser().resolve())
-        label = model_label(dpath)
-        if kind in ("deepspec", "dspark"):
-            drafter = f"{kind}-{label}-t{args.confidence_threshold or 0:g}"
-        else:
-            drafter = label if kind == "two-model" else f"{kind}-{label}"
     conv = getattr(args, "mtp_conventions", None)
-    if conv:
-        if kind != "native-mtp":
-            raise ValueError(f"--mtp-conventions applies to the native-mtp source, not {kind or 'plain decode'}")
-        from engine.sources.native_mtp import Conventions
+    drafter = dpath = None
+    gamma = args.gamma if kind else 0
+    if kind is not None:
+        from engine.sources.kind import get
+        from specparity.runners import drafter_label
 
-        Conventions.parse(conv)  # a bad name or value: one line, exit 2
-        drafter = f"{drafter}+{conv}"
+        desc = get(kind)
+        if conv and "conventions" not in desc.options:
+            raise ValueError(f"--mtp-conventions applies to the {_conventions_kinds()} source, not {kind}")
+        if conv:
+            from engine.sources.native_mtp import Conventions
+
+            Conventions.parse(conv)  # a bad name or value: one line, exit 2
+        if desc.takes_dir:
+            dpath = str(Path(args.draft).expanduser().resolve())
+            if desc.pinned_gamma is not None:  # a block drafter runs its checkpoint's block (§3)
+                try:
+                    gamma = desc.pinned_gamma(Path(dpath))
+                except (OSError, ValueError, KeyError, TypeError):
+                    pass  # not this kind's artifact: opening it says why, in one line
+        drafter = drafter_label(kind, dpath, confidence_threshold=getattr(args, "confidence_threshold", None),
+                                conventions=conv)
+    elif conv:
+        raise ValueError(f"--mtp-conventions applies to the {_conventions_kinds()} source, not plain decode")
     processors = ""
     try:
         from specparity.processor_args import processors_from_args
@@ -81,7 +94,7 @@ def case_from_args(args: argparse.Namespace) -> Any:
         kw["reasoning_end"] = args.reasoning_end
     return Case(
         target=model_label(target.path), drafter=drafter, prompt_id=pid,
-        gamma=args.gamma if kind else 0, max_tokens=args.max_tokens, temperature=args.temp,
+        gamma=gamma, max_tokens=args.max_tokens, temperature=args.temp,
         seed=args.seed, eos_ids=eos, source=kind or "two-model", top_p=args.top_p, top_k=args.top_k,
         target_path=str(target.path), draft_path=dpath, prompt_tokens=tuple(ids), **kw,
     )

@@ -120,20 +120,23 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
     tok_eos = load_model(str(tpath)).eos_ids
     drafter: str | None = None
     if spec:
-        if source == "ngram":
-            drafter = "ngram"
-        elif dpath is None:
+        from engine.sources.kind import get
+        from specparity.runners import drafter_label
+
+        desc = get(source)
+        if desc.takes_dir and dpath is None:
             raise GradeError(f"{trace_path}: a {source} trace needs header.drafter (its model path)")
-        elif source in ("deepspec", "dspark"):
-            drafter = f"{source}-{model_label(dpath)}-t{p.get('confidence_threshold') or 0:g}"
-        else:
-            drafter = model_label(dpath) if source == "two-model" else f"{source}-{model_label(dpath)}"
-        conv = p.get("mtp_conventions") if source == "native-mtp" else None
+        thr = p.get("confidence_threshold")  # the threshold the trace ran with (None: the checkpoint's)
+        conv = p.get("mtp_conventions") if "conventions" in desc.options else None
+        conventions = None
         if isinstance(conv, dict):  # re-run with the conventions the trace recorded
             from engine.sources.native_mtp import Conventions
 
             keys = Conventions().to_json()
-            drafter += "+" + ",".join(f"{k}={conv[k]}" for k in keys if k in conv)
+            conventions = ",".join(f"{k}={conv[k]}" for k in keys if k in conv)
+        drafter = drafter_label(source, dpath if desc.takes_dir else None,
+                                confidence_threshold=float(thr) if isinstance(thr, (int, float)) else None,
+                                conventions=conventions)
     extra: dict[str, Any] = {}
     lp = p.get("logits_processors")
     if isinstance(lp, dict):

@@ -305,35 +305,11 @@ def _params(case: Case, eos: tuple[int, ...]) -> Any:
 
 
 def _provider_factory(case: Case) -> Callable[[], Any]:
-    """A fresh provider per session and per cold run, built as the engine runner builds it."""
-    from engine.sources import make_provider
-    from engine.sources.two_model import TwoModelProvider
-    from specparity.runners import (
-        DSPARK_SOURCES,
-        HEAD_SOURCES,
-        NATIVE_SOURCE,
-        case_paths,
-        dspark_drafter,
-        load_model,
-        native_conventions,
-    )
+    """A fresh provider per session and per cold run, built as the engine runner builds it
+    (``specparity.runners.open_for_case``: the case's kind descriptor opens it)."""
+    from specparity.runners import open_for_case
 
-    _, dp = case_paths(case)
-    if case.source == "ngram":
-        return lambda: make_provider("ngram", gamma=case.gamma)
-    if case.source in HEAD_SOURCES:
-        return lambda: make_provider(case.source, path=dp)
-    if case.source == NATIVE_SOURCE:
-        conv = native_conventions(case)
-        return lambda: make_provider(case.source, path=dp, conventions=conv)
-    if case.source in DSPARK_SOURCES:
-        thr = dspark_drafter(case)[1]
-        return lambda: make_provider(case.source, model=dp, confidence_threshold=thr)
-    if case.source != "two-model":
-        raise ValueError(f"sessions: no session runner for the {case.source} source")
-    assert dp is not None
-    draft = load_model(str(dp))
-    return lambda: TwoModelProvider(draft.model, draft_tokenizer=draft.tokenizer)
+    return open_for_case(case).make
 
 
 def _group_key(c: Case) -> tuple[Any, ...]:
@@ -374,7 +350,7 @@ def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]
             runner=get("engine").runner_info(), mode="spec", source=c.source, case_id=c.case_id,
             target=identity(str(tpath)), drafter=identity(str(dpath)) if dpath is not None else None,
             tokenizer_sha256=zoo.tokenizer_digest() if c.on_zoo else tokenizer_digest(tpath),
-            params=case_params(c, "full" if p.prefill == "full" or c.source in _FULL else "tail-split"),
+            params=case_params(c, p.prefill),  # None: the kind's own convention, as the run's
             prompt_id=c.prompt_id, prompt_ids=prompt, eos_ids=list(p.eos_ids))
         where = trace_dir / _label(case).replace("/", "__") / name
         where.mkdir(parents=True, exist_ok=True)
@@ -383,15 +359,12 @@ def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]
     return write
 
 
-_FULL = ("mtp", "assistant", "native-mtp", "dspark", "deepspec")
-
-
 def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = None,
                         progress: Callable[[str], None] | None = None,
                         trace_dir: Path | None = None, plain: bool = False) -> list[SessionVerdict]:
     """Group ``cases`` by everything but the prompt; run every session on each group
     (``plain``: with the plain arm, ``run_session``)."""
-    from specparity.runners import case_paths, load_model
+    from specparity.runners import case_paths, load_model, open_for_case
 
     groups: dict[tuple[Any, ...], list[Case]] = {}
     for c in cases:
@@ -406,10 +379,9 @@ def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = Non
         ids = [_prompt_ids(c) for c in group]
         eos = tuple(getattr(target, "eos_ids", ()) or ())
         params = _params(c0, eos)
-        if c0.source == "deepspec":
-            params = replace(params, prefill="full")  # as the engine runner runs it
         try:
-            make = _provider_factory(c0)
+            src = open_for_case(c0)  # as the engine runner runs it
+            make, params = src.make, replace(params, prefill=src.prefill)
         except ValueError as exc:
             out.append(SessionVerdict(_label(c0), "-", error=str(exc)))
             continue

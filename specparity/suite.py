@@ -56,7 +56,6 @@ _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling"
                "quantized_kv_start", "rotating", "grammar", "reasoning_end"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
-SOURCES = ("two-model", "ngram", "mtp", "assistant", "deepspec", "dspark")
 
 
 class SuiteError(ValueError):
@@ -341,18 +340,18 @@ def pair_cases(spec: PairSpec) -> list[Case]:
 
 
 def _drafter(spec: PairSpec, source: str, on_zoo: bool) -> tuple[str, str | None]:
-    if source == "ngram":
+    from engine.sources.kind import get
+    from specparity.runners import drafter_label
+
+    if not get(source).takes_dir:
         if spec.drafter is not None:
-            raise SuiteError(f"{spec.where}: the ngram source is model-free; drop 'drafter'")
-        return "ngram", None
+            raise SuiteError(f"{spec.where}: the {source} source is model-free; drop 'drafter'")
+        return drafter_label(source, None), None
     if spec.drafter is None:
         raise SuiteError(f"{spec.where}: source {source!r} needs a 'drafter'")
     if on_zoo:
         return spec.drafter, None
-    label = model_label(spec.drafter)
-    if source in ("deepspec", "dspark"):
-        return f"{source}-{label}-t{spec.confidence_threshold:g}", spec.drafter
-    return (label if source == "two-model" else f"{source}-{label}"), spec.drafter
+    return drafter_label(source, spec.drafter, confidence_threshold=spec.confidence_threshold), spec.drafter
 
 
 def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | None]]:

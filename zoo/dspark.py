@@ -332,6 +332,14 @@ def artifact_dir(name: str) -> Path:
     return d
 
 
+def case_paths(target: str, drafter: str) -> tuple[Path, Path]:
+    """``(target dir, artifact dir)`` of a zoo case: the locator the ``deepspec`` and ``dspark``
+    kinds name (``SourceKind.zoo``); ``drafter`` is ``<variant>-t<threshold>``, the artifact
+    ``<target>-<variant>``."""
+    variant = drafter.rpartition("-t")[0] or drafter
+    return zoo.model_dir(target), artifact_dir(f"{target}-{variant}")
+
+
 def build_manifest() -> dict[str, Any]:
     tables = {t: bigram_table(t) for t in sorted(set(AB_TARGETS) | set(DSPARK_TARGETS))}
     out: dict[str, Any] = {"format": 1, "artifacts": {}}

@@ -335,6 +335,14 @@ def head_dir(name: str) -> Path:
     return d
 
 
+def case_paths(target: str, drafter: str) -> tuple[Path, Path]:
+    """``(target dir, head dir)`` of a zoo case: the locator the ``mtp`` and ``assistant``
+    kinds name (``SourceKind.zoo``); ``drafter`` is the head's name."""
+    from zoo import model_dir
+
+    return model_dir(target), head_dir(drafter)
+
+
 # ----------------------------------------------------------------- acceptance
 
 

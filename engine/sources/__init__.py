@@ -1,40 +1,46 @@
-"""Draft-source registry: one module per source kind, found by name (§3 roster).
+"""Draft-source registry: one module per source kind, found by listing this package (§3 roster).
 
-``make_provider(kind, **kwargs)`` builds a provider from in-memory pieces;
-``open_drafter(kind, draft_dir, ...)`` builds one from a local drafter
-directory (what the CLI and the runners use). ``engine.sources.detect``
-tells a drafter directory's kind (§3 detection order).
+Each ``engine/sources/<kind>.py`` exports ``SOURCE``, its :class:`engine.sources.kind.SourceKind`
+descriptor; nothing here lists kinds by hand. ``make_provider(kind, **kwargs)`` builds a
+provider from in-memory pieces; ``open_drafter(kind, draft_dir, ...)`` builds one from a
+local drafter directory. ``engine.sources.detect`` tells a drafter directory's kind (§3
+detection order, derived from the descriptors). ``KINDS`` (the roster) and
+``PINNED_GAMMA`` (block drafters) are derived on every read, so a kind registered
+in-process (``engine.sources.kind.registered``) appears in them.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from engine.seam import DraftProvider
+from engine.sources.kind import (
+    OpenOptions,
+    SourceKind,
+    all_kinds,
+    find,
+    get,
+    names,
+    prefill_for,
+    roster_help,
+)
 
-# kind -> (module, provider class)
-_PROVIDERS: dict[str, tuple[str, str]] = {
-    "two-model": ("engine.sources.two_model", "TwoModelProvider"),
-    "ngram": ("engine.sources.ngram", "NgramProvider"),
-    "mtp": ("engine.sources.mtp", "MTPProvider"),
-    "native-mtp": ("engine.sources.native_mtp", "NativeMTPProvider"),
-    "assistant": ("engine.sources.assistant", "AssistantProvider"),
-    "deepspec": ("engine.sources.deepspec", "DeepSpecProvider"),
-    "dspark": ("engine.sources.dspark", "DSparkProvider"),
-}
-KINDS = tuple(_PROVIDERS)
-# Block drafters pin γ to their checkpoint's block size (§3 "default γ" column).
-PINNED_GAMMA = ("deepspec", "dspark")
+__all__ = ["KINDS", "PINNED_GAMMA", "OpenOptions", "SourceKind", "all_kinds", "find", "get",
+           "make_provider", "names", "open_drafter", "prefill_for", "roster_help"]
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: derived tables, never typed again
+    if name == "KINDS":
+        return names()
+    if name == "PINNED_GAMMA":  # block drafters pin γ to their checkpoint's block (§3 "default γ")
+        return tuple(k.name for k in all_kinds() if k.pinned_gamma is not None)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_provider(kind: str, **kwargs: Any) -> DraftProvider:
     """Build the provider of ``kind``; unknown kinds are refused with the roster."""
-    if kind not in _PROVIDERS:
-        raise ValueError(f"unknown draft source {kind!r}; known: {', '.join(KINDS)}")
-    module, cls = _PROVIDERS[kind]
-    provider: DraftProvider = getattr(importlib.import_module(module), cls)(**kwargs)
+    provider: DraftProvider = get(kind).provider(**kwargs)
     return provider
 
 
@@ -46,24 +52,20 @@ def open_drafter(
     confidence_threshold: float | None = None,
     ngram_max: int = 3,
     ngram_min: int = 1,
+    conventions: str | None = None,
 ) -> tuple[DraftProvider, int]:
     """A provider for a local drafter directory, and the γ to run it with.
 
-    Two-model loads the drafter with mlx-lm; the head and block sources load
-    their own artifact formats; ``ngram`` takes no directory. Block drafters
-    return their pinned γ (the checkpoint's block), the others ``gamma``.
+    How the kind opens is its descriptor's ``open`` (two-model loads the drafter with
+    mlx-lm; the head and block sources load their own artifact formats; a model-free
+    kind takes no directory). Block drafters return their pinned γ (the checkpoint's
+    block), the others ``gamma``.
     """
-    if kind == "ngram":
-        return make_provider(kind, gamma=gamma, ngram_max=ngram_max, ngram_min=ngram_min), gamma
-    if draft_dir is None:
+    desc = get(kind)
+    if desc.takes_dir and draft_dir is None:
         raise ValueError(f"the {kind} source needs a drafter directory")
-    if kind == "two-model":
-        from engine.models import load
+    opts = desc.open_options(OpenOptions(gamma=gamma, confidence_threshold=confidence_threshold,
+                                         conventions=conventions, ngram_max=ngram_max, ngram_min=ngram_min))
+    provider = desc.open(Path(draft_dir) if draft_dir is not None else None, opts)
+    return provider, (int(getattr(provider, "gamma", gamma)) if desc.pinned_gamma is not None else gamma)
 
-        d = load(draft_dir)
-        return make_provider(kind, draft_model=d.model, draft_tokenizer=d.tokenizer), gamma
-    if kind in ("mtp", "assistant", "native-mtp"):
-        return make_provider(kind, path=draft_dir), gamma
-    kw = {} if confidence_threshold is None else {"confidence_threshold": confidence_threshold}
-    provider = make_provider(kind, model=draft_dir, **kw)
-    return provider, int(getattr(provider, "gamma", gamma)) if kind in PINNED_GAMMA else gamma

@@ -28,6 +28,7 @@ the prefill's own sample, as in optiq's ``spec_generate``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "assistant"
+PREFILL: PrefillMode = "full"  # §2.1; the source and its descriptor share it
 CENTROIDS = "masked_embedding.centroids.weight"
 ORDERING = "masked_embedding.token_ordering"
 
@@ -296,8 +299,8 @@ def _read_kv(cache: Any) -> tuple[mx.array, mx.array]:
     return cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
 
 
-class AssistantSource:
-    prefill_mode: PrefillMode = "full"
+class AssistantSource(DraftSourceBase):
+    prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = True
     weights_bytes = 0
@@ -379,3 +382,21 @@ class AssistantProvider:
     def open(self, sampler: StepSampler, target: TargetView) -> AssistantSource:
         self.check_target(target.model)
         return AssistantSource(self.drafter, target)
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> AssistantProvider:
+    return AssistantProvider(path=draft_dir)
+
+
+def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
+    return "assistant" in str(config().get("model_type", ""))  # gemma4_assistant dirs
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=AssistantProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=4,
+    detect=_detect, detect_rank=2, zoo="zoo.heads:case_paths",
+    hint="a gemma4_assistant dir",
+)

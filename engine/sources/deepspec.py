@@ -36,6 +36,7 @@ the block inside the ``n`` positions the executor asked for
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,11 @@ import mlx.core as mx
 from engine import caches as cache_ops
 from engine.dspark import deepspec_module as dsm
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind, read_json
 
 KIND = "deepspec"
+PREFILL: PrefillMode = "full"  # §2.1; the source and its descriptor share it
 
 
 class _LayerView:
@@ -63,8 +66,8 @@ def _embed_rows(target_model: Any, tokens: list[int]) -> mx.array:
     return (emb * scale if scale is not None else emb).astype(mx.float32)
 
 
-class DeepSpecSource:
-    prefill_mode: PrefillMode = "full"
+class DeepSpecSource(DraftSourceBase):
+    prefill_mode: PrefillMode = PREFILL
     wants_anchor_hidden = False
 
     def __init__(self, model: dsm.Gemma4DSparkModel, target: TargetView, threshold: float,
@@ -153,3 +156,33 @@ class DeepSpecProvider:
         src = DeepSpecSource(self.model, target, self.confidence_threshold, **self.planted)
         src.weights_bytes = 0  # the provider owns the weights
         return src
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> DeepSpecProvider:
+    assert draft_dir is not None and opts.confidence_threshold is not None
+    return DeepSpecProvider(draft_dir, confidence_threshold=opts.confidence_threshold)
+
+
+def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
+    archs = config().get("architectures") or []
+    return bool(archs) and archs[0] == "Gemma4DSparkModel"
+
+
+def _block(d: Path) -> int:
+    """The checkpoint's ``block_size`` (γ is pinned to it), read without loading weights."""
+    return int(read_json(Path(d) / "config.json")["block_size"])
+
+
+def _header(draft_dir: Path | None, opts: OpenOptions) -> dict[str, Any]:
+    return {"confidence_threshold": opts.confidence_threshold}
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=DeepSpecProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=5,
+    detect=_detect, detect_rank=1, pinned_gamma=_block, threshold_default=0.0,
+    options=frozenset({"confidence_threshold"}), header=_header, zoo="zoo.dspark:case_paths",
+    hint="a Gemma4DSparkModel dir",
+)

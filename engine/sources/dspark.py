@@ -17,6 +17,7 @@ when pruning truncated the block inside ``n`` (``traces/INTERPRETING.md``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,11 @@ from engine import caches as cache_ops
 from engine.dspark import loader
 from engine.dspark import module as dsm
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind, read_json
 
 KIND = "dspark"
+PREFILL: PrefillMode = "full"  # §2.1; the source and its descriptor share it
 
 
 class _LayerView:
@@ -49,8 +52,8 @@ def _target_io(target_model: Any) -> tuple[Any, Any]:
     return embed, (head if head is not None else inner.embed_tokens.as_linear)
 
 
-class DSparkSource:
-    prefill_mode: PrefillMode = "full"
+class DSparkSource(DraftSourceBase):
+    prefill_mode: PrefillMode = PREFILL
     wants_anchor_hidden = False
     weights_bytes = 0
 
@@ -113,3 +116,33 @@ class DSparkProvider:
 
     def open(self, sampler: StepSampler, target: TargetView) -> DSparkSource:
         return DSparkSource(self.model, target, self.confidence_threshold)
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> DSparkProvider:
+    assert draft_dir is not None
+    return DSparkProvider(draft_dir, confidence_threshold=opts.confidence_threshold)
+
+
+def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
+    return (d / "dspark.json").is_file()  # first in the §3 order: wins over any config.json
+
+
+def _block(d: Path) -> int:
+    """The checkpoint's ``gamma`` (γ is pinned to it), read without loading weights."""
+    return int(read_json(Path(d) / "dspark.json")["gamma"])
+
+
+def _header(draft_dir: Path | None, opts: OpenOptions) -> dict[str, Any]:
+    return {"confidence_threshold": opts.confidence_threshold}
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=DSparkProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=6,
+    detect=_detect, detect_rank=0, pinned_gamma=_block,
+    threshold_default=None,  # the checkpoint's calibrated thresholds (DSparkProvider)
+    options=frozenset({"confidence_threshold"}), header=_header, zoo="zoo.dspark:case_paths",
+    hint="a dspark.json dir",
+)

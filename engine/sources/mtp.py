@@ -38,6 +38,7 @@ by +1 as mlx-vlm's ``sanitize`` does).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,11 @@ import mlx.nn as nn
 
 from engine import caches as cache_ops
 from engine.sampler import StepSampler, token_ids
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "mtp"
+PREFILL: PrefillMode = "full"  # §2.1; the source and its descriptor share it
 MODEL_TYPE = "qwen3_5_mtp"
 _NORM_SUFFIXES = (
     ".input_layernorm.weight",
@@ -164,8 +167,8 @@ def owe_prompt_rows(src: Any, prompt_ids: list[int], ctx: TapContext | None) -> 
     return list(prompt_ids[1:])
 
 
-class MTPSource:
-    prefill_mode: PrefillMode = "full"
+class MTPSource(DraftSourceBase):
+    prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = True
     weights_bytes = 0
@@ -270,3 +273,21 @@ class MTPProvider:
     def open(self, sampler: StepSampler, target: TargetView) -> MTPSource:
         self.check_target(target.model)
         return MTPSource(self.head, sampler, target)
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> MTPProvider:
+    return MTPProvider(path=draft_dir)
+
+
+def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
+    return str(config().get("model_type", "")).endswith("_mtp")  # qwen3_5_mtp head dirs
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=MTPProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=2,
+    detect=_detect, detect_rank=3, zoo="zoo.heads:case_paths",
+    hint="a qwen3_5_mtp head dir",
+)

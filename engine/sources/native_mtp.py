@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,12 @@ import mlx.nn as nn
 
 from engine import caches as cache_ops
 from engine.sampler import StepSampler, token_ids
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind
 from engine.sources.mtp import owe_prompt_rows
 
 KIND = "native-mtp"
+PREFILL: PrefillMode = "full"  # §2.1; the source and its descriptor share it
 
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "hidden": ("pre-norm", "post-norm"),
@@ -415,8 +418,8 @@ def _target_parts(target_model: Any) -> tuple[Any, Any, Any]:
     return inner.embed_tokens, head, inner.norm
 
 
-class NativeMTPSource:
-    prefill_mode: PrefillMode = "full"
+class NativeMTPSource(DraftSourceBase):
+    prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = True
     weights_bytes = 0
@@ -580,3 +583,28 @@ class NativeMTPProvider:
         source = NativeMTPSource(self.head, self.conventions, sampler, target)
         source.logit_log = self.logit_log
         return source
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> NativeMTPProvider:
+    return NativeMTPProvider(path=draft_dir, conventions=opts.conventions)
+
+
+def _detect(d: Path, config: Callable[[], dict[str, Any]]) -> bool:
+    config()  # a checkpoint has a config.json (refused with the detection's message if not)
+    return detect(d)  # carries its own MTP layers (model.layers.{N}, mtp.*)
+
+
+def _header(draft_dir: Path | None, opts: OpenOptions) -> dict[str, Any]:
+    assert draft_dir is not None  # header objects may carry extra keys: every MTP convention
+    return {"mtp_conventions": describe(draft_dir, opts.conventions)}
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=NativeMTPProvider, open=_open, prefill=PREFILL, reuse="tapped", roster=3,
+    detect=_detect, detect_rank=4, options=frozenset({"conventions"}), header=_header,
+    zoo=None,  # the MTP layers sit inside the zoo target's checkpoint (zoo/native_mtp.py, by target)
+    hint="a checkpoint carrying its own MTP layers: model.layers.{N}.* or mtp.*",
+)

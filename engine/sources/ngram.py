@@ -18,12 +18,15 @@ prompt followed by every emitted token.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from engine.sampler import StepSampler
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "ngram"
+PREFILL: PrefillMode = "tail-split"  # §2.1; the source and its descriptor share it
 DEFAULT_GAMMA = 10  # Saxena ``num_pred_tokens``
 DEFAULT_NGRAM_MAX = 3
 DEFAULT_NGRAM_MIN = 1
@@ -51,8 +54,8 @@ def lookup(history: list[int], n: int, ngram_max: int = 3, ngram_min: int = 1) -
     return []
 
 
-class NgramSource:
-    prefill_mode: PrefillMode = "tail-split"
+class NgramSource(DraftSourceBase):
+    prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = False
     weights_bytes = 0
@@ -133,3 +136,18 @@ class NgramProvider:
 
     def open(self, sampler: StepSampler, target: TargetView) -> NgramSource:
         return NgramSource(self.ngram_max, self.ngram_min)
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> NgramProvider:
+    return NgramProvider(gamma=opts.gamma, ngram_max=opts.ngram_max, ngram_min=opts.ngram_min)
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=NgramProvider, open=_open, prefill=PREFILL, reuse="reread", roster=1,
+    takes_dir=False,  # model-free: never detected, refuses a drafter directory
+    options=frozenset({"ngram"}),
+    hint="model-free, no --draft",
+)

@@ -32,6 +32,7 @@ Drafters whose caches mlx-lm cannot trim (§2 "Cache rollback contract"):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -39,9 +40,11 @@ import mlx.core as mx
 from engine import caches as cache_ops
 from engine.rollback import RingRound, is_arrays, is_kv, is_rotating, ring_unsupported
 from engine.sampler import StepSampler, token_ids
-from engine.seam import PrefillMode, TapContext, TargetView
+from engine.seam import DraftSourceBase, PrefillMode, TapContext, TargetView
+from engine.sources.kind import OpenOptions, SourceKind
 
 KIND = "two-model"
+PREFILL: PrefillMode = "tail-split"  # §2.1; the source and its descriptor share it
 
 
 class VocabMismatchError(ValueError):
@@ -110,8 +113,8 @@ def check_compatible(target: Any, draft: Any, target_tok: Any = None, draft_tok:
             )
 
 
-class TwoModelSource:
-    prefill_mode: PrefillMode = "tail-split"
+class TwoModelSource(DraftSourceBase):
+    prefill_mode: PrefillMode = PREFILL
     tap_layers: tuple[int, ...] = ()
     wants_anchor_hidden = False
 
@@ -323,3 +326,20 @@ class TwoModelProvider:
         if getattr(self, "_checked", None) is not target.model:
             check_compatible(target.model, self.model)
         return TwoModelSource(self.model, sampler, self.prefill_step_size, _out_dim(target.model))
+
+
+# ---------------------------------------------------------------- the kind (engine.sources.kind)
+
+
+def _open(draft_dir: Path | None, opts: OpenOptions) -> TwoModelProvider:
+    assert draft_dir is not None
+    d = opts.loader()(str(draft_dir))
+    return TwoModelProvider(d.model, draft_tokenizer=d.tokenizer)
+
+
+SOURCE = SourceKind(
+    name=KIND, provider=TwoModelProvider, open=_open, prefill=PREFILL, reuse="segment", roster=0,
+    detect_fallback=True,  # §3: a directory no other detector claims is a drafter model
+    loads_model=True, zoo="zoo:pair", label_prefix=False,
+    hint="a drafter mlx-lm model dir",
+)

@@ -2,10 +2,14 @@
 
 The draft source is the §3 kind of ``--draft`` (``engine.sources.detect``:
 ``dspark.json`` → dspark, ``Gemma4DSparkModel`` → deepspec, ``*assistant*``
-→ assistant, ``*_mtp`` → mtp, else two-model) unless ``--source`` names one;
-``--source ngram`` is model-free; no ``--draft`` and no ``--source`` is plain
-decode. Tokens stream to stdout, statistics to stderr; ``--trace`` writes the
-run's trace.
+→ assistant, ``*_mtp`` → mtp, a checkpoint carrying MTP layers → native-mtp,
+else two-model) unless ``--source`` names one; ``--source ngram`` is model-free;
+no ``--draft`` and no ``--source`` is plain decode. Tokens stream to stdout,
+statistics to stderr; ``--trace`` writes the run's trace.
+
+The flags describe a case (``specparity.case_args``); the case opens its drafter
+through ``specparity.runners.open_for_case`` and ``--trace``'s header is
+``specparity.runners.case_header``'s, exactly as ``record``/``run_case`` write them.
 """
 
 from __future__ import annotations
@@ -13,8 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 from specparity import args as a
 from specparity.args import token_id_list
@@ -30,11 +32,10 @@ HELP = "generate with the engine on local mlx-lm model dirs"
 def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--target", required=True, type=a.model_dir, help="target model directory")
     g.add_argument("--draft", default=None, type=a.model_dir, help="drafter directory (omit for plain decode or --source ngram)")
+    from engine.sources import roster_help
+
     g.add_argument("--source", default="auto",
-                   help="draft source kind: auto (detect from --draft, §3), two-model, ngram, mtp "
-                        "(qwen3_5_mtp head dir), assistant (gemma4_assistant dir), deepspec "
-                        "(Gemma4DSparkModel dir), dspark (dspark.json dir), native-mtp (a checkpoint carrying its "
-                        "own MTP layers: model.layers.{N}.* or mtp.*)")
+                   help=f"draft source kind: auto (detect from --draft, §3), {roster_help()}")
     g.add_argument("--confidence-threshold", type=a.finite_float, default=None,
                    help="deepspec/dspark: prune the block at the first position whose confidence is "
                         "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "
@@ -76,55 +77,30 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     add_device_argument(g)
 
 
-def _processors_param(proc: Any) -> dict[str, Any]:
-    from specparity.runners import processors_block
-
-    return {"logits_processors": processors_block(proc)} if proc.active else {}
-
-
-def _grammar_param(case: Any) -> dict[str, Any]:
-    if not case.grammar:
-        return {}
-    from zoo.grammars import spec
-
-    block = spec(case.grammar).to_dict()
-    if case.reasoning_end:  # absent without a marker: older traces unchanged
-        block["reasoning_end"] = case.reasoning_end
-    return {"grammar": block}
-
-
-def _rotating_params(mode: str, kind: str | None, target: Any, provider: Any) -> dict[str, Any]:
-    """``rotating`` (+ ``sliding_window``, where mlx-lm's rollback stops) when not the default."""
-    if mode == "guard" or kind is None:
-        return {}
-    from engine.rollback import ring_window
-
-    return {"rotating": mode, "sliding_window": ring_window(target.model, getattr(provider, "model", None))}
-
-
 def main(args: argparse.Namespace) -> int:
     from specparity.devices import use_device
 
     use_device(args.device)
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sampler import SamplerParams
-    from engine.sources import open_drafter
-    from engine.sources.detect import resolve_kind
     from specparity.case_args import case_from_args
-    from specparity.runners import kv_params, load_model, model_identity, tokenizer_digest
+    from specparity.runners import case_header, case_paths, kv_params, load_model, open_for_case
+    from specparity.runners.registry import get
     from traces.io import write_trace
-    from traces.records import make_header
 
-    # The case (ids checked against the vocabulary and context, unique case id)
+    # The case (ids checked against the vocabulary and context, unique case id, γ pinned for
+    # a block drafter); its drafter opens as every runner's does (open_for_case).
     case = case_from_args(args)
     target = load_model(str(case.target_path))  # loaded once (case_from_args)
     ids = list(case.prompt_tokens or ())
     eos_ids = tuple(args.eos_ids) if args.eos_ids else target.eos_ids
+    src = open_for_case(case, target, prefill=args.prefill)
+    kind = src.kind.name if src.kind is not None else None
     params = GenerationParams(
-        max_tokens=args.max_tokens, gamma=args.gamma,
+        max_tokens=args.max_tokens, gamma=src.gamma,
         sampler=SamplerParams(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
                               processors=processors_from_args(args)),
-        seed=args.seed, prefill=args.prefill, eos_ids=eos_ids,
+        seed=args.seed, prefill=src.prefill, eos_ids=eos_ids,  # type: ignore[arg-type]
         # Digests hash every cache each round (quadratic in length): only for a trace.
         cache_digests=args.trace is not None,
         rotating=args.rotating,
@@ -134,8 +110,6 @@ def main(args: argparse.Namespace) -> int:
         from specparity.runners.engine import compile_grammar
 
         params = replace(params, grammar=compile_grammar(case.grammar, target, eos_ids, case.reasoning_end))
-    speculative = args.draft is not None or args.source not in ("auto", None)
-    kind = resolve_kind(args.source, args.draft) if speculative else None
 
     detok = target.tokenizer.detokenizer
     detok.reset()
@@ -145,22 +119,10 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(detok.last_segment)
         sys.stdout.flush()
 
-    provider = None
     if kind is None:
         result = plain_generate(target.model, ids, params, on_token=on_token)
     else:
-        if kind == "native-mtp":
-            from engine.sources import make_provider
-
-            provider, gamma = make_provider(kind, path=args.draft, conventions=args.mtp_conventions), args.gamma
-        else:
-            provider, gamma = open_drafter(kind, args.draft, gamma=args.gamma,
-                                           confidence_threshold=args.confidence_threshold)
-        check = getattr(provider, "check_target", None)
-        if check is not None:
-            check(target.model, target.tokenizer)
-        params = replace(params, gamma=gamma)
-        result = spec_generate(target.model, provider, ids, params, on_token=on_token)
+        result = spec_generate(target.model, src.make(), ids, params, on_token=on_token)
     detok.finalize()
     sys.stdout.write(detok.last_segment + "\n")
 
@@ -180,26 +142,10 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
 
     if args.trace:
-        first_plain = next((r for r in result.records if r["type"] == "plain"), None)
-        header = make_header(
-            runner={"name": "engine", "package": "specparity", "version": "0.1.0"},
-            mode="spec" if kind else "plain", source=kind,
-            case_id=case.case_id, target=model_identity(target.path),
-            drafter=model_identity(Path(case.draft_path)) if case.draft_path else None,
-            tokenizer_sha256=tokenizer_digest(target.path),
-            params={"gamma": params.gamma if kind else None, "max_tokens": args.max_tokens,
-                    "temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": 0.0,
-                    "seed": args.seed,
-                    "prefill": "full" if (first_plain and first_plain["reason"] == "initial") else "tail-split",
-                    "prefill_step_size": 512 if kind else 2048,
-                    "confidence_threshold": args.confidence_threshold,
-                    **_processors_param(params.sampler.processors),
-                    **kv_params(case),
-                    **({"mtp_conventions": provider.header_params()} if kind == "native-mtp" else {}),
-                    **_rotating_params(args.rotating, kind, target, provider),
-                    **_grammar_param(case)},
-            prompt_id=case.prompt_id, prompt_ids=ids, eos_ids=eos_ids,
-        )
+        tpath, dpath = case_paths(case)
+        draft = load_model(str(dpath)) if dpath is not None and src.kind is not None and src.kind.loads_model else None
+        header = case_header(get("engine").runner_info(), case, ids, tpath=tpath, dpath=dpath, target=target,
+                             draft=draft, prefill=src.prefill)
         args.trace.parent.mkdir(parents=True, exist_ok=True)
         write_trace(args.trace, [header, *result.records, result.footer()])
         print(f"trace written to {args.trace}", file=sys.stderr)

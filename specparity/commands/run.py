@@ -59,9 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     u = p.add_argument_group("your own pair")
     u.add_argument("--target", default=None, type=a.model_ref, help="target: a local mlx-lm model dir (or a zoo target)")
     u.add_argument("--draft", default=None, type=a.model_ref, help="drafter model dir (omit for plain decode or --source ngram)")
+    from engine.sources import names as source_kinds
+
     u.add_argument("--source", default=None, type=a.source,
-                   help="draft source kind (default: detected from --draft, §3): two-model, ngram, mtp, "
-                        "assistant, deepspec, dspark")
+                   help=f"draft source kind (default: detected from --draft, §3): {', '.join(source_kinds())}")
     u.add_argument("--prompts-file", type=a.readable_file, default=None,
                    help="prompts: JSONL {\"id\",\"text\"} / {\"id\",\"token_ids\"}, a JSON array of "
                         "those, or one prompt per line")

@@ -10,18 +10,30 @@ are tiny).
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specparity.cases import Case
 from specparity.runners import registry
 from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
 from traces.records import make_header
 
-HEAD_SOURCES = ("mtp", "assistant")  # drafters that are heads over the target (zoo/heads.py)
-DSPARK_SOURCES = ("deepspec", "dspark")  # block drafters (zoo/dspark.py artifacts)
-NATIVE_SOURCE = "native-mtp"  # MTP layers inside the target checkpoint (zoo/native_mtp.py)
+if TYPE_CHECKING:
+    from engine.sources.kind import OpenOptions, SourceKind
+
+
+def case_kind(case: Case) -> SourceKind | None:
+    """The descriptor of ``case``'s draft source (``engine/sources/<kind>.py`` ``SOURCE``);
+    None for plain decode. Every per-kind fact the harness uses is read from it."""
+    if case.drafter is None:
+        return None
+    from engine.sources.kind import get
+
+    return get(case.source)
 
 
 def native_conventions(case: Case) -> str | None:
@@ -37,17 +49,52 @@ def native_conventions(case: Case) -> str | None:
     return ",".join(parts) or None
 
 
-def dspark_drafter(case: Case) -> tuple[str, float]:
-    """``(zoo artifact name, confidence threshold)`` of a ``deepspec``/``dspark`` case.
+def dspark_drafter(case: Case) -> tuple[str, float | None]:
+    """``(zoo artifact name, confidence threshold)`` of a case whose kind takes a confidence
+    threshold (the block drafters, ``deepspec`` and ``dspark``).
 
     The case's ``drafter`` names the artifact variant and the threshold:
-    ``deepspec-t0``, ``deepspec-q8-t0.5``, ``dspark-t0``, ...
+    ``deepspec-t0``, ``deepspec-q8-t0.5``, ``dspark-t0``, ... A drafter PATH's label
+    without ``-t<threshold>`` (:func:`drafter_label` given none) runs with the kind's own
+    default (``SourceKind.threshold_default``; dspark: the checkpoint's calibrated thresholds).
     """
     assert case.drafter is not None
+    desc = case_kind(case)
     variant, sep, thr = case.drafter.rpartition("-t")
+    if not case.on_zoo:
+        try:
+            if sep:
+                return f"{case.target}-{variant}", float(thr)
+        except ValueError:  # no threshold suffix ('dspark-my-tuned-1a2b3c4d'): the default
+            pass
+        return f"{case.target}-{case.drafter}", desc.threshold_default if desc is not None else None
     if not sep or not variant.startswith(case.source):
         raise ValueError(f"{case.source} case drafter {case.drafter!r} must be '<variant>-t<threshold>'")
     return f"{case.target}-{variant}", float(thr)
+
+
+def drafter_label(kind: str, draft_dir: str | Path | None, *, confidence_threshold: float | None = None,
+                  conventions: str | None = None) -> str:
+    """A case's ``drafter`` for a drafter PATH run by ``kind`` (``generate``/``record`` flags, a
+    suite's pair), derived from the kind's descriptor: a model-free kind is its name; else the
+    directory's :func:`specparity.cases.model_label`, prefixed ``<kind>-`` (``label_prefix``),
+    then ``-t<threshold>`` for a kind taking a confidence threshold (none given: the kind's
+    default; a default of None, the checkpoint's own: no suffix), then ``+<conventions>``."""
+    from engine.sources.kind import get
+    from specparity.cases import model_label
+
+    desc = get(kind)
+    if not desc.takes_dir:
+        return desc.name
+    assert draft_dir is not None
+    label = model_label(draft_dir)
+    out = f"{kind}-{label}" if desc.label_prefix else label
+    if "confidence_threshold" in desc.options:
+        thr = confidence_threshold if confidence_threshold is not None else desc.threshold_default
+        out += f"-t{thr:g}" if thr is not None else ""
+    if conventions:
+        out += f"+{conventions}"
+    return out
 
 
 @cache
@@ -97,10 +144,11 @@ def _identity(path: str) -> dict[str, Any]:
 
 
 def case_paths(case: Case) -> tuple[Path, Path | None]:
-    import zoo
+    """``(target dir, drafter dir | None)`` of ``case``: its own paths, or on the zoo where its
+    kind's descriptor says the drafters live (``SourceKind.zoo``, ``"module:function"``)."""
     from zoo.native_mtp import TARGETS as NATIVE_TARGETS
 
-    if case.on_zoo and case.target in NATIVE_TARGETS:
+    if case.on_zoo and case.target in NATIVE_TARGETS:  # MTP layers inside the target checkpoint
         from zoo.native_mtp import target_paths
 
         tdir, ckpt = target_paths(case.target)
@@ -109,38 +157,101 @@ def case_paths(case: Case) -> tuple[Path, Path | None]:
         assert case.target_path is not None
         dpath = Path(case.draft_path) if case.drafter is not None and case.draft_path else None
         return Path(case.target_path), dpath
-    if case.drafter is not None and case.source in HEAD_SOURCES:
-        from zoo.heads import head_dir
-
-        return _zoo_dir(case.target), head_dir(case.drafter)
-    if case.drafter is not None and case.source in DSPARK_SOURCES:
-        from zoo.dspark import artifact_dir
-
-        return _zoo_dir(case.target), artifact_dir(dspark_drafter(case)[0])
-    if case.drafter is None or case.source != "two-model":
+    desc = case_kind(case)
+    if desc is None or desc.zoo is None:
         return _zoo_dir(case.target), None
-    return zoo.pair(case.target, case.drafter)
+    assert case.drafter is not None
+    if "confidence_threshold" in desc.options:
+        dspark_drafter(case)  # '<variant>-t<threshold>', or refused in one line
+    module, _, fn = desc.zoo.partition(":")
+    locate: Callable[[str, str], tuple[Path, Path | None]] = getattr(importlib.import_module(module), fn)
+    return locate(case.target, case.drafter)
 
 
-def case_params(case: Case, prefill: str = "tail-split") -> dict[str, Any]:
-    if case.drafter is not None and case.source == NATIVE_SOURCE:
-        from engine.sources.native_mtp import describe
+def case_open_options(case: Case) -> OpenOptions:
+    """What ``case``'s drafter opens with (``engine.sources.kind.OpenOptions``): its γ, the
+    confidence threshold / MTP conventions its drafter names where its kind takes them, and
+    :func:`load_model` (shared, non-exact aware) for drafter models."""
+    from engine.sources.kind import OpenOptions
 
-        # header objects may carry extra keys: every MTP convention is recorded
-        return {**_base_params(case, "full"),
-                "mtp_conventions": describe(case_paths(case)[1], native_conventions(case))}
-    if case.drafter is not None and case.source in DSPARK_SOURCES:
+    desc = case_kind(case)
+    if desc is None:
+        return OpenOptions(gamma=case.gamma, load=load_model)
+    return desc.open_options(OpenOptions(
+        gamma=case.gamma,
+        confidence_threshold=dspark_drafter(case)[1] if "confidence_threshold" in desc.options else None,
+        conventions=native_conventions(case) if "conventions" in desc.options else None,
+        load=load_model))
+
+
+@dataclass(frozen=True)
+class CaseSource:
+    """How a case's draft source runs (:func:`open_for_case`).
+
+    ``make()`` builds a fresh provider (a session makes one per cold run); ``gamma`` and
+    ``prefill`` are what the run passes to ``GenerationParams`` AND what its trace header
+    records (:func:`case_header`): one decision for both.
+    """
+
+    kind: SourceKind | None
+    make: Callable[[], Any]
+    gamma: int
+    prefill: str
+    draft_dir: Path | None
+
+
+def open_for_case(case: Case, target: Any = None, *, prefill: str | None = None) -> CaseSource:
+    """The one case → provider path (the engine runner, sessions, ``generate``).
+
+    ``target`` (a loaded target): each provider made is checked against it
+    (``check_target``, where the provider has one). ``prefill``: a convention asked for
+    explicitly (``generate --prefill``), else the kind's own (``SourceKind.prefill``;
+    plain decode: tail-split).
+    """
+    from engine.sources.kind import prefill_for
+
+    desc = case_kind(case)
+    mode = prefill_for(desc.name if desc is not None else None, prefill)  # type: ignore[arg-type]
+    if desc is None:
+        def plain() -> Any:
+            raise ValueError(f"case {case.case_id} is plain decode: it has no draft source")
+
+        return CaseSource(None, plain, case.gamma, mode, None)
+    _, dpath = case_paths(case)
+    if desc.takes_dir and dpath is None:
+        raise ValueError(f"the {desc.name} source needs a drafter directory (case {case.case_id})")
+    opts = case_open_options(case)
+
+    def make() -> Any:
+        provider = desc.open(dpath, opts)
+        check = getattr(provider, "check_target", None)
+        if target is not None and check is not None:
+            check(target.model, target.tokenizer)
+        return provider
+
+    return CaseSource(desc, make, case.gamma, mode, dpath)
+
+
+def case_params(case: Case, prefill: str | None = None) -> dict[str, Any]:
+    """The trace header's ``params`` of ``case``: ``prefill`` is the convention the run used
+    (``CaseSource.prefill``; None: the kind's own, as :func:`open_for_case` decides), plus the
+    kind's own header params (``SourceKind.header``) and, for a kind taking a confidence
+    threshold, the drafter artifact (a golden input)."""
+    from engine.sources.kind import prefill_for
+
+    desc = case_kind(case)
+    params = _base_params(case, prefill_for(desc.name if desc is not None else None, prefill))  # type: ignore[arg-type]
+    if desc is None:
+        return params
+    if desc.header is not None:  # header objects may carry extra keys (mtp_conventions, ...)
+        params.update(desc.header(case_paths(case)[1], case_open_options(case)))
+    if "confidence_threshold" in desc.options:
         from zoo.dspark import _manifest
 
-        name, threshold = dspark_drafter(case)
+        name = dspark_drafter(case)[0]
         entry = _manifest().get("artifacts", {}).get(name, {})
-        return {
-            **_base_params(case, "full" if case.source == "deepspec" else prefill),
-            "confidence_threshold": threshold,
-            # header objects may carry extra keys: the drafter artifact is a golden input
-            "drafter_artifact": {"name": name, "weights_sha256": entry.get("weights_sha256")},
-        }
-    return _base_params(case, prefill)
+        params["drafter_artifact"] = {"name": name, "weights_sha256": entry.get("weights_sha256")}
+    return params
 
 
 def processor_params(case: Case) -> Any:
@@ -210,8 +321,8 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
     assert r.run is not None
     tpath, dpath = case_paths(case)
     target = load_model(str(tpath))
-    draft = load_model(str(dpath)) if dpath is not None and case.source not in (
-        *HEAD_SOURCES, *DSPARK_SOURCES, NATIVE_SOURCE) else None
+    desc = case_kind(case)
+    draft = load_model(str(dpath)) if dpath is not None and desc is not None and desc.loads_model else None
     if case.prompt_tokens is None:
         if not case.on_zoo:
             raise ValueError(f"case {case.case_id}: a case on a model path needs its prompt's token ids")
@@ -229,27 +340,36 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
                 check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)
             except PromptError as exc:  # a padded target's row past the drafter's, say so
                 raise PromptError(f"drafter {dpath}: {exc}") from None
-    tokenizer_sha256 = zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath)
-    params = case_params(case, "full" if case.source in HEAD_SOURCES and case.drafter else "tail-split")
+    header = case_header(r.runner_info(), case, ids, tpath=tpath, dpath=dpath, target=target, draft=draft)
+    body = r.run(CaseRun(case=case, target=target, draft=draft, ids=ids, tpath=tpath, dpath=dpath))
+    return [header, *body]
+
+
+def case_header(runner: dict[str, Any], case: Case, ids: list[int], *, tpath: Path, dpath: Path | None,
+                target: Any, draft: Any = None, prefill: str | None = None) -> dict[str, Any]:
+    """The trace header of ``case`` run by ``runner`` (its ``runner_info()``) on ``ids``: the one
+    builder of :func:`run_case` and ``generate --trace``. ``prefill``: the run's
+    ``CaseSource.prefill`` (None: the kind's own, the same decision)."""
+    import zoo
+
+    params = case_params(case, prefill)
     if params.get("rotating") == "exact":  # where mlx-lm's rollback stops (traces.reference)
         from engine.rollback import ring_window
 
         params["sliding_window"] = ring_window(target.model, draft.model if draft is not None else None)
-    header = make_header(
-        runner=r.runner_info(),
+    return make_header(
+        runner=runner,
         mode=case.mode,
         source=case.source if case.drafter is not None else None,
         case_id=case.case_id,
         target=_identity(str(tpath)),
         drafter=_identity(str(dpath)) if dpath is not None else None,
-        tokenizer_sha256=tokenizer_sha256,
+        tokenizer_sha256=zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath),
         params=params,
         prompt_id=case.prompt_id,
         prompt_ids=ids,
         eos_ids=case.eos_ids if case.eos_ids is not None else target.eos_ids,
     )
-    body = r.run(CaseRun(case=case, target=target, draft=draft, ids=ids, tpath=tpath, dpath=dpath))
-    return [header, *body]
 
 
 def runner_supports(runner: str, case: Case) -> bool:

@@ -1,11 +1,12 @@
 """Runner declaration: ``engine``, the engine under our contract (``engine/executor.py``).
 
 Plain decode (``plain_generate``) and speculative decode (``spec_generate``) with
-every §3 source, every case option.
+every §3 source (each declared kind, ``engine/sources/<kind>.py``), every case option.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from importlib import metadata
 from typing import Any
@@ -19,17 +20,7 @@ OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_pr
 def run(x: CaseRun) -> list[dict[str, Any]]:
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sampler import SamplerParams
-    from engine.sources import make_provider
-    from engine.sources.two_model import TwoModelProvider
-    from specparity.runners import (
-        DSPARK_SOURCES,
-        HEAD_SOURCES,
-        NATIVE_SOURCE,
-        dspark_drafter,
-        kv_params,
-        native_conventions,
-        processor_params,
-    )
+    from specparity.runners import kv_params, open_for_case, processor_params
 
     case = x.case
     params = GenerationParams(
@@ -48,24 +39,10 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
                                                          case.reasoning_end))
     if case.drafter is None:
         result = plain_generate(x.target.model, x.ids, params)
-    elif case.source in DSPARK_SOURCES:
-        assert x.dpath is not None
-        provider = make_provider(case.source, model=x.dpath, confidence_threshold=dspark_drafter(case)[1])
-        params = replace(params, prefill="full" if case.source == "deepspec" else params.prefill)
-        result = spec_generate(x.target.model, provider, x.ids, params)
-    elif case.source == "two-model":
-        provider = TwoModelProvider(x.draft.model, draft_tokenizer=x.draft.tokenizer)
-        provider.check_target(x.target.model, x.target.tokenizer)
-        result = spec_generate(x.target.model, provider, x.ids, params)
-    elif case.source == "ngram":
-        result = spec_generate(x.target.model, make_provider("ngram", gamma=case.gamma), x.ids, params)
-    elif case.source == NATIVE_SOURCE:
-        provider = make_provider(case.source, path=x.dpath, conventions=native_conventions(case))
-        result = spec_generate(x.target.model, provider, x.ids, params)
-    elif case.source in HEAD_SOURCES:
-        result = spec_generate(x.target.model, make_provider(case.source, path=x.dpath), x.ids, params)
-    else:  # unreachable: the registry refuses an undeclared source first
-        raise ValueError(f"the engine runner has no source {case.source!r} yet")
+    else:  # every source kind: its descriptor opens it (specparity.runners.open_for_case)
+        src = open_for_case(case, x.target)
+        params = replace(params, gamma=src.gamma, prefill=src.prefill)  # as the header says
+        result = spec_generate(x.target.model, src.make(), x.ids, params)
     return [*result.records, result.footer()]
 
 
@@ -80,12 +57,30 @@ def compile_grammar(ref: str, target: Any, eos_ids: tuple[int, ...], reasoning_e
                                  reasoning_end)
 
 
+class EveryKind(Mapping[str, frozenset[str]]):
+    """``plain`` and every declared source kind (``engine/sources/<kind>.py``), each with every
+    option: derived on each read, so a kind declared in-process is one the engine runs."""
+
+    def _all(self) -> dict[str, frozenset[str]]:
+        from engine.sources import names
+
+        return sources(OPTIONS, "plain", *names())
+
+    def __getitem__(self, key: str) -> frozenset[str]:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 RUNNER = Runner(
     name="engine",
     kind="engine",
     package="specparity",
-    sources=sources(OPTIONS, "plain", "two-model", "ngram", "mtp", "assistant", "deepspec", "dspark",
-                    "native-mtp"),
+    sources=EveryKind(),
     run=run,
     header=lambda: {"name": "engine", "package": "specparity", "version": metadata.version("specparity")},
     rank=0,
