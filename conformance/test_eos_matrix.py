@@ -196,15 +196,15 @@ def test_matrix_covers_every_arrival_kind() -> None:
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, after: Any) -> None:
-    """Wrap ``_Stream.offer``: ``after(stream, token, stop)`` may corrupt the result."""
-    import engine.executor as ex
+    """Wrap ``TokenStream.offer``: ``after(stream, token, stop)`` may corrupt the result."""
+    import engine.stream as ex
 
-    real = ex._Stream.offer
+    real = ex.TokenStream.offer
 
     def offer(self: Any, token: int) -> str | None:
         return after(self, token, real(self, token))
 
-    monkeypatch.setattr(ex._Stream, "offer", offer)
+    monkeypatch.setattr(ex.TokenStream, "offer", offer)
 
 
 def _bug_eos_as_content(stream: Any, token: int, stop: str | None) -> str | None:

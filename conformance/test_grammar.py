@@ -110,7 +110,7 @@ def test_known_grammar_entry_does_not_excuse_plain_decode(monkeypatch: pytest.Mo
         state["mask"] = g.mask(row.shape[-1]) if g is not None else None  # type: ignore[attr-defined]
         if prev is None:
             return real(self, row)  # type: ignore[arg-type]
-        y = self.sampler.sample_plain(row, self.history, mask=prev)  # type: ignore[attr-defined]
+        y = self.pipe.sample(row, mask=prev)  # type: ignore[attr-defined]
         return y, ex.margin_array(row)
 
     from engine import grammar as eg

@@ -33,7 +33,7 @@ import mlx.core as mx
 import pytest
 
 from conformance.conftest import require_oracle, run_trace
-from engine import executor
+from engine.pipeline import SamplingPipeline
 from engine.sampler import ProcessorParams, StepSampler
 from specparity.cases import Case
 from traces.diff import Divergence, diff_traces
@@ -165,23 +165,23 @@ def _verify_rows(skip: Callable[[StepSampler, int, list[int], mx.array], bool]) 
 def _plant_rejected_drafts_kept(mp: pytest.MonkeyPatch) -> None:
     """Rollback forgets the processor history: a rejected round's drafts stay in it."""
     seen: dict[str, Any] = {}
-    real_window, real_grow = StepSampler.sample_window, executor._Request.grow_history
+    real_window, real_grow = StepSampler.sample_window, SamplingPipeline.advance
 
     def remember(self, logits, history=None, window=()):  # noqa: ANN001, ANN202
         if len(window) > 1:
             seen["drafts"] = list(window[1:])
         return real_window(self, logits, history, window)
 
-    def grow(self, tokens):  # noqa: ANN001, ANN202
+    def grow(self, tokens, **kw):  # noqa: ANN001, ANN003, ANN202
         drafts = seen.pop("drafts", None)
         if drafts is not None and tokens:
             k = next((i for i, (a, b) in enumerate(zip(drafts, tokens, strict=False)) if a != b), len(drafts))
             if k < len(drafts):
                 tokens = [*drafts, *tokens[k:]]
-        return real_grow(self, tokens)
+        return real_grow(self, tokens, **kw)
 
     mp.setattr(StepSampler, "sample_window", remember)
-    mp.setattr(executor._Request, "grow_history", grow)
+    mp.setattr(SamplingPipeline, "advance", grow)
 
 
 def _plant_verify_sees_drafts(mp: pytest.MonkeyPatch) -> None:
@@ -198,7 +198,7 @@ def _plant_verify_sees_drafts(mp: pytest.MonkeyPatch) -> None:
 
 def _plant_pending_twice(mp: pytest.MonkeyPatch) -> None:
     """The verify history includes the pending token, and the window head adds it again."""
-    mp.setattr(executor._Request, "history_before_pending", lambda self: self.history)
+    mp.setattr(SamplingPipeline, "history_before_pending", lambda self: self.history)
 
 
 def _plant_drafter_history_frozen(mp: pytest.MonkeyPatch) -> None:

@@ -84,11 +84,11 @@ def test_ngram_accepts_and_rolls_back() -> None:
 
 def test_planted_wrong_token_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tokens-level comparison catches an accept walk that emits an unchecked draft."""
-    import engine.executor as ex
+    import engine.stream as ex
 
     case = next(c for c in CASES if c.gamma == 3)
     plain = run_trace("engine", case.plain())
-    real_offer = ex._Stream.offer
+    real_offer = ex.TokenStream.offer
 
     def offer(self, token):  # noqa: ANN001, ANN202
         # Plant: replace the 5th emitted token by another id.
@@ -96,7 +96,7 @@ def test_planted_wrong_token_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
             token = (token + 1) % 512
         return real_offer(self, token)
 
-    monkeypatch.setattr(ex._Stream, "offer", offer)
+    monkeypatch.setattr(ex.TokenStream, "offer", offer)
     bad = run_trace("engine", case)
     div = diff_traces(bad, plain, level="tokens")
     assert div is not None and div.klass == "logic", div

@@ -29,8 +29,13 @@ Faithful to mlx-lm 0.32.2 ``mlx_lm/generate.py``:
   target's caches or hidden states) does not speculate: §6 "quantized KV wins
   over spec", plain decode with reason ``quantized-kv`` in the trace.
 
-Every step goes through one ``StepSampler``. The executor records one trace
-record per prefill, round and plain step (``traces/INTERPRETING.md``).
+Every token goes through the request's ``engine.pipeline.SamplingPipeline`` (processors,
+min_tokens, the grammar mask, the draw), the same object plain decode, fill and the
+numerics witness call; the accept walk is the pipeline's (exact, or constrained under a
+grammar). Emission and accounting are ``engine.stream.TokenStream``'s, the chunked
+prefill ``engine.stream.prefill_chunks``. Prompt-cache reuse and the audit's observer
+are named collaborators with null objects (``engine.hooks``). The executor records one
+trace record per prefill, round and plain step (``traces/INTERPRETING.md``).
 """
 
 from __future__ import annotations
@@ -44,14 +49,10 @@ from typing import Any
 import mlx.core as mx
 
 from engine import caches as cache_ops
+from engine.hooks import NO_OBSERVER, NO_REUSE, Reuse, RoundObserver, observing
+from engine.pipeline import SamplingPipeline, WalkResult
 from engine.rollback import ROTATING_MODES, CacheRollback
-from engine.sampler import (
-    SamplerParams,
-    StepSampler,
-    margin_array,
-    margins_list,
-    token_ids,
-)
+from engine.sampler import SamplerParams, StepSampler, margin_array, margins_list, token_ids
 from engine.seam import (
     PREFILL_MODES,
     DraftProvider,
@@ -60,14 +61,18 @@ from engine.seam import (
     TapContext,
     TargetView,
 )
+from engine.stream import (
+    PLAIN_PREFILL_STEP,
+    SPEC_PREFILL_STEP,
+    OnToken,
+    TokenStream,
+    prefill_chunks,
+)
 from engine.taps import capture_layers
 from engine.telemetry import SpecCounters, Usage
 
-# mlx-lm 0.32.2 defaults: speculative_generate_step 512, generate_step 2048.
-SPEC_PREFILL_STEP = 512
-PLAIN_PREFILL_STEP = 2048
-
-OnToken = Callable[[int], bool | None]
+__all__ = ["PLAIN_PREFILL_STEP", "SPEC_PREFILL_STEP", "GenerationParams", "GenerationResult", "OnToken",
+           "generation_stream", "plain_generate", "refeed", "spec_generate"]
 
 
 @dataclass(frozen=True)
@@ -136,63 +141,6 @@ class GenerationResult:
         }
 
 
-class _Stream:
-    """Emission + accounting: one token at a time, EOS never emitted.
-
-    Stop sequences follow mlx-lm 0.32.2 ``server.py`` (token-level
-    ``StopSequences`` matcher over the generated tokens): the consumer breaks
-    after the token that completes a sequence, that token included, and the
-    finish reason is ``stop`` even when the budget is reached on the same token.
-    """
-
-    def __init__(self, params: GenerationParams, prompt_len: int, on_token: OnToken | None):
-        self.params = params
-        self.eos = set(params.eos_ids)
-        self.on_token = on_token
-        self.output: list[int] = []
-        self.usage = Usage(prompt_tokens=prompt_len)
-        self.done = False
-
-    def offer(self, token: int) -> str | None:
-        """Emit ``token``; return the stop kind (``eos``/``budget``/``stop``) or None."""
-        if token in self.eos:
-            self.usage.generation_tokens += 1
-            self.usage.finish_reason = "stop"
-            self.done = True
-            return "eos"
-        self.output.append(token)
-        self.usage.generation_tokens += 1
-        if self.on_token is not None and self.on_token(token) is False:
-            self.usage.finish_reason = "stop"
-            self.done = True
-            return "stop"
-        if any(
-            len(self.output) >= len(seq) and tuple(self.output[-len(seq) :]) == seq
-            for seq in self.params.stop_sequences
-        ):
-            self.usage.finish_reason = "stop"
-            self.done = True
-            return "stop"
-        if len(self.output) == self.params.max_tokens:
-            self.usage.finish_reason = "length"
-            self.done = True
-            return "budget"
-        return None
-
-    @property
-    def left(self) -> int:
-        return self.params.max_tokens - len(self.output)
-
-    def terminate(self) -> str:
-        """Grammar termination (engine.grammar): the stream ends; the EOS the grammar's mask
-        would force is counted like a stopping EOS when it is one of the request's EOS ids."""
-        if self.eos & set(getattr(self.params.grammar, "eos_ids", ())):
-            self.usage.generation_tokens += 1
-        self.usage.finish_reason = "stop"
-        self.done = True
-        return "grammar"
-
-
 def refeed(drafts: list[int], k_accept: int, next_token: int) -> list[int]:
     """mlx-lm's re-feed rule (generate.py ``draft_y``): ``[correction]``, or
     ``[last draft, bonus]`` after an all-accept round (the drafter never saw its
@@ -207,7 +155,7 @@ def _digest(params: GenerationParams, caches: list[Any]) -> dict[str, Any] | Non
 
 
 class _Request:
-    """Per-request state shared by every lane: sampler, stream, counters, records, history."""
+    """Per-request state shared by every lane: the sampling pipeline, stream, counters, records."""
 
     def __init__(
         self,
@@ -225,18 +173,17 @@ class _Request:
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.kv = params.kv
-        self.sampler = StepSampler.from_params(params.sampler)
-        if params.seed is not None:
-            mx.random.seed(params.seed)
-        self.stream = _Stream(params, len(prompt_ids), on_token)
+        self.pipe = SamplingPipeline(params, prompt_ids)  # seeds the request's RNG stream
+        self.sampler = self.pipe.sampler  # the drafter lane's sampler (the seam's ``open(sampler, ...)``)
+        self.stream = TokenStream(params, len(prompt_ids), on_token)
         self.counters = SpecCounters()
         self.records: list[dict[str, Any]] = []
         self.plain_steps = 0  # index of the next ``plain`` record
-        # Processor history: the prompt (all of it, or its last token: ProcessorParams.history_prompt)
-        # then the emitted tokens; it always ends with the pending token.
-        start = prompt_ids if self.sampler.history_prompt == "full" else prompt_ids[-1:]
-        self.history = mx.array(start, mx.uint32) if self.sampler.has_processors else None
-        self.grammar = params.grammar.matcher() if params.grammar is not None else None
+
+    @property
+    def grammar(self) -> Any:
+        """The request's grammar matcher (None without a grammar)."""
+        return self.pipe.matcher
 
     def quantize(self) -> bool:
         """mlx-lm ``maybe_quantize_kv_cache`` on the target caches (True: some converted)."""
@@ -255,17 +202,13 @@ class _Request:
         """Tail-split drains ``len - 1`` tokens (the last heads the first window); full all."""
         return self.prompt_ids[:-1] if mode == "tail-split" else list(self.prompt_ids)
 
-    def history_before_pending(self) -> mx.array | None:
-        """The history a verify window's processors start from (mlx-lm ``prev_tokens``:
-        the window's head, the pending token, is appended by the sampler)."""
-        return None if self.history is None else self.history[:-1]
-
-    def grow_history(self, tokens: list[int]) -> None:
-        if self.history is not None and tokens:
-            self.history = mx.concatenate([self.history, mx.array(tokens, mx.uint32)])
+    def prefill(self, tokens: list[int], step: int | None, default: int) -> mx.array | None:
+        """The target's chunked prefill (``engine.stream.prefill_chunks``); the last logits."""
+        return prefill_chunks(self.model, self.caches, tokens, step or default, self.kv)
 
     def prefill_record(self, drained: list[int], drafter_tokens: list[int] | None, drafter_digest: Any,
-                       reuse: Any = None) -> None:
+                       reuse: Reuse = NO_REUSE) -> None:
+        block = reuse.record()
         self.records.append(
             {
                 "type": "prefill",
@@ -273,9 +216,13 @@ class _Request:
                 "drafter_tokens": drafter_tokens,
                 "target_cache_digest": _digest(self.params, self.caches),
                 "drafter_cache_digest": drafter_digest,
-                **({} if reuse is None else {"prompt_cache": reuse.record()}),
+                **({} if block is None else {"prompt_cache": block}),
             }
         )
+
+    def first_input(self, mode: PrefillMode, last_logits: mx.array | None) -> int:
+        """Tail-split: the last prompt token heads decode; full: the prefill's own sample."""
+        return self.prompt_ids[-1] if mode == "tail-split" else self.initial_sample(last_logits)
 
     def plain_step(self, inp: list[int], row: mx.array, reason: str, detail: str | None, ts: float | None) -> int:
         """Sample one token from a ``[1, V]`` row, emit it and record a ``plain`` record."""
@@ -283,8 +230,7 @@ class _Request:
 
     def _sample_row(self, row: mx.array) -> tuple[mx.array, mx.array | None]:
         """The lazy sample and top-2 margin of a ``[1, V]`` row (read back together: one sync)."""
-        mask = None if self.grammar is None else self.grammar.mask(row.shape[-1])
-        return self.sampler.sample_plain(row, self.history, mask=mask), margin_array(row)
+        return self.pipe.sample(row), margin_array(row)
 
     def _emit_plain(
         self, inp: list[int], y_arr: mx.array, m_arr: mx.array | None, reason: str, detail: str | None,
@@ -299,16 +245,16 @@ class _Request:
         rec = _plain_record(index, inp, y, margin, stop, reason, self.caches, self.params, ts)
         if detail is not None:
             rec["detail"] = detail
-        if self.grammar is not None:
-            rec["grammar_mask"] = self.grammar.mask_digest()
-            if stop != "eos":
-                self.grammar.consume(y)
-                if stop is None and self.grammar.stopped:
-                    rec["end"] = self.stream.terminate()
-            rec["grammar_state"] = self.grammar.state_digest()
-        self.records.append(rec)
+        matcher = self.pipe.matcher
+        if matcher is not None:
+            rec["grammar_mask"] = matcher.mask_digest()
         if stop != "eos":
-            self.grow_history([y])
+            self.pipe.advance([y])
+        if matcher is not None:
+            if stop is None and matcher.stopped:
+                rec["end"] = self.stream.terminate(self.pipe.grammar.eos_ids)
+            rec["grammar_state"] = matcher.state_digest()
+        self.records.append(rec)
         return y
 
     def initial_sample(self, last_logits: mx.array | None) -> int:
@@ -322,12 +268,14 @@ class _Request:
         ``ahead``: queue step t+1's forward on step t's still-lazy sample before
         reading step t back (``generate_step``'s one-step-ahead ``async_eval``),
         so the device never waits for the host between tokens. Taken only when
-        nothing reads the caches or the history between two steps (no logits
-        processors, no cache digests) and the caller owns the caches: after an
-        EOS or a stop the caches hold one token more, as mlx-lm's do. Tokens,
-        margins and records are the same bits either way (a test checks it).
+        nothing a draw reads changes between two steps but the logits
+        (``SamplingPipeline.stateless``: no logits processors, grammar, min_tokens
+        or position keys), nothing reads the caches (no cache digests) and the
+        caller owns the caches: after an EOS or a stop the caches hold one token
+        more, as mlx-lm's do. Tokens, margins and records are the same bits either
+        way (a test checks it).
         """
-        ahead = ahead and self.history is None and self.grammar is None and not self.params.cache_digests
+        ahead = ahead and self.pipe.stateless and not self.params.cache_digests
         step: tuple[mx.array, mx.array | None] | None = None
         while not self.stream.done:
             ts = time.perf_counter()
@@ -389,21 +337,6 @@ def _on_generation_stream(fn: Callable[..., GenerationResult]) -> Callable[..., 
     return run
 
 
-def _prefill_chunks(
-    model: Any, caches: list[Any], tokens: list[int], step: int, kv: cache_ops.KVQuantization | None = None
-) -> mx.array | None:
-    """Run ``tokens`` through ``model`` in chunks (mlx-lm ``_prefill``); return the last logits."""
-    logits = None
-    pos = 0
-    while pos < len(tokens):
-        chunk = tokens[pos : pos + step]
-        logits = model(mx.array(chunk, mx.uint32)[None], cache=caches)
-        cache_ops.quantize_kv(caches, kv)
-        mx.eval([c.state for c in caches])
-        pos += len(chunk)
-    return logits
-
-
 def _forward(
     model: Any, caches: list[Any], tokens: list[int], taps: tuple[int, ...]
 ) -> tuple[mx.array, TapContext | None]:
@@ -438,24 +371,16 @@ def spec_generate(
     *,
     on_token: OnToken | None = None,
     target_caches: list[Any] | None = None,
-    observer: Any = None,
-    reuse: Any = None,
+    observer: RoundObserver | None = None,
+    reuse: Reuse | None = None,
 ) -> GenerationResult:
     """Speculative decode of ``prompt_ids`` with ``provider`` filling the drafts.
 
-    ``reuse`` (optional, ``engine.prompt_cache``): ``target_caches`` already hold
-    the first ``reuse.target_prefix`` drained tokens; ``reuse.open_source(source)``
-    installs the drafter's saved state and returns how many drained tokens it
-    holds; ``reuse.tap_context(ctx, drained)`` prepends the reused prefix's saved
-    tap rows; ``reuse.after_prefill(caches, source, ctx)`` sees the prefill
-    boundary and ``reuse.after_round(ctx, k)`` every round. Only the rest is
-    prefilled; the prefill record carries ``reuse.record()``.
-
-    ``observer`` (optional) is told about every verify forward:
-    ``before_verify(index, window, caches)`` and, after the forward and before
-    the rollback, ``after_verify(index, window, logits_block, caches)``, and
-    ``after_rollback(index, k_accept, caches)`` (the serial-replay audit uses
-    these; an observer must not mutate ``caches``).
+    ``reuse`` (``engine.hooks.Reuse``, e.g. ``engine.prompt_cache``): ``target_caches``
+    already hold the first ``reuse.target_prefix`` drained tokens and only the rest is
+    prefilled; the prefill record carries ``reuse.record()``. ``observer``
+    (``engine.hooks.RoundObserver``, e.g. the serial-replay audit) is told about every
+    verify forward. Without them, the null objects: the loop is mlx-lm's.
 
     Speculation ends early (the rest is plain decode, recorded as ``plain``
     records with the reason) when a target cache can neither trim nor replay
@@ -467,217 +392,160 @@ def spec_generate(
     """
     from mlx_lm.models.cache import make_prompt_cache
 
+    observer = NO_OBSERVER if observer is None else observer
+    reuse = NO_REUSE if reuse is None else reuse
     caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
     req = _Request(target_model, caches, prompt_ids, params, on_token)
+    ahead = target_caches is None  # plain fallbacks may look one step ahead on caches they own
     plan = CacheRollback(target_model, caches, rotating=params.rotating)
     if not plan.capable:
         if params.on_no_rollback == "error":
             raise cache_ops.CacheRollbackError(f"target: {plan.reason}")
         # No speculation at all for this request: plain decode, reason recorded.
-        mode0: PrefillMode = params.prefill or "tail-split"
-        drained0 = req.drained(mode0)[_skip(reuse):]
-        last = _prefill_chunks(target_model, caches, drained0, params.prefill_step_size or SPEC_PREFILL_STEP,
-                               req.kv)
-        req.prefill_record(drained0, None, None, reuse)
-        nxt = req.prompt_ids[-1] if mode0 == "tail-split" else req.initial_sample(last)
-        req.plain_loop(nxt, "no-rollback", plan.reason, ahead=target_caches is None)
-        return req.result(speculative=True)
+        return _plain_instead(req, reuse, params.prefill or "tail-split", "no-rollback", plan.reason, ahead)
 
-    sampler, stream = req.sampler, req.stream
-    source = provider.open(sampler, TargetView(model=target_model, caches=caches))
-    source_skip = reuse.open_source(source) if reuse is not None else 0
+    stream = req.stream
+    source = provider.open(req.sampler, TargetView(model=target_model, caches=caches))
+    source_skip = reuse.open_source(source)
     if params.rotating != "guard":
         _set_rotating(source, params.rotating)
     if req.kv is not None and not _set_kv_quantization(source, req.kv):
         # §6: quantized KV wins over speculation for a source that reads the target's state.
-        mode_q: PrefillMode = params.prefill or source.prefill_mode
-        drained_q = req.drained(mode_q)[_skip(reuse):]
-        last = _prefill_chunks(target_model, caches, drained_q, params.prefill_step_size or SPEC_PREFILL_STEP,
-                               req.kv)
-        req.prefill_record(drained_q, None, None, reuse)
-        nxt = req.prompt_ids[-1] if mode_q == "tail-split" else req.initial_sample(last)
         why = (f"quantized-kv: kv_bits {req.kv.bits}: the {type(source).__name__} source reads the "
                "target's caches or hidden states (no set_kv_quantization); quantized KV wins over "
                "speculation (§6)")
-        req.plain_loop(nxt, "quantized-kv", why, ahead=target_caches is None)
-        return req.result(speculative=True)
+        return _plain_instead(req, reuse, params.prefill or source.prefill_mode, "quantized-kv", why, ahead)
     n_layers = len(target_model.layers)
     taps = _tap_set(source, n_layers)
     mode: PrefillMode = params.prefill or source.prefill_mode
-    step = params.prefill_step_size or SPEC_PREFILL_STEP
 
     # Prefill: the drafter first, then the target (mlx-lm order); a tapped
     # prefill runs the target first because the drafter consumes its hidden.
     drained = req.drained(mode)
+    new = drained[reuse.target_prefix:]
     pre_ctx: TapContext | None = None
     last_logits: mx.array | None
     if taps and drained:
-        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, drained[_skip(reuse):], step, taps,
-                                                       req.kv)
-        if reuse is not None:  # the saved hidden rows of the reused prefix, then the new ones
-            pre_ctx = reuse.tap_context(pre_ctx, drained)
+        last_logits, pre_ctx = _forward_chunked_tapped(target_model, caches, new,
+                                                       params.prefill_step_size or SPEC_PREFILL_STEP, taps, req.kv)
+        pre_ctx = reuse.tap_context(pre_ctx, drained)  # the reused prefix's saved rows, then the new ones
         drafter_tokens = source.prefill(drained, pre_ctx)
     else:
         drafter_tokens = source.prefill(drained[source_skip:], None)
-        last_logits = _prefill_chunks(target_model, caches, drained[_skip(reuse):], step, req.kv)
+        last_logits = req.prefill(new, params.prefill_step_size, SPEC_PREFILL_STEP)
     if req.kv is not None:
         plan = CacheRollback(target_model, caches, rotating=params.rotating)  # converted caches
-    if reuse is not None:
-        reuse.after_prefill(caches, source, pre_ctx)
-    req.prefill_record(drained[_skip(reuse):], list(drafter_tokens),
-                       source.cache_digest() if params.cache_digests else None, reuse)
+    reuse.after_prefill(caches, source, pre_ctx)
+    req.prefill_record(new, list(drafter_tokens), source.cache_digest() if params.cache_digests else None,
+                       reuse)
 
-    anchor: mx.array | None = None
-    if mode == "tail-split":
-        pending = [prompt_ids[-1]]
-    else:
-        pending = [req.initial_sample(last_logits)]
-        anchor = _anchor(pre_ctx, n_layers, len(drained) - 1)
+    pending = [req.first_input(mode, last_logits)]
+    anchor = None if mode == "tail-split" else _anchor(pre_ctx, n_layers, len(drained) - 1)
     feed = list(pending)
-
     round_index = 0
     while not stream.done:
         tr0 = time.perf_counter()
         n = req.kv_cap(min(params.gamma, stream.left))
         guard = plan.ring_guard(n) or _source_guard(source, feed, n)
         if guard is not None:
-            req.plain_loop(pending[-1], guard.split(":")[0], guard, ahead=target_caches is None)
+            req.plain_loop(pending[-1], guard.split(":")[0], guard, ahead=ahead)
             break
-        lazy = _lazy_drafts(source, observer, taps, sampler)
-        drafts_arr: mx.array | None = None
-        with sampler.drafting(req.history):
-            if lazy is not None:  # kept on the device until the verify's one sync (mlx-lm)
-                drafts_arr = lazy(list(feed), n, len(stream.output), anchor)
-                drafts = []
-            else:
-                drafts = [int(t) for t in source.draft(list(feed), n, len(stream.output), anchor)]
+        drafts, drafts_arr = _draft(req, source, feed, n, anchor, observer, taps)
         d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
         if d > n:
             raise RuntimeError(f"draft source returned {d} tokens, more than n={n}")
         confidence = _confidence(source, d)
         window = pending + drafts
-        if observer is not None:
-            observer.before_verify(round_index, window, caches)
-        with plan.round():
+        observer.before_verify(round_index, window, caches)
+        with plan.round():  # ONE target forward over [pending, *drafts]
             if drafts_arr is None:
                 logits, ctx = _forward(target_model, caches, window, taps)
             else:
                 inputs = mx.concatenate([mx.array(pending, mx.uint32), drafts_arr.astype(mx.uint32)])
                 logits, ctx = target_model(inputs[None], cache=caches), None
             block = logits[0, -(d + 1) :, :]
-            # Under a grammar the rows are sampled in the walk, each masked by the state before it.
-            samples_arr = (sampler.sample_window(block, req.history_before_pending(), window)
-                           if req.grammar is None else mx.array([], mx.uint32))
+            samples_arr = req.pipe.window_samples(block, window)
             margins_arr = margin_array(block)
             mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []),
                     *([drafts_arr] if drafts_arr is not None else []))
         if drafts_arr is not None:
             drafts = token_ids(drafts_arr)
             window = pending + drafts
-        if observer is not None:
-            observer.after_verify(round_index, window, block, caches)
-        samples_all = token_ids(samples_arr)
+        observer.after_verify(round_index, window, block, caches)
         margins = margins_list(margins_arr, d + 1)
 
-        walked: list[int] = []
-        emitted: list[int] = []
-        k = 0
-        end = "bonus"
-        grammar_walk = None
-        if req.grammar is not None:
-            grammar_walk = _grammar_walk(req, block, drafts)
-            walked, emitted = grammar_walk.walked, grammar_walk.emitted
-            k, end = grammar_walk.k_accept, grammar_walk.end
-            samples_all = walked
-        for i in range(d + 1 if grammar_walk is None else 0):
-            t = samples_all[i]
-            walked.append(t)
-            matched = i < d and t == drafts[i]
-            if matched:
-                k += 1
-            stop = stream.offer(t)
-            if stop != "eos":
-                emitted.append(t)
-            if stop is not None:
-                end = stop
-                break
-            if not matched:
-                end = "correction" if i < d else "bonus"
-                break
-
+        walk = req.pipe.walk(block, drafts, token_ids(samples_arr), stream.offer, stream.terminate)
+        k = walk.k_accept
         plan.rollback(d, k)
-        if observer is not None:
-            observer.after_rollback(round_index, k, caches)
+        observer.after_rollback(round_index, k, caches)
         if req.quantize():  # on the committed offset: where plain decode converts
             plan = CacheRollback(target_model, caches, rotating=params.rotating)
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         req.counters.record_round(d, k)
-        if reuse is not None:
-            reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
-        req.grow_history(emitted)
-        req.records.append(
-            {
-                "type": "round",
-                "index": round_index,
-                "feed": list(feed),
-                "drafts": drafts,
-                "window": window,
-                "samples": walked,
-                "k_accept": k,
-                "emitted": emitted,
-                "end": end,
-                "margins": margins,
-                "confidence": confidence,
-                "target_cache_digest": _digest(params, caches),
-                "drafter_cache_digest": source.cache_digest() if params.cache_digests else None,
-                "time_s": time.perf_counter() - tr0,
-            }
-        )
-        if grammar_walk is not None:
-            assert req.grammar is not None
-            req.records[-1]["grammar_masks"] = grammar_walk.masks
-            req.records[-1]["grammar_state"] = req.grammar.state_digest()
+        reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
+        req.records.append(_round_record(req, source, round_index, feed, drafts, window, walk, margins,
+                                         confidence, tr0))
         round_index += 1
         if stream.done:
             break
-        pending = [samples_all[k]]
-        feed = refeed(drafts, k, samples_all[k])
+        pending = [walk.walked[k]]
+        feed = refeed(drafts, k, walk.walked[k])
         anchor = verified
 
     return req.result(speculative=True)
 
 
-def _skip(reuse: Any) -> int:
-    """Drained tokens the target's caches already hold (prompt-cache reuse; 0 without)."""
-    return 0 if reuse is None else int(reuse.target_prefix)
+def _plain_instead(req: _Request, reuse: Reuse, mode: PrefillMode, reason: str, detail: str | None,
+                   ahead: bool) -> GenerationResult:
+    """A speculative request that does not speculate: plain decode, ``reason`` on every record."""
+    new = req.drained(mode)[reuse.target_prefix:]
+    last = req.prefill(new, req.params.prefill_step_size, SPEC_PREFILL_STEP)
+    req.prefill_record(new, None, None, reuse)
+    req.plain_loop(req.first_input(mode, last), reason, detail, ahead=ahead)
+    return req.result(speculative=True)
 
 
-def _grammar_walk(req: _Request, block: mx.array, drafts: list[int]) -> Any:
-    """The constrained accept walk (engine.grammar): row ``i`` sees the processor history up to
-    the pending token plus the tokens emitted before it in this round, and the grammar mask."""
-    from engine.grammar import constrained_walk
-
-    assert req.grammar is not None
-    base = req.history
-    emitted_so_far: list[int] = []
-
-    def sample_row(row: mx.array, i: int, mask: mx.array | None) -> mx.array:
-        hist = base
-        if hist is not None and emitted_so_far:
-            hist = mx.concatenate([hist, mx.array(emitted_so_far, mx.uint32)])
-        return req.sampler.sample_plain(row, hist, mask=mask)
-
-    def offer(t: int) -> str | None:
-        stop = req.stream.offer(t)
-        if stop != "eos":
-            emitted_so_far.append(t)
-        return stop
-
-    return constrained_walk(sample_row, offer, req.grammar, block, drafts, req.stream.terminate)
+def _draft(req: _Request, source: DraftSource, feed: list[int], n: int, anchor: mx.array | None,
+           observer: RoundObserver, taps: tuple[int, ...]) -> tuple[list[int], mx.array | None]:
+    """The source's drafts for this round: host ids, or a lazy device array kept until the
+    verify's one sync (mlx-lm) where the source offers one (:func:`_lazy_drafts`)."""
+    lazy = _lazy_drafts(source, observer, taps, req.sampler)
+    with req.sampler.drafting(req.pipe.history):
+        if lazy is not None:
+            return [], lazy(list(feed), n, len(req.stream.output), anchor)
+        return [int(t) for t in source.draft(list(feed), n, len(req.stream.output), anchor)], None
 
 
-def _lazy_drafts(source: DraftSource, observer: Any, taps: tuple[int, ...], sampler: StepSampler) -> Any:
+def _round_record(req: _Request, source: DraftSource, index: int, feed: list[int], drafts: list[int],
+                  window: list[int], walk: WalkResult, margins: list[float], confidence: list[float] | None,
+                  tr0: float) -> dict[str, Any]:
+    params = req.params
+    rec: dict[str, Any] = {
+        "type": "round",
+        "index": index,
+        "feed": list(feed),
+        "drafts": drafts,
+        "window": window,
+        "samples": walk.walked,
+        "k_accept": walk.k_accept,
+        "emitted": walk.emitted,
+        "end": walk.end,
+        "margins": margins,
+        "confidence": confidence,
+        "target_cache_digest": _digest(params, req.caches),
+        "drafter_cache_digest": source.cache_digest() if params.cache_digests else None,
+        "time_s": time.perf_counter() - tr0,
+    }
+    if walk.masks is not None:
+        assert req.grammar is not None
+        rec["grammar_masks"] = walk.masks
+        rec["grammar_state"] = req.grammar.state_digest()
+    return rec
+
+
+def _lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, ...],
+                 sampler: StepSampler) -> Any:
     """A source's ``draft_array`` (drafts as a lazy device array), when the round may use it.
 
     Optional hook, used only while the source's ``draft`` is the one that reads it
@@ -690,7 +558,7 @@ def _lazy_drafts(source: DraftSource, observer: Any, taps: tuple[int, ...], samp
     if (hook is None or not getattr(own, "via_draft_array", False)
             or "draft" in getattr(source, "__dict__", {})):
         return None
-    if observer is not None or taps or sampler.has_processors:
+    if observing(observer) or taps or sampler.has_processors:
         return None
     return hook
 
@@ -779,26 +647,25 @@ def plain_generate(
     *,
     on_token: OnToken | None = None,
     target_caches: list[Any] | None = None,
-    reuse: Any = None,
+    reuse: Reuse | None = None,
 ) -> GenerationResult:
-    """Plain (non-speculative) decode through the same sampler (mlx-lm ``generate_step``).
+    """Plain (non-speculative) decode through the same sampling pipeline (mlx-lm ``generate_step``).
 
-    ``target_caches`` / ``reuse`` (optional, ``engine.prompt_cache.PlainPromptCacheSession``):
-    as for ``spec_generate``, the caches already hold the first ``reuse.target_prefix``
-    drained tokens and only the rest is prefilled; ``reuse.after_prefill(caches, None)``
-    sees the prefill boundary and the prefill record carries ``reuse.record()``.
+    ``target_caches`` / ``reuse`` (``engine.hooks.Reuse``, e.g.
+    ``engine.prompt_cache.PlainPromptCacheSession``): as for ``spec_generate``, the caches
+    already hold the first ``reuse.target_prefix`` drained tokens and only the rest is
+    prefilled; ``reuse.after_prefill(caches, None)`` sees the prefill boundary and the
+    prefill record carries ``reuse.record()``.
     """
     from mlx_lm.models.cache import make_prompt_cache
 
+    reuse = NO_REUSE if reuse is None else reuse
     caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
     req = _Request(target_model, caches, prompt_ids, params, on_token)
     mode: PrefillMode = params.prefill or "tail-split"
-    drained = req.drained(mode)[_skip(reuse):]
-    last = _prefill_chunks(target_model, req.caches, drained, params.prefill_step_size or PLAIN_PREFILL_STEP,
-                           req.kv)
-    if reuse is not None:
-        reuse.after_prefill(caches, None)
-    req.prefill_record(drained, None, None, reuse)
-    nxt = req.prompt_ids[-1] if mode == "tail-split" else req.initial_sample(last)
-    req.plain_loop(nxt, "baseline", ahead=target_caches is None)
+    new = req.drained(mode)[reuse.target_prefix:]
+    last = req.prefill(new, params.prefill_step_size, PLAIN_PREFILL_STEP)
+    reuse.after_prefill(caches, None)
+    req.prefill_record(new, None, None, reuse)
+    req.plain_loop(req.first_input(mode, last), "baseline", ahead=target_caches is None)
     return req.result(speculative=False)

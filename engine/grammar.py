@@ -403,3 +403,17 @@ def constrained_walk(
             end = "correction" if i < d else "bonus"
             break
     return WalkResult(walked, emitted, k, end, masks)
+
+
+def grammar_from_header(block: dict[str, Any], hf_tokenizer: Any, vocab_size: int,
+                        eos_ids: Sequence[int]) -> Grammar:
+    """The grammar a trace header's ``params.grammar`` records (kind, name, text, sha256 and the
+    reasoning-end marker text), compiled as the run compiled it (``Grammar.for_tokenizer``)."""
+    if not isinstance(block, dict) or not isinstance(block.get("text"), str):
+        raise GrammarError("params.grammar must be an object with the grammar's kind and text")
+    spec = GrammarSpec(str(block.get("kind")), block["text"], str(block.get("name") or "grammar"))
+    if block.get("sha256") not in (None, spec.digest):
+        raise GrammarError(f"params.grammar: sha256 {str(block.get('sha256'))[:12]}… does not match its "
+                           f"text ({spec.digest[:12]}…)")
+    marker = block.get("reasoning_end") or ""
+    return Grammar.for_tokenizer(spec, hf_tokenizer, vocab_size, eos_ids, marker)

@@ -145,8 +145,25 @@ class SamplerParams:
     min_p: float = 0.0
     repetition_penalty: float | None = None  # shorthand; ``processors`` wins when active
     processors: ProcessorParams = field(default_factory=ProcessorParams)
+    # The request's EOS ids are not drawn before this many tokens were generated, counted per
+    # output position (engine.pipeline stage 2; vLLM ``SamplingParams.min_tokens``).
+    min_tokens: int = 0
+    # "stream": one RNG stream seeded once per request (mlx-lm); "position": a key per
+    # (seed, output position) (engine.pipeline).
+    rng: str = "stream"
+
+    @property
+    def effective_processors(self) -> ProcessorParams:
+        """The processors a step applies: ``processors``, or the ``repetition_penalty`` shorthand."""
+        if not self.processors.active and self.repetition_penalty is not None:
+            return ProcessorParams(repetition_penalty=self.repetition_penalty)
+        return self.processors
 
     def __post_init__(self) -> None:
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.rng not in ("stream", "position"):
+            raise ValueError(f"rng must be 'stream' or 'position', got {self.rng!r}")
         for name in ("temperature", "top_p", "min_p"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
@@ -181,10 +198,7 @@ class StepSampler:
         sampler = make_sampler(
             temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=params.top_k
         )
-        proc = params.processors
-        if not proc.active and params.repetition_penalty is not None:
-            proc = ProcessorParams(repetition_penalty=params.repetition_penalty)
-        processors = make_logits_processors(**proc.kwargs())
+        processors = make_logits_processors(**params.effective_processors.kwargs())
         return cls(sampler, cast(list[LogitsProcessor], processors), params)
 
     @property

@@ -65,9 +65,16 @@ from typing import Any, cast
 import mlx.core as mx
 
 from engine.audit import clone_caches
-from engine.executor import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, _prefill_chunks
+from engine.caches import KVQuantization, quantize_kv
+from engine.pipeline import (
+    SamplingPipeline,
+    allowed_top2,
+    params_from_header,
+    processors_from_block,
+)
 from engine.rollback import RECURRENT_MIXERS, is_arrays, is_kv, is_rotating
-from engine.sampler import ProcessorParams, SamplerParams, StepSampler, token_ids
+from engine.sampler import SamplerParams, StepSampler, token_ids
+from engine.stream import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, prefill_chunks
 from traces.diff import Flip, TokenSite, WitnessDeclined, WitnessVerdict
 from traces.io import Trace
 from traces.records import platform_info
@@ -151,29 +158,33 @@ def _greedy() -> StepSampler:
     return StepSampler.from_params(SamplerParams())
 
 
-_PROCESSOR_KEYS = ("repetition_penalty", "repetition_context_size", "presence_penalty",
-                   "presence_context_size", "frequency_penalty", "frequency_context_size",
-                   "history_prompt")
+PipelineFactory = Callable[[Trace], SamplingPipeline]
+"""``factory(trace) -> a fresh SamplingPipeline`` of that run, at the request's start."""
 
 
-def _processors(trace: Trace) -> ProcessorParams | None:
-    """The run's logits processors (header ``params.logits_processors``), or None."""
+def header_pipeline(trace: Trace, grammar: Any = None) -> SamplingPipeline:
+    """The run's sampling pipeline as its header records it (``engine.pipeline.params_from_header``):
+    processors, min_tokens, the draw's RNG mode; ``grammar``: its compiled grammar (needs the
+    tokenizer; :class:`NumericsWitness` resolves it)."""
+    params = params_from_header(trace.header, grammar)
+    return SamplingPipeline(params, [int(t) for t in trace.header["prompt"]["token_ids"]], seed_stream=False)
+
+
+def _has_grammar(trace: Trace) -> bool:
+    return isinstance((trace.header.get("params") or {}).get("grammar"), dict)
+
+
+def _has_processors(trace: Trace) -> bool:
     lp = (trace.header.get("params") or {}).get("logits_processors")
-    if not isinstance(lp, dict):
+    return isinstance(lp, dict) and processors_from_block(lp).active
+
+
+def _kv(trace: Trace) -> KVQuantization | None:
+    p = trace.header.get("params") or {}
+    if p.get("kv_bits") is None:
         return None
-    proc = ProcessorParams(logit_bias=tuple((int(t), float(v)) for t, v in lp.get("logit_bias") or ()),
-                           **{k: lp[k] for k in _PROCESSOR_KEYS if k in lp and lp[k] is not None})
-    return proc if proc.active else None
-
-
-def _run_sampler(trace: Trace) -> tuple[StepSampler, list[int] | None]:
-    """The run's greedy sampler (its processors included) and where its processor history starts."""
-    proc = _processors(trace)
-    if proc is None:
-        return _greedy(), None
-    prompt = [int(t) for t in trace.header["prompt"]["token_ids"]]
-    return (StepSampler.from_params(SamplerParams(processors=proc)),
-            prompt if proc.history_prompt == "full" else prompt[-1:])
+    start = p.get("quantized_kv_start")
+    return KVQuantization(int(p["kv_bits"]), int(p.get("kv_group_size") or 64), int(5000 if start is None else start))
 
 
 def _ids(tokens: list[int]) -> mx.array:
@@ -181,11 +192,10 @@ def _ids(tokens: list[int]) -> mx.array:
 
 
 def _top2(row: mx.array) -> tuple[tuple[int, float], tuple[int, float]]:
-    r = row.astype(mx.float32)
-    idx = token_ids(mx.argpartition(-r, kth=1)[:2])
-    vals = [float(v) for v in cast(list, r[mx.array(idx)].tolist())]
-    (i1, v1), (i2, v2) = sorted(zip(idx, vals, strict=True), key=lambda t: (-t[1], t[0]))
-    return (i1, v1), (i2, v2)
+    """Top-1 and top-2 of a row among the candidates its pipeline allowed (finite entries;
+    a lone allowed candidate's runner-up is ``(-1, -inf)``)."""
+    first, second = allowed_top2(row)
+    return first, second if second is not None else (-1, float("-inf"))
 
 
 def _tokens(ids: list[int]) -> mx.array:
@@ -206,7 +216,7 @@ def _prefill(model: Any, trace: Trace, caches: list[Any]) -> mx.array | None:
     else:
         drained = prompt[:-1] if params.get("prefill", "tail-split") == "tail-split" else prompt
     default = SPEC_PREFILL_STEP if trace.header.get("mode") == "spec" else PLAIN_PREFILL_STEP
-    return _prefill_chunks(model, caches, drained, int(params.get("prefill_step_size") or default))
+    return prefill_chunks(model, caches, drained, int(params.get("prefill_step_size") or default), _kv(trace))
 
 
 class _NoExactRollback(Exception):
@@ -377,48 +387,48 @@ def _calibration(rec: dict[str, Any], rows: mx.array | None, skip: int | None) -
     return max(abs(float(r) - x) for r, x in pairs) / max(1.0, top)
 
 
-def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> PathEval:
+def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str,
+                  pipeline: PipelineFactory = header_pipeline) -> PathEval:
     """Replay ``trace``'s own schedule up to ``site`` and evaluate the contested row (module doc).
 
-    The first record (before any rollback) also calibrates the replay: its
-    replayed margins must equal the recorded ones (``PathEval.calibration``),
-    else the run's arithmetic is not this process's (another device, mlx,
-    kernels, or an emulation that is not active here).
+    The contested row goes through the run's own sampling pipeline (``pipeline(trace)``,
+    advanced on every token the run emitted before it): processors, min_tokens, the grammar
+    mask at that position, the draw. The path's top-2 are among the candidates it allowed.
+    The first record (before any rollback) also calibrates the replay: its replayed margins
+    must equal the recorded ones (``PathEval.calibration``), else the run's arithmetic is
+    not this process's (another device, mlx, kernels, or an emulation that is not active here).
     """
-    sampler, history = _run_sampler(trace)
+    pipe = pipeline(trace)
+    kv = _kv(trace)
     caches = _new_caches(model)
     last = _prefill(model, trace, caches)
     notes: list[str] = []
     events = trace.events
     calibration: float | None = None
     for i, rec in enumerate(events[: site.event]):
-        if history is not None:
-            history += [int(t) for t in rec.get("emitted") or []]
+        pipe.advance([int(t) for t in rec.get("emitted") or []])
         if rec["type"] == "round":
             block = _replay_round(model, caches, rec, notes)
+            quantize_kv(caches, kv)  # on the committed offset, as the executor converts
             if i == 0:
                 calibration = _calibration(rec, block, None)
         elif rec.get("reason") != "initial":
             row1 = model(_tokens(list(rec["input"])), cache=caches)[:, -1, :]
+            quantize_kv(caches, kv)
             mx.eval(row1)
             if i == 0:
                 calibration = _calibration(rec, row1, None)
         elif i == 0 and last is not None:
             calibration = _calibration(rec, last[:, -1, :], None)
     rec = events[site.event]
+    stages = _stages(pipe)
     if rec["type"] == "round":
         window = list(rec["window"])
         block = model(_tokens(window), cache=caches)[0, -len(window):, :]
-        before = None if history is None else _ids(history[:-1])  # ends before the pending token
-        tokens = token_ids(sampler.sample_window(block, before, window))
         assert site.position is not None
-        row = block[site.position]
-        token = tokens[site.position]
-        path = f"verify window of {len(window)} tokens (batched), row {site.position}"
-        if history is not None:  # the row as the sampler saw it: processed on its own history
-            seen = _ids([*history[:-1], window[0], *tokens[: site.position]])
-            row = sampler._process(seen, row[None])[0]
-            path += ", logits processors applied"
+        token, view = pipe.token_at(block, window, site.position)
+        shape = "one row at a time in the constrained walk" if pipe.row_wise else "batched"
+        path = f"verify window of {len(window)} tokens ({shape}), row {site.position}{stages}"
         if site.event == 0:
             calibration = _calibration(rec, block, site.position)
     else:
@@ -429,18 +439,29 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> Path
         else:
             row2 = model(_tokens(list(rec["input"])), cache=caches)[:, -1, :]
             path = "one-token decode step"
-        hist = None if history is None else _ids(history)
-        token = token_ids(sampler.sample_plain(row2, hist))[0]
-        if hist is not None:
-            row2 = sampler._process(hist, row2)
-            path += ", logits processors applied"
-        row = row2[0]
-    row = row.astype(mx.float32)
+        view = pipe.view(row2)
+        token = token_ids(pipe.draw(view - mx.logsumexp(view, keepdims=True), pipe.generated))[0]
+        path += stages
+    row = view[0].astype(mx.float32)
     mx.eval(row)
     out = PathEval(f"{label} {site.record}" + (f" pos {site.position}" if site.position is not None else ""),
                    path, token, _top2(row), row, site.token, site.margin, notes)
     out.calibration = calibration
     return out
+
+
+def _stages(pipe: SamplingPipeline) -> str:
+    """The pipeline stages a path's row went through (its description's tail)."""
+    parts = []
+    if pipe.sampler.has_processors:
+        parts.append("logits processors")
+    if pipe.min_tokens:
+        parts.append(f"min_tokens {pipe.min_tokens}")
+    if pipe.matcher is not None:
+        parts.append("the grammar mask of its position")
+    if pipe.positional:
+        parts.append(f"the draw keyed by (seed {pipe.seed}, position)")
+    return "" if not parts else ", " + ", ".join(parts) + " applied"
 
 
 def _draft_steps(model: Any, caches: list[Any], feed: list[int], drafts: list[int], n: int,
@@ -472,7 +493,7 @@ def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str) -
     caches = _new_caches(model)
     params = trace.header.get("params") or {}
     assert trace.prefill is not None and trace.prefill.get("drafter_tokens") is not None
-    _prefill_chunks(model, caches, list(trace.prefill["drafter_tokens"]),
+    prefill_chunks(model, caches, list(trace.prefill["drafter_tokens"]),
                     int(params.get("prefill_step_size") or SPEC_PREFILL_STEP))
     notes: list[str] = []
     for rec in trace.events[: site.event]:
@@ -520,28 +541,41 @@ def prefix_of(trace: Trace, site: TokenSite) -> list[int]:
 
 
 def serial_path(model: Any, prompt: list[int], prefix: list[int], label: str = "serial",
-                like: Trace | None = None) -> PathEval:
-    """Plain decode's path on ``prompt + prefix``: tail-split prefill, then one token per forward
-    (with the logits processors of run ``like``, when it has some)."""
-    sampler, start = _run_sampler(like) if like is not None else (_greedy(), None)
+                like: Trace | None = None, pipeline: PipelineFactory = header_pipeline) -> PathEval:
+    """Plain decode's path on ``prompt + prefix``: tail-split prefill, then one token per forward,
+    the row through the sampling pipeline of run ``like`` (when given) advanced over ``prefix``."""
     caches = _new_caches(model)
-    _prefill_chunks(model, caches, prompt[:-1], PLAIN_PREFILL_STEP)
+    kv = None if like is None else _kv(like)
+    prefill_chunks(model, caches, prompt[:-1], PLAIN_PREFILL_STEP, kv)
     row = None
     for tok in [prompt[-1], *prefix]:
         row = model(_tokens([tok]), cache=caches)[:, -1, :]
+        quantize_kv(caches, kv)
         mx.eval(row)
     assert row is not None
-    hist = None if start is None else _ids([*start, *prefix])
-    token = token_ids(sampler.sample_plain(row, hist))[0]
-    if hist is not None:
-        row = sampler._process(hist, row)
-    r = row[0].astype(mx.float32)
+    if like is None:
+        view, token = row, token_ids(_greedy().sample_plain(row))[0]
+        stages = ""
+    else:
+        pipe = pipeline(like)
+        pipe.advance(prefix)
+        view = pipe.view(row)
+        token = token_ids(pipe.draw(view - mx.logsumexp(view, keepdims=True), pipe.generated))[0]
+        stages = _stages(pipe)
+    r = view[0].astype(mx.float32)
     mx.eval(r)
-    return PathEval(label, f"plain one-token decode of the {len(prefix)}-token prefix", token, _top2(r), r)
+    return PathEval(label, f"plain one-token decode of the {len(prefix)}-token prefix{stages}", token,
+                    _top2(r), r)
 
 
 def _pair_delta(p: PathEval, x: int, y: int) -> float:
     return float(cast(float, p.row[x].item())) - float(cast(float, p.row[y].item()))
+
+
+def _max_row_delta(a: mx.array, b: mx.array) -> float:
+    """Largest |a - b| over the entries both rows allowed (a masked entry is -inf in both)."""
+    both = mx.isfinite(a) & mx.isfinite(b)
+    return float(cast(float, mx.max(mx.where(both, mx.abs(a - b), mx.array(0.0))).item()))
 
 
 def witness_draft_flip(drafter: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
@@ -554,7 +588,7 @@ def witness_draft_flip(drafter: Any, a: Trace, b: Trace, flip: Flip) -> WitnessV
     pa = evaluate_draft_path(drafter, a, flip.a, "a")
     pb = evaluate_draft_path(drafter, b, flip.b, "b")
     xa, xb = flip.a.token, flip.b.token
-    max_row = float(cast(float, mx.max(mx.abs(pa.row - pb.row)).item()))
+    max_row = _max_row_delta(pa.row, pb.row)
     da, db = (_pair_delta(p, xa, xb) for p in (pa, pb))
     evidence = [pa.format(), pb.format(),
                 f"Δ = logit[{xa}] - logit[{xb}]: a {da:+.4g}, b {db:+.4g}; max |row a - row b| {max_row:.3g}",
@@ -571,10 +605,12 @@ def witness_draft_flip(drafter: Any, a: Trace, b: Trace, flip: Flip) -> WitnessV
     return WitnessVerdict(klass, reason, tuple(evidence), data)
 
 
-def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
-    """Replay both runs' paths on the same prefix and judge the flip (module doc)."""
-    pa = evaluate_path(model, a, flip.a, "a")
-    pb = evaluate_path(model, b, flip.b, "b")
+def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip,
+                 pipeline: PipelineFactory = header_pipeline) -> WitnessVerdict:
+    """Replay both runs' paths on the same prefix and judge the flip (module doc); each row goes
+    through its run's sampling pipeline (``pipeline(trace)``)."""
+    pa = evaluate_path(model, a, flip.a, "a", pipeline)
+    pb = evaluate_path(model, b, flip.b, "b", pipeline)
     for p, t in ((pa, a), (pb, b)):
         if p.calibration is not None and p.calibration > CALIBRATION_TOL:
             raise WitnessDeclined(
@@ -585,9 +621,9 @@ def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict:
     if prefix != prefix_of(b, flip.b):
         return WitnessVerdict("logic", "the two runs' prefixes differ before the contested token",
                               (pa.format(), pb.format()), {"paths": [pa.to_dict(), pb.to_dict()]})
-    ref = serial_path(model, list(a.header["prompt"]["token_ids"]), prefix, like=a)
+    ref = serial_path(model, list(a.header["prompt"]["token_ids"]), prefix, like=a, pipeline=pipeline)
     xa, xb = flip.a.token, flip.b.token
-    max_row = float(cast(float, mx.max(mx.abs(pa.row - pb.row)).item()))
+    max_row = _max_row_delta(pa.row, pb.row)
     da, db, ds = (_pair_delta(p, xa, xb) for p in (pa, pb, ref))
     evidence = [
         pa.format(),
@@ -631,10 +667,18 @@ def _platform_mismatch(trace: Trace) -> str | None:
     return None
 
 
-def _greedy_run(trace: Trace) -> bool:
-    """Greedy (its logits processors, if any, are replayed): the only sampling the witness replays."""
+def _greedy_trace(trace: Trace) -> bool:
+    return not (trace.header.get("params") or {}).get("temperature")
+
+
+def _replayable(trace: Trace) -> bool:
+    """Greedy, or sampled with a key per (seed, output position) (``rng: position``): a draw
+    that is a function of the row and the position alone. A run drawing from one RNG stream
+    in order (mlx-lm's) is not replayed at a single position."""
     params = trace.header.get("params") or {}
-    return not params.get("temperature")
+    if not params.get("temperature"):
+        return True
+    return params.get("rng") == "position" and params.get("seed") is not None
 
 
 class NumericsWitness:
@@ -642,15 +686,42 @@ class NumericsWitness:
 
     ``resolve(header)`` returns the target model for a trace header, or
     ``None`` when it is not at hand; ``resolve_drafter(header)`` the same for
-    a two-model drafter (draft flips). The witness judges only greedy runs of
-    one target and prompt (equal ``weights_sha256`` where both headers have
-    one), recorded on this platform.
+    a two-model drafter (draft flips); ``resolve_tokenizer(header)`` the target's
+    tokenizer (a run under a grammar: its mask is compiled against it). The
+    witness judges greedy runs and runs sampled with position keys, of one
+    target and prompt (equal ``weights_sha256`` where both headers have one),
+    recorded on this platform.
     """
 
-    def __init__(self, resolve: ModelResolver, resolve_drafter: ModelResolver | None = None) -> None:
+    def __init__(self, resolve: ModelResolver, resolve_drafter: ModelResolver | None = None,
+                 resolve_tokenizer: ModelResolver | None = None) -> None:
         self.resolve = resolve
         self.resolve_drafter = resolve_drafter
+        self.resolve_tokenizer = resolve_tokenizer
         self.judged = 0
+        self._grammars: dict[tuple[str, str, int], Any] = {}
+
+    def pipeline_factory(self, model: Any) -> PipelineFactory:
+        """The runs' pipelines: built from their headers, a grammar compiled against the
+        target's tokenizer (``resolve_tokenizer``); a run under a grammar whose tokenizer is
+        not at hand is declined, never replayed without its mask."""
+        from engine.grammar import grammar_from_header, model_vocab_size
+
+        def make(trace: Trace) -> SamplingPipeline:
+            if not _has_grammar(trace):
+                return header_pipeline(trace)
+            block = trace.header["params"]["grammar"]
+            tok = self.resolve_tokenizer(trace.header) if self.resolve_tokenizer is not None else None
+            if tok is None:
+                raise WitnessDeclined(f"{trace.label()} ran under a grammar and its tokenizer is not at "
+                                      "hand: its mask cannot be replayed")
+            eos = tuple(int(t) for t in trace.header.get("eos_ids") or ())
+            key = (str(block.get("sha256")), str(block.get("reasoning_end") or ""), hash(eos))
+            if key not in self._grammars:
+                self._grammars[key] = grammar_from_header(block, tok, model_vocab_size(model), eos)
+            return header_pipeline(trace, self._grammars[key])
+
+        return make
 
     @classmethod
     def for_model(cls, model: Any, drafter: Any = None) -> NumericsWitness:
@@ -666,20 +737,18 @@ class NumericsWitness:
         return model if model is not None else resolve(b.header)
 
     def __call__(self, a: Trace, b: Trace, flip: Flip) -> WitnessVerdict | None:
-        if not (_greedy_run(a) and _greedy_run(b)):
+        if not (_replayable(a) and _replayable(b)):
             return None
         for t in (a, b):
             if (why := _platform_mismatch(t)) is not None:
                 raise WitnessDeclined(f"{why}: its arithmetic cannot be replayed here")
         if list(a.header["prompt"]["token_ids"]) != list(b.header["prompt"]["token_ids"]):
             raise WitnessDeclined("the two runs have different prompts")
-        if any((t.header.get("params") or {}).get("kv_bits") is not None for t in (a, b)):
-            raise WitnessDeclined("quantized KV (params.kv_bits): the witness replays full-precision caches")
         if flip.lane == "drafter":
             if any(t.header.get("source") not in (None, "two-model") for t in (a, b)):
                 raise WitnessDeclined("only a two-model drafter's path is replayed")
-            if any(_processors(t) is not None for t in (a, b)):
-                return None  # the draft lane's processor history is not replayed
+            if any(_has_processors(t) or _has_grammar(t) or not _greedy_trace(t) for t in (a, b)):
+                return None  # the draft lane's processor history and draws are not replayed
             drafter = self._model(self.resolve_drafter, "drafter", a, b)
             if drafter is None:
                 return None
@@ -689,23 +758,24 @@ class NumericsWitness:
         if model is None:
             return None
         self.judged += 1
-        return witness_flip(model, a, b, flip)
+        return witness_flip(model, a, b, flip, self.pipeline_factory(model))
 
 
-def path_witness(load: Callable[[str], Any]) -> NumericsWitness:
+def path_witness(load: Callable[[str], Any], load_tokenizer: Callable[[str], Any] | None = None) -> NumericsWitness:
     """A witness whose models are ``load(header.target.path)`` / ``load(header.drafter.path)``
-    when that path is a local directory.
+    when that path is a local directory (and the target's tokenizer ``load_tokenizer(path)``).
 
     ``load`` should return the very model object the runs used (e.g. a cached
     loader), so a wrapped model (``engine.nonexact``) is witnessed as it ran.
     """
     from pathlib import Path
 
-    def resolver(role: str) -> ModelResolver:
+    def resolver(role: str, fn: Callable[[str], Any]) -> ModelResolver:
         def resolve(header: dict[str, Any]) -> Any:
             path = (header.get(role) or {}).get("path")
-            return load(str(path)) if path and Path(path).is_dir() else None
+            return fn(str(path)) if path and Path(path).is_dir() else None
 
         return resolve
 
-    return NumericsWitness(resolver("target"), resolver("drafter"))
+    return NumericsWitness(resolver("target", load), resolver("drafter", load),
+                           resolver("target", load_tokenizer) if load_tokenizer is not None else None)

@@ -61,6 +61,10 @@ class Case:
     # A reasoning-end marker (text, encoded with the target tokenizer): the grammar applies only
     # after the emitted tokens end with it (engine.grammar); '' = from the first token.
     reasoning_end: str = ""
+    # EOS ids are not drawn before this many tokens were generated (engine.pipeline stage 2).
+    min_tokens: int = 0
+    # "stream": one RNG stream per request (mlx-lm); "position": a key per (seed, output position).
+    rng: str = "stream"
 
     @property
     def on_zoo(self) -> bool:
@@ -88,6 +92,10 @@ class Case:
             base += "/stop" + "+".join("-".join(str(t) for t in s) for s in self.stop_sequences)
         if self.processors:
             base += "/lp-" + self.processors
+        if self.min_tokens:
+            base += f"/min{self.min_tokens}"
+        if self.rng != "stream":
+            base += f"/rng-{self.rng}"
         if self.kv_bits is not None:
             base += f"/kv{self.kv_bits}"
             if self.kv_group_size is not None:

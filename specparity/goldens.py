@@ -772,10 +772,9 @@ def compare_to_goldens(
     from traces.reference import compare_with_reference
 
     if witness is None:
-        from engine.witness import path_witness
-        from specparity.runners import load_model
+        from specparity.runners import numerics_witness
 
-        witness = path_witness(lambda path: load_model(path).model)
+        witness = numerics_witness()
     bad = {p.key: p for p in problems}
     out: list[GoldenComparison] = []
     for runner in runners if runners is not None else GOLDEN_RUNNERS:

@@ -87,11 +87,10 @@ def not_compared(case: Case, case_id: str | None = None) -> Comparison:
 
 
 def numerics_witness() -> Any:
-    """The numerics witness of a run's comparisons (``engine/witness.py``), on the loaded models."""
-    from engine.witness import path_witness
-    from specparity.runners import load_model
+    """The numerics witness of a run's comparisons (``specparity.runners.numerics_witness``)."""
+    from specparity.runners import numerics_witness as witness
 
-    return path_witness(lambda path: load_model(path).model)
+    return witness()
 
 
 def _reference_comparison(

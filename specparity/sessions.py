@@ -292,16 +292,9 @@ def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, 
 # --------------------------------------------------------------------------- cases → sessions
 
 def _params(case: Case, eos: tuple[int, ...]) -> Any:
-    from engine.executor import GenerationParams
-    from engine.sampler import SamplerParams
-    from specparity.runners import kv_params, processor_params
+    from specparity.runners import generation_params
 
-    return GenerationParams(
-        max_tokens=case.max_tokens, gamma=case.gamma,
-        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
-                              processors=processor_params(case)),
-        seed=case.seed, eos_ids=case.eos_ids if case.eos_ids is not None else eos,
-        stop_sequences=case.stop_sequences, rotating=case.rotating, **kv_params(case))
+    return generation_params(case, eos)
 
 
 def _provider_factory(case: Case) -> Callable[[], Any]:

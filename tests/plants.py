@@ -2,7 +2,7 @@
 
 Used by ``tests/test_user_suite_option.py`` to show the user-pair conformance tests
 (``conformance/test_user_suite.py``) fail on a user's pair when the engine is wrong:
-``SPECPARITY_PLANT=eos-as-content`` makes ``engine.executor._Stream.offer`` emit a
+``SPECPARITY_PLANT=eos-as-content`` makes ``engine.stream.TokenStream.offer`` emit a
 stopping EOS as content (§2 step 3). Never imported by shipped code.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 def pytest_configure(config: Any) -> None:
     if os.environ.get("SPECPARITY_PLANT") != "eos-as-content":
         return
-    import engine.executor as ex
+    import engine.stream as ex
 
-    real = ex._Stream.offer
+    real = ex.TokenStream.offer
 
     def offer(self: Any, token: int) -> str | None:
         stop = real(self, token)
@@ -25,4 +25,4 @@ def pytest_configure(config: Any) -> None:
             self.output.append(token)
         return stop
 
-    ex._Stream.offer = offer  # type: ignore[method-assign]
+    ex.TokenStream.offer = offer  # type: ignore[method-assign]

@@ -197,12 +197,13 @@ def test_an_overridden_draft_keeps_the_list_path() -> None:
     spec_generate(tgt.model, Provider(drf.model), list(zoo.prompt("nat-00").token_ids), params)
     assert 1 in called
     from engine.executor import _lazy_drafts
+    from engine.hooks import NO_OBSERVER
     from engine.sampler import SamplerParams, StepSampler
 
     sub = Sub(drf.model, StepSampler.from_params(SamplerParams()), 512)
-    assert _lazy_drafts(sub, None, (), sub.sampler) is None
+    assert _lazy_drafts(sub, NO_OBSERVER, (), sub.sampler) is None
     plain = two_model.TwoModelSource(drf.model, sub.sampler, 512)
-    assert _lazy_drafts(plain, None, (), sub.sampler) is not None
+    assert _lazy_drafts(plain, NO_OBSERVER, (), sub.sampler) is not None
 
 
 def test_cold_passes_are_balanced() -> None:

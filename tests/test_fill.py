@@ -5,6 +5,7 @@ catch with the position named (the model-level gates are ``conformance/test_fill
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -85,7 +86,7 @@ def test_check_events_names_the_eos_position_and_short_spans() -> None:
 def test_refusals() -> None:
     src = StrictSource(ScaffoldPlan((), frozenset()))
     with pytest.raises(FillRefused, match="compiled grammar"):
-        fill_generate(None, [1, 2], PARAMS, [src], grammar=object())
+        fill_generate(None, [1, 2], replace(PARAMS, grammar=object()), [src])
     hot = GenerationParams(max_tokens=4, sampler=SamplerParams(temperature=0.7), seed=3)
     with pytest.raises(FillRefused, match="user-fixed seed at temperature 0.7"):
         fill_generate(None, [1, 2], hot, [src], user_seed=True)

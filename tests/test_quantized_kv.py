@@ -327,8 +327,11 @@ def test_audit_catches_quantized_short_trim(loaded: tuple[Any, Any], short_targe
     assert errors and "round" in errors[0], errors
 
 
-def test_witness_declines_quantized_kv(loaded: tuple[Any, Any]) -> None:
-    """The numerics witness replays full-precision caches: it must not judge a quantized-KV flip."""
+def test_witness_replays_quantized_kv(loaded: tuple[Any, Any]) -> None:
+    """The numerics witness replays a quantized-KV run with the conversion where the executor
+    converts (after each prefill chunk, each round's rollback, each one-token forward): the run's
+    own path reproduces its tokens, so a planted sample reads ``logic`` by the witness, naming
+    the run whose token its path does not give."""
     from engine.witness import NumericsWitness
 
     p = params(quantized_kv_start=0)
@@ -338,8 +341,8 @@ def test_witness_declines_quantized_kv(loaded: tuple[Any, Any]) -> None:
     bad = dict(recs[i], samples=[*recs[i]["samples"][:-1], (recs[i]["samples"][-1] + 1) % 112])
     b = Trace.from_records([*recs[:i], bad, *recs[i + 1:]])
     div = diff_traces(a, b, level="round", witness=NumericsWitness.for_model(loaded[0].model))
-    assert div is not None and div.basis != "witness", div
-    assert "quantized KV" in div.message, div.message
+    assert div is not None and div.basis == "witness" and div.klass == "logic", div
+    assert "b round" in div.message and "its path gives" in div.message, div.message
 
 
 def test_zoo_matrix_has_two_quantized_kv_cases() -> None:

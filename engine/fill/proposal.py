@@ -5,8 +5,10 @@ Mirrors §7 / §7.1 of ``speculative-decoding.md`` (mlx-bun ``src/fill/proposal.
 ``generateInner``), over mlx-lm 0.32.2 models and caches
 (``mlx_lm/models/cache.py`` ``make_prompt_cache``, ``KVCache.trim``) and the
 engine's plain-decode pieces (``engine.executor`` stream accounting, prefill
-chunks; ``engine.sampler.StepSampler``) so that sampling, EOS, budget and stop
-sequences behave exactly as in ``plain_generate``.
+chunks, ``engine.stream``; the request's ``engine.pipeline.SamplingPipeline``) so that
+sampling, EOS, budget and stop sequences behave exactly as in ``plain_generate``; an
+appended id advances the pipeline (processor history, generated count) exactly like a
+sampled one.
 
 - **assert** — the ids are DETERMINED (a template scaffold): the in-flight
   sample for the next position is dropped unexamined (counted as a wasted
@@ -26,7 +28,8 @@ prompt + forwarded`` holds on both sides of every append; injected ids are
 offered to the stream one at a time AFTER the append, so a stop sequence
 fires mid-burst exactly where it would have.
 
-Refused (:class:`FillRefused`): a compiled grammar in the same iteration;
+Refused (:class:`FillRefused`): a compiled grammar in the same iteration
+(``params.grammar``);
 a user-fixed seed at temperature > 0 with a source that may assert. At
 temperature > 0 an assert fill is the behaviour-policy deviation §7 names
 (:func:`behaviour_deviation`), never a token-identity claim.
@@ -44,15 +47,10 @@ from typing import Any, Literal, Protocol
 
 import mlx.core as mx
 
-from engine.executor import (
-    PLAIN_PREFILL_STEP,
-    GenerationParams,
-    OnToken,
-    _prefill_chunks,
-    _Stream,
-    generation_stream,
-)
-from engine.sampler import StepSampler, token_ids
+from engine.executor import GenerationParams, generation_stream
+from engine.pipeline import SamplingPipeline
+from engine.sampler import token_ids
+from engine.stream import PLAIN_PREFILL_STEP, OnToken, TokenStream, prefill_chunks
 from engine.telemetry import Usage
 
 Policy = Literal["assert", "verify"]
@@ -121,14 +119,11 @@ def span_input(trigger: int, ids: Sequence[int]) -> list[int]:
     return list(ids)
 
 
-def check_refusals(
-    sources: Sequence[ProposalSource], params: GenerationParams, *, grammar: Any = None,
-    user_seed: bool = False,
-) -> None:
+def check_refusals(sources: Sequence[ProposalSource], params: GenerationParams, *, user_seed: bool = False) -> None:
     """Raise :class:`FillRefused` where §7 refuses fill for this request."""
     if not sources:
         return
-    if grammar is not None:
+    if params.grammar is not None:
         raise FillRefused("fill refused: a compiled grammar is active in the same iteration "
                           "(forced tokens are the grammar's job; §7)")
     asserting = [s.name for s in sources if "assert" in s.policies]
@@ -219,17 +214,13 @@ class _FillLoop:
         self.prompt = tuple(prompt_ids)
         self.params = params
         self.sources = list(sources)
-        self.sampler = StepSampler.from_params(params.sampler)
-        if params.seed is not None:
-            mx.random.seed(params.seed)
-        self.stream = _Stream(params, len(prompt_ids), on_token)
+        self.pipe = SamplingPipeline(params, prompt_ids)  # seeds the request's RNG stream
+        self.stream = TokenStream(params, len(prompt_ids), on_token)
         self.stats = FillStats()
         self.events: list[dict[str, Any]] = []
         self.check = check_alignment
         self.prefilled = 0  # the prompt ids in the cache (all of them once decode starts)
         self.forwarded: list[int] = []  # every id forwarded after the prompt
-        start = prompt_ids if self.sampler.history_prompt == "full" else prompt_ids[-1:]
-        self.history = mx.array(start, mx.uint32) if self.sampler.has_processors else None
 
     # ---------------------------------------------------------------- pieces
     def offset(self) -> int:
@@ -251,15 +242,13 @@ class _FillLoop:
         self.stats.forwards += 1
         return self.model(mx.array(ids, mx.uint32)[None], cache=self.caches)
 
-    def sample_row(self, row: mx.array) -> int:
+    def sample_row(self, row: mx.array, *, history: mx.array | None = None, position: int | None = None) -> int:
+        """The pipeline's draw from a ``[1, V]`` row: at the next output position on the
+        request's history, or (a verify span's row) at ``position`` on ``history``."""
         self.stats.samples += 1
-        y = self.sampler.sample_plain(row, self.history)
+        y = self.pipe.sample(row, history=history, position=position)
         mx.eval(y)
         return token_ids(y)[0]
-
-    def grow_history(self, tokens: Sequence[int]) -> None:
-        if self.history is not None and tokens:
-            self.history = mx.concatenate([self.history, mx.array(list(tokens), mx.uint32)])
 
     def view(self) -> TokenView:
         return TokenView(self.prompt, tuple(self.stream.output))
@@ -267,7 +256,7 @@ class _FillLoop:
     def emit(self, token: int) -> None:
         stop = self.stream.offer(token)
         if stop != "eos":
-            self.grow_history([token])
+            self.pipe.advance([token])
 
     def step(self, token: int) -> int:
         logits = self.forward([token])
@@ -316,18 +305,18 @@ class _FillLoop:
             nxt_row = logits[:, -1, :]
             picks: list[int] = []
         else:
-            # rows 0..m-2 predict positions 1..m-1; history grows by the accepted ids
+            # rows 0..m-2 predict positions 1..m-1, each drawn on the history and at the output
+            # position it would have had (the pipeline advances only when the ids are emitted)
             picks = []
             kept = 1
-            self.grow_history(ids[:1])
+            base = self.pipe.history
             while kept < len(ids):
-                pick = self.sample_row(logits[:, kept - 1, :])
+                hist = None if base is None else mx.concatenate([base, mx.array(list(ids[:kept]), mx.uint32)])
+                pick = self.sample_row(logits[:, kept - 1, :], history=hist, position=self.pipe.generated + kept)
                 picks.append(pick)
                 if pick != ids[kept]:
                     break
-                self.grow_history(ids[kept : kept + 1])
                 kept += 1
-            self.history = None if self.history is None else self.history[: self.history.shape[0] - kept]
             drop = len(ids) - kept
             if drop:
                 for c in self.caches:
@@ -355,7 +344,7 @@ class _FillLoop:
 
     def run(self) -> None:
         drained = list(self.prompt[:-1])
-        _prefill_chunks(self.model, self.caches, drained, self.params.prefill_step_size or PLAIN_PREFILL_STEP)
+        prefill_chunks(self.model, self.caches, drained, self.params.prefill_step_size or PLAIN_PREFILL_STEP)
         # tail-split: the prompt's last id heads decode; from here the cache holds the prompt
         logits = self.forward([self.prompt[-1]])
         self.prefilled = len(self.prompt)
@@ -381,7 +370,6 @@ def fill_generate(
     params: GenerationParams,
     sources: Sequence[ProposalSource],
     *,
-    grammar: Any = None,
     user_seed: bool = False,
     on_token: OnToken | None = None,
     check_alignment: bool = True,
@@ -390,7 +378,7 @@ def fill_generate(
 
     With no sources this is plain single-token decode through the same sampler and stream.
     """
-    check_refusals(sources, params, grammar=grammar, user_seed=user_seed)
+    check_refusals(sources, params, user_seed=user_seed)
     if params.prefill not in (None, "tail-split"):
         raise FillRefused("fill runs with the tail-split prefill only")
     t0 = time.perf_counter()

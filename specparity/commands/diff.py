@@ -25,8 +25,7 @@ def main(args: argparse.Namespace) -> int:
         argv += ["--eps", str(args.eps)]
     witness = None
     if not args.no_witness:  # header target path a local directory: replay it (engine/witness.py)
-        from engine.witness import path_witness
-        from specparity.runners import load_model
+        from specparity.runners import numerics_witness
 
-        witness = path_witness(lambda path: load_model(path).model)
+        witness = numerics_witness()
     return diff_main(argv, witness=witness)

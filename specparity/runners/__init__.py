@@ -107,6 +107,14 @@ def load_model(path: str) -> Any:
     return loaded
 
 
+def numerics_witness() -> Any:
+    """The numerics witness (``engine/witness.py``) on the models and tokenizers the runs loaded
+    (:func:`load_model`: shared, non-exact aware), found by the traces' header paths."""
+    from engine.witness import path_witness
+
+    return path_witness(lambda path: load_model(path).model, lambda path: load_model(path).tokenizer)
+
+
 def _zoo_dir(name: str) -> Path:
     import zoo
 
@@ -261,15 +269,33 @@ def processor_params(case: Case) -> Any:
     return ProcessorParams.parse(case.processors)
 
 
-def processors_block(proc: Any) -> dict[str, Any]:
-    """The header's ``params.logits_processors`` block of a ``ProcessorParams``."""
-    kw = proc.kwargs()
-    kw["logit_bias"] = [[t, v] for t, v in (kw["logit_bias"] or {}).items()]
-    return {**kw, "history_prompt": proc.history_prompt}
+def sampler_params(case: Case) -> Any:
+    """The case's ``engine.sampler.SamplerParams``: what its sampling pipeline applies
+    (``engine.pipeline``). The one Case → pipeline path: the engine runner's request and
+    every header's sampling keys (:func:`_base_params` via ``engine.pipeline.header_params``)."""
+    from engine.sampler import SamplerParams
+
+    return SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
+                         processors=processor_params(case), min_tokens=case.min_tokens, rng=case.rng)
+
+
+def generation_params(case: Case, default_eos: tuple[int, ...]) -> Any:
+    """The case's ``engine.executor.GenerationParams`` (its EOS ids, or ``default_eos``, the
+    tokenizer's): what the engine runner and the prompt-cache sessions run the case with. The
+    grammar (compiled against the tokenizer) and the source's γ/prefill are added by the caller."""
+    from engine.executor import GenerationParams
+
+    return GenerationParams(
+        max_tokens=case.max_tokens, gamma=case.gamma, sampler=sampler_params(case), seed=case.seed,
+        eos_ids=case.eos_ids if case.eos_ids is not None else tuple(default_eos),
+        stop_sequences=case.stop_sequences, rotating=case.rotating, **kv_params(case))
 
 
 def _base_params(case: Case, prefill: str) -> dict[str, Any]:
-    extra = {"logits_processors": processors_block(processor_params(case))} if case.processors else {}
+    from engine.pipeline import header_params
+
+    core, sampling = header_params(sampler_params(case), case.seed)
+    extra = {k: sampling[k] for k in ("logits_processors",) if k in sampling}
     if case.stop_sequences:  # absent when none: existing traces keep their bytes
         extra["stop_sequences"] = [list(q) for q in case.stop_sequences]
     extra.update(kv_params(case))
@@ -281,14 +307,11 @@ def _base_params(case: Case, prefill: str) -> dict[str, Any]:
         extra["grammar"] = spec(case.grammar).to_dict()
         if getattr(case, "reasoning_end", ""):  # absent without a marker: older traces unchanged
             extra["grammar"]["reasoning_end"] = case.reasoning_end
+    extra.update({k: v for k, v in sampling.items() if k != "logits_processors"})  # min_tokens, rng
     return {
         "gamma": case.gamma if case.drafter is not None else None,
         "max_tokens": case.max_tokens,
-        "temperature": case.temperature,
-        "top_p": case.top_p,
-        "top_k": case.top_k,
-        "min_p": 0.0,
-        "seed": case.seed,
+        **core,
         "prefill": prefill,
         "prefill_step_size": 512 if case.drafter is not None else 2048,
         "confidence_threshold": None,

@@ -14,26 +14,15 @@ from typing import Any
 from specparity.runners.registry import CaseRun, Runner, sources
 
 OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache",
-           "grammar", "reasoning_end")
+           "grammar", "reasoning_end", "min_tokens", "rng_position")
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:
-    from engine.executor import GenerationParams, plain_generate, spec_generate
-    from engine.sampler import SamplerParams
-    from specparity.runners import kv_params, open_for_case, processor_params
+    from engine.executor import plain_generate, spec_generate
+    from specparity.runners import generation_params, open_for_case
 
     case = x.case
-    params = GenerationParams(
-        max_tokens=case.max_tokens,
-        gamma=case.gamma,
-        sampler=SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
-                              processors=processor_params(case)),
-        seed=case.seed,
-        eos_ids=case.eos_ids if case.eos_ids is not None else x.target.eos_ids,
-        stop_sequences=case.stop_sequences,
-        rotating=case.rotating,
-        **kv_params(case),
-    )
+    params = generation_params(case, x.target.eos_ids)
     if case.grammar:
         params = replace(params, grammar=compile_grammar(case.grammar, x.target, params.eos_ids,
                                                          case.reasoning_end))

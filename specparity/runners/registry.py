@@ -49,6 +49,8 @@ OPTIONS: dict[str, Callable[[Any], bool]] = {
     "kv_cache": lambda c: c.kv_bits is not None,  # kv_bits / kv_group_size / quantized_kv_start
     "grammar": lambda c: bool(getattr(c, "grammar", "")),  # engine/grammar.py (docs/grammar.md)
     "reasoning_end": lambda c: bool(getattr(c, "reasoning_end", "")),  # the grammar after a marker
+    "min_tokens": lambda c: bool(getattr(c, "min_tokens", 0)),  # EOS suppressed per output position
+    "rng_position": lambda c: getattr(c, "rng", "stream") != "stream",  # a key per (seed, position)
 }
 
 PLAIN = "plain"  # the "source" of a case without a drafter (plain decode)
