@@ -109,6 +109,18 @@ def nonneg_int(text: str) -> int:
     return v
 
 
+RNG_MODES = ("stream", "position")
+
+
+def rng_mode(text: str) -> str:
+    """``stream`` (one RNG stream per request, mlx-lm) or ``position`` (a key per (seed, output
+    position): sampled speculative output equals plain decode; ``engine.pipeline``)."""
+    v = str(text).strip()
+    if v not in RNG_MODES:
+        raise _err(f"must be one of {', '.join(RNG_MODES)}, got {text!r}")
+    return v
+
+
 def _one_of(text: str, allowed: tuple[int, ...]) -> int:
     v = _int(text)
     if v not in allowed:

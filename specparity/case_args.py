@@ -87,6 +87,10 @@ def case_from_args(args: argparse.Namespace) -> Any:
     kw.update(cache_fields(args))  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
     if getattr(args, "grammar", None):
         kw["grammar"] = args.grammar  # --grammar FILE (resolved) or a zoo grammar name
+    if getattr(args, "min_tokens", 0):
+        kw["min_tokens"] = int(args.min_tokens)
+    if getattr(args, "rng", "stream") != "stream":
+        kw["rng"] = str(args.rng)
     if getattr(args, "reasoning_end", None):
         if not getattr(args, "grammar", None):
             raise ValueError("--reasoning-end needs --grammar (the marker ends the free part of a "

@@ -138,17 +138,18 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
                                 confidence_threshold=float(thr) if isinstance(thr, (int, float)) else None,
                                 conventions=conventions)
     extra: dict[str, Any] = {}
-    lp = p.get("logits_processors")
-    if isinstance(lp, dict):
-        from engine.sampler import ProcessorParams
+    try:  # the sampling pipeline the trace recorded (engine.pipeline.header_params)
+        from engine.pipeline import sampler_from_header
 
-        proc = ProcessorParams(
-            logit_bias=tuple((int(t), float(v)) for t, v in lp.get("logit_bias") or ()),
-            **{k: lp[k] for k in ("repetition_penalty", "repetition_context_size", "presence_penalty",
-                                  "presence_context_size", "frequency_penalty",
-                                  "frequency_context_size", "history_prompt") if k in lp})
-        if proc.active:
-            extra["processors"] = proc.tag()
+        sampler = sampler_from_header(p)
+    except (TypeError, ValueError) as exc:
+        raise GradeError(f"{trace_path}: header params: {exc}") from None
+    if sampler.processors.active:
+        extra["processors"] = sampler.processors.tag()
+    if sampler.min_tokens:
+        extra["min_tokens"] = sampler.min_tokens
+    if sampler.rng != "stream":
+        extra["rng"] = sampler.rng
     if p.get("kv_bits") is not None:  # quantized KV (specparity.runners.kv_params)
         extra.update(kv_bits=int(p["kv_bits"]), kv_group_size=int(p.get("kv_group_size", 64)),
                      quantized_kv_start=int(p.get("quantized_kv_start", 5000)))

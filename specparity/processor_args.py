@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specparity.args import positive_int
+from specparity.args import nonneg_int, positive_int, rng_mode
 
 
 def _bias(text: str) -> tuple[tuple[int, float], ...]:
@@ -41,6 +41,12 @@ def add_processor_arguments(g: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-context-size", type=positive_int, default=20)
     p.add_argument("--logit-bias", type=_bias, default=(), metavar="ID=BIAS[,ID=BIAS...]",
                    help="additive logit bias per token id")
+    p.add_argument("--min-tokens", type=nonneg_int, default=0,
+                   help="EOS ids are not drawn before this many tokens were generated (counted per "
+                        "output position, a verify window's rows each their own)")
+    p.add_argument("--rng", type=rng_mode, default="stream",
+                   help="stream (default: one RNG stream per request, as mlx-lm) or position (a key per "
+                        "(seed, output position): a sampled speculative run draws what plain decode draws)")
     p.add_argument("--processor-history", choices=("full", "last"), default="full",
                    help="where the processor history starts: the whole prompt (default; mlx-lm "
                         "generate_step, spec == plain) or its last token (mlx-lm "

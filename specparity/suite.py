@@ -11,7 +11,9 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     prompts_file = "prompts.jsonl"     # relative to the suite file; or zoo_prompts = 8 (zoo pairs)
     sampling = [{temperature = 0.0}, {temperature = 0.8, top_p = 0.9, seed = 1}]
     # logits processors per sampling table (engine.sampler.ProcessorParams tag form), e.g.
-    # {temperature = 0.0, processors = "rp1.3c64+lb5=1.5+hlast"}
+    # {temperature = 0.0, processors = "rp1.3c64+lb5=1.5+hlast"}; min_tokens = 8 (EOS suppressed
+    # before 8 generated tokens), rng = "position" (a key per (seed, output position):
+    # sampled speculative output == plain decode; default "stream", mlx-lm's)
     eos_ids = [1]                      # default: the tokenizer's own EOS set
     stop_ids = [[5, 6]]                # stop sequences as token ids
     stop_strings = ["la me"]           # stop sequences as text (target's tokenizer)
@@ -55,7 +57,7 @@ _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling"
                "stop_ids", "stop_strings", "truncate", "chat_template", "kv_bits", "kv_group_size",
                "quantized_kv_start", "rotating", "grammar", "reasoning_end"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
-_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors"}
+_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors", "min_tokens", "rng"}
 
 
 class SuiteError(ValueError):
@@ -69,6 +71,8 @@ class Sampling:
     top_k: int = 0
     seed: int = 0
     processors: str = ""  # engine.sampler.ProcessorParams.tag() form; '' = none
+    min_tokens: int = 0  # engine.pipeline stage 2
+    rng: str = "stream"  # "stream" (mlx-lm) | "position" (engine.pipeline)
 
 
 @dataclass
@@ -145,7 +149,10 @@ def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
         p = _check(args.probability, s.get("top_p", 0.0), f"{w}.top_p")
         k = _check(args.nonneg_int, s.get("top_k", 0), f"{w}.top_k")
         seed = _check(args.seed, s.get("seed", 0), f"{w}.seed")
-        out.append(Sampling(float(t), float(p), int(k), int(seed), _processors(s.get("processors", ""), w)))
+        mt = _check(args.nonneg_int, s.get("min_tokens", 0), f"{w}.min_tokens")
+        rng = _check(args.rng_mode, s.get("rng", "stream"), f"{w}.rng")
+        out.append(Sampling(float(t), float(p), int(k), int(seed), _processors(s.get("processors", ""), w),
+                            int(mt), str(rng)))
     return tuple(out)
 
 
@@ -325,7 +332,7 @@ def pair_cases(spec: PairSpec) -> list[Case]:
     sources = _sources(spec)
     for s in spec.sampling:
         smp = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
-               "processors": s.processors}
+               "processors": s.processors, "min_tokens": s.min_tokens, "rng": s.rng}
         if not sources:
             for pid, ids in prompts:
                 cases.append(Case(tlabel, None, pid, 0, **common, **smp, prompt_tokens=ids))

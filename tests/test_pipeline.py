@@ -280,3 +280,35 @@ def test_position_keyed_sampled_flip_is_numerics_under_the_double(double: Any, w
     bad = Trace.from_records([*recs[:i], bad_rec, *recs[i + 1:-1], footer])
     div = diff_traces(bad, plain, level="tokens", witness=witness)
     assert div is not None and div.klass == "logic", div
+
+
+def test_grade_reruns_a_trace_under_its_recorded_pipeline(tmp_path: Any) -> None:
+    """``grade`` rebuilds the case from the header (``case_from_header``): min_tokens and the RNG
+    mode come back, so a re-run draws what the run drew."""
+    from pathlib import Path
+
+    from specparity.grade import case_from_header
+
+    case = Case("llama", "twin", "nat-00", 3, 16, temperature=0.8, seed=2, rng="position", min_tokens=5,
+                processors="fp0.3c8")
+    records = run_case("engine", case)
+    back = case_from_header(records[0], Path(tmp_path) / "t.jsonl", Path(tmp_path))
+    assert (back.min_tokens, back.rng, back.processors, back.temperature, back.seed) == (5, "position", "fp0.3c8",
+                                                                                        0.8, 2)
+    def body(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in ("time_s", "wall_s")} for r in recs[1:]]
+
+    assert body(run_case("engine", back)) == body(records)
+
+
+def test_the_cli_takes_min_tokens_and_rng(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from specparity.cli import main
+
+    rc = main(["run", "--targets", "llama", "--drafters", "twin", "--prompts", "1", "--gammas", "3",
+               "--max-tokens", "8", "--temps", "0.8", "--rng", "position", "--min-tokens", "2", "--runners", "",
+               "--quiet", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "rng-position" in (tmp_path / "out" / "comparisons.json").read_text()
+    assert main(["run", "--rng", "global", "--out", str(tmp_path / "o2")]) == 2
+    assert "--rng" in capsys.readouterr().err

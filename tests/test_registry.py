@@ -126,6 +126,8 @@ CASE_FIELDS = {
     "kv_bits", "kv_group_size", "quantized_kv_start",  # OPTIONS["kv_cache"]
     "grammar",  # OPTIONS["grammar"]
     "reasoning_end",  # OPTIONS["reasoning_end"]
+    "min_tokens",  # OPTIONS["min_tokens"]
+    "rng",  # OPTIONS["rng_position"]
 }
 
 

@@ -22,7 +22,7 @@ from specparity import args as a
 from specparity.args import token_id_list
 from specparity.devices import add_device_argument
 from specparity.kv_args import add_kv_arguments
-from specparity.processor_args import add_processor_arguments, processors_from_args
+from specparity.processor_args import add_processor_arguments
 from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "generate"
@@ -81,10 +81,15 @@ def main(args: argparse.Namespace) -> int:
     from specparity.devices import use_device
 
     use_device(args.device)
-    from engine.executor import GenerationParams, plain_generate, spec_generate
-    from engine.sampler import SamplerParams
+    from engine.executor import plain_generate, spec_generate
     from specparity.case_args import case_from_args
-    from specparity.runners import case_header, case_paths, kv_params, load_model, open_for_case
+    from specparity.runners import (
+        case_header,
+        case_paths,
+        generation_params,
+        load_model,
+        open_for_case,
+    )
     from specparity.runners.registry import get
     from traces.io import write_trace
 
@@ -96,16 +101,10 @@ def main(args: argparse.Namespace) -> int:
     eos_ids = tuple(args.eos_ids) if args.eos_ids else target.eos_ids
     src = open_for_case(case, target, prefill=args.prefill)
     kind = src.kind.name if src.kind is not None else None
-    params = GenerationParams(
-        max_tokens=args.max_tokens, gamma=src.gamma,
-        sampler=SamplerParams(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
-                              processors=processors_from_args(args)),
-        seed=args.seed, prefill=src.prefill, eos_ids=eos_ids,  # type: ignore[arg-type]
-        # Digests hash every cache each round (quadratic in length): only for a trace.
-        cache_digests=args.trace is not None,
-        rotating=args.rotating,
-        **kv_params(case),
-    )
+    # the case's params, as every runner runs it; digests hash every cache each round
+    # (quadratic in length): only for a trace
+    params = replace(generation_params(case, eos_ids), gamma=src.gamma, prefill=src.prefill,
+                     cache_digests=args.trace is not None)
     if case.grammar:
         from specparity.runners.engine import compile_grammar
 

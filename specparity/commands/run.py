@@ -71,6 +71,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--top-p", type=a.probability, default=None)
     s.add_argument("--top-k", type=a.nonneg_int, default=None)
     s.add_argument("--seed", type=a.seed, default=None)
+    s.add_argument("--min-tokens", type=a.nonneg_int, default=None,
+                   help="EOS ids are not drawn before this many tokens were generated (counted per "
+                        "output position; default 0)")
+    s.add_argument("--rng", type=a.rng_mode, default=None,
+                   help="stream (default: one RNG stream per request, as mlx-lm) or position (a key per "
+                        "(seed, output position): sampled speculative output is compared with plain "
+                        "decode token for token)")
     s.add_argument("--eos-ids", type=a.token_id_list, default=None, help="EOS ids (default: the tokenizer's)")
     s.add_argument("--truncate", action="store_true", default=None,
                    help="keep the tail of prompts longer than the context (default: refuse them)")
@@ -102,8 +109,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_argument(p)
 
 
-_SETTINGS = ("temps", "top_p", "top_k", "seed", "eos_ids", "truncate", "gammas", "max_tokens", "prompts",
-             "chat_template", "grammar", "reasoning_end")
+_SETTINGS = ("temps", "top_p", "top_k", "seed", "min_tokens", "rng", "eos_ids", "truncate", "gammas",
+             "max_tokens", "prompts", "chat_template", "grammar", "reasoning_end")
 
 
 def _given(args: argparse.Namespace, *names: str) -> list[str]:
@@ -119,7 +126,8 @@ def _sampling(args: argparse.Namespace) -> tuple:
     if knobs and not any(temps):
         raise ValueError(f"{', '.join(knobs)}: only sampled cases use it: add --temps with a "
                          "temperature > 0 (e.g. --temps 0,0.8)")
-    return tuple(Sampling(t, args.top_p or 0.0, args.top_k or 0, args.seed or 0) for t in temps)
+    return tuple(Sampling(t, args.top_p or 0.0, args.top_k or 0, args.seed or 0,
+                          min_tokens=args.min_tokens or 0, rng=args.rng or "stream") for t in temps)
 
 
 def cases_from_args(args: argparse.Namespace) -> list:
