@@ -287,3 +287,49 @@ def test_grade_reads_an_unsupported_rerun_as_unsupported(tmp_path: Path, monkeyp
     assert {c.verdict for c in g.comparisons} == {verdict}, [c.verdict for c in g.comparisons]
     assert {c.kind for c in g.comparisons} == {"engine-vs-mlx_lm", "spec-vs-plain"}
     assert not g.ok and "**NOTHING COMPARED" in (tmp_path / "g" / "summary.md").read_text()
+
+
+def test_a_run_no_comparison_needs_is_still_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampled case's plain baseline is compared with nothing; its missing op still reads as an
+    ``engine run`` entry, listed in the summary (never dropped)."""
+    import specparity.run as run_mod
+    from specparity.cases import Case
+
+    real = run_mod.run_case
+
+    def fake(runner: str, case: Any) -> Any:
+        if case.drafter is None:
+            raise RuntimeError("Eigh has no GPU implementation.")
+        return real(runner, case)
+
+    monkeypatch.setattr(run_mod, "run_case", fake)
+    spec = Case("llama", "twin", "nat-00", 3, 4, temperature=0.8, seed=1)
+    res = run_mod.run_cases(tmp_path / "r", cases=[spec], runners=[], progress=False)
+    got = {(c.kind, c.case_id, c.verdict) for c in res.comparisons}
+    assert ("engine run", spec.plain().case_id, "unsupported on Device(cpu, 0): Eigh") in got, got
+    assert ("reference", spec.case_id, "not compared") in got, got
+    text = (tmp_path / "r" / "summary.md").read_text()
+    assert f"- `{spec.plain().case_id}` (engine): `unsupported on Device(cpu, 0): Eigh`" in text, text
+    assert res.nothing_compared and not res.ok and "**NOTHING COMPARED" in text
+
+
+def test_a_fill_case_on_a_missing_op_reads_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import zoo.fill as zf
+    from specparity.run import fill_comparisons
+
+    case = zf.FillCase("xml", "strict", "fill-05")
+
+    def missing(_case: Any) -> Any:
+        raise RuntimeError("[QRF::eval_gpu] Metal QR factorization NYI.")
+
+    monkeypatch.setattr(zf, "run_case", missing)
+    rows, out = fill_comparisons([case])
+    assert rows == [] and [(c.kind, c.verdict, c.fails) for c in out] == [
+        ("fill-vs-plain", "unsupported on Device(cpu, 0): QRF", False)]
+
+    def bug(_case: Any) -> Any:
+        raise ValueError("fill: span of 1 id at output 3 (planted)")
+
+    monkeypatch.setattr(zf, "run_case", bug)
+    with pytest.raises(ValueError, match="planted"):
+        fill_comparisons([case])
