@@ -164,8 +164,9 @@ def _build(run_dir: Path, data: tables.RunData, track: Callable[[Path], Any]) ->
         status, word = "INCOMPLETE", "INCOMPLETE (not a conformance verdict)"
     else:
         status, word = "CONFORMS", headline(data.comparisons, failing=False)
-    intro = (f"**{word}** — {len(data.traces)} traces from runners "
-             f"{', '.join(md.code(r) for r in runners)}; {len(data.comparisons)} comparisons.")
+    made = (f"{len(data.traces)} traces from runners {', '.join(md.code(r) for r in runners)}" if runners
+            else "no traces")
+    intro = f"**{word}** — {made}; {len(data.comparisons)} comparisons."
     if missing:
         intro += " Incomplete: " + "; ".join(md.text(r) for r in missing) + "."
     sections.append(("Summary: acceptance and τ per (pair, γ)",
