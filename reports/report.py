@@ -1,7 +1,9 @@
 """``specparity report RUN_DIR``: Markdown + self-contained HTML from a run's traces.
 
 The headline verdict is CONFORMS only for a finished run whose every engine
-speculative case was compared and none failed; a run killed midway, one whose
+speculative case was compared and none failed, and it names the cases the backend lacks
+an op for (``CONFORMS (3 cases unsupported on Device(gpu, 0))``; every comparison
+unsupported: NOTHING COMPARED); a run killed midway, one whose
 marker says it failed, or a folder without ``comparisons.json`` is INCOMPLETE
 (``reports.tables.incomplete_reasons``), never CONFORMS. Traces are validated
 before anything is read from them. Values from traces and file names are
@@ -28,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from reports import md, plots, tables
+from reports.summary import headline, nothing_compared, unsupported_note
 from traces.io import atomic_write_bytes, atomic_write_text
 
 
@@ -60,7 +63,7 @@ class Report:
     html: Path
     summary: pd.DataFrame
     sections: list[tuple[str, str, Any]] = field(default_factory=list)
-    status: str = "CONFORMS"  # CONFORMS | DIVERGES | INCOMPLETE
+    status: str = "CONFORMS"  # CONFORMS | DIVERGES | INCOMPLETE | NOTHING COMPARED
     headline: str = ""
 
     @property
@@ -107,6 +110,11 @@ def build_report(run_dir: Path | str, track: Callable[[Path], Any] | None = None
     run_dir = Path(run_dir)
     try:
         data = tables.load_run(run_dir)
+    except FileNotFoundError as exc:
+        nothing = _nothing_compared_run(run_dir)  # no trace at all: every run unsupported
+        if nothing is None:
+            raise ReportError(f"report: cannot read run {run_dir}: {exc}") from exc
+        data = nothing
     except (OSError, ValueError) as exc:
         raise ReportError(f"report: cannot read run {run_dir}: {exc}") from exc
     try:
@@ -116,6 +124,21 @@ def build_report(run_dir: Path | str, track: Callable[[Path], Any] | None = None
     except Exception as exc:
         raise ReportError(f"report: failed to build the report of {run_dir}: "
                           f"{type(exc).__name__}: {exc}") from exc
+
+
+def _nothing_compared_run(run_dir: Path) -> tables.RunData | None:
+    """A run that made no trace because the backend lacked an op for every one of its runs:
+    its ``comparisons.json`` (every entry unsupported or not compared), else None."""
+    path = run_dir / "comparisons.json"
+    if not path.is_file():
+        return None
+    try:
+        comparisons = tables.load_comparisons(path)
+    except (OSError, ValueError):
+        return None
+    if not nothing_compared(comparisons):
+        return None
+    return tables.RunData(run_dir, {}, comparisons, [], True, tables.run_state(run_dir))
 
 
 def _build(run_dir: Path, data: tables.RunData, track: Callable[[Path], Any]) -> Report:
@@ -130,14 +153,20 @@ def _build(run_dir: Path, data: tables.RunData, track: Callable[[Path], Any]) ->
     sections: list[tuple[str, str, Any]] = []  # (title, prose, DataFrame | bytes | None)
     n_fail = int(verdicts["failing"].sum()) if not verdicts.empty else 0
     missing = tables.incomplete_reasons(data)
+    note = unsupported_note(data.comparisons)  # cases the backend lacks an op for: always named
     if n_fail:
-        status, word = "DIVERGES", f"DIVERGES ({n_fail} failing comparisons)"
+        status, word = "DIVERGES", f"DIVERGES ({n_fail} failing comparisons{'; ' + note if note else ''})"
+    elif nothing_compared(data.comparisons) and data.state[0] not in ("failed", "killed", "writing"):
+        # every run unsupported: no engine trace either, which is why, not a lost one
+        status, missing = "NOTHING COMPARED", []
+        word = headline(data.comparisons, failing=False)
     elif missing:
         status, word = "INCOMPLETE", "INCOMPLETE (not a conformance verdict)"
     else:
-        status, word = "CONFORMS", "CONFORMS"
-    intro = (f"**{word}** — {len(data.traces)} traces from runners "
-             f"{', '.join(md.code(r) for r in runners)}; {len(data.comparisons)} comparisons.")
+        status, word = "CONFORMS", headline(data.comparisons, failing=False)
+    made = (f"{len(data.traces)} traces from runners {', '.join(md.code(r) for r in runners)}" if runners
+            else "no traces")
+    intro = f"**{word}** — {made}; {len(data.comparisons)} comparisons."
     if missing:
         intro += " Incomplete: " + "; ".join(md.text(r) for r in missing) + "."
     sections.append(("Summary: acceptance and τ per (pair, γ)",
@@ -149,6 +178,12 @@ def _build(run_dir: Path, data: tables.RunData, track: Callable[[Path], Any]) ->
     sections.append(("Identity verdicts",
                      "Engine vs each oracle round for round; engine spec vs plain at the token "
                      "level (`numerics` = a knife-edge flip, reported, not failed).", verdicts))
+    unsupported = _unsupported_rows(data.comparisons)
+    if not unsupported.empty:
+        sections.append(("Unsupported on this backend",
+                         "Runs the backend lacks an op for (`engine/backend.py`): that case's verdict, "
+                         "not a finding; every comparison needing the trace reads `unsupported`.",
+                         unsupported))
     sections.append(("Cases", "One row per (runner, case) trace.", _cases(data.traces)))
     sections.append(("Acceptance by draft position", "", plots.acceptance_by_position(by_pos)))
     sections.append(("", "accepted_by_pos[i] / drafted_by_pos[i] per draft position (columns), "
@@ -201,6 +236,19 @@ def _build(run_dir: Path, data: tables.RunData, track: Callable[[Path], Any]) ->
     atomic_write_text(md_path, "\n".join(md_lines) + "\n")
     atomic_write_text(html_path, _HTML.format(body="\n".join(html_parts)))
     return Report(run_dir, md_path, html_path, tau, sections, status, intro)
+
+
+def _unsupported_rows(comparisons: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (runner, case) the backend could not run: its verdict and MLX's error line."""
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for c in comparisons:
+        u = c.get("unsupported")
+        if isinstance(u, dict):
+            for runner in u.get("runners") or [u.get("runner", "?")]:
+                rows.setdefault((str(c["case_id"]), str(runner)),
+                                {"case_id": str(c["case_id"]), "runner": str(runner),
+                                 "verdict": str(u.get("verdict", "?")), "error": str(u.get("line", ""))})
+    return pd.DataFrame([rows[k] for k in sorted(rows)], columns=["case_id", "runner", "verdict", "error"])
 
 
 def _cases(traces: dict[tuple[str, str], Any]) -> pd.DataFrame:

@@ -26,8 +26,11 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any],
     file with the output directory before it is written.
     """
     lines = ["# specparity run", ""]
-    status = "CONFORMS" if result.ok else "DIVERGES"
-    lines += [f"**{status}** — runners: {', '.join(result.runners)}; "
+    rows = [{"case_id": c.case_id, "kind": c.kind, "verdict": c.verdict, "fails": c.fails,
+             "message": c.message, "unsupported": getattr(c, "unsupported", None)}
+            for c in result.comparisons]
+    status = headline(rows, failing=any(e["fails"] for e in rows))
+    lines += [f"**{md.text(status)}** — runners: {', '.join(result.runners)}; "
               f"{len(result.comparisons)} comparisons; wall {result.wall_s:.1f} s", ""]
     for name, why in sorted(result.unavailable.items()):
         lines.append(f"- oracle {md.code(name)} unavailable: {md.text(why)}")
@@ -48,6 +51,7 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any],
                       md.fenced(c.message or ""), ""]
         if len(failing) > 20:
             lines.append(f"... and {len(failing) - 20} more (see comparisons.json)")
+    lines += unsupported_section(rows)
     known = sorted({c.known for c in result.comparisons if c.known})
     if known:
         from traces.reference import known_entries
@@ -76,6 +80,58 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any],
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)
     return text
+
+
+def _unsupported(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in entries if isinstance(e.get("unsupported"), dict)]
+
+
+def nothing_compared(entries: list[dict[str, Any]]) -> bool:
+    """Some comparison is unsupported on the backend and none was made (each one unsupported
+    or ``not compared``): a run that must not read CONFORMS."""
+    return bool(_unsupported(entries)) and all(
+        isinstance(e.get("unsupported"), dict) or e.get("verdict") == "not compared" for e in entries)
+
+
+def unsupported_note(entries: list[dict[str, Any]]) -> str:
+    """``3 cases unsupported on Device(gpu, 0)`` (distinct case ids, per device), or ``""``."""
+    by_device: dict[str, set[str]] = {}
+    for e in _unsupported(entries):
+        by_device.setdefault(str(e["unsupported"].get("device", "?")), set()).add(str(e["case_id"]))
+    return "; ".join(f"{len(ids)} case{'s' if len(ids) != 1 else ''} unsupported on {dev}"
+                     for dev, ids in sorted(by_device.items()))
+
+
+def headline(entries: list[dict[str, Any]], *, failing: bool) -> str:
+    """The verdict word of a run's comparisons (``entries``: ``comparisons.json`` objects):
+    ``CONFORMS``, ``DIVERGES`` or ``NOTHING COMPARED``, naming the unsupported cases, e.g.
+    ``CONFORMS (3 cases unsupported on Device(gpu, 0))`` -- never a bare CONFORMS hiding them."""
+    note = unsupported_note(entries)
+    if nothing_compared(entries):
+        return f"NOTHING COMPARED (every comparison unsupported on this backend: {note})"
+    word = "DIVERGES" if failing else "CONFORMS"
+    return f"{word} ({note})" if note else word
+
+
+def unsupported_section(entries: list[dict[str, Any]]) -> list[str]:
+    """The summary's "Unsupported on this backend" section: every (runner, case) the backend
+    could not run, with MLX's error line; empty when there is none."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in _unsupported(entries):
+        u = e["unsupported"]
+        for runner in u.get("runners") or [u.get("runner", "?")]:
+            rows.setdefault((str(e["case_id"]), str(runner)), u)
+    if not rows:
+        return []
+    lines = ["", "## Unsupported on this backend", "",
+             "The backend lacks an op these runs need (`engine/backend.py`): each is that case's "
+             "verdict, not a finding, and every comparison that needs its trace reads "
+             "`unsupported` (neither failed nor identical). Other backends may run them "
+             "(docs/backends.md, \"Unsupported on this backend\").", ""]
+    for (case_id, runner), u in sorted(rows.items()):
+        lines.append(f"- {md.code(case_id)} ({md.text(runner)}): {md.code(u.get('verdict', '?'))} — "
+                     f"{md.code(u.get('line', ''))}")
+    return lines
 
 
 def incomplete_summary(why: str, kept: list[str]) -> str:

@@ -79,7 +79,7 @@ def resolve_target(target: str) -> tuple[str, Path]:
     """A zoo target name, a trained-pair name, or a local model directory."""
     import zoo
 
-    if target in (*zoo.TARGETS, zoo.KV_TARGET):  # llama-kv: the quantized-KV pair (head dim 32)
+    if target in (*zoo.TARGETS, *zoo.KV_TARGETS):  # llama-kv(64): the quantized-KV pairs
         return target, zoo.model_dir(target)
     trained = _trained(target)
     if trained is not None:
@@ -96,7 +96,7 @@ def resolve_drafter(target: str, drafter: str) -> Path:
     import zoo
 
     if drafter in zoo.DRAFTERS:
-        if target not in (*zoo.TARGETS, zoo.KV_TARGET):
+        if target not in (*zoo.TARGETS, *zoo.KV_TARGETS):
             if drafter == "self":
                 return resolve_target(target)[1]
             raise ValueError(f"zoo drafter {drafter!r} needs a zoo target "

@@ -243,7 +243,7 @@ def zoo_targets() -> list[str]:
     import zoo
     from zoo.native_mtp import MATRIX
 
-    return [*zoo.TARGETS, zoo.TRAINED_TARGET, zoo.KV_TARGET, *dict.fromkeys(t for t, _ in MATRIX)]
+    return [*zoo.TARGETS, zoo.TRAINED_TARGET, *zoo.KV_TARGETS, *dict.fromkeys(t for t, _ in MATRIX)]
 
 
 def zoo_drafters() -> list[str]:

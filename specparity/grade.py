@@ -41,6 +41,7 @@ from specparity.run import (
     not_compared,
     numerics_witness,
     skip_reasons,
+    unsupported_comparison,
 )
 from specparity.runners import runner_supports
 from traces.diff import diff_traces
@@ -410,6 +411,9 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
                 refusals[(runner, cid)] = ReferenceRefused(runner, cid, payload)
                 continue
             key = "plain" if cid.endswith("#plain") else runner
+            if kind == "unsupported":  # the backend lacks an op: that comparison's verdict (issue 31)
+                result.unsupported[(key, cid)] = payload
+                continue
             records = _relabel(payload, cid.removesuffix("#plain"))
             path = track(out / "traces" / key / f"{_stem(cid.removesuffix('#plain'))}.jsonl")
             write_trace(path, records)
@@ -430,9 +434,17 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
         for oracle in oracles:
             if not runner_supports(oracle, g.case):
                 continue
+            if (oracle, g.case_id) in result.unsupported:
+                result.comparisons.append(unsupported_comparison(
+                    f"engine-vs-{oracle}", g.case_id, [oracle], result.unsupported[(oracle, g.case_id)]))
+                continue
             ref = refusals.get((oracle, g.case_id)) or traces[(oracle, g.case_id)]
             result.comparisons.append(_reference_comparison(oracle, g.case_id, eng, ref, witness))
         if g.case.drafter is not None and g.case.temperature == 0:
+            if ("plain", f"{g.case_id}#plain") in result.unsupported:
+                result.comparisons.append(unsupported_comparison(
+                    "spec-vs-plain", g.case_id, ["engine"], result.unsupported[("plain", f"{g.case_id}#plain")]))
+                continue
             plain = traces[("plain", f"{g.case_id}#plain")]
             result.comparisons.append(Comparison("spec-vs-plain", g.case_id, "tokens",
                                                  diff_traces(eng, plain, level="tokens", witness=witness)))

@@ -75,4 +75,4 @@ def check_kv_models(cases: list[Any]) -> None:
                 raise ValueError(
                     f"--kv-group-size {group}: {Path(path).name}'s head dim {bad[0]} is not a multiple "
                     f"of it (mx.quantize groups along the head dim; the zoo's pair matrix has head dim 16: "
-                    f"use --targets llama-kv, head dim 32, or your own model)")
+                    f"use --targets llama-kv or llama-kv64, head dim 32 or 64, or your own model)")

@@ -10,6 +10,14 @@ level — and writes the summary (``OUT/summary.md``) and the report
 (``OUT/report.md``, ``OUT/report.html``; ``reports/report.py``). Exit status: 0 when every
 comparison conforms, 1 when a divergence is found (a spec-vs-plain flip on a
 knife-edge is ``numerics`` and is reported, not failed).
+
+A (runner, case) whose run hits an op the backend lacks (``engine/backend.py``: MLX's
+``[quantized_matmul] No implementation for problem shape ...`` on CUDA, say) is that
+case's verdict, ``unsupported on <device>: <op>`` with MLX's error line, never the end of
+the run: every comparison that needs its trace reads ``unsupported`` (not failed, not
+identical), the summary lists them in their own section and its headline names them
+(``CONFORMS (3 cases unsupported on Device(gpu, 0))``); a run where nothing could be
+compared reads NOTHING COMPARED (exit 1).
 """
 
 from __future__ import annotations
@@ -38,11 +46,15 @@ class Comparison:
     level: str
     divergence: Divergence | None
     known: str | None = None  # id of a known reference behaviour that explains it
-    status: str | None = None  # reference verdict status ("refused", "known", ...)
+    status: str | None = None  # reference verdict status ("refused", "known", "unsupported", ...)
     detail: str = ""
+    # a trace it needs was not made: the backend lacks an op (engine/backend.py unsupported_payload + runner)
+    unsupported: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str:
+        if self.status == "unsupported" and self.unsupported is not None:
+            return str(self.unsupported["verdict"])
         if self.status == "not-compared":
             return "not compared"
         if self.known is not None:
@@ -55,6 +67,8 @@ class Comparison:
 
     @property
     def fails(self) -> bool:
+        if self.status == "unsupported":  # a fact about the backend, not a finding
+            return False
         if self.known is not None:
             return False
         if self.status == "divergent" and self.divergence is None:
@@ -84,6 +98,15 @@ def not_compared(case: Case, case_id: str | None = None) -> Comparison:
     return Comparison("reference", case_id or case.case_id, "none", None, status="not-compared",
                       detail=f"no available reference implements the {case.source} source, and "
                              "sampled speculative output is not token-identical to plain decode")
+
+
+def unsupported_comparison(kind: str, case_id: str, runners: list[str], info: dict[str, Any]) -> Comparison:
+    """The entry of a comparison whose traces by ``runners`` the backend could not make (``info``:
+    :func:`engine.backend.unsupported_payload` of the first): ``unsupported on <device>: <op>``,
+    MLX's error line as its message; never failed, never identical."""
+    return Comparison(kind, case_id, "none", None, status="unsupported",
+                      detail=f"{', '.join(runners)}: {info['line']}",
+                      unsupported={**info, "runner": runners[0], "runners": list(runners)})
 
 
 def numerics_witness() -> Any:
@@ -116,22 +139,44 @@ class RunResult:
     wall_s: float = 0.0
     skipped: dict[str, str] = field(default_factory=dict)  # runner -> cases it does not implement
     fill: list[dict[str, Any]] = field(default_factory=list)  # zoo.fill.run_case rows (§7 fill cases)
+    # (runner, case id) -> engine.backend.unsupported_payload: runs the backend could not do
+    unsupported: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def nothing_compared(self) -> bool:
+        """Some run was unsupported on this backend and no comparison was made at all (every
+        one unsupported or not compared): not a conformance verdict (``reports.summary``)."""
+        from reports.summary import nothing_compared
+
+        return nothing_compared([{"verdict": c.verdict, "unsupported": c.unsupported}
+                                 for c in self.comparisons])
 
     @property
     def ok(self) -> bool:
-        return not any(c.fails for c in self.comparisons)
+        return not any(c.fails for c in self.comparisons) and not self.nothing_compared
 
 
 def run_task(runner: str, case: Case) -> tuple[str, Any]:
-    """One (runner, case): ``("ok", records)`` or ``("refused", message)``.
+    """One (runner, case): ``("ok", records)``, ``("refused", message)`` or
+    ``("unsupported", payload)`` (the backend lacks an op: ``engine.backend.unsupported_payload``).
 
     The one task function of every backend (in process, process pool, Ray), so
-    their traces are identical; a refusal travels as a value, not an exception.
+    their traces are identical; a refusal and a missing op travel as values, not
+    exceptions. Any other error is raised.
     """
+    from engine.backend import emulate_from_env, unsupported_payload
+
+    emulate_from_env()  # SPECPARITY_EMULATE_MISSING_OP: the CPU test double of a missing kernel
     try:
         return "ok", run_case(runner, case)
     except ReferenceRefused as exc:
-        return "refused", exc.message
+        info = unsupported_payload(exc)  # a reference that re-raised MLX's missing op as a refusal
+        return ("unsupported", info) if info is not None else ("refused", exc.message)
+    except (RuntimeError, ValueError) as exc:  # MLX raises a missing op as one of these
+        info = unsupported_payload(exc)
+        if info is None:
+            raise
+        return "unsupported", info
 
 
 def _pool_init() -> None:
@@ -242,11 +287,15 @@ def zoo_cases(
     checked against each target's context with ``max_tokens``. Unknown target
     or drafter names are refused with the known ones, never dropped.
 
-    Plus two quantized-KV cases on the zoo's head-dim-32 pair ``llama-kv``/``twin``
-    (4-bit KV in groups of 32, one prompt, γ 3): converted right after the prefill
+    Plus two quantized-KV cases on each of the zoo's quantized-KV pairs, ``llama-kv``/``twin``
+    (head dim 32) and ``llama-kv64``/``twin`` (head dim 64) (4-bit KV in groups of 32, one
+    prompt, γ 3): converted right after the prefill
     (``quantized_kv_start`` 0: the engine and mlx-lm agree round for round) and inside
     the run (36: mlx-lm converts on the verify window's offset, the known entry
-    ``mlx-lm-kv-quantized-on-unverified-offset``). ``cache``
+    ``mlx-lm-kv-quantized-on-unverified-offset``). Both pairs run on every backend: MLX's
+    CUDA backend has no quantized-matmul kernel for the head-dim-32 pair's attention (its
+    cases read ``unsupported on Device(gpu, 0): quantized_matmul``), the head-dim-64 pair
+    still exercises the feature there. ``cache``
     (:func:`specparity.kv_args.cache_fields`) replaces every case's cache settings.
 
     Plus the grammar cases (:func:`grammar_cases`): structured output under speculation
@@ -265,7 +314,8 @@ def zoo_cases(
             raise ValueError(f"unknown zoo {what}(s) {', '.join(map(repr, bad))}; known: {', '.join(known)}")
     pairs = [(t, d) for (t, d) in zoo.pairs()
              if (targets is None or t in targets) and (drafters is None or d in drafters)]
-    kv = (targets is None or zoo.KV_TARGET in targets) and (drafters is None or "twin" in drafters)
+    kv = [t for t in zoo.KV_TARGETS  # the quantized-KV pairs, head dim 32 and 64
+          if (targets is None or t in targets) and (drafters is None or "twin" in drafters)]
     native = [(t, d) for (t, d) in MATRIX  # zoo/native_mtp.py: native-MTP targets, a few prompts
               if (targets is None or t in targets) and (drafters is None or d in drafters)]
     if not pairs and not kv and not native:
@@ -277,10 +327,10 @@ def zoo_cases(
              for t, d in pairs]
     if kv:
         g = 3 if 3 in gammas else tuple(gammas)[-1]
-        specs += [PairSpec(target=zoo.KV_TARGET, drafter="twin", gammas=(g,), zoo_prompts=1, **common,
-                           where=f"zoo pair {zoo.KV_TARGET}/twin",
+        specs += [PairSpec(target=t, drafter="twin", gammas=(g,), zoo_prompts=1, **common,
+                           where=f"zoo pair {t}/twin",
                            **{"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": start, **(cache or {})})
-                  for start in (0, 36)]
+                  for t in kv for start in (0, 36)]
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)[:MATRIX_PROMPTS]
     native_cases = [Case(t, d, p, g, max_tokens, source="native-mtp", eos_ids=eos_ids,
                          temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed,
@@ -460,6 +510,8 @@ def run_cases(
         kind, payload = res
         if kind == "refused":
             refusals[(runner, case.case_id)] = ReferenceRefused(runner, case.case_id, payload)
+        elif kind == "unsupported":  # the backend lacks an op: this case's verdict, the run goes on
+            result.unsupported[(runner, case.case_id)] = payload
         else:
             path = track(out_dir / "traces" / runner / f"{case.file_stem}.jsonl")
             write_trace(path, payload)
@@ -482,24 +534,43 @@ def run_cases(
     def ref(oracle: str, case_id: str) -> Trace | ReferenceRefused:
         return refusals.get((oracle, case_id)) or traces[(oracle, case_id)]
 
+    named: set[tuple[str, str]] = set()  # unsupported runs some comparison reads as unsupported
+
+    def lacking(kind: str, case_id: str, *needs: tuple[str, str]) -> Comparison | None:
+        """The ``unsupported`` entry of a comparison one of whose traces the backend could not make."""
+        miss = [k for k in needs if k in result.unsupported]
+        named.update(miss)
+        return (unsupported_comparison(kind, case_id, [r for r, _ in miss], result.unsupported[miss[0]])
+                if miss else None)
+
     witness = numerics_witness()
     for case in specs:
-        eng = traces[("engine", case.case_id)]
+        eng_key = ("engine", case.case_id)
         for oracle in available:
             if runner_supports(oracle, case):
-                result.comparisons.append(_reference_comparison(
-                    oracle, case.case_id, eng, ref(oracle, case.case_id), witness))
+                result.comparisons.append(
+                    lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
+                    or _reference_comparison(oracle, case.case_id, traces[eng_key],
+                                             ref(oracle, case.case_id), witness))
         if case.temperature == 0:  # sampled spec and plain draw differently: no token identity
-            result.comparisons.append(Comparison(
-                "spec-vs-plain", case.case_id, "tokens",
-                diff_traces(eng, traces[("engine", case.plain().case_id)], level="tokens",
-                            witness=witness)))
+            plain_key = ("engine", case.plain().case_id)
+            result.comparisons.append(
+                lacking("spec-vs-plain", case.case_id, eng_key, plain_key)
+                or Comparison("spec-vs-plain", case.case_id, "tokens",
+                              diff_traces(traces[eng_key], traces[plain_key], level="tokens",
+                                          witness=witness)))
         elif not any(runner_supports(o, case) for o in available):
-            result.comparisons.append(not_compared(case))
+            result.comparisons.append(lacking("reference", case.case_id, eng_key) or not_compared(case))
     for case in plains:
         for oracle in [o for o in available if runner_supports(o, case)]:
-            result.comparisons.append(_reference_comparison(
-                oracle, case.case_id, traces[("engine", case.case_id)], ref(oracle, case.case_id), witness))
+            eng_key = ("engine", case.case_id)
+            result.comparisons.append(
+                lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
+                or _reference_comparison(oracle, case.case_id, traces[eng_key], ref(oracle, case.case_id),
+                                         witness))
+    for (runner, case_id), info in result.unsupported.items():  # a run no comparison needed: listed too
+        if (runner, case_id) not in named:
+            result.comparisons.append(unsupported_comparison(f"{runner} run", case_id, [runner], info))
     if fill_cases:
         set_stage(out_dir, f"running {len(fill_cases)} fill cases")
         result.fill, fill_cmp = fill_comparisons(fill_cases)
@@ -523,11 +594,19 @@ def fill_comparisons(cases: list[Any]) -> tuple[list[dict[str, Any]], list[Compa
     """Run each fill case paired with plain decode; one ``fill-vs-plain`` comparison each:
     identical, a logic divergence (first output position named), or the behaviour-policy
     deviation at temperature > 0 (never failed, never called identical)."""
+    from engine.backend import unsupported_payload
     from zoo.fill import run_case
 
     rows, out = [], []
     for case in cases:
-        row = run_case(case)
+        try:
+            row = run_case(case)
+        except (RuntimeError, ValueError) as exc:  # the backend lacks an op: this case's verdict
+            info = unsupported_payload(exc)
+            if info is None:
+                raise
+            out.append(unsupported_comparison("fill-vs-plain", case.case_id, ["engine"], info))
+            continue
         rows.append(row)
         if row["verdict"] == "divergent":
             pos = row["position"]
@@ -559,7 +638,8 @@ def finish(result: RunResult, traces: dict[tuple[str, str], Trace]) -> None:
     atomic_write_text(track(out_dir / "comparisons.json"), json.dumps([
         {"kind": c.kind, "case_id": c.case_id, "level": c.level, "verdict": c.verdict,
          "fails": c.fails, "known": c.known, "message": c.message,
-         "divergence": c.divergence.to_dict() if c.divergence is not None else None}
+         "divergence": c.divergence.to_dict() if c.divergence is not None else None,
+         **({"unsupported": c.unsupported} if c.unsupported is not None else {})}
         for c in result.comparisons], indent=1))
     set_stage(out_dir, "writing the report")
     build_report(out_dir, track=track)  # raises ReportError: a report failure fails the run

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine.backend import unsupported_text, unsupported_verdict
 from specparity.cases import Case
 from traces.diff import common_prefix
 
@@ -176,6 +177,11 @@ class SessionVerdict:
     def first_divergence(self) -> str | None:
         return self.spec_first_divergence or self.plain_first_divergence
 
+    @property
+    def unsupported(self) -> str | None:
+        """``unsupported on <device>: <op>`` when an arm hit an op the backend lacks (engine/backend.py)."""
+        return unsupported_verdict(self.error) or unsupported_verdict(self.plain_error)
+
 
 def _end(records: Sequence[dict[str, Any]]) -> str | None:
     """How the request ended and on what: ``budget@accepted``, ``eos@correction``, ``budget@bonus``,
@@ -225,7 +231,9 @@ class _PlainArm:
                 c, ttft_c = cold_plain(self.model, self.prompt, params)
                 turn = self.session.generate(self.prompt, params)
         except Exception as exc:  # an invariant check (PromptCacheError) or an engine error
-            self.error = f"request {i} ({kind}): {type(exc).__name__}: {exc}"
+            # a backend's missing op: "unsupported on <device>: <op> — ..." (engine/backend.py), not a divergence
+            self.error = (unsupported_text(exc, f"request {i} ({kind})")
+                          or f"request {i} ({kind}): {type(exc).__name__}: {exc}")
             return
         self.out.append(_request_verdict(i, kind, self.prompt, turn, c, ttft_c))
         self.stream = stream_tokens(self.prompt, turn.result.records)
@@ -276,7 +284,9 @@ def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, 
                 turn = session.generate(prompt, p_i)
                 c, ttft_c = cold(target_model, make_provider(), prompt, p_i)
         except Exception as exc:  # an invariant check (PromptCacheError) or an engine error
-            out.error = f"request {i} ({kind}): {type(exc).__name__}: {exc}"
+            # a backend's missing op: "unsupported on <device>: <op> — ..." (engine/backend.py), not a divergence
+            out.error = (unsupported_text(exc, f"request {i} ({kind})")
+                         or f"request {i} ({kind}): {type(exc).__name__}: {exc}")
             break
         if on_request is not None:
             on_request(i, kind, list(prompt), p_i, [*turn.result.records, turn.result.footer()])
@@ -476,7 +486,7 @@ def render(verdicts: Sequence[SessionVerdict]) -> str:
         reused = ", ".join(f"{r.target_reused}/{'-' if r.drafter_reused is None else r.drafter_reused}"
                            f" of {r.prompt_tokens}" for r in v.requests)
         ends = ", ".join(str(r.end) for r in v.requests)
-        verdict = "warm ≡ cold" if v.spec_identical else "DIVERGENT"
+        verdict = "warm ≡ cold" if v.spec_identical else (v.unsupported or "DIVERGENT")
         lines.append(f"| {v.label} | {verdict} | {reused} | {ends} | {v.spec_first_divergence or ''} |")
     refusals = sorted({f"{v.label} request {r.index}: {r.refused}" for v in verdicts for r in v.requests
                        if r.refused})
@@ -677,7 +687,9 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
     text = write(out_dir, verdicts, ref_rows)
     print(text)
     print(f"sessions written to {out_dir}/sessions.md ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    return 0 if verdicts and all(v.identical for v in verdicts) else 1
+    # a session unsupported on this backend is its verdict, not a divergence; all unsupported: 1
+    return 0 if any(not v.unsupported for v in verdicts) and all(v.identical or v.unsupported
+                                                                 for v in verdicts) else 1
 
 
 __all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "compare_records", "main_sessions",

@@ -107,7 +107,7 @@ class PairSpec:
 def _is_zoo_target(name: str) -> bool:
     import zoo
 
-    return name in (*zoo.TARGETS, zoo.TRAINED_TARGET, zoo.KV_TARGET) and not Path(name).is_dir()
+    return name in (*zoo.TARGETS, zoo.TRAINED_TARGET, *zoo.KV_TARGETS) and not Path(name).is_dir()
 
 
 def _check(parse: Any, v: Any, where: str) -> Any:
@@ -278,7 +278,7 @@ def _model_ref(ref: str, root: Path) -> str:
 
     if "\x00" in ref:
         raise SuiteError(f"model {ref!r}: a path cannot contain a NUL byte")
-    if ref in (*zoo.TARGETS, *zoo.DRAFTERS, zoo.TRAINED_TARGET, zoo.TRAINED_DRAFTER) \
+    if ref in (*zoo.TARGETS, *zoo.DRAFTERS, zoo.TRAINED_TARGET, zoo.TRAINED_DRAFTER, *zoo.KV_TARGETS) \
             and not (root / ref).is_dir():
         return ref
     try:

@@ -345,14 +345,19 @@ def test_witness_replays_quantized_kv(loaded: tuple[Any, Any]) -> None:
     assert "b round" in div.message and "its path gives" in div.message, div.message
 
 
-def test_zoo_matrix_has_two_quantized_kv_cases() -> None:
+def test_zoo_matrix_has_two_quantized_kv_cases_per_kv_pair() -> None:
+    """Head dim 32 (``llama-kv``) and 64 (``llama-kv64``, the pair MLX's CUDA kernels take:
+    docs/backends.md "Unsupported on this backend"), two cases each."""
     from specparity.run import zoo_cases
 
     kv = [c for c in zoo_cases(n_prompts=1) if c.kv_bits is not None]
     assert [c.case_id for c in kv] == ["llama-kv/twin/nat-00/g3/n32/kv4g32s0",
-                                       "llama-kv/twin/nat-00/g3/n32/kv4g32s36"]
+                                       "llama-kv/twin/nat-00/g3/n32/kv4g32s36",
+                                       "llama-kv64/twin/nat-00/g3/n32/kv4g32s0",
+                                       "llama-kv64/twin/nat-00/g3/n32/kv4g32s36"]
     assert not [c for c in zoo_cases(targets=["llama"], n_prompts=1) if c.kv_bits is not None]
     assert {c.target for c in zoo_cases(targets=["llama-kv"], n_prompts=1)} == {"llama-kv"}
+    assert {c.target for c in zoo_cases(targets=["llama-kv64"], n_prompts=1)} == {"llama-kv64"}
 
 
 def test_bench_and_ab_take_the_cache_flags(monkeypatch: pytest.MonkeyPatch) -> None:

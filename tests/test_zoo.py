@@ -44,7 +44,8 @@ def test_names_and_pairs() -> None:
     assert zoo.TARGETS == ("llama", "qwen3", "gemma3", "gemma4", "qwen35")
     assert zoo.DRAFTERS == ("self", "twin", "small")
     seeded = {f"{t}{suffix}" for t in zoo.TARGETS for suffix in ("", "-twin", "-small")}
-    seeded |= {"llama-kv", "llama-kv-twin"}  # the quantized-KV pair (head dim 32), not in TARGETS
+    # the quantized-KV pairs (head dim 32 and 64), not in TARGETS
+    seeded |= {"llama-kv", "llama-kv-twin", "llama-kv64", "llama-kv64-twin"}
     assert set(zoo.model_names()) == seeded | {"llama-trained", "llama-trained-draft"}
     assert len(zoo.pairs()) == 16 and zoo.pairs()[-1] == ("llama-trained", "trained")
     assert set(zoo.manifest()["models"]) == seeded

@@ -85,18 +85,22 @@ class Prompt:
 TRAINED_TARGET = "llama-trained"
 TRAINED_DRAFTER = "trained"
 
-# The quantized-KV pair (zoo/build.py KV_TARGET): head dim 32, so mx.quantize can group its
-# KV (the other zoo models have head dim 16). Not in TARGETS: the run's zoo matrix adds
-# two quantized-KV cases on it (specparity.run.zoo_cases), nothing else.
+# The quantized-KV pairs (zoo/build.py KV_TARGETS): head dim 32 and 64, so mx.quantize can
+# group their KV (the other zoo models have head dim 16). Not in TARGETS: the run's zoo matrix
+# adds two quantized-KV cases on each (specparity.run.zoo_cases), nothing else. MLX's CUDA
+# backend runs quantized KV on the head-dim-64 pair only (docs/backends.md).
 KV_TARGET = "llama-kv"
+KV64_TARGET = "llama-kv64"
+KV_TARGETS = (KV_TARGET, KV64_TARGET)
 KV_PAIR = (KV_TARGET, f"{KV_TARGET}-twin")
+KV64_PAIR = (KV64_TARGET, f"{KV64_TARGET}-twin")
 
 
 def model_names() -> tuple[str, ...]:
     """All model names: the seeded ones (``llama``, ``llama-twin``, ...) and the trained pair."""
     from zoo.train import PAIR
 
-    return tuple(n for t in TARGETS for n in (t, f"{t}-twin", f"{t}-small")) + KV_PAIR + PAIR
+    return tuple(n for t in TARGETS for n in (t, f"{t}-twin", f"{t}-small")) + KV_PAIR + KV64_PAIR + PAIR
 
 
 def model_name(target: str, drafter: str) -> str:
@@ -107,9 +111,9 @@ def model_name(target: str, drafter: str) -> str:
         if drafter not in ("self", TRAINED_DRAFTER):
             raise ValueError(f"the trained target pairs with 'self' or {TRAINED_DRAFTER!r}, not {drafter!r}")
         return target if drafter == "self" else DRAFTER_NAME
-    if target == KV_TARGET:
+    if target in KV_TARGETS:
         if drafter not in ("self", "twin"):
-            raise ValueError(f"the {KV_TARGET} target pairs with 'self' or 'twin', not {drafter!r}")
+            raise ValueError(f"the {target} target pairs with 'self' or 'twin', not {drafter!r}")
         return target if drafter == "self" else f"{target}-twin"
     if target not in TARGETS:
         raise ValueError(f"unknown zoo target {target!r}; valid: {', '.join(TARGETS)}")

@@ -190,6 +190,9 @@ def main(args: argparse.Namespace) -> int:
     if args.device is not None and (args.workers or args.ray is not None):
         raise ValueError("--device sets this process's MLX device: run it without --workers/--ray")
     device = use_device(args.device)
+    from engine.backend import emulate_from_env
+
+    emulate_from_env()  # SPECPARITY_EMULATE_MISSING_OP: a missing kernel emulated here (sessions too)
     if args.device is not None or on_gpu():
         print(f"device {device}", file=sys.stderr)
     if args.sessions or (args.suite is not None and _suite_sessions(args.suite) is not None):
