@@ -602,6 +602,14 @@ def run_case(case: FillCase, sources: list[Any] | None = None, **fill_kwargs: An
     def show(xs: list[int]) -> str:
         return repr(tok.decode(xs[pos : (pos or 0) + 1])) if pos is not None and pos < len(xs) else "(end)"
 
+    out["class"], witness = "logic", ""
+    if pos is not None:  # does arithmetic alone explain it? (engine.fill.witness)
+        from engine.fill.witness import witness_fill_flip
+
+        v = witness_fill_flip(model, ids, params, filled.output_ids, filled.events, plain.output_ids, pos)
+        out["class"] = v.klass
+        out["witness"] = {"reason": v.reason, "evidence": list(v.evidence), "data": v.data}
+        witness = f"\n  class: {v.klass} (witness: {v.reason})\n    " + "\n    ".join(v.evidence)
     out["message"] = (f"{case.case_id}: fill diverges from plain decode at output token {pos}: plain "
                       f"{plain.output_ids[pos] if pos is not None and pos < len(plain.output_ids) else None} "
                       f"{show(plain.output_ids)}, fill "
@@ -610,7 +618,7 @@ def run_case(case: FillCase, sources: list[Any] | None = None, **fill_kwargs: An
                       + (f"; inside append {ev['event']} ({ev['origin']}, {ev['policy']}, positions "
                          f"{ev['position']}..{ev['position'] + ev['kept'] - 1})" if ev else
                          "; after the appends (the injected context changed the model's next choice)")
-                      + f"; finish {plain.usage.finish_reason} vs {filled.usage.finish_reason}")
+                      + f"; finish {plain.usage.finish_reason} vs {filled.usage.finish_reason}" + witness)
     out["position"] = pos
     return out
 
