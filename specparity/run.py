@@ -38,7 +38,6 @@ from traces.diff import Divergence, diff_traces
 from traces.io import Trace, atomic_write_text, write_trace
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
 
-
 # Comparisons of two lanes of the engine on one device, which may differ only by arithmetic
 # (a multi-token forward vs one-token decode, §2.1): a witnessed ``numerics`` flip is reported,
 # never failed.
