@@ -339,13 +339,36 @@ def zoo_cases(
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)[:MATRIX_PROMPTS]
     native_cases = [Case(t, d, p, g, max_tokens, source="native-mtp", eos_ids=eos_ids,
                          temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed,
-                         processors=smp.processors, **(cache or {}))
+                         processors=smp.processors, min_tokens=smp.min_tokens, rng=smp.rng, **(cache or {}))
                     for (t, d) in native for smp in common["sampling"] for g in gammas for p in prompt_ids]
     gcases = grammar_cases(targets=targets, drafters=drafters, gammas=tuple(gammas), max_tokens=max_tokens,
                            sampling=common["sampling"], eos_ids=eos_ids, grammar=grammar, cache=cache,
                            reasoning_end=reasoning_end)
+    side = side_state_cases(targets=targets, drafters=drafters, gammas=tuple(gammas), max_tokens=max_tokens,
+                            eos_ids=eos_ids, cache=cache) if sampling is None else []
     # cache settings given for the whole matrix can make the two quantized-KV cases one
-    return list(dict.fromkeys([*suite_cases(specs, max_cases=max_cases), *native_cases, *gcases]))
+    return list(dict.fromkeys([*suite_cases(specs, max_cases=max_cases), *native_cases, *gcases, *side]))
+
+
+SIDE_STATE_PAIRS = (("llama", "twin"), ("gemma3", "twin"), ("qwen35", "twin"))  # KV, rotating, recurrent
+SIDE_STATE_PROCESSORS = "rp1.3c16+pp0.4c16+fp0.2c16+lb5=1.5"
+
+
+def side_state_cases(*, targets: list[str] | None = None, drafters: list[str] | None = None,
+                     gammas: tuple[int, ...] = DEFAULT_GAMMAS, max_tokens: int = 32,
+                     eos_ids: tuple[int, ...] | None = None, cache: dict[str, Any] | None = None) -> list[Case]:
+    """The zoo matrix's sampler side-state cases (``engine/pipeline.py``): what a rejected round
+    must leave untouched — repetition/presence/frequency penalties and a logit bias on the
+    emitted history, min_tokens counted per output position, and (sampled, seeded) the draw at
+    each position keyed by (seed, position) so a rejected round's draws are rewound — greedy and
+    at temperature 0.8, on a KV, a rotating and a recurrent target, γ 3, two prompts; each
+    compared with plain decode token for token (on a non-exact backend: through the witness)."""
+    g = 3 if 3 in gammas else tuple(gammas)[-1]
+    return [Case(t, d, p, g, max_tokens, temperature=temp, seed=1, processors=SIDE_STATE_PROCESSORS,
+                 min_tokens=4, rng="position" if temp else "stream", eos_ids=eos_ids, **(cache or {}))
+            for (t, d) in SIDE_STATE_PAIRS
+            if (targets is None or t in targets) and (drafters is None or d in drafters)
+            for p in ("nat-00", "rnd-00") for temp in (0.0, 0.8)]
 
 
 def grammar_cases(
@@ -377,7 +400,8 @@ def grammar_cases(
 
     grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
     return [Case(t, d, p, g, max_tokens, temperature=smp.temperature, top_p=smp.top_p,
-                 top_k=smp.top_k, seed=smp.seed, processors=smp.processors, eos_ids=eos_ids,
+                 top_k=smp.top_k, seed=smp.seed, processors=smp.processors, min_tokens=smp.min_tokens,
+                 rng=smp.rng, eos_ids=eos_ids,
                  prompt_tokens=G.prompt_ids(p), grammar=gr, **(cache or {}),
                  **({"reasoning_end": reasoning_end} if reasoning_end else {}))
             for (t, d, p) in G.PAIRS
@@ -557,7 +581,7 @@ def run_cases(
                     lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
                     or _reference_comparison(oracle, case.case_id, traces[eng_key],
                                              ref(oracle, case.case_id), witness))
-        if case.temperature == 0:  # sampled spec and plain draw differently: no token identity
+        if case.temperature == 0 or case.rng == "position":  # else sampled spec and plain draw differently
             plain_key = ("engine", case.plain().case_id)
             result.comparisons.append(
                 lacking("spec-vs-plain", case.case_id, eng_key, plain_key)

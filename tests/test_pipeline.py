@@ -312,3 +312,19 @@ def test_the_cli_takes_min_tokens_and_rng(tmp_path: Any, capsys: pytest.CaptureF
     assert "rng-position" in (tmp_path / "out" / "comparisons.json").read_text()
     assert main(["run", "--rng", "global", "--out", str(tmp_path / "o2")]) == 2
     assert "--rng" in capsys.readouterr().err
+
+
+def test_the_zoo_matrix_compares_sampler_side_state_with_plain(tmp_path: Any) -> None:
+    """The default matrix carries the side-state cases (processors, min_tokens, position-keyed
+    sampling on a KV, a rotating and a recurrent target) and compares each with plain decode,
+    the sampled ones too (their draws are keyed per position)."""
+    from specparity.run import run_cases, side_state_cases, zoo_cases
+
+    side = side_state_cases()
+    assert set(side) <= set(zoo_cases())
+    assert {c.target for c in side} == {"llama", "gemma3", "qwen35"} and any(c.temperature for c in side)
+    picked = [c for c in side if c.target == "qwen35" and c.prompt_id == "nat-00"]
+    res = run_cases(tmp_path / "out", cases=picked, runners=["engine"], progress=False)
+    kinds = {(c.kind, c.case_id) for c in res.comparisons}
+    assert {("spec-vs-plain", c.case_id) for c in picked} <= kinds, kinds
+    assert res.ok, [c.message for c in res.comparisons if c.fails]
