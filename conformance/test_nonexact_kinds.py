@@ -27,6 +27,7 @@ from specparity.cases import Case
 from specparity.runners import case_paths, load_model, numerics_witness
 from traces.diff import diff_traces
 
+
 def _reasoning_case() -> Case:
     """qwen35/twin under the regex grammar, free until a marker ending at output position 1."""
     import zoo.grammars as G
