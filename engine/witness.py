@@ -779,3 +779,82 @@ def path_witness(load: Callable[[str], Any], load_tokenizer: Callable[[str], Any
 
     return NumericsWitness(resolver("target", load), resolver("drafter", load),
                            resolver("target", load_tokenizer) if load_tokenizer is not None else None)
+
+
+# ---------------------------------------------------------------------- which verify path ran
+
+
+@dataclass
+class VerifyPath:
+    """Which arithmetic produced a speculative trace's verify rows (:func:`verify_path`).
+
+    ``verdict``: ``batched`` (the recorded margins are the batched verify window's, as the
+    reference's ``speculative_generate_step`` computes them), ``serial`` (they are one-token
+    decode's: the window verified position by position, a deviation from the reference's verify
+    path), ``indistinguishable`` (the two paths give the same bits here: a bit-exact backend),
+    ``neither`` (the rows match no path replayed here: another device, or an engine bug) or
+    ``no-window`` (no round verified a draft). ``rounds``: per round checked, the largest
+    |recorded - replayed| margin (relative to the top logit) of each path.
+    """
+
+    verdict: str
+    rounds: list[dict[str, Any]]
+
+    @property
+    def deviation(self) -> str | None:
+        if self.verdict != "serial":
+            return None
+        r = next(x for x in self.rounds if x["path"] == "serial")
+        return (f"round {r['round']}: the recorded verify margins match one-token decode "
+                f"(|Δ| {r['serial']:.3g}), not the batched verify window (|Δ| {r['batched']:.3g}) the "
+                "trace claims: the window was verified position by position (a deviation from the "
+                "reference's verify path, invisible on a bit-exact backend)")
+
+
+def verify_path(model: Any, trace: Trace, max_rounds: int = 3, tol: float = CALIBRATION_TOL) -> VerifyPath:
+    """Replay ``trace``'s prefill and its first rounds that verified a draft, computing each
+    window both ways on the same prefix — ONE batched forward over the window, and one
+    one-token forward per window position — and say which the recorded margins match.
+
+    Only rounds before the first rollback that dropped positions are judged (until then the
+    cache holds the same bytes whichever path the run used); at most ``max_rounds`` of them.
+    """
+    caches = _new_caches(model)
+    kv = _kv(trace)
+    _prefill(model, trace, caches)
+    rounds: list[dict[str, Any]] = []
+    for rec in trace.events:
+        if rec["type"] != "round":
+            break
+        window, d, k = list(rec["window"]), len(rec["drafts"]), int(rec["k_accept"])
+        if d and isinstance(rec.get("margins"), list) and len(rounds) < max_rounds:
+            before = clone_caches(caches)
+            block = model(_tokens(window), cache=before)[0, -len(window):, :]
+            serial_caches = clone_caches(caches)
+            rows = [model(_tokens([t]), cache=serial_caches)[0, -1:, :] for t in window]
+            serial = mx.concatenate(rows, axis=0)
+            mx.eval(block, serial)
+            top = float(cast(float, mx.max(mx.abs(block.astype(mx.float32))).item()))
+            rec_m = [float(m) for m in rec["margins"]]
+            db = max(abs(a - b) for a, b in zip(rec_m, _margins(block), strict=False)) / max(1.0, top)
+            ds = max(abs(a - b) for a, b in zip(rec_m, _margins(serial), strict=False)) / max(1.0, top)
+            apart = max(abs(a - b) for a, b in zip(_margins(block), _margins(serial), strict=False)) / max(1.0, top)
+            path = ("indistinguishable" if apart <= tol else "batched" if db <= tol < ds
+                    else "serial" if ds <= tol < db else "neither")
+            rounds.append({"round": rec["index"], "batched": db, "serial": ds, "apart": apart, "path": path})
+        if k < d or len(rounds) >= max_rounds:
+            break
+        mx.eval(model(_tokens(window), cache=caches))  # an all-accept round keeps every position
+        quantize_kv(caches, kv)
+    paths = {r["path"] for r in rounds}
+    if not rounds:
+        verdict = "no-window"
+    elif "serial" in paths and "batched" not in paths:
+        verdict = "serial"
+    elif "batched" in paths and "serial" not in paths:
+        verdict = "batched"
+    elif paths == {"indistinguishable"}:
+        verdict = "indistinguishable"
+    else:
+        verdict = "neither"
+    return VerifyPath(verdict, rounds)
