@@ -328,3 +328,20 @@ def test_the_zoo_matrix_compares_sampler_side_state_with_plain(tmp_path: Any) ->
     kinds = {(c.kind, c.case_id) for c in res.comparisons}
     assert {("spec-vs-plain", c.case_id) for c in picked} <= kinds, kinds
     assert res.ok, [c.message for c in res.comparisons if c.fails]
+
+
+def test_min_tokens_blocks_exactly_the_positions_before_it() -> None:
+    """Stage 2 on its own: with min_tokens 3, rows at output positions 1 and 2 have EOS at -inf,
+    rows at 3, 4, 5 do not; other ids are untouched."""
+    import math
+
+    import mlx.core as mx
+
+    from engine.executor import GenerationParams
+
+    pipe = SamplingPipeline(GenerationParams(eos_ids=(1,), sampler=SamplerParams(min_tokens=3)), [4, 5],
+                            seed_stream=False)
+    rows = mx.zeros((5, 8))
+    out = pipe.min_tokens_block(rows, 1).tolist()
+    assert [math.isinf(r[1]) for r in out] == [True, True, False, False, False], out
+    assert all(v == 0 for r in out for i, v in enumerate(r) if i != 1)

@@ -119,3 +119,23 @@ def test_stop_sequence_and_budget_on_same_token_is_stop(gamma: int) -> None:
     assert diff_traces(spec, plain, level="tokens") is None
     assert spec.footer["usage"]["finish_reason"] == "stop"
     assert spec.footer["usage"]["generation_tokens"] == m + 1
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 3, 5])
+def test_the_budget_is_exact(gamma: int) -> None:
+    """``max_tokens`` is an absolute bound, not only spec ≡ plain: both lanes stop on it, with
+    ``finish_reason`` length and ``generation_tokens`` equal to it (a budget off by one in the
+    shared stream would keep spec ≡ plain and pass every comparison of the two)."""
+    from engine.executor import GenerationParams, plain_generate, spec_generate
+    from engine.sources.two_model import TwoModelProvider
+
+    import zoo
+
+    target, draft = _models("twin")
+    ids = list(zoo.prompt("nat-00").token_ids)
+    for n in (1, 2, 7):
+        params = GenerationParams(max_tokens=n, gamma=gamma, eos_ids=())
+        res = (plain_generate(target.model, ids, params) if gamma == 0
+               else spec_generate(target.model, TwoModelProvider(draft.model), ids, params))
+        assert len(res.output_ids) == n and res.usage.generation_tokens == n, (gamma, n, res.output_ids)
+        assert res.usage.finish_reason == "length", res.usage
