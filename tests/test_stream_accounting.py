@@ -126,10 +126,9 @@ def test_the_budget_is_exact(gamma: int) -> None:
     """``max_tokens`` is an absolute bound, not only spec ≡ plain: both lanes stop on it, with
     ``finish_reason`` length and ``generation_tokens`` equal to it (a budget off by one in the
     shared stream would keep spec ≡ plain and pass every comparison of the two)."""
+    import zoo
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
-
-    import zoo
 
     target, draft = _models("twin")
     ids = list(zoo.prompt("nat-00").token_ids)
