@@ -377,16 +377,21 @@ def _calibration(rec: dict[str, Any], rows: mx.array | None, skip: int | None) -
     return max(abs(float(r) - x) for r, x in pairs) / max(1.0, top)
 
 
-def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str) -> PathEval:
+def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str,
+                  start_caches: list[Any] | None = None) -> PathEval:
     """Replay ``trace``'s own schedule up to ``site`` and evaluate the contested row (module doc).
 
     The first record (before any rollback) also calibrates the replay: its
     replayed margins must equal the recorded ones (``PathEval.calibration``),
     else the run's arithmetic is not this process's (another device, mlx,
     kernels, or an emulation that is not active here).
+
+    ``start_caches``: the caches the run started from (a warm prompt-cache
+    request's reused prefix; cloned, never mutated) instead of fresh ones; the
+    recorded prefill then extends them.
     """
     sampler, history = _run_sampler(trace)
-    caches = _new_caches(model)
+    caches = clone_caches(start_caches) if start_caches is not None else _new_caches(model)
     last = _prefill(model, trace, caches)
     notes: list[str] = []
     events = trace.events
@@ -459,7 +464,8 @@ def _draft_steps(model: Any, caches: list[Any], feed: list[int], drafts: list[in
     return picks, row[0]
 
 
-def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str) -> PathEval:
+def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str,
+                        start_caches: list[Any] | None = None) -> PathEval:
     """Replay ``trace``'s two-model drafter up to draft ``site.position`` of round ``site.event``.
 
     Prefill ``prefill.drafter_tokens``; per earlier round: the feed, the drafts
@@ -467,9 +473,10 @@ def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str) -
     rollback ``trim(max(d - k - 1, 0))`` (mlx-lm ``_rewind_cache``), done here
     with mlx-lm's cache API; where no exact trim exists the round is re-run
     from a copy taken before it, feeding only the kept inputs the same way.
+    ``start_caches``: as for :func:`evaluate_path` (the drafter's reused prefix).
     """
     sampler = _greedy()
-    caches = _new_caches(model)
+    caches = clone_caches(start_caches) if start_caches is not None else _new_caches(model)
     params = trace.header.get("params") or {}
     assert trace.prefill is not None and trace.prefill.get("drafter_tokens") is not None
     _prefill_chunks(model, caches, list(trace.prefill["drafter_tokens"]),
