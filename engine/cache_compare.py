@@ -392,7 +392,10 @@ class Judgement:
 
     verdict: str  # "identical" | "numerics" | "logic"
     message: str | None = None  # logic: the first divergence; numerics: what differs and why it is arithmetic
-    basis: str | None = None  # numerics: "tolerance" | "witness" | "tolerance (flip not replayed: ...)"
+    # numerics: "tolerance" (records equal, caches within the bound), "witness" (every flip replayed:
+    # each path gives its own token) or "not replayed" (a flip the witness cannot replay -- sampled,
+    # quantized KV, grammar, a tapped source's draft -- after start and prefill caches within the bound)
+    basis: str | None = None
     evidence: list[str] = field(default_factory=list)
     checks: list[CacheCheck] = field(default_factory=list)
     tolerances: list[Tolerance] = field(default_factory=list)
@@ -401,6 +404,28 @@ class Judgement:
         return {"verdict": self.verdict, "message": self.message, "basis": self.basis,
                 "evidence": list(self.evidence), "checks": [c.to_dict() for c in self.checks],
                 "tolerances": [t.to_dict() for t in self.tolerances]}
+
+
+def _same(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
+    """Byte-equal live states (both None counts as equal)."""
+    if a is None or b is None:
+        return a is None and b is None
+    from traces.digest import cache_digest
+
+    return len(a) == len(b) and cache_digest(a) == cache_digest(b)
+
+
+def _not_replayed(v: Any, warm: Trace, cold: Trace) -> str:
+    """Why the flip of divergence ``v`` was not judged by a replay."""
+    why = _judgeable(warm) or _judgeable(cold)
+    if why:
+        return why
+    for mark in ("witness declined: ", "witness failed "):
+        if mark in v.message:
+            return mark.strip() + " " + v.message.split(mark, 1)[1].split("; ")[0]
+    if v.flip is not None and v.flip.lane == "drafter":
+        return f"the drafter of a {warm.header.get('source')} source is not replayed"
+    return "the witness could not judge it"
 
 
 def _within(checks: Sequence[CacheCheck]) -> str:
@@ -438,6 +463,10 @@ def judge_request(target: Any, drafter: Any, warm: Trace, cold: Trace, warm_snap
     """
     from traces.diff import diff_traces
 
+    if structural is None and warm_snaps.start_target is None and warm_snaps.start_drafter is None and all(
+            _same(getattr(warm_snaps, k), getattr(cold_snaps, k))
+            for k in ("prefill_target", "prefill_drafter", "end_target", "end_drafter")):
+        return Judgement("identical")  # nothing reused, the same computation: byte-equal, no tolerance needed
     drained = list(warm_snaps.drained)
     tols = [calibrate(target, drained, warm_snaps.target_prefix, step, gamma, name="target", factor=factor)]
     if drafter is not None and (warm_snaps.prefill_drafter is not None or cold_snaps.prefill_drafter is not None):
@@ -511,11 +540,12 @@ def judge_request(target: Any, drafter: Any, warm: Trace, cold: Trace, warm_snap
             bases.append("witness")
             evidence += [v.witness.reason, *v.witness.evidence]
         else:
-            why = v.message.split("class: ", 1)[-1].split("\n")[0]
-            bases.append("tolerance")
-            evidence.append(f"flip at {v.where} not replayed ({why}): caches within the calibrated bound")
-    out.basis = "witness" if all(b == "witness" for b in bases) else "tolerance"
-    out.message = f"{structural}: " + (verdicts[-1].witness.reason if verdicts[-1].witness is not None
-                                        else "not replayed") + f"; {_within(out.checks)}"
+            bases.append("not replayed")
+            evidence.append(f"flip at {v.where} ({v.field}) not replayed: {_not_replayed(v, warm, cold)}")
+    out.basis = "witness" if all(b == "witness" for b in bases) else "not replayed"
+    last = verdicts[-1]
+    out.message = f"{structural}: " + (last.witness.reason if last.witness is not None
+                                        else f"not replayed ({_not_replayed(last, warm, cold)})") + \
+        f"; {_within(out.checks)}"
     out.evidence = [*evidence, figures]
     return out

@@ -585,8 +585,9 @@ def summary(verdicts: Sequence[SessionVerdict]) -> dict[str, Any]:
         "requests": len(reqs),
         "requests_identical": sum(r.identical for r in reqs),
         "requests_numerics": sum(r.verdict == "numerics" for r in reqs),
-        "requests_numerics_witnessed": sum(r.verdict == "numerics" and (r.judgement or {}).get("basis") == "witness"
-                                           for r in reqs),
+        **{f"requests_numerics_{k}": sum(r.verdict == "numerics" and (r.judgement or {}).get("basis") == b
+                                         for r in reqs)
+           for k, b in (("bytes", "tolerance"), ("witnessed", "witness"), ("not_replayed", "not replayed"))},
         "requests_logic": sum(not r.ok for r in reqs),
         "prefix_hit_rate": (reused / prompt) if prompt else None,
         "requests_reusing": sum(1 for r in later if r.target_reused),
@@ -609,8 +610,9 @@ def render(verdicts: Sequence[SessionVerdict]) -> str:
             "device, token flips through the numerics witness. Sessions: "
             f"{s['identical']} identical, {s['numerics']} numerics, {s['logic']} logic; requests: "
             f"{s['requests_identical']} identical, {s['requests_numerics']} numerics "
-            f"({s['requests_numerics_witnessed']} with a witnessed flip), {s['requests_logic']} logic. "
-            "Only logic fails the run.", ""]
+            f"({s['requests_numerics_bytes']} cache bytes only, {s['requests_numerics_witnessed']} with every flip "
+            f"witnessed, {s['requests_numerics_not_replayed']} with a flip the witness cannot replay), "
+            f"{s['requests_logic']} logic. Only logic fails the run.", ""]
     hit = s["prefix_hit_rate"]
     lines.append(f"Prefix-hit rate (requests after the first): "
                  f"{'-' if hit is None else f'{hit:.1%}'} of prompt tokens reused; "

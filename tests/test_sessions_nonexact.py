@@ -176,6 +176,21 @@ def test_zoo_sessions_identical_or_numerics(double: dict[str, tuple[Any, Any]], 
             assert c["ok"] and c["ratio"] < 0.5, c  # warm vs cold sit well inside 16 × the control
 
 
+def test_seeded_flip_is_numerics_not_replayed(double: dict[str, tuple[Any, Any]]) -> None:
+    """A seeded run's flip cannot be replayed (the witness replays greedy runs): numerics only
+    because its start and prefill caches are within the bound, and labelled as not replayed."""
+    from engine.sampler import SamplerParams
+
+    tm, dm = double["gemma3"]
+    a, b = _prompts()
+    seeded = replace(GREEDY, sampler=SamplerParams(temperature=0.8), seed=7)
+    v = run_session(tm, lambda: TwoModelProvider(dm), "continue", a, [b], seeded, plain=True)
+    assert v.ok, v.first_divergence
+    unreplayed = [r for r in [*v.requests, *(v.plain or ())] if (r.judgement or {}).get("basis") == "not replayed"]
+    assert unreplayed, [r.numerics for r in [*v.requests, *(v.plain or ())]]
+    assert "not replayed (a sampled run" in (unreplayed[0].numerics or ""), unreplayed[0].numerics
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", [1e-3, 1e-2, 5e-2])
 @pytest.mark.parametrize("target", ["llama", "gemma3", "qwen35"])
@@ -356,8 +371,8 @@ def test_summary_counts_each_verdict_and_only_logic_fails() -> None:
           SessionVerdict("p/d", "d", [_req(0, "identical")], arithmetic="gpu")]
     s = summary(vs)
     assert (s["identical"], s["numerics"], s["logic"]) == (1, 2, 1), s
-    assert (s["requests_identical"], s["requests_numerics"], s["requests_numerics_witnessed"],
-            s["requests_logic"]) == (4, 2, 1, 1), s
+    assert (s["requests_identical"], s["requests_numerics"], s["requests_numerics_bytes"],
+            s["requests_numerics_witnessed"], s["requests_logic"]) == (4, 2, 1, 1, 1), s
     assert [v.ok for v in vs] == [True, True, False, True]
     text = render(vs)
     assert "Sessions: 1 identical, 2 numerics, 1 logic" in text, text
