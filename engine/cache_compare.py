@@ -105,14 +105,18 @@ def _chunked(total: int, step: int, at: int | None = None) -> list[int]:
     return out
 
 
-def _fill(model: Any, tokens: Sequence[int], sizes: Sequence[int]) -> list[Any]:
-    """Fresh caches of ``model`` fed ``tokens`` in forwards of ``sizes`` tokens each."""
+def _fill(model: Any, tokens: Sequence[int], sizes: Sequence[int], kv: Any = None) -> list[Any]:
+    """Fresh caches of ``model`` fed ``tokens`` in forwards of ``sizes`` tokens each (``kv``: quantized
+    after each forward, as the executor's prefill does, ``engine.caches.quantize_kv``)."""
     from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.caches import quantize_kv
 
     caches = make_prompt_cache(model)
     pos = 0
     for n in sizes:
         model(mx.array(list(tokens[pos : pos + n]), mx.uint32)[None], cache=caches)
+        quantize_kv(caches, kv)
         mx.eval([c.state for c in caches])
         pos += n
     return caches
@@ -168,49 +172,86 @@ class Tolerance:
 
 
 def _arrays(c: Any) -> tuple[str | None, list[tuple[str, Any]]]:
-    return _layer_arrays(c)
+    """A layer's metadata and named live arrays; a quantized KV layer's keys/values dequantized
+    (its packed integers say nothing about how far two values are apart)."""
+    meta, arrays = _layer_arrays(c)
+    if isinstance(getattr(c, "keys", None), tuple | list) and hasattr(c, "bits"):
+        deq = []
+        for name in ("keys", "values"):
+            parts = [a for n, a in arrays if n.startswith(f"{name}[")]
+            if len(parts) == 3:
+                deq.append((f"{name}[0]", mx.dequantize(parts[0], parts[1], parts[2], group_size=int(c.group_size),
+                                                        bits=int(c.bits))))
+        if len(deq) == 2:
+            return f"{meta}quantized:{int(c.bits)}/{int(c.group_size)}\n", deq
+    return meta, arrays
+
+
+def _steps(c: Any) -> dict[str, np.ndarray]:
+    """A quantized KV layer's quantization step per element (its group's scale), by array name:
+    one rounding flipped by an arithmetic difference moves a dequantized value by one step."""
+    if not (isinstance(getattr(c, "keys", None), tuple | list) and hasattr(c, "bits")):
+        return {}
+    _, arrays = _layer_arrays(c)
+    out = {}
+    for name in ("keys", "values"):
+        parts = [a for n, a in arrays if n.startswith(f"{name}[")]
+        if len(parts) == 3:
+            out[f"{name}[0]"] = np.repeat(np.abs(_np(parts[1]).astype(np.float64)), int(c.group_size), axis=-1)
+    return out
+
+
+def _measure(tol: Tolerance, ref: list[Any], other: list[Any]) -> bool:
+    """Add every same-shaped array's largest |Δ| of ``other`` vs ``ref`` to ``tol``; False: none compared."""
+    compared = False
+    for layer, (a, b) in enumerate(zip(ref, other, strict=True)):
+        ma, xa = _arrays(a)
+        mb, xb = _arrays(b)
+        if ma != mb or len(xa) != len(xb):
+            continue  # e.g. a layer converted to quantized KV on one path only
+        for (nm, x), (_, y) in zip(xa, xb, strict=True):
+            if x is None or y is None or x.shape != y.shape:
+                continue
+            d = np.abs(_np(x).astype(np.float64) - _np(y).astype(np.float64))
+            tol.add(layer, nm, str(x.dtype).removeprefix("mlx.core."), float(d.max()) if d.size else 0.0)
+            compared = True
+    return compared
 
 
 def calibrate(model: Any, drained: Sequence[int], split: int, step: int, gamma: int = 3, *,
-              name: str = "target", factor: float = ARITHMETIC_FACTOR) -> tuple[Tolerance, list[Any] | None]:
+              name: str = "target", factor: float = ARITHMETIC_FACTOR,
+              kv: Any = None) -> tuple[Tolerance, list[Any] | None]:
     """The tolerance of ``model`` on this request (module docstring), and the cold prefix reference.
 
     ``drained``: the tokens a cold run prefills; ``split``: how many of them the warm
-    run's start caches held (0: none); ``step``: the prefill chunk size. Returns the
-    :class:`Tolerance` and fresh caches holding ``drained[:split]`` prefilled in ``step``
-    chunks (the cold prefill of the reused prefix; None when ``split`` is 0).
+    run's start caches held (0: none); ``step``: the prefill chunk size; ``kv``: the
+    run's KV quantization (``engine.caches.KVQuantization``): the split path runs with
+    it (values compared dequantized); the other paths run on the positions before
+    ``kv.start`` only, unquantized (past the conversion a smaller forward attends over
+    quantized K/V: another computation, not arithmetic). Returns the :class:`Tolerance`
+    and fresh caches holding ``drained[:split]`` prefilled in ``step`` chunks (the cold
+    prefill of the reused prefix; None when ``split`` is 0).
     """
     tol = Tolerance(name, factor)
     tokens = list(drained)
     if not tokens:
         return tol, None
-    ref = _fill(model, tokens, _chunked(len(tokens), step))
-    paths: list[tuple[str, list[int]]] = []
-    if 0 < split < len(tokens):
-        paths.append((f"split at {split}", _chunked(len(tokens), step, split)))
-    paths.append(("one token at a time", [1] * len(tokens)))
-    for w in dict.fromkeys((2, gamma + 1)):
-        if 1 < w < len(tokens):
-            paths.append((f"chunks of {w}", [w] * (len(tokens) // w) + ([len(tokens) % w] if len(tokens) % w else [])))
-    for label, sizes in paths:
-        other = _fill(model, tokens, sizes)
-        compared = False
-        for layer, (a, b) in enumerate(zip(ref, other, strict=True)):
-            ma, xa = _arrays(a)
-            mb, xb = _arrays(b)
-            if ma != mb or len(xa) != len(xb):
-                continue  # a ring's buffer differs in shape between update paths: not a control there
-            for (nm, x), (_, y) in zip(xa, xb, strict=True):
-                if x is None or y is None or x.shape != y.shape:
-                    continue
-                d = np.abs(_np(x).astype(np.float64) - _np(y).astype(np.float64))
-                tol.add(layer, nm, str(x.dtype).removeprefix("mlx.core."), float(d.max()) if d.size else 0.0)
-                compared = True
-        if compared:
-            tol.controls.append(label)
+    ref = _fill(model, tokens, _chunked(len(tokens), step), kv)
+    if 0 < split < len(tokens) and _measure(tol, ref, _fill(model, tokens, _chunked(len(tokens), step, split), kv)):
+        tol.controls.append(f"split at {split}")
+    base = tokens if kv is None else tokens[: int(kv.start)]
+    if len(base) > 1:
+        ref_base = ref if kv is None else _fill(model, base, _chunked(len(base), step))
+        paths = [("one token at a time", [1] * len(base))]
+        for w in dict.fromkeys((2, gamma + 1)):
+            if 1 < w < len(base):
+                paths.append((f"chunks of {w}", [w] * (len(base) // w) + ([len(base) % w] if len(base) % w else [])))
+        for label, sizes in paths:
+            if _measure(tol, ref_base, _fill(model, base, sizes)):
+                tol.controls.append(label + ("" if kv is None else f" (first {len(base)}, unquantized)"))
     start = None
     if split > 0:
-        start = _fill(model, tokens[:split], _chunked(split, step))
+        start = _fill(model, tokens[:split], _chunked(split, step), kv)
     return tol, start
 
 
@@ -261,6 +302,7 @@ def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: To
     for layer, (a, b) in enumerate(zip(warm, cold, strict=True)):
         ma, xa = _arrays(a)
         mb, xb = _arrays(b)
+        sa, sb = _steps(a), _steps(b)
         if ma != mb:
             out.equal = False
             out.error = (f"{point}: {tol.model} layer {layer} ({type(a).__name__}): metadata differs: "
@@ -286,18 +328,26 @@ def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: To
             d = np.abs(xn.astype(np.float64) - yn.astype(np.float64))
             if not d.size or not np.any(d):
                 continue
-            where = tuple(int(i) for i in np.unravel_index(int(np.nanargmax(d)), d.shape))
-            delta, bound = float(d[where]), tol.bound(layer, nm)
-            out.max_abs = max(out.max_abs, delta)
-            if not delta <= bound:  # NaN too
+            bound = tol.bound(layer, nm)
+            step = np.maximum(sa[nm], sb[nm]) if nm in sa and nm in sb and sa[nm].shape == d.shape else None
+            allowed = bound if step is None else bound + step  # quantized: plus one quantization step
+            over = np.where(np.isnan(d), np.inf, d - allowed)
+            where = tuple(int(i) for i in np.unravel_index(int(np.argmax(over)), d.shape))
+            delta, lim = float(d[where]), float(np.broadcast_to(allowed, d.shape)[where])
+            out.max_abs = max(out.max_abs, float(np.nanmax(d)))
+            if over[where] > 0:
+                plus = "" if step is None else f" + its quantization step {float(step[where]):.3g}"
                 out.error = (f"{point}: {tol.model} layer {layer} {nm} {_position(a, nm, tuple(x.shape), where)}: "
                              f"warm {float(xn[where]):.7g} != cold {float(yn[where]):.7g}, |Δ| {delta:.3g} beyond "
-                             f"the bound {bound:.3g} ({tol.factor:g} × the measured |Δ| "
-                             f"{tol.scales.get((layer, nm), 0.0):.3g} between correct prefill paths)")
+                             f"the bound {lim:.3g} ({tol.factor:g} × the measured |Δ| "
+                             f"{tol.scales.get((layer, nm), 0.0):.3g} between correct prefill paths{plus})")
                 return out
-            if bound > 0 and delta / bound > closest:
-                closest = out.ratio = delta / bound
-                out.worst = f"layer {layer} {nm}: |Δ| {delta:.3g} <= bound {bound:.3g}"
+            ratio = d / np.maximum(allowed, np.finfo(np.float64).tiny)
+            at = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), d.shape))
+            if float(ratio[at]) > closest:
+                closest = out.ratio = float(ratio[at])
+                lim_at = float(np.broadcast_to(allowed, d.shape)[at])
+                out.worst = f"layer {layer} {nm}: |Δ| {float(d[at]):.3g} <= bound {lim_at:.3g}"
     return out
 
 
@@ -453,13 +503,14 @@ def _strip(t: Trace, prefill_like: dict[str, Any] | None) -> Trace:
 
 def judge_request(target: Any, drafter: Any, warm: Trace, cold: Trace, warm_snaps: Any, cold_snaps: Any,
                   structural: str | None, *, step: int, gamma: int = 3, drafter_kind: str | None = None,
-                  factor: float = ARITHMETIC_FACTOR) -> Judgement:
+                  factor: float = ARITHMETIC_FACTOR, kv: Any = None, drafter_kv: Any = None) -> Judgement:
     """Classify one warm request against its cold run (module docstring).
 
     ``warm_snaps``/``cold_snaps``: ``engine.prompt_cache.CacheSnapshots``; ``structural``:
     the first difference of the records outside ``ARITHMETIC_FIELDS`` (None: none);
     ``step``: the prefill chunk size both runs used; ``drafter``: the two-model drafter
-    model whose caches are a segment (None otherwise).
+    model whose caches are a segment (None otherwise); ``kv``/``drafter_kv``: their KV
+    quantization (``GenerationParams.kv``; None: full precision).
     """
     from traces.diff import diff_traces
 
@@ -468,10 +519,10 @@ def judge_request(target: Any, drafter: Any, warm: Trace, cold: Trace, warm_snap
             for k in ("prefill_target", "prefill_drafter", "end_target", "end_drafter")):
         return Judgement("identical")  # nothing reused, the same computation: byte-equal, no tolerance needed
     drained = list(warm_snaps.drained)
-    tols = [calibrate(target, drained, warm_snaps.target_prefix, step, gamma, name="target", factor=factor)]
+    tols = [calibrate(target, drained, warm_snaps.target_prefix, step, gamma, name="target", factor=factor, kv=kv)]
     if drafter is not None and (warm_snaps.prefill_drafter is not None or cold_snaps.prefill_drafter is not None):
         tols.append(calibrate(drafter, drained, warm_snaps.drafter_prefix or 0, step, gamma, name="drafter",
-                              factor=factor))
+                              factor=factor, kv=drafter_kv))
     out = Judgement("identical", tolerances=[t for t, _ in tols])
     (tt, t_start), *rest = tols
     checks = []

@@ -273,7 +273,7 @@ class NonExact:
         j = judge_request(self.target, self.drafter, as_trace(mode, prompt, params, warm, self.kind),
                           as_trace(mode, prompt, params, cold_recs, self.kind), turn.caches,
                           capture.snapshots(turn.caches.drained), structural, step=step, gamma=params.gamma,
-                          drafter_kind=self.kind)
+                          drafter_kind=self.kind, kv=params.kv, drafter_kv=params.kv)
         head = f"request {i} ({kind})"
         if j.verdict == "logic":
             msg = j.message or "logic"
@@ -768,7 +768,8 @@ def render_paired(p: dict[str, Any], verdicts: Sequence[SessionVerdict]) -> list
     for arm in ("spec", "plain"):
         a, r = p["arms"][arm], p["ratios"][f"warm/cold {arm}"]
         hit = a["prefix_hit_rate"]
-        lines.append(f"| {arm} | {a['identical']}/{a['sessions']} | {'-' if hit is None else f'{hit:.1%}'} | "
+        nx = f" ({a['numerics']} numerics, {a['logic']} logic)" if a["numerics"] else ""
+        lines.append(f"| {arm} | {a['identical']}/{a['sessions']}{nx} | {'-' if hit is None else f'{hit:.1%}'} | "
                      f"{a['requests_reusing']}/{a['later_requests']} | {_ms(p['ttft_median_s'][f'{arm}_warm'])} | "
                      f"{_ms(p['ttft_median_s'][f'{arm}_cold'])} | {_ratio(r)} |")
     lines += ["", "| paired ratio | median | 95 % CI (bootstrap) | Wilcoxon p | pairs |", "|---|---|---|---|---|"]

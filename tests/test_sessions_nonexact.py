@@ -191,6 +191,27 @@ def test_seeded_flip_is_numerics_not_replayed(double: dict[str, tuple[Any, Any]]
     assert "not replayed (a sampled run" in (unreplayed[0].numerics or ""), unreplayed[0].numerics
 
 
+def test_quantized_kv_compared_dequantized_within_a_step() -> None:
+    """llama-kv, 4-bit KV from position 36: the prefill boundary (27 tokens, not yet quantized) is
+    reused, so warm and cold quantize slightly different floats: values are compared dequantized,
+    one quantization step allowed on top of the calibrated bound; never logic."""
+    tp, dp = zoo.pair(zoo.KV_TARGET, "twin")
+    tm, dm = load_model(str(tp)).model, load_model(str(dp)).model
+    a, b = _prompts()
+    params = replace(GREEDY, kv_bits=4, kv_group_size=32, quantized_kv_start=36)
+    emulate_nonexact(tm, SCALE, 0, 1e-2)
+    emulate_nonexact(dm, SCALE, 1, 1e-2)
+    try:
+        v = run_session(tm, lambda: TwoModelProvider(dm), "eos", a, [b], params, plain=True)
+    finally:
+        exact(tm)
+        exact(dm)
+    assert v.ok, v.first_divergence
+    reqs = [*v.requests, *(v.plain or ())]
+    assert any(r.target_reused for r in reqs) and any(r.verdict == "numerics" for r in reqs), \
+        [(r.target_reused, r.verdict) for r in reqs]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", [1e-3, 1e-2, 5e-2])
 @pytest.mark.parametrize("target", ["llama", "gemma3", "qwen35"])
