@@ -636,13 +636,18 @@ def render(verdicts: Sequence[SessionVerdict]) -> str:
     if refusals:
         lines += ["", "Reuse refused (cold prefill instead), first few:", ""]
         lines += [f"- {x}" for x in refusals[:8]]
-    numerics = [r for v in verdicts for r in [*v.requests, *(v.plain or ())] if r.verdict == "numerics"]
+    numerics = [(f"{v.label}{arm}", r) for v in verdicts
+                for arm, reqs in (("", v.requests), (" (plain arm)", v.plain or ())) for r in reqs
+                if r.verdict == "numerics"]
     if numerics:
-        lines += ["", f"Numerics (warm ≠ cold by arithmetic alone), {len(numerics)} requests, first few:", ""]
-        for r in numerics[:6]:
+        order = {"witness": 0, "not replayed": 1}  # flips first: they carry the witness's evidence
+        numerics.sort(key=lambda t: order.get((t[1].judgement or {}).get("basis") or "", 2))
+        lines += ["", f"Numerics (warm ≠ cold by arithmetic alone), {len(numerics)} requests, flips first, "
+                  "first few:", ""]
+        for label, r in numerics[:6]:
             j = r.judgement or {}
-            ev = [e for e in j.get("evidence") or [] if e][:3]
-            lines.append(f"- {r.numerics}" + "".join(f"\n  - {e}" for e in ev))
+            ev = [e for e in j.get("evidence") or [] if e and e not in (r.numerics or "")][:3]
+            lines.append(f"- {label}: {r.numerics}" + "".join(f"\n  - {e}" for e in ev))
     if any(v.plain is not None for v in verdicts):
         lines += render_paired(paired_summary(verdicts), verdicts)
     return "\n".join(lines) + "\n"
