@@ -13,13 +13,26 @@ added to each logit; one-token forwards are untouched (plain decode's path).
 The noise is a pure function of the call's inputs -- ``(seed, cache offset
 before the call, input token ids)`` -- the way a deterministic GPU kernel's
 rounding depends only on its inputs and shapes, so re-running the same window
-on the same prefix (what the witness does) reproduces it exactly. Caches are
-not perturbed. The class of the model instance is swapped (as
+on the same prefix (what the witness does) reproduces it exactly. The class
+of the model instance is swapped (as
 ``engine/rollback.py`` does for recorded projections), so the object, its
 ``layers``, ``make_cache`` and every holder of a reference keep working.
 
-``SPECPARITY_EMULATE_NONEXACT=SCALE[:SEED]`` asks ``specparity``'s model
-loader to wrap every model it loads (:func:`from_env`).
+Caches are not perturbed unless ``kv_scale > 0``: then every multi-token
+forward also adds uniform noise in ``[-kv_scale, kv_scale]`` to the cache
+state it wrote -- a KV layer's new positions (``keys``/``values``, the last
+``L`` of a rotating cache's buffer after its concatenating update), an
+``ArraysCache`` layer's arrays (conv and recurrent state) -- keyed like the
+logits' noise plus the layer index. So a prompt prefilled in one chunk and the
+same prompt prefilled in two (a warm prompt-cache request prefills only its
+suffix) leave different cache bytes, as measured on the H200 (warm ≠ cold
+``target_cache_digest`` from layer 1 on; cache |Δ| up to ~1e-3..1e-2,
+``docs/backends.md``), while re-running a forward on the same cache and inputs
+writes the same bytes. One-token forwards (plain decode, a drafter's drafting
+steps) write exact bytes. A ``QuantizedKVCache`` is left alone.
+
+``SPECPARITY_EMULATE_NONEXACT=SCALE[:SEED[:KV_SCALE]]`` asks ``specparity``'s
+model loader to wrap every model it loads (:func:`from_env`).
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import mlx.core as mx
 
 ENV = "SPECPARITY_EMULATE_NONEXACT"
 
-__all__ = ["ENV", "emulate_nonexact", "exact", "from_env", "is_emulated"]
+__all__ = ["ENV", "emulate_nonexact", "exact", "from_env", "emulated_kv_scale", "is_emulated"]
 
 
 def _offset(cache: Any) -> int:
@@ -48,10 +61,42 @@ def _key(seed: int, offset: int, inputs: mx.array) -> int:
     return int.from_bytes(h.digest()[:4], "little")
 
 
-def emulate_nonexact(model: Any, scale: float, seed: int = 0) -> Any:
-    """Perturb ``model``'s multi-token forwards in place (module docstring); returns ``model``."""
-    if scale < 0:
-        raise ValueError(f"scale must be >= 0, got {scale}")
+def _noise(like: mx.array, scale: float, key: int) -> mx.array:
+    return mx.random.uniform(-scale, scale, like.shape, key=mx.random.key(key)).astype(like.dtype)
+
+
+def _kv_layer(c: Any) -> bool:
+    """A KV layer with plain (not quantized) arrays, or one that holds nothing yet."""
+    keys = getattr(c, "keys", False)
+    return isinstance(getattr(c, "offset", None), int) and (keys is None or isinstance(keys, mx.array))
+
+
+def _perturb_caches(cache: Any, before: list[int | None], length: int, scale: float, key: int) -> None:
+    """Add noise to what one ``length``-token forward wrote into each cache layer (module docstring)."""
+    for i, c in enumerate(cache):
+        k = (key + 7919 * (i + 1)) % (1 << 32)
+        if _kv_layer(c) and c.keys is not None and before[i] is not None:
+            if hasattr(c, "max_size"):  # RotatingKVCache: a multi-token update concatenates at the end
+                n = min(length, int(c.keys.shape[2]))
+                c.keys[..., -n:, :] = c.keys[..., -n:, :] + _noise(c.keys[..., -n:, :], scale, k)
+                c.values[..., -n:, :] = c.values[..., -n:, :] + _noise(c.values[..., -n:, :], scale, k + 1)
+            else:
+                lo, hi = int(before[i] or 0), int(c.offset)
+                if hi > lo:
+                    c.keys[..., lo:hi, :] = c.keys[..., lo:hi, :] + _noise(c.keys[..., lo:hi, :], scale, k)
+                    c.values[..., lo:hi, :] = c.values[..., lo:hi, :] + _noise(c.values[..., lo:hi, :], scale,
+                                                                              k + 1)
+        elif isinstance(getattr(c, "cache", None), list):  # ArraysCache: the recurrent state
+            c.cache = [a if a is None or not mx.issubdtype(a.dtype, mx.floating)
+                       else a + _noise(a, scale, k + j) for j, a in enumerate(c.cache)]
+
+
+def emulate_nonexact(model: Any, scale: float, seed: int = 0, kv_scale: float = 0.0) -> Any:
+    """Perturb ``model``'s multi-token forwards in place (module docstring); returns ``model``.
+
+    ``kv_scale > 0``: those forwards' cache writes too (input-deterministic, per layer)."""
+    if scale < 0 or kv_scale < 0:
+        raise ValueError(f"scale and kv_scale must be >= 0, got {scale}, {kv_scale}")
     base = type(model)
     if getattr(base, "_nonexact", None) is not None:
         base = base.__mro__[1]
@@ -59,20 +104,33 @@ def emulate_nonexact(model: Any, scale: float, seed: int = 0) -> Any:
     def __call__(self: Any, inputs: mx.array, *args: Any, **kwargs: Any) -> Any:
         cache = kwargs.get("cache", args[0] if args else None)
         offset = _offset(cache)
+        multi = inputs.ndim >= 2 and inputs.shape[-1] > 1
+        before = [int(c.offset) if _kv_layer(c) else None for c in cache] if multi and kv_scale and cache \
+            else None
         out = base.__call__(self, inputs, *args, **kwargs)
-        if inputs.ndim < 2 or inputs.shape[-1] <= 1 or scale == 0:
+        if not multi or (scale == 0 and before is None):
             return out
-        noise = mx.random.uniform(-scale, scale, out.shape, key=mx.random.key(_key(seed, offset, inputs)))
+        key = _key(seed, offset, inputs)
+        if before is not None:
+            _perturb_caches(cache, before, int(inputs.shape[-1]), kv_scale, key)
+        if scale == 0:
+            return out
+        noise = mx.random.uniform(-scale, scale, out.shape, key=mx.random.key(key))
         return out + noise.astype(out.dtype)
 
     model.__class__ = type(f"NonExact{base.__name__}", (base,),
-                           {"__call__": __call__, "_nonexact": (scale, seed)})
+                           {"__call__": __call__, "_nonexact": (scale, seed), "_nonexact_kv": kv_scale})
     return model
 
 
 def is_emulated(model: Any) -> tuple[float, int] | None:
     """``(scale, seed)`` when ``model`` is wrapped by :func:`emulate_nonexact`."""
     return getattr(type(model), "_nonexact", None)
+
+
+def emulated_kv_scale(model: Any) -> float:
+    """The cache-write noise of a wrapped ``model`` (0.0: caches exact, or not wrapped)."""
+    return float(getattr(type(model), "_nonexact_kv", 0.0) or 0.0)
 
 
 def exact(model: Any) -> Any:
@@ -83,13 +141,15 @@ def exact(model: Any) -> Any:
 
 
 def from_env(model: Any) -> Any:
-    """Wrap ``model`` when ``SPECPARITY_EMULATE_NONEXACT=SCALE[:SEED]`` is set."""
+    """Wrap ``model`` when ``SPECPARITY_EMULATE_NONEXACT=SCALE[:SEED[:KV_SCALE]]`` is set."""
     value = os.environ.get(ENV, "").strip()
     if not value:
         return model
-    scale_s, _, seed_s = value.partition(":")
+    scale_s, _, rest = value.partition(":")
+    seed_s, _, kv_s = rest.partition(":")
     try:
-        scale, seed = float(scale_s), int(seed_s or 0)
+        scale, seed, kv = float(scale_s), int(seed_s or 0), float(kv_s or 0)
     except ValueError:
-        raise ValueError(f"{ENV}={value!r}: expected SCALE[:SEED], e.g. 0.01 or 0.01:7") from None
-    return emulate_nonexact(model, scale, seed)
+        raise ValueError(f"{ENV}={value!r}: expected SCALE[:SEED[:KV_SCALE]], e.g. 0.01, 0.01:7 or "
+                         "0.01:7:0.001") from None
+    return emulate_nonexact(model, scale, seed, kv)

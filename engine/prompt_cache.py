@@ -41,6 +41,9 @@ What differs from mlx-lm's server, on purpose:
 - ``split_profile``: reuse splits a prefill where a cold run does not, so it is
   exact only for a model whose cache bytes do not depend on the split (probed
   once per model); mlx-lm ``deepseek_v3`` (MLA) differs for one-token forwards.
+  Where the backend is not bit-exact (``exact_arithmetic = False``) every split
+  differs by arithmetic: the probe is skipped and warm ≡ cold is judged within a
+  calibrated tolerance (``engine.cache_compare``).
 
 Sources: ``two-model`` keeps its drafter caches (a segment like the target's);
 ``ngram`` is model-free and re-reads the whole prompt (its history IS the
@@ -49,6 +52,13 @@ token list, rebuilt exactly); a source that reads the target's hidden states
 rows, the reused prefix's saved with the target segment and the suffix's from
 its prefill (executor hooks ``tap_context`` / ``after_round``), so its state
 is rebuilt exactly rather than saved.
+
+Cache snapshots (``PromptCacheSession.keep_caches``, off by default): each
+``Turn.caches`` holds copies of the caches the warm request started from (the
+fetched target prefix, the installed drafter prefix), after its prefill and at
+its end; ``ColdCapture`` (passed as ``cold(..., reuse=...)``) takes the same of
+a cold run. ``engine.cache_compare`` compares them within a calibrated
+arithmetic tolerance on a backend that is not bit-exact.
 
 The control arm, ``PlainPromptCacheSession``: the same prompt cache under plain
 decode (``engine.executor.plain_generate(target_caches=..., reuse=...)``, mlx-lm
@@ -297,6 +307,7 @@ class Fetch:
     prefill_hidden: dict[int, Any] | None = None
     rows: dict[int, list[Any]] | None = None  # tapped rows of every kept position, in order
     untapped_rounds: int = 0
+    start_drafter: list[Any] | None = None  # the installed drafter prefix (keep_caches)
 
     def open_source(self, source: Any) -> int:
         if reuse_family(self.session.kind) in ("reread", "tapped"):
@@ -308,6 +319,8 @@ class Fetch:
         n = self.drafter_prefix or 0
         if self.drafter is not None and n:
             self.session.install_drafter(source, self.drafter, n, self)
+            if self.session.keep_caches:
+                self.start_drafter = copy_caches(source.caches)
             seg = Segment("drafter", tuple(self.drained[:n]), source.caches, "fetch", self.request)
             check_segment(seg, n, "fetch")
         return n
@@ -358,6 +371,27 @@ class Fetch:
 
 
 @dataclass
+class CacheSnapshots:
+    """Copies of one request's caches at the points warm and cold are compared (``keep_caches``).
+
+    ``start_*``: what the request started from (the reused prefix; None: fresh caches);
+    ``prefill_*``: after its prefill; ``end_*``: after its last round. ``drained`` is the
+    prompt part the prefill covers, ``target_prefix``/``drafter_prefix`` how much of it the
+    start caches held. Drafter entries are None for a source whose caches are not saved.
+    """
+
+    drained: list[int]
+    target_prefix: int = 0
+    drafter_prefix: int | None = None
+    start_target: list[Any] | None = None
+    start_drafter: list[Any] | None = None
+    prefill_target: list[Any] | None = None
+    prefill_drafter: list[Any] | None = None
+    end_target: list[Any] | None = None
+    end_drafter: list[Any] | None = None
+
+
+@dataclass
 class Turn:
     """One request of a session: the executor's result and what was reused."""
 
@@ -366,6 +400,7 @@ class Turn:
     result: GenerationResult
     reuse: dict[str, Any]
     ttft_s: float | None
+    caches: CacheSnapshots | None = None  # keep_caches: the snapshots engine.cache_compare compares
 
 
 class PromptCacheSession:
@@ -373,8 +408,15 @@ class PromptCacheSession:
 
     ``generate(prompt_ids, params)`` fetches the longest usable prefix, runs
     ``spec_generate`` on it, and saves the two boundaries. ``max_entries``
-    bounds the saved entries (least recently used dropped first).
+    bounds the saved entries (least recently used dropped first). ``keep_caches``
+    (set it on the instance): every ``Turn`` carries its ``CacheSnapshots``.
     """
+
+    keep_caches = False
+    # False where the backend is not bit-exact (engine.cache_compare.arithmetic): every split of a
+    # prefill changes the cache bytes there, so the byte probe (split_profile) is skipped and
+    # reuse splits anywhere; warm ≡ cold is then judged within a calibrated tolerance.
+    exact_arithmetic = True
 
     def __init__(self, target_model: Any, provider: DraftProvider, *, max_entries: int = 8,
                  enabled: bool = True) -> None:
@@ -440,9 +482,9 @@ class PromptCacheSession:
         if not self.saves():
             f.refused.append(f"the {self.kind} source keeps state the session cannot save: cold prefill")
             return f, make_prompt_cache(self.model)
-        tsplit = split_profile(self.model, prompt_ids)
+        tsplit = split_profile(self.model, prompt_ids) if self.exact_arithmetic else "exact"
         dmodel = getattr(self.provider, "model", None) if reuse_family(self.kind) == "segment" else None
-        dsplit = split_profile(dmodel, prompt_ids) if dmodel is not None else "exact"
+        dsplit = split_profile(dmodel, prompt_ids) if dmodel is not None and self.exact_arithmetic else "exact"
         if tsplit == "none":
             f.refused.append("the target's caches depend on how a prefill is split: no reuse")
             return f, make_prompt_cache(self.model)
@@ -501,12 +543,21 @@ class PromptCacheSession:
             return on_token(t) if on_token is not None else None
 
         f, caches = self.fetch(prompt_ids, params)
+        start = copy_caches(caches) if self.keep_caches and f.target_prefix else None
         result, source = self.run(list(prompt_ids), params, tick, caches, f)
         self.requests += 1
         self.last_source = source
+        snaps = None
+        if self.keep_caches:
+            own = self.drafter_caches(source) if source is not None else None
+            snaps = CacheSnapshots(  # copies: the saved entries may be changed later (trimmed, a plant)
+                list(f.drained), f.target_prefix, f.drafter_prefix, start, f.start_drafter,
+                None if f.prefill_target is None else copy_caches(f.prefill_target),
+                None if f.prefill_drafter is None else copy_caches(f.prefill_drafter),
+                copy_caches(caches), None if own is None else copy_caches(own))
         if self.enabled and self.saves():
             self._save_turn(index, list(prompt_ids), f, caches, source, result)
-        return Turn(index, list(prompt_ids), result, f.record(), first[0] if first else None)
+        return Turn(index, list(prompt_ids), result, f.record(), first[0] if first else None, snaps)
 
     def _save_turn(self, index: int, prompt: list[int], f: Fetch, caches: list[Any], source: Any,
                    result: GenerationResult) -> None:
@@ -564,9 +615,56 @@ class _Capture:
         return source
 
 
+class ColdCapture:
+    """The executor's ``reuse`` hooks for a COLD run (nothing reused): its ``CacheSnapshots``.
+
+    ``cold(..., reuse=ColdCapture())`` runs exactly as without it (``target_prefix`` 0, the
+    source opened fresh, the tap context untouched); it copies the caches after the prefill
+    and, on ``snapshots()``, at the end. ``segment``: the source's own caches are a session
+    segment (two-model), so they are captured too.
+    """
+
+    target_prefix = 0
+    drafter_prefix: int | None = None
+
+    def __init__(self, segment: bool = False) -> None:
+        self.segment = segment
+        self.source: Any = None
+        self.caches: list[Any] | None = None
+        self.drained: list[int] = []
+        self.prefill_target: list[Any] | None = None
+        self.prefill_drafter: list[Any] | None = None
+
+    def open_source(self, source: Any) -> int:
+        self.source = source
+        return 0
+
+    def tap_context(self, ctx: Any, drained: list[int]) -> Any:
+        return ctx
+
+    def after_prefill(self, caches: list[Any], source: Any, ctx: Any = None) -> None:
+        self.caches = caches
+        self.prefill_target = copy_caches(caches)
+        if self.segment and source is not None:
+            self.prefill_drafter = copy_caches(source.caches)
+
+    def after_round(self, ctx: Any, k: int) -> None:
+        return None
+
+    def record(self) -> None:
+        return None
+
+    def snapshots(self, drained: Sequence[int]) -> CacheSnapshots:
+        end_d = copy_caches(self.source.caches) if self.segment and self.source is not None else None
+        return CacheSnapshots(list(drained), 0, None, None, None, self.prefill_target, self.prefill_drafter,
+                              None if self.caches is None else copy_caches(self.caches), end_d)
+
+
 def cold(target_model: Any, provider: DraftProvider, prompt_ids: Sequence[int],
-         params: GenerationParams, *, on_token: OnToken | None = None) -> tuple[GenerationResult, float | None]:
-    """The cold run a warm request is held to: fresh caches, the whole prompt prefilled."""
+         params: GenerationParams, *, on_token: OnToken | None = None,
+         reuse: Any = None) -> tuple[GenerationResult, float | None]:
+    """The cold run a warm request is held to: fresh caches, the whole prompt prefilled
+    (``reuse``: a ``ColdCapture`` taking its cache snapshots)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     t0 = time.perf_counter()
@@ -578,7 +676,7 @@ def cold(target_model: Any, provider: DraftProvider, prompt_ids: Sequence[int],
         return on_token(t) if on_token is not None else None
 
     res = spec_generate(target_model, provider, list(prompt_ids), params, on_token=tick,
-                        target_caches=make_prompt_cache(target_model))
+                        target_caches=make_prompt_cache(target_model), reuse=reuse)
     return res, first[0] if first else None
 
 
@@ -626,9 +724,10 @@ class _NoSource:
 
 
 def cold_plain(target_model: Any, prompt_ids: Sequence[int], params: GenerationParams, *,
-               on_token: OnToken | None = None) -> tuple[GenerationResult, float | None]:
+               on_token: OnToken | None = None, reuse: Any = None) -> tuple[GenerationResult, float | None]:
     """The cold run a warm plain request is held to: fresh caches, the whole prompt prefilled
-    (passed as ``target_caches`` like the warm run's, so both take the same decode loop)."""
+    (passed as ``target_caches`` like the warm run's, so both take the same decode loop;
+    ``reuse``: a ``ColdCapture`` taking its cache snapshots)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     t0 = time.perf_counter()
@@ -640,5 +739,5 @@ def cold_plain(target_model: Any, prompt_ids: Sequence[int], params: GenerationP
         return on_token(t) if on_token is not None else None
 
     res = plain_generate(target_model, list(prompt_ids), params, on_token=tick,
-                         target_caches=make_prompt_cache(target_model))
+                         target_caches=make_prompt_cache(target_model), reuse=reuse)
     return res, first[0] if first else None

@@ -82,10 +82,17 @@ from traces.records import platform_info
 __all__ = [
     "NumericsWitness",
     "PathEval",
+    "PipelineFactory",
+    "VerifyPath",
     "evaluate_draft_path",
     "evaluate_path",
+    "header_pipeline",
+    "max_row_delta",
+    "pair_delta",
     "path_witness",
     "serial_path",
+    "top2_allowed",
+    "verify_path",
     "witness_draft_flip",
     "witness_flip",
 ]
@@ -191,7 +198,7 @@ def _ids(tokens: list[int]) -> mx.array:
     return mx.array(tokens, mx.uint32)
 
 
-def _top2(row: mx.array) -> tuple[tuple[int, float], tuple[int, float]]:
+def top2_allowed(row: mx.array) -> tuple[tuple[int, float], tuple[int, float]]:
     """Top-1 and top-2 of a row among the candidates its pipeline allowed (finite entries;
     a lone allowed candidate's runner-up is ``(-1, -inf)``)."""
     first, second = allowed_top2(row)
@@ -388,7 +395,8 @@ def _calibration(rec: dict[str, Any], rows: mx.array | None, skip: int | None) -
 
 
 def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str,
-                  pipeline: PipelineFactory = header_pipeline) -> PathEval:
+                  pipeline: PipelineFactory = header_pipeline,
+                  start_caches: list[Any] | None = None) -> PathEval:
     """Replay ``trace``'s own schedule up to ``site`` and evaluate the contested row (module doc).
 
     The contested row goes through the run's own sampling pipeline (``pipeline(trace)``,
@@ -397,10 +405,13 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str,
     The first record (before any rollback) also calibrates the replay: its replayed margins
     must equal the recorded ones (``PathEval.calibration``), else the run's arithmetic is
     not this process's (another device, mlx, kernels, or an emulation that is not active here).
+
+    ``start_caches``: the caches the run started from (a warm prompt-cache request's reused
+    prefix; cloned, never mutated) instead of fresh ones; the recorded prefill then extends them.
     """
     pipe = pipeline(trace)
     kv = _kv(trace)
-    caches = _new_caches(model)
+    caches = clone_caches(start_caches) if start_caches is not None else _new_caches(model)
     last = _prefill(model, trace, caches)
     notes: list[str] = []
     events = trace.events
@@ -445,7 +456,7 @@ def evaluate_path(model: Any, trace: Trace, site: TokenSite, label: str,
     row = view[0].astype(mx.float32)
     mx.eval(row)
     out = PathEval(f"{label} {site.record}" + (f" pos {site.position}" if site.position is not None else ""),
-                   path, token, _top2(row), row, site.token, site.margin, notes)
+                   path, token, top2_allowed(row), row, site.token, site.margin, notes)
     out.calibration = calibration
     return out
 
@@ -480,7 +491,8 @@ def _draft_steps(model: Any, caches: list[Any], feed: list[int], drafts: list[in
     return picks, row[0]
 
 
-def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str) -> PathEval:
+def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str,
+                        start_caches: list[Any] | None = None) -> PathEval:
     """Replay ``trace``'s two-model drafter up to draft ``site.position`` of round ``site.event``.
 
     Prefill ``prefill.drafter_tokens``; per earlier round: the feed, the drafts
@@ -488,9 +500,10 @@ def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str) -
     rollback ``trim(max(d - k - 1, 0))`` (mlx-lm ``_rewind_cache``), done here
     with mlx-lm's cache API; where no exact trim exists the round is re-run
     from a copy taken before it, feeding only the kept inputs the same way.
+    ``start_caches``: as for :func:`evaluate_path` (the drafter's reused prefix).
     """
     sampler = _greedy()
-    caches = _new_caches(model)
+    caches = clone_caches(start_caches) if start_caches is not None else _new_caches(model)
     params = trace.header.get("params") or {}
     assert trace.prefill is not None and trace.prefill.get("drafter_tokens") is not None
     prefill_chunks(model, caches, list(trace.prefill["drafter_tokens"]),
@@ -525,7 +538,7 @@ def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str) -
     row = row.astype(mx.float32)
     mx.eval(row)
     return PathEval(f"{label} {site.record} draft {site.position}",
-                    f"two-model drafter, step {site.position} after the feed", picks[-1], _top2(row), row,
+                    f"two-model drafter, step {site.position} after the feed", picks[-1], top2_allowed(row), row,
                     site.token, None, notes)
 
 
@@ -565,14 +578,14 @@ def serial_path(model: Any, prompt: list[int], prefix: list[int], label: str = "
     r = view[0].astype(mx.float32)
     mx.eval(r)
     return PathEval(label, f"plain one-token decode of the {len(prefix)}-token prefix{stages}", token,
-                    _top2(r), r)
+                    top2_allowed(r), r)
 
 
-def _pair_delta(p: PathEval, x: int, y: int) -> float:
+def pair_delta(p: PathEval, x: int, y: int) -> float:
     return float(cast(float, p.row[x].item())) - float(cast(float, p.row[y].item()))
 
 
-def _max_row_delta(a: mx.array, b: mx.array) -> float:
+def max_row_delta(a: mx.array, b: mx.array) -> float:
     """Largest |a - b| over the entries both rows allowed (a masked entry is -inf in both)."""
     both = mx.isfinite(a) & mx.isfinite(b)
     return float(cast(float, mx.max(mx.where(both, mx.abs(a - b), mx.array(0.0))).item()))
@@ -588,8 +601,8 @@ def witness_draft_flip(drafter: Any, a: Trace, b: Trace, flip: Flip) -> WitnessV
     pa = evaluate_draft_path(drafter, a, flip.a, "a")
     pb = evaluate_draft_path(drafter, b, flip.b, "b")
     xa, xb = flip.a.token, flip.b.token
-    max_row = _max_row_delta(pa.row, pb.row)
-    da, db = (_pair_delta(p, xa, xb) for p in (pa, pb))
+    max_row = max_row_delta(pa.row, pb.row)
+    da, db = (pair_delta(p, xa, xb) for p in (pa, pb))
     evidence = [pa.format(), pb.format(),
                 f"Δ = logit[{xa}] - logit[{xb}]: a {da:+.4g}, b {db:+.4g}; max |row a - row b| {max_row:.3g}",
                 *pa.notes, *pb.notes]
@@ -623,8 +636,8 @@ def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip,
                               (pa.format(), pb.format()), {"paths": [pa.to_dict(), pb.to_dict()]})
     ref = serial_path(model, list(a.header["prompt"]["token_ids"]), prefix, like=a, pipeline=pipeline)
     xa, xb = flip.a.token, flip.b.token
-    max_row = _max_row_delta(pa.row, pb.row)
-    da, db, ds = (_pair_delta(p, xa, xb) for p in (pa, pb, ref))
+    max_row = max_row_delta(pa.row, pb.row)
+    da, db, ds = (pair_delta(p, xa, xb) for p in (pa, pb, ref))
     evidence = [
         pa.format(),
         pb.format(),

@@ -30,7 +30,7 @@ import mlx.core as mx
 from engine.pipeline import SamplingPipeline
 from engine.sampler import token_ids
 from engine.stream import PLAIN_PREFILL_STEP, prefill_chunks
-from engine.witness import PathEval, _max_row_delta, _pair_delta, _top2
+from engine.witness import PathEval, max_row_delta, pair_delta, top2_allowed
 from traces.diff import WitnessVerdict
 
 __all__ = ["fill_path", "witness_fill_flip"]
@@ -89,7 +89,7 @@ def fill_path(model: Any, prompt_ids: Sequence[int], params: Any, fill_ids: Sequ
     token, view = _sampled(pipe, row, list(fill_ids[:position]))
     r = view[0].astype(mx.float32)
     mx.eval(r)
-    return PathEval(f"fill position {position}", how, token, _top2(r), r, ran)
+    return PathEval(f"fill position {position}", how, token, top2_allowed(r), r, ran)
 
 
 def _plain_path(model: Any, prompt_ids: Sequence[int], params: Any, prefix: list[int]) -> PathEval:
@@ -107,7 +107,7 @@ def _plain_path(model: Any, prompt_ids: Sequence[int], params: Any, prefix: list
     token, view = _sampled(SamplingPipeline(params, prompt, seed_stream=False), row, prefix)
     r = view[0].astype(mx.float32)
     mx.eval(r)
-    return PathEval("plain", f"plain one-token decode of the {len(prefix)}-token prefix", token, _top2(r), r)
+    return PathEval("plain", f"plain one-token decode of the {len(prefix)}-token prefix", token, top2_allowed(r), r)
 
 
 def _forced(token: int, ran: int | None, why: str) -> PathEval:
@@ -137,8 +137,8 @@ def witness_fill_flip(model: Any, prompt_ids: Sequence[int], params: Any, fill_i
     if xa is None or xb is None:
         return WitnessVerdict("logic", f"one run ended at output position {position} and the other did not",
                               tuple(evidence), data)
-    delta = f"Δ = logit[{xa}] - logit[{xb}]: fill {_pair_delta(pf, xa, xb):+.4g}, plain {_pair_delta(ps, xa, xb):+.4g}"
-    evidence.append(f"{delta}; max |row fill - row plain| {_max_row_delta(pf.row, ps.row):.3g}")
+    delta = f"Δ = logit[{xa}] - logit[{xb}]: fill {pair_delta(pf, xa, xb):+.4g}, plain {pair_delta(ps, xa, xb):+.4g}"
+    evidence.append(f"{delta}; max |row fill - row plain| {max_row_delta(pf.row, ps.row):.3g}")
     if pf.reproduced and ps.token == xb:
         return WitnessVerdict("numerics", f"on the same {position}-token prefix, fill's path gives {xa} and plain's "
                               f"gives {xb}: arithmetic alone", tuple(evidence), data)
