@@ -227,5 +227,33 @@ def emulate_from_env() -> None:
     emulate_cuda_quantized_matmul()
 
 
-__all__ = ["EMULATE_ENV", "MissingOp", "cuda_qmm_error", "current_device", "emulate_cuda_quantized_matmul",
+__all__ = ["EMULATE_ENV", "Arithmetic", "MissingOp", "arithmetic", "cuda_qmm_error", "current_device", "emulate_cuda_quantized_matmul",
            "emulate_from_env", "missing_op", "unsupported_payload", "unsupported_text", "unsupported_verdict"]
+
+
+# ---------------------------------------------------------------------- bit-exact or not
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """Whether this run's arithmetic is bit-exact, and why."""
+
+    exact: bool
+    why: str
+
+
+def arithmetic(*models: Any) -> Arithmetic:
+    """``exact`` on MLX's CPU unless a model is wrapped by the non-exact double; otherwise not."""
+    import mlx.core as mx
+
+    from engine.nonexact import emulated_kv_scale, is_emulated
+
+    device = mx.default_device()
+    for m in models:
+        em = is_emulated(m) if m is not None else None
+        if em is not None:
+            return Arithmetic(False, f"non-exact double on {device} (logit scale {em[0]:g}, seed {em[1]}, "
+                                     f"cache scale {emulated_kv_scale(m):g})")
+    if device.type == mx.cpu:
+        return Arithmetic(True, f"bit-exact ({device})")
+    return Arithmetic(False, f"{device}: not bit-exact between prefill splits and one-token decode")

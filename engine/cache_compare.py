@@ -12,7 +12,7 @@ same prefix).
 
 On MLX's CPU (bit-exact) ``specparity run --sessions`` holds a warm request to
 its cold run byte for byte (``specparity.sessions.compare_records``). Elsewhere
-(:func:`arithmetic`: MLX's default device is not the CPU, or a model is wrapped
+(``engine.backend.arithmetic``: MLX's default device is not the CPU, or a model is wrapped
 by the CPU's non-exact double ``engine.nonexact``) this module decides:
 
 - **Tolerance** (:func:`calibrate`): for one model and one request, the same
@@ -56,11 +56,9 @@ from traces.io import Trace
 
 __all__ = [
     "ARITHMETIC_FIELDS",
-    "Arithmetic",
     "CacheCheck",
     "Judgement",
     "Tolerance",
-    "arithmetic",
     "as_trace",
     "calibrate",
     "check_caches",
@@ -70,29 +68,6 @@ __all__ = [
 
 # Record fields that are pure arithmetic (not byte-compared where the backend is not bit-exact).
 ARITHMETIC_FIELDS = frozenset({"target_cache_digest", "drafter_cache_digest", "margins", "margin", "confidence"})
-
-
-@dataclass(frozen=True)
-class Arithmetic:
-    """Whether this run's arithmetic is bit-exact, and why."""
-
-    exact: bool
-    why: str
-
-
-def arithmetic(*models: Any) -> Arithmetic:
-    """``exact`` on MLX's CPU unless a model is wrapped by the non-exact double; otherwise not."""
-    from engine.nonexact import emulated_kv_scale, is_emulated
-
-    device = mx.default_device()
-    for m in models:
-        em = is_emulated(m) if m is not None else None
-        if em is not None:
-            return Arithmetic(False, f"non-exact double on {device} (logit scale {em[0]:g}, seed {em[1]}, "
-                                     f"cache scale {emulated_kv_scale(m):g})")
-    if device.type == mx.cpu:
-        return Arithmetic(True, f"bit-exact ({device})")
-    return Arithmetic(False, f"{device}: not bit-exact between prefill splits and one-token decode")
 
 
 # --------------------------------------------------------------------------- tolerance

@@ -597,6 +597,7 @@ def run_cases(
                 lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
                 or _reference_comparison(oracle, case.case_id, traces[eng_key], ref(oracle, case.case_id),
                                          witness))
+    result.comparisons += verify_path_comparisons(specs, traces)
     for (runner, case_id), info in result.unsupported.items():  # a run no comparison needed: listed too
         if (runner, case_id) not in named:
             result.comparisons.append(unsupported_comparison(f"{runner} run", case_id, [runner], info))
@@ -607,6 +608,42 @@ def run_cases(
     result.wall_s = time.perf_counter() - t0
     finish(result, traces)
     return result
+
+
+def verify_path_comparisons(specs: list[Case], traces: dict[tuple[str, str], Trace]) -> list[Comparison]:
+    """Off a bit-exact backend: which arithmetic produced the engine's verify rows
+    (``engine.witness.verify_path``), one speculative case per (target, drafter, source) with
+    a window of 2 or more. ``serial`` (verified position by position, not the reference's
+    batched window) fails as ``logic``; rows that match no path here are reported, not failed.
+    On the CPU the two paths are the same bits: nothing to check (none returned)."""
+    from engine.backend import arithmetic
+    from engine.witness import verify_path
+    from specparity.runners import case_paths, load_model
+
+    out: list[Comparison] = []
+    seen: set[tuple[Any, ...]] = set()
+    for case in specs:
+        key = (case.target, case.drafter, case.source)
+        trace = traces.get(("engine", case.case_id))
+        if key in seen or case.gamma < 2 or trace is None or not trace.rounds:
+            continue
+        model = load_model(str(case_paths(case)[0])).model
+        if arithmetic(model).exact:
+            return []
+        seen.add(key)
+        v = verify_path(model, trace)
+        if v.verdict == "serial":
+            div = Divergence(level="round", where=f"round {v.rounds[0]['round']}", field="margins", value_a="serial",
+                             value_b="batched", klass="logic", margin=None, message=str(v.deviation),
+                             basis="witness")
+            out.append(Comparison("verify-path", case.case_id, "round", div))
+        elif v.verdict in ("batched", "indistinguishable", "no-window"):
+            out.append(Comparison("verify-path", case.case_id, "round", None))
+        else:
+            out.append(Comparison("verify-path", case.case_id, "none", None, status="not-compared",
+                                  detail=f"the recorded verify margins match neither the batched window nor "
+                                         f"one-token decode replayed here: {v.rounds}"))
+    return out
 
 
 def fill_cases(temperatures: tuple[float, ...] = (0.0,), max_tokens: int = 48) -> list[Any]:

@@ -255,7 +255,7 @@ def _end(records: Sequence[dict[str, Any]]) -> str | None:
 class NonExact:
     """How a session judges warm vs cold where the backend is not bit-exact (module docstring)."""
 
-    why: str  # engine.cache_compare.arithmetic(...).why
+    why: str  # engine.backend.arithmetic(...).why
     target: Any
     drafter: Any = None  # the two-model drafter (its caches are a session segment), else None
     kind: str | None = None  # the source kind (None: the plain arm)
@@ -365,7 +365,7 @@ def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, 
     Where the backend is not bit-exact (``engine.cache_compare.arithmetic``; ``exact``
     overrides it: True forces byte equality, False the tolerance path) each request is
     judged by ``engine.cache_compare.judge_request`` (module docstring)."""
-    from engine.cache_compare import arithmetic
+    from engine.backend import arithmetic
     from engine.prompt_cache import (
         PlainPromptCacheSession,
         PromptCacheSession,

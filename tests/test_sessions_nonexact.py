@@ -19,7 +19,8 @@ import mlx.core as mx
 import pytest
 
 import zoo
-from engine.cache_compare import Tolerance, arithmetic, calibrate, check_caches
+from engine.backend import arithmetic
+from engine.cache_compare import Tolerance, calibrate, check_caches
 from engine.executor import GenerationParams
 from engine.nonexact import ENV, emulate_nonexact, emulated_kv_scale, exact, from_env, is_emulated
 from engine.prompt_cache import PromptCacheSession, cold, copy_caches

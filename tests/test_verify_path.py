@@ -82,3 +82,45 @@ def test_a_serial_verify_is_a_deviation(double: Any) -> None:
     v = verify_path(double, bad)
     assert v.verdict == "serial", v.rounds
     assert v.deviation is not None and "position by position" in v.deviation and "round 0" in v.deviation
+
+
+def _plant_serial_executor(mp: pytest.MonkeyPatch) -> None:
+    """The same plant inside the executor (the model untouched, so the witness replays the real
+    arithmetic): each verify window computed one position at a time."""
+    import engine.executor as ex
+
+    real = ex._forward
+
+    def forward(model: Any, caches: list[Any], tokens: list[int], taps: tuple[int, ...]) -> Any:
+        if len(tokens) <= 1 or taps:
+            return real(model, caches, tokens, taps)
+        rows = [real(model, caches, [t], taps)[0] for t in tokens]
+        return mx.concatenate(rows, axis=1), None
+
+    mp.setattr(ex, "_lazy_drafts", lambda *a: None)  # the list path, through _forward
+    mp.setattr(ex, "_forward", forward)
+
+
+def test_the_run_fails_a_serial_verify_only_off_the_cpu(double: Any, tmp_path: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``specparity run`` off a bit-exact backend checks one case per pair: the engine as it is
+    passes; a planted serial verify, token-identical to plain decode, fails as ``logic``."""
+    from specparity.run import run_cases
+
+    ok = run_cases(tmp_path / "ok", cases=[CASE], runners=["engine"], progress=False)
+    vp = [c for c in ok.comparisons if c.kind == "verify-path"]
+    assert len(vp) == 1 and not vp[0].fails and vp[0].verdict == "identical", [c.verdict for c in vp]
+    _plant_serial_executor(monkeypatch)
+    bad = run_cases(tmp_path / "bad", cases=[CASE], runners=["engine"], progress=False)
+    vp = [c for c in bad.comparisons if c.kind == "verify-path"]
+    assert vp and vp[0].fails and "position by position" in (vp[0].message or ""), [c.message for c in vp]
+    assert not bad.ok
+    sp = [c for c in bad.comparisons if c.kind == "spec-vs-plain"]
+    assert sp and sp[0].divergence is None  # the tokens alone never showed it
+
+
+def test_a_bit_exact_run_adds_no_verify_path_check(tmp_path: Any) -> None:
+    from specparity.run import run_cases
+
+    res = run_cases(tmp_path / "cpu", cases=[CASE], runners=["engine"], progress=False)
+    assert not [c for c in res.comparisons if c.kind == "verify-path"]
