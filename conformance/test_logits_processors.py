@@ -49,6 +49,11 @@ LAST = [
     Case("llama", "small", "rnd-01", 1, 32, processors="rp1.5c20+hlast"),
     Case("qwen3", "twin", "nat-01", 3, 32, temperature=0.8, seed=1, processors="rp1.3c64+fp0.5c64+hlast"),
     Case("qwen3", "small", "nat-02", 2, 32, processors="pp2c8+lb3=2+hlast"),
+    # count-sensitive over a short context (rewarding repetition): a history off by one token
+    # (the pending token twice, a rejected draft kept) flips picks here, where a presence-style
+    # penalty cannot tell (found by tools/mutation.py: verify-history-pending-twice was missed)
+    Case("llama", "twin", "nat-00", 3, 32, processors="fp-1c8+hlast"),
+    Case("llama", "twin", "nat-00", 3, 32, temperature=0.8, processors="pp-1.5c4+fp1c16+hlast"),
 ]
 
 
@@ -83,7 +88,7 @@ def test_cases_cover_rejections_and_bonus_rows() -> None:
     assert {"correction", "bonus"} <= ends, ends
 
 
-@pytest.mark.parametrize("tag", ["rp1.3c64", "fp1c64+lb5=1.5", "pp2c64"])
+@pytest.mark.parametrize("tag", ["rp1.3c64", "fp1c64+lb5=1.5", "pp2c64", "fp-1c8"])
 def test_spec_with_full_history_is_lossless_against_mlx_lm_plain(tag: str) -> None:
     """Default history (whole prompt): engine spec == engine plain == mlx-lm generate_step."""
     require_oracle("mlx_lm")
