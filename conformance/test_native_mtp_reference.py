@@ -35,6 +35,40 @@ CONVS = {
 }
 
 
+# Every convention varied with every other: an L8 orthogonal array over the seven two-valued
+# conventions (each pair of conventions takes all four value pairs in some row), so a bug in
+# one convention that only shows together with another (the position-0 mask must read
+# position_base) cannot hide behind one-at-a-time variation.
+_L8 = ("0000000", "0001111", "0110011", "0111100", "1010101", "1011010", "1100110", "1101001")
+
+
+def _pairwise() -> dict[str, str]:
+    from engine.sources.native_mtp import _CHOICES
+
+    names = list(_CHOICES)
+    assert len(names) == 7, names  # a new convention: extend the array (an L8 covers 7 factors)
+    out = {}
+    for row in _L8:
+        conv = {n: _CHOICES[n][int(b)] for n, b in zip(names, row, strict=True)}
+        out["pw-" + row] = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in conv.items())
+    return out
+
+
+PAIRWISE = _pairwise()
+
+
+def test_the_convention_matrix_is_pairwise() -> None:
+    from itertools import combinations
+
+    from engine.sources.native_mtp import Conventions
+
+    rows = [Conventions.parse(c) for c in PAIRWISE.values()]
+    names = list(Conventions().to_json())
+    for a, b in combinations(names, 2):
+        seen = {(getattr(r, a), getattr(r, b)) for r in rows}
+        assert len(seen) == 4, (a, b, seen)
+
+
 @pytest.fixture(scope="module")
 def setups():
     from oracles.native_mtp_ref import Reference
@@ -86,6 +120,14 @@ def test_draft_logits_agree_with_the_reference(setups, target: str, conv: str) -
     assert not bad, f"{target}/native-mtp/{conv}: {bad[:3]}"
 
 
+@pytest.mark.parametrize("conv", list(PAIRWISE))
+@pytest.mark.parametrize("target", ["glm-mtp", "deepseek-mtp"])
+def test_draft_logits_agree_on_every_pair_of_conventions(setups, target: str, conv: str) -> None:
+    rows, bad = _problems(setups[target], PAIRWISE[conv], n=12)
+    assert rows >= 3, rows
+    assert not bad, f"{target}/native-mtp/{PAIRWISE[conv]}: {bad[:3]}"
+
+
 def _plant(monkeypatch, bug: str) -> None:
     from engine.sources import native_mtp as nm
 
@@ -113,6 +155,13 @@ def _plant(monkeypatch, bug: str) -> None:
                             lambda self, t, pos: self.embed(t.reshape(1, -1).astype(nm.mx.uint32)))
     elif bug == "depth reuse":
         swapped(depth="reuse")
+    elif bug == "position-0 mask ignores position_base":
+        def embed(self, t, pos):
+            e = self.embed(t.reshape(1, -1).astype(nm.mx.uint32))
+            if self.conv.mask_pos0 and pos == 0:  # the bug: position_base not added
+                e = e * (nm.mx.arange(e.shape[1]) > 0).astype(e.dtype)[None, :, None]
+            return e
+        monkeypatch.setattr(nm.NativeMTPSource, "_embed", embed)
 
 
 @pytest.mark.parametrize("target,bug,first", [
@@ -129,3 +178,13 @@ def test_planted_convention_bug_is_caught_naming_the_row(setups, monkeypatch, ta
     _, bad = _problems(setups[target], "trim=rebuild")
     assert bad, f"{target}: planted '{bug}' went unnoticed"
     assert bad[0].startswith(first + ":"), f"{target}: planted '{bug}': first named row {bad[0]!r}"
+
+
+def test_planted_mask_ignoring_position_base_is_caught_by_the_matrix(setups, monkeypatch) -> None:
+    """Issue 36's blind spot: the reference test set position_base only with the mask off, so a
+    mask reading the row position without position_base passed. The pairwise rows with
+    position_base 1 and the mask on catch it."""
+    _plant(monkeypatch, "position-0 mask ignores position_base")
+    caught = [c for c in PAIRWISE if "position_base=1" in PAIRWISE[c] and "mask_pos0=true" in PAIRWISE[c]
+              and _problems(setups["glm-mtp"], PAIRWISE[c], n=12)[1]]
+    assert caught, "the position-0 mask ignoring position_base went unnoticed by every pairwise row"
