@@ -87,9 +87,9 @@ def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: 
 
 
 def _check_identity(path: Path, ref: dict[str, Any], trace_path: Path, what: str) -> None:
-    from specparity.runners import _identity
+    from specparity.runners import model_identity
 
-    mine = _identity(str(path))
+    mine = model_identity(str(path))
     for key in ("weights_sha256", "config_sha256"):
         want = ref.get(key)
         if want is not None and want != mine[key]:

@@ -467,8 +467,8 @@ def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]
 
     The header is the one ``specparity record`` would write for that request as a case
     (its prompt, budget and EOS ids); the prefill record carries ``prompt_cache``."""
-    from specparity.runners import _identity as identity
     from specparity.runners import case_params, case_paths, tokenizer_digest
+    from specparity.runners import model_identity as identity
     from specparity.runners.registry import get
     from traces.io import write_trace
     from traces.records import make_header

@@ -191,3 +191,25 @@ def cache_digest(caches: Sequence[Any]) -> dict[str, Any]:
     layers = [layer_digest(c) for c in caches]
     combined = hashlib.sha256("\n".join(layers).encode()).hexdigest()
     return {"combined": combined, "layers": layers}
+
+
+CONFIG_FILES = ("dspark.json", "config.json")
+"""A model directory's configuration file, first found: a DSpark drafter's ``dspark.json``
+(it has no ``config.json``), else mlx-lm's ``config.json``."""
+
+
+def config_digest(model_dir: str | os.PathLike[str]) -> str | None:
+    """sha256 of a model directory's configuration file (:data:`CONFIG_FILES`), None without one.
+
+    The one definition of a trace header's ``config_sha256``: every header builder (the
+    runners, ``traces.writer.model_identity``) and every check of a header (``grade``) use it.
+    A FIFO or other non-regular file is refused (``traces.io.regular_file``).
+    """
+    from traces.io import regular_file
+
+    p = Path(model_dir)
+    for name in CONFIG_FILES:
+        f = p / name
+        if f.exists():
+            return hashlib.sha256(regular_file(f).read_bytes()).hexdigest()
+    return None

@@ -39,7 +39,6 @@ the ``config.json`` bytes. This module imports nothing above ``traces``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from traces.digest import weights_digest
-from traces.io import Record, TraceWriter, regular_file, write_trace
+from traces.io import Record, TraceWriter, write_trace
 from traces.records import (
     counters_from_rounds,
     make_header,
@@ -85,15 +84,13 @@ def model_identity(model_dir: str | os.PathLike[str], *, digests: bool = True) -
     ``digests=False`` leaves both digests null (``grade`` then cannot check that
     it re-runs the same model and says so).
     """
+    from traces.digest import config_digest
+
     p = Path(model_dir)
-    cfg = p / "config.json"
-    config_sha = None
-    if digests and cfg.exists():
-        config_sha = hashlib.sha256(regular_file(cfg).read_bytes()).hexdigest()  # FIFO: refused
     return {
         "path": str(p),
         "weights_sha256": weights_sha256(p) if digests else None,
-        "config_sha256": config_sha,
+        "config_sha256": config_digest(p) if digests else None,
     }
 
 

@@ -145,9 +145,17 @@ def _file_sha256(p: Path) -> str:
 
 
 def config_digest(path: Path | str) -> str:
-    """sha256 of the ``config.json`` bytes (``path``: model dir or the file)."""
+    """sha256 of a model dir's configuration file (``traces.digest.config_digest``: the one
+    definition every header uses), or of the file ``path`` names."""
+    from traces.digest import config_digest as of_dir
+
     p = Path(path)
-    return _file_sha256(p / "config.json" if p.is_dir() else p)
+    if not p.is_dir():
+        return _file_sha256(p)
+    got = of_dir(p)
+    if got is None:
+        raise FileNotFoundError(f"{p}: no config.json (or dspark.json)")
+    return got
 
 
 def tokenizer_path() -> Path:

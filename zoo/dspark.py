@@ -32,7 +32,6 @@ zoo.dspark --update-manifest`` recomputes it and the digests.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import shutil
@@ -46,6 +45,7 @@ import numpy as np
 
 import zoo
 from engine.dspark import module as dspark_module
+from traces.digest import config_digest
 from zoo.build import json_bytes
 
 _HERE = Path(__file__).resolve().parent
@@ -225,7 +225,7 @@ def deepspec_weights(target: str, bigrams: list[list[int]], target_layer_ids: tu
 def recipe(name: str) -> dict[str, Any]:
     """The pinned recipe of artifact ``name`` (bigram tables come from the manifest)."""
     target, _, kind = name.partition("-")
-    entry = _manifest().get("artifacts", {}).get(name, {})
+    entry = manifest().get("artifacts", {}).get(name, {})
     if kind in ("deepspec", "deepspec-l0", "deepspec-kv"):
         # -l0: taps [0] only (mlx-vlm's gemma4_dspark refuses DeepSpec's -1 embedding tap);
         # -kv: also attention_k_eq_v False (v_proj + v_norm), which mlx-vlm can load
@@ -299,26 +299,19 @@ def tensors_digest(path: Path | str) -> str:
     return weights_digest(path)
 
 
-def _config_sha(d: Path) -> str:
-    name = "dspark.json" if (d / "dspark.json").exists() else "config.json"
-    from traces.io import regular_file
-
-    return hashlib.sha256(regular_file(d / name).read_bytes()).hexdigest()  # a FIFO: refused
-
-
-def _manifest() -> dict[str, Any]:
+def manifest() -> dict[str, Any]:
     return json.loads(MANIFEST_FILE.read_text()) if MANIFEST_FILE.exists() else {}
 
 
 def artifact_dir(name: str) -> Path:
     """Path of artifact ``name``, built on first use and checked against the manifest."""
-    entry = _manifest().get("artifacts", {}).get(name)
+    entry = manifest().get("artifacts", {}).get(name)
     if entry is None:
         raise zoo.ZooDriftError(f"zoo drift: {name}: no entry in {MANIFEST_FILE}")
     from zoo import pinned
 
     def verify() -> None:
-        got_w, got_c = tensors_digest(d), _config_sha(d)
+        got_w, got_c = tensors_digest(d), config_digest(d)
         if (got_w, got_c) != (entry["weights_sha256"], entry["config_sha256"]):
             raise zoo.ZooDriftError(
                 f"zoo drift: {name}: {d} has weights {got_w[:12]} config {got_c[:12]}, manifest expects "
@@ -340,7 +333,7 @@ def case_paths(target: str, drafter: str) -> tuple[Path, Path]:
     return zoo.model_dir(target), artifact_dir(f"{target}-{variant}")
 
 
-def build_manifest() -> dict[str, Any]:
+def buildmanifest() -> dict[str, Any]:
     tables = {t: bigram_table(t) for t in sorted(set(AB_TARGETS) | set(DSPARK_TARGETS))}
     out: dict[str, Any] = {"format": 1, "artifacts": {}}
     with tempfile.TemporaryDirectory(prefix="specparity-dspark-") as tmp:
@@ -358,7 +351,7 @@ def build_manifest() -> dict[str, Any]:
             rec = recipe(name)
             if table is not None:
                 rec["bigrams"] = table
-            out["artifacts"][name] = {"recipe": rec, "weights_sha256": tensors_digest(path), "config_sha256": _config_sha(path)}
+            out["artifacts"][name] = {"recipe": rec, "weights_sha256": tensors_digest(path), "config_sha256": config_digest(path)}
     return out
 
 
@@ -368,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="*", default=None, help="artifacts to print the paths of")
     args = ap.parse_args(argv)
     if args.update_manifest:
-        m = build_manifest()
+        m = buildmanifest()
         MANIFEST_FILE.write_text(json.dumps(m, sort_keys=True) + "\n")
         from zoo import pinned
 

@@ -121,14 +121,6 @@ def _zoo_dir(name: str) -> Path:
     return zoo.model_dir(name)
 
 
-def model_identity(path: Path) -> dict[str, Any]:
-    """``{"path", "weights_sha256", "config_sha256"}``: one weights digest for every layout and dtype."""
-    from traces.digest import weights_digest
-    from zoo.dspark import _config_sha
-
-    return {"path": str(path), "weights_sha256": weights_digest(path), "config_sha256": _config_sha(path)}
-
-
 def tokenizer_digest(model_dir: Path) -> str | None:
     """sha256 of a model dir's tokenizer files (``tokenizer.json`` alone when present)."""
     from engine.models import file_digest
@@ -140,15 +132,16 @@ def tokenizer_digest(model_dir: Path) -> str | None:
     return file_digest(files) if files else None
 
 
-def _identity(path: str) -> dict[str, Any]:
-    """:func:`model_identity` with the weights digest cached per content stamp
-    (``specparity.cases.cached_weights_digest``): a checkpoint rewritten in place is
-    re-hashed, an unchanged one is not."""
+def model_identity(path: str | Path) -> dict[str, Any]:
+    """``{"path", "weights_sha256", "config_sha256"}``: the one model identity of a trace header
+    (``traces.digest.weights_digest`` over every layout and dtype, cached per content stamp by
+    ``specparity.cases.cached_weights_digest``: a checkpoint rewritten in place is re-hashed;
+    ``traces.digest.config_digest``); ``grade`` checks a header against the same function."""
     from specparity.cases import cached_weights_digest
-    from zoo.dspark import _config_sha
+    from traces.digest import config_digest
 
-    return {"path": path, "weights_sha256": cached_weights_digest(path),
-            "config_sha256": _config_sha(Path(path))}
+    return {"path": str(path), "weights_sha256": cached_weights_digest(str(path)),
+            "config_sha256": config_digest(path)}
 
 
 def case_paths(case: Case) -> tuple[Path, Path | None]:
@@ -254,10 +247,10 @@ def case_params(case: Case, prefill: str | None = None) -> dict[str, Any]:
     if desc.header is not None:  # header objects may carry extra keys (mtp_conventions, ...)
         params.update(desc.header(case_paths(case)[1], case_open_options(case)))
     if "confidence_threshold" in desc.options:
-        from zoo.dspark import _manifest
+        from zoo.dspark import manifest
 
         name = dspark_drafter(case)[0]
-        entry = _manifest().get("artifacts", {}).get(name, {})
+        entry = manifest().get("artifacts", {}).get(name, {})
         params["drafter_artifact"] = {"name": name, "weights_sha256": entry.get("weights_sha256")}
     return params
 
@@ -385,8 +378,8 @@ def case_header(runner: dict[str, Any], case: Case, ids: list[int], *, tpath: Pa
         mode=case.mode,
         source=case.source if case.drafter is not None else None,
         case_id=case.case_id,
-        target=_identity(str(tpath)),
-        drafter=_identity(str(dpath)) if dpath is not None else None,
+        target=model_identity(str(tpath)),
+        drafter=model_identity(str(dpath)) if dpath is not None else None,
         tokenizer_sha256=zoo.tokenizer_digest() if case.on_zoo else tokenizer_digest(tpath),
         params=params,
         prompt_id=case.prompt_id,
