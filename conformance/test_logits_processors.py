@@ -157,10 +157,10 @@ def _verify_rows(skip: Callable[[StepSampler, int, list[int], mx.array], bool]) 
         for i in range(logits.shape[0]):
             hist = y if hist is None else mx.concatenate([hist, y])
             row = logits[i : i + 1, :]
-            processed = self._process(hist, row)
+            processed = self.process(hist, row)
             if not skip(self, i, list(window), processed):
                 row = processed
-            y = self._sampler(row - mx.logsumexp(row, axis=-1, keepdims=True))
+            y = self.draw_fn(row - mx.logsumexp(row, axis=-1, keepdims=True))
             out.append(y)
         return mx.concatenate(out, axis=0)
 

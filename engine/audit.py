@@ -74,7 +74,7 @@ def clone_caches(caches: list[Any]) -> list[Any]:
     return out
 
 
-def _np(a: Any) -> np.ndarray:
+def as_numpy(a: Any) -> np.ndarray:
     if isinstance(a, np.ndarray):
         return a
     return np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)
@@ -184,7 +184,7 @@ def compare_arrays(a: Any, b: Any, stats: DeltaStats | None = None, *, rows: boo
 
     ``rows``: relative |Δ| is taken per last-axis row (logit rows) instead of per array.
     """
-    x, y = _np(a), _np(b)
+    x, y = as_numpy(a), as_numpy(b)
     dtype = _dtype(a) if hasattr(a, "dtype") else str(x.dtype)
     if x.shape != y.shape:
         return Diff(False, shape_mismatch=f"shape {list(x.shape)} vs {list(y.shape)}", dtype=dtype)
@@ -209,7 +209,7 @@ def compare_arrays(a: Any, b: Any, stats: DeltaStats | None = None, *, rows: boo
     return Diff(False, max_abs, max_abs / ref if ref > 0 else math.inf, where, dtype=dtype)
 
 
-def _meta_diff(a: str | None, b: str | None) -> str:
+def meta_diff(a: str | None, b: str | None) -> str:
     """``offset 38 vs 37`` for the metadata keys (``traces.digest.live_state``) that differ."""
     def parse(m: str | None) -> dict[str, Any]:
         text = (m or "").strip()
@@ -222,7 +222,7 @@ def _meta_diff(a: str | None, b: str | None) -> str:
     return ", ".join(f"{k} {x.get(k)} vs {y.get(k)}" for k in keys)
 
 
-def _layer_arrays(c: Any) -> tuple[str | None, list[tuple[str, Any]]]:
+def layer_arrays(c: Any) -> tuple[str | None, list[tuple[str, Any]]]:
     meta, groups = live_state(c)
     return meta, [(f"{name}[{j}]", a) for name, arrs in groups for j, a in enumerate(arrs)]
 
@@ -236,10 +236,10 @@ def compare_caches(
     """
     out: list[tuple[int, str, Diff]] = []
     for layer, (b, s) in enumerate(zip(batched, serial, strict=True)):
-        meta_b, arrs_b = _layer_arrays(b)
-        meta_s, arrs_s = _layer_arrays(s)
+        meta_b, arrs_b = layer_arrays(b)
+        meta_s, arrs_s = layer_arrays(s)
         if meta_b != meta_s:
-            out.append((layer, "meta", Diff(False, shape_mismatch=_meta_diff(meta_b, meta_s))))
+            out.append((layer, "meta", Diff(False, shape_mismatch=meta_diff(meta_b, meta_s))))
             continue
         if len(arrs_b) != len(arrs_s):
             out.append((layer, "arrays", Diff(False, shape_mismatch=f"{len(arrs_b)} vs {len(arrs_s)} arrays")))
@@ -304,10 +304,10 @@ def check_rollback(
                           "differs, positions were kept or lost")
             continue
         if name.startswith(("keys", "values")):
-            _, arrs_r = _layer_arrays(rolled[layer])
-            _, arrs_k = _layer_arrays(kept_replay[layer])
-            x = _np(dict(arrs_r)[name])
-            y = _np(dict(arrs_k)[name])
+            _, arrs_r = layer_arrays(rolled[layer])
+            _, arrs_k = layer_arrays(kept_replay[layer])
+            x = as_numpy(dict(arrs_r)[name])
+            y = as_numpy(dict(arrs_k)[name])
             per_pos = _position_deltas(x, y)
             # The live view is in temporal order (a rotating cache's last max_size positions):
             # its last (offset after - offset before) entries are this round's kept positions.

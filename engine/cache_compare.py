@@ -49,7 +49,7 @@ from typing import Any, cast
 import mlx.core as mx
 import numpy as np
 
-from engine.audit import ARITHMETIC_FACTOR, _layer_arrays, _meta_diff, _np
+from engine.audit import ARITHMETIC_FACTOR, as_numpy, layer_arrays, meta_diff
 from engine.witness import max_row_delta
 from traces.diff import Flip, WitnessDeclined, WitnessVerdict
 from traces.io import Trace
@@ -150,7 +150,7 @@ class Tolerance:
 def _arrays(c: Any) -> tuple[str | None, list[tuple[str, Any]]]:
     """A layer's metadata and named live arrays; a quantized KV layer's keys/values dequantized
     (its packed integers say nothing about how far two values are apart)."""
-    meta, arrays = _layer_arrays(c)
+    meta, arrays = layer_arrays(c)
     if isinstance(getattr(c, "keys", None), tuple | list) and hasattr(c, "bits"):
         deq = []
         for name in ("keys", "values"):
@@ -168,12 +168,12 @@ def _steps(c: Any) -> dict[str, np.ndarray]:
     one rounding flipped by an arithmetic difference moves a dequantized value by one step."""
     if not (isinstance(getattr(c, "keys", None), tuple | list) and hasattr(c, "bits")):
         return {}
-    _, arrays = _layer_arrays(c)
+    _, arrays = layer_arrays(c)
     out = {}
     for name in ("keys", "values"):
         parts = [a for n, a in arrays if n.startswith(f"{name}[")]
         if len(parts) == 3:
-            out[f"{name}[0]"] = np.repeat(np.abs(_np(parts[1]).astype(np.float64)), int(c.group_size), axis=-1)
+            out[f"{name}[0]"] = np.repeat(np.abs(as_numpy(parts[1]).astype(np.float64)), int(c.group_size), axis=-1)
     return out
 
 
@@ -188,7 +188,7 @@ def _measure(tol: Tolerance, ref: list[Any], other: list[Any]) -> bool:
         for (nm, x), (_, y) in zip(xa, xb, strict=True):
             if x is None or y is None or x.shape != y.shape:
                 continue
-            d = np.abs(_np(x).astype(np.float64) - _np(y).astype(np.float64))
+            d = np.abs(as_numpy(x).astype(np.float64) - as_numpy(y).astype(np.float64))
             tol.add(layer, nm, str(x.dtype).removeprefix("mlx.core."), float(d.max()) if d.size else 0.0)
             compared = True
     return compared
@@ -282,7 +282,7 @@ def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: To
         if ma != mb:
             out.equal = False
             out.error = (f"{point}: {tol.model} layer {layer} ({type(a).__name__}): metadata differs: "
-                         f"{_meta_diff(ma, mb)} (warm first)")
+                         f"{meta_diff(ma, mb)} (warm first)")
             return out
         if len(xa) != len(xb):
             out.equal = False
@@ -297,7 +297,7 @@ def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: To
                              f"{None if x is None else (list(x.shape), str(x.dtype))} vs cold "
                              f"{None if y is None else (list(y.shape), str(y.dtype))}")
                 return out
-            xn, yn = _np(x), _np(y)
+            xn, yn = as_numpy(x), as_numpy(y)
             if xn.tobytes() == yn.tobytes():
                 continue
             out.equal = False

@@ -134,7 +134,7 @@ class SamplingPipeline:
     # ------------------------------------------------------------------ stages
     def processors(self, row: mx.array, history: mx.array | None) -> mx.array:
         """Stage 1 on a ``[1, V]`` row (no-op without processors)."""
-        return self.sampler._process(history, row) if self.sampler.has_processors else row
+        return self.sampler.process(history, row) if self.sampler.has_processors else row
 
     def min_tokens_block(self, rows: mx.array, position: int) -> mx.array:
         """Stage 2 on ``[m, V]`` rows whose first is output ``position``."""
@@ -159,7 +159,7 @@ class SamplingPipeline:
         if self.positional:
             assert self.seed is not None
             mx.random.seed(position_seed(self.seed, position))
-        return self.sampler._sampler(logprobs)
+        return self.sampler.draw_fn(logprobs)
 
     # ------------------------------------------------------------------ one position
     def view(self, row: mx.array, *, history: mx.array | None = None, position: int | None = None,
@@ -211,7 +211,7 @@ class SamplingPipeline:
             return self.sampler.sample_window(block, self.history_before_pending(), window)
         if not self.sampler.has_processors and not self.positional:
             x = self.min_tokens_block(block, self.generated)
-            return self.sampler._sampler(x - mx.logsumexp(x, axis=-1, keepdims=True))
+            return self.sampler.draw_fn(x - mx.logsumexp(x, axis=-1, keepdims=True))
         out: list[mx.array] = []
         hist = self.history_before_pending()
         y = mx.array(list(window[:1]), mx.uint32)

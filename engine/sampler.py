@@ -184,7 +184,7 @@ class StepSampler:
         processors: Sequence[LogitsProcessor] = (),
         params: SamplerParams | None = None,
     ) -> None:
-        self._sampler = sampler
+        self.draw_fn = sampler
         self._processors = list(processors)
         self.params = params or SamplerParams()
         self._draft_history: mx.array | None = None
@@ -228,7 +228,7 @@ class StepSampler:
         finally:
             self._draft_history = None
 
-    def _process(self, history: mx.array | None, logits: mx.array) -> mx.array:
+    def process(self, history: mx.array | None, logits: mx.array) -> mx.array:
         if self._max_bias_id >= logits.shape[-1]:
             # MLX does not bounds-check the scatter: a bad id would corrupt memory, not raise
             raise ValueError(f"logit_bias token id {self._max_bias_id} is outside the vocabulary "
@@ -246,11 +246,11 @@ class StepSampler:
         processors and before the sampler, the place a logits processor appended last has.
         """
         if self._processors:
-            logits = self._process(history, logits)
+            logits = self.process(history, logits)
         if mask is not None:
             logits = mx.where(mask, logits, mx.array(-mx.inf, logits.dtype))
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        return self._sampler(logprobs)
+        return self.draw_fn(logprobs)
 
     def sample_window(
         self,
@@ -270,7 +270,7 @@ class StepSampler:
         """
         if not self._processors:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            return self._sampler(logprobs)
+            return self.draw_fn(logprobs)
         lane = history is None and not window and self._draft_history is not None
         if lane:
             # draft lane: the history already ends with the feed
@@ -282,9 +282,9 @@ class StepSampler:
         hist: mx.array | None = history
         for i in range(logits.shape[0]):
             hist = y if hist is None else mx.concatenate([hist, y])
-            row = self._process(hist, logits[i : i + 1, :])
+            row = self.process(hist, logits[i : i + 1, :])
             logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
-            y = self._sampler(logprobs)
+            y = self.draw_fn(logprobs)
             out.append(y)
         if lane:
             self._draft_history = mx.concatenate([hist, y]) if hist is not None else y
