@@ -111,7 +111,7 @@ KNOWN_PROBES = {
 
 
 def test_every_known_entry_has_a_probe() -> None:
-    from conformance.test_quantized_kv import KV_PROBED  # quantized KV: its own pair
+    from conformance.test_quantized_kv_vs_mlx_lm import KV_PROBED  # quantized KV: its own pair
     from traces.reference import known_entries
 
     assert {e.id for e in known_entries() if e.runner == "mlx_lm"} == set(KNOWN_PROBES) | KV_PROBED

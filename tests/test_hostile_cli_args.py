@@ -227,7 +227,7 @@ def test_zoo_matrix_applies_sampling_and_eos_flags(capsys: pytest.CaptureFixture
                       "--prompts", "1", "--temps", "0,0.7", "--top-k", "5", "--seed", "9",
                       "--eos-ids", "1"], capsys)
     assert rc == 1 and "JobStarted" in err, err
-    cases = [c for c in captured[0]["cases"] if not c.grammar]  # the grammar cases: tests/test_grammar.py
+    cases = [c for c in captured[0]["cases"] if not c.grammar]  # the grammar cases: tests/test_grammar_walk.py
     assert sorted(c.temperature for c in cases) == [0.0, 0.7]
     sampled = next(c for c in cases if c.temperature)
     assert (sampled.top_k, sampled.seed, sampled.eos_ids) == (5, 9, (1,))

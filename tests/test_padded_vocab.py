@@ -5,7 +5,7 @@ Accepted when the tokenizers map every id both models have to the same token; re
 naming the first differing id and both tokens, when ids could mean different tokens; a
 padding id one model would feed the other (past its embedding, a segfault on MLX) stops
 the run with its reason. The engine-vs-mlx-lm rounds on a padded pair are
-``conformance/test_padded_vocab.py``.
+``conformance/test_padded_vocab_vs_mlx_lm.py``.
 """
 
 from __future__ import annotations
