@@ -175,3 +175,14 @@ def test_fifo_guard_sees_an_open_and_only_an_open(tmp_path: Path) -> None:
     finally:
         os.close(r)
         os.close(os.open(quiet, os.O_RDONLY | os.O_NONBLOCK))  # release the guard's blocked writer
+
+
+# ------------------------------------------------------------------------------ the suites' layout
+
+
+def test_no_module_name_in_both_suites() -> None:
+    """A basename in both ``tests/`` and ``conformance/`` hides which one a report names: each
+    module is named by what it tests (``conformance/``: against a reference or plain decode)."""
+    names = {d: {p.name for p in (h.ROOT / d).glob("*.py")} for d in ("tests", "conformance")}
+    both = sorted(names["tests"] & names["conformance"] - {"__init__.py", "conftest.py"})
+    assert not both, f"in both tests/ and conformance/: {both}"
