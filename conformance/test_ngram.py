@@ -42,9 +42,14 @@ def _spec(case: Case) -> Trace:
     return run_trace("engine", case)
 
 
+@cache
+def _plain(case: Case) -> Trace:
+    return run_trace("engine", case)  # one per (target, prompt), shared by every γ
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.case_id)
 def test_ngram_tokens_equal_plain(case: Case) -> None:
-    spec, plain = _spec(case), run_trace("engine", case.plain())
+    spec, plain = _spec(case), _plain(case.plain())
     assert spec.header["source"] == "ngram", spec.header["source"]
     div = diff_traces(spec, plain, level="tokens", witness=witness())
     if div is not None and div.klass == "numerics":

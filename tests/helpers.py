@@ -8,6 +8,8 @@ fixtures need no import. Its own tests: ``tests/test_helpers.py``.
 - the CLI: :func:`cli` (in process, output captured), :func:`cli_rc` (in process, the exit
   status only), :func:`cli_process` / :func:`cli_command` (a fresh interpreter, for kills
   and signals), :func:`one_error` / :func:`refused` (a refusal is one ``error:`` line);
+- matrices: :func:`one_axis` (a control case plus one-axis variants by default, the full
+  cross product nightly);
 - zoo models: :func:`load_zoo`, :func:`load_zoo_pair` (cached by
   ``specparity.runners.load_model``), and the session fixtures ``zoo_pair`` (the llama +
   twin directories) and ``tiny_run`` (a finished engine-only run of the tiny zoo);
@@ -139,6 +141,23 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     monkeypatch.setattr(specparity.run, "run", run)
     monkeypatch.setattr(specparity.sessions, "main_sessions", sessions)
     return calls
+
+
+# ------------------------------------------------------------------------------ matrices
+
+
+def one_axis(cases: Sequence[Any], **control: Any) -> list[Any]:
+    """``cases`` as pytest params (id: the case id), a control case plus one-axis variants in the
+    default run (STYLE.md: avoid the full cross product). ``control`` maps a case field to its
+    control value, or to a tuple of values that all count as control. A case whose fields leave
+    the control in at most one of them runs by default; the rest of the cross product is marked
+    ``slow`` + ``heavy`` (root conftest: run with ``-m slow`` or ``SPECPARITY_PROMPTS=all``,
+    as the nightly workflow does), so the whole matrix still runs, and its test ids are kept."""
+    def off(case: Any) -> int:
+        return sum(getattr(case, f) not in (v if isinstance(v, tuple) else (v,)) for f, v in control.items())
+
+    heavy = (pytest.mark.slow, pytest.mark.heavy)
+    return [pytest.param(c, id=c.case_id, marks=() if off(c) <= 1 else heavy) for c in cases]
 
 
 # ------------------------------------------------------------------------------ zoo models

@@ -86,6 +86,33 @@ def test_captured_keeps_the_job_arguments(tmp_path: Path, capsys: pytest.Capture
     assert [c.case_id for c in job["cases"]] == ["llama/self/nat-00/g1/n4"]
 
 
+# ------------------------------------------------------------------------------ matrices
+
+
+def test_one_axis_keeps_the_control_and_each_single_axis_variant() -> None:
+    import itertools
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class C:
+        target: str
+        gamma: int
+        prompt_id: str
+
+        @property
+        def case_id(self) -> str:
+            return f"{self.target}/g{self.gamma}/{self.prompt_id}"
+
+    cases = [C(t, g, p) for t, g, p in itertools.product(("a", "b"), (1, 3, 5), ("p0", "p1"))]
+    params = h.one_axis(cases, target=("a", "b"), gamma=3, prompt_id="p0")
+    assert [p.id for p in params] == [c.case_id for c in cases], "every case kept, ids unchanged"
+    default = [p.values[0].case_id for p in params if not p.marks]
+    assert default == ["a/g1/p0", "a/g3/p0", "a/g3/p1", "a/g5/p0", "b/g1/p0", "b/g3/p0", "b/g3/p1", "b/g5/p0"]
+    heavy = [p for p in params if p.marks]
+    assert len(heavy) == 4 and all({m.name for m in p.marks} == {"slow", "heavy"} for p in heavy)
+    assert {c.gamma for c in cases} == {p.values[0].gamma for p in params if not p.marks}, "every value by default"
+
+
 # ------------------------------------------------------------------------------ zoo models
 
 
