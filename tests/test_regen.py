@@ -140,6 +140,7 @@ def _cmd(d: Path, glob: str, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # nightly; by default tests/test_crash_safety.py kills a regen and resumes it
 def test_kill_and_restart_completes(tmp_path: Path) -> None:
     d = tmp_path / "g"
     d.mkdir()
