@@ -1,6 +1,12 @@
 """The catalogue of hostile inputs: every input the ``tests/test_hostile_*.py`` modules plant,
 by class, and counts that keep the catalogue honest (printed with ``-s``).
 
+Each hostile-input test plants a bad input of its class and checks, through
+``specparity.cli.main`` in process (fast: tiny zoo models, ``--max-tokens 4``), the exit
+status (2 usage, 1 failed run), exactly one ``specparity ...: error:`` line on stderr (no
+traceback, no ``internal error``), and that nothing corrupt or partial sits under a final
+name. The shared fixtures and checks are ``tests/helpers.py``.
+
 Where each class is planted: command lines ``test_hostile_cli_args.py``; prompts files and
 suites ``test_hostile_prompts_and_suites.py``; model directories ``test_hostile_model_dirs.py``;
 traces and run folders ``test_hostile_traces.py``; output destinations

@@ -3,12 +3,7 @@
 markdown injection, unbounded walks and sizes; and the trace writer's refusals of
 non-integer token ids.
 
-Like every ``tests/test_hostile_*.py`` module: each test plants a bad input of its class and
-checks, through ``specparity.cli.main`` in process (fast: tiny zoo models, ``--max-tokens
-4``), the exit status (2 usage, 1 failed run), exactly one ``specparity ...: error:`` line on
-stderr (no traceback, no ``internal error``), and that nothing corrupt or partial sits under
-a final name. The inputs are catalogued in ``tests/test_hostile_catalogue.py``; the shared
-fixtures and checks are ``tests/helpers.py``.
+What each test checks, and the catalogue of inputs: ``tests/test_hostile_catalogue.py``.
 """
 
 from __future__ import annotations
