@@ -1,4 +1,9 @@
-"""Root pytest configuration: environment header and hypothesis profiles."""
+"""Root pytest configuration: environment header, hypothesis profiles, the shared helpers.
+
+``tests/helpers.py`` (CLI runners, zoo model fixtures, file checks) is registered here as a
+plugin, so its fixtures serve ``tests/`` and ``conformance/`` without an import. The session
+never reaches the Hugging Face hub (``HF_HUB_OFFLINE``): every model is built locally.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,9 @@ import os
 from importlib import metadata
 
 from hypothesis import HealthCheck, settings
+
+pytest_plugins = ("tests.helpers",)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # No wall clock in any verdict: no per-example deadline and no "too slow" health check
 # (both time the test machine, which is shared and loaded: 2 cores for several runs).

@@ -54,6 +54,12 @@ def require_oracle(name: str) -> None:
         pytest.skip(f"oracle {name} unavailable: {why}")
 
 
+@pytest.fixture(scope="module")
+def oracle_ok() -> None:
+    """The mlx-lm oracle is installed (else each test asking for it is skipped, with the reason)."""
+    require_oracle("mlx_lm")
+
+
 # ------------------------------------------------------------------ the user's pairs (--suite)
 #
 # ``pytest conformance/ -m oracle --suite FILE`` (or ``SPECPARITY_SUITE=FILE``): the

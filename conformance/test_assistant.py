@@ -16,6 +16,7 @@ import shutil
 import pytest
 
 from engine.executor import GenerationParams, plain_generate, spec_generate
+from tests.helpers import load_zoo
 
 PROMPTS = ("nat-03", "nat-09", "nat-22", "rnd-15", "rnd-14")
 HEADS = ("gemma4-assistant-self", "gemma4-assistant-centroid-self")
@@ -24,10 +25,7 @@ TIE_EPS = 1e-3
 
 @pytest.fixture(scope="module")
 def target():
-    import zoo
-    from specparity.runners import load_model
-
-    return load_model(str(zoo.model_dir("gemma4"))).model
+    return load_zoo("gemma4").model
 
 
 def _provider(name: str):

@@ -24,6 +24,7 @@ import pytest
 import zoo
 from conformance.conftest import run_trace
 from specparity.cases import Case
+from tests.helpers import load_zoo
 from traces.diff import diff_traces
 from traces.io import Trace
 
@@ -46,9 +47,7 @@ def vlm() -> Any:
 
 @pytest.fixture(scope="module")
 def target() -> Any:
-    from specparity.runners import load_model
-
-    return load_model(str(zoo.model_dir("gemma4")))
+    return load_zoo("gemma4")
 
 
 def _reference(vlm: Any, target: Any, header: dict, art: str, pid: str) -> Trace:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from conformance import eos_cases as ec
-from conformance.conftest import require_oracle, run_trace
+from conformance.conftest import run_trace
 from traces.diff import diff_traces
 from traces.io import Trace
 
@@ -41,11 +41,6 @@ PLAIN_MATRIX = [
     for budget in ec.BUDGETS
     for stop in ("nostop", "xround")
 ]
-
-
-@pytest.fixture(scope="module")
-def oracle_ok() -> None:
-    require_oracle("mlx_lm")
 
 
 def _observed(tr: Trace) -> tuple[list[int], int, str, bool]:

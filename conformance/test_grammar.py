@@ -134,7 +134,7 @@ def test_known_grammar_entry_does_not_excuse_plain_decode(monkeypatch: pytest.Mo
 
 def test_planted_walk_bug_is_caught_against_mlx_lm(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine import grammar as eg
-    from tests.test_grammar import _planted
+    from tests.test_grammar_walk import _planted
 
     case = _case("llama", "self", "regex-sentence", 3)
     ref = Trace.from_records(run_case("mlx_lm_grammar", case))

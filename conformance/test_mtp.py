@@ -14,6 +14,7 @@ import pytest
 
 from engine.executor import GenerationParams, plain_generate, spec_generate
 from engine.sampler import SamplerParams
+from tests.helpers import load_zoo
 
 PROMPTS = ("nat-00", "nat-01", "rnd-00", "nat-02")
 TIE_EPS = 1e-3
@@ -21,10 +22,7 @@ TIE_EPS = 1e-3
 
 @pytest.fixture(scope="module")
 def target():
-    import zoo
-    from specparity.runners import load_model
-
-    return load_model(str(zoo.model_dir("qwen35"))).model
+    return load_zoo("qwen35").model
 
 
 @pytest.fixture(scope="module")

@@ -50,8 +50,16 @@ def _provider(cpath, conventions=None):
     return make_provider("native-mtp", path=cpath, conventions=conventions)
 
 
+_PLAIN: dict[tuple[int, str, int], object] = {}
+
+
 def _plain(model, pid: str, n: int = 24):
-    return plain_generate(model, _ids(pid), GenerationParams(max_tokens=n, prefill="full"))
+    """Plain greedy decode of ``pid`` (deterministic): run once per model and prompt, shared by
+    every γ and convention compared with it."""
+    key = (id(model), pid, n)
+    if key not in _PLAIN:
+        _PLAIN[key] = plain_generate(model, _ids(pid), GenerationParams(max_tokens=n, prefill="full"))
+    return _PLAIN[key]
 
 
 def _tie_free(res) -> bool:

@@ -6,7 +6,9 @@ with the numerics/logic classification of ``traces.diff``: a flip on a
 knife-edge is ``numerics`` and reported as an xfail, a flip on a tie-free
 position is a ``logic`` failure). The matrix must show REAL accepts and REAL
 rollbacks in the trace counters (accepted > 0 and rejected > 0 on every
-target), and zero-length rounds (no match -> one plain target step).
+target), and zero-length rounds (no match -> one plain target step). The default run takes,
+on every target, γ 3 on nat-00 and each one-axis variant of it (every γ, every prompt); the
+full cross product runs nightly (``tests.helpers.one_axis``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from conformance.conftest import matrix_prompt_ids, run_trace, witness
 from specparity.cases import Case
+from tests.helpers import one_axis
 from traces.diff import diff_traces
 from traces.io import Trace
 
@@ -35,6 +38,8 @@ CASES = [
     for g in GAMMAS
     for p in matrix_prompt_ids()
 ]
+PARAMS = one_axis(CASES, gamma=3, prompt_id="nat-00")
+DEFAULT = [p.values[0] for p in PARAMS if not p.marks]  # every target at every γ and every prompt
 
 
 @cache
@@ -42,9 +47,14 @@ def _spec(case: Case) -> Trace:
     return run_trace("engine", case)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.case_id)
+@cache
+def _plain(case: Case) -> Trace:
+    return run_trace("engine", case)  # one per (target, prompt), shared by every γ
+
+
+@pytest.mark.parametrize("case", PARAMS)
 def test_ngram_tokens_equal_plain(case: Case) -> None:
-    spec, plain = _spec(case), run_trace("engine", case.plain())
+    spec, plain = _spec(case), _plain(case.plain())
     assert spec.header["source"] == "ngram", spec.header["source"]
     div = diff_traces(spec, plain, level="tokens", witness=witness())
     if div is not None and div.klass == "numerics":
@@ -53,11 +63,12 @@ def test_ngram_tokens_equal_plain(case: Case) -> None:
 
 
 def test_ngram_accepts_and_rolls_back() -> None:
-    """Over the matrix: accepted > 0, rejected > 0, and zero-length rounds (per target printed)."""
+    """Over the default matrix (every target, γ and prompt): accepted > 0, rejected > 0, and
+    zero-length rounds (per target printed)."""
     target = "all targets"
     totals = {"drafted": 0, "accepted": 0, "rejected": 0, "target_calls": 0, "tokens": 0}
     empty_rounds = 0
-    for case in CASES:
+    for case in DEFAULT:
         tr = _spec(case)
         spec = tr.footer["speculation"]
         for key in ("drafted", "accepted", "rejected", "target_calls"):
@@ -67,7 +78,7 @@ def test_ngram_accepts_and_rolls_back() -> None:
     acc = totals["accepted"] / max(totals["drafted"], 1)
     tpf = totals["tokens"] / max(totals["target_calls"], 1)
     for t in _targets():
-        ft = [_spec(c).footer for c in CASES if c.target == t]
+        ft = [_spec(c).footer for c in DEFAULT if c.target == t]
         acc_t = sum(f["speculation"]["accepted"] for f in ft) / max(
             sum(f["speculation"]["drafted"] for f in ft), 1
         )

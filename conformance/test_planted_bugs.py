@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conformance.conftest import require_oracle, run_trace, witness
+from conformance.conftest import run_trace, witness
 from specparity.cases import Case
 from traces.diff import diff_traces
 from traces.io import Trace
@@ -34,11 +34,6 @@ def _first_round(trace: Trace, pred: Any) -> int:
         if pred(r):
             return int(r["index"])
     pytest.fail(f"{trace.header['case_id']}: no round matches the planted bug's trigger")
-
-
-@pytest.fixture
-def oracle_ok() -> None:
-    require_oracle("mlx_lm")
 
 
 @pytest.mark.oracle

@@ -4,7 +4,9 @@
 γ ∈ {1, 2, 3, 5}: feed, drafts, window, samples, k_accept, emitted, end and
 the target/drafter cache digests after every round's rollback must be equal,
 and so must usage and the speculation counters. Also plain decode vs mlx-lm
-``generate_step``.
+``generate_step``. The default run takes, on every target, its twin drafter at γ 3 on
+nat-00 and each one-axis variant of it (every drafter, every γ, every prompt); the full
+cross product runs nightly (``tests.helpers.one_axis``).
 
 The comparison policy is ``traces.reference.compare_with_reference``: where
 the engine's §2 ring-wrap guard stopped speculating, the rounds before that
@@ -20,6 +22,7 @@ import pytest
 
 from conformance.conftest import matrix_prompt_ids, require_oracle, run_trace, witness
 from specparity.cases import Case
+from tests.helpers import one_axis
 from traces.io import Trace
 from traces.reference import ReferenceRefused, Verdict, compare_with_reference, refusal_verdict
 
@@ -70,7 +73,7 @@ def _expect(case: Case, verdict: Verdict) -> None:
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.case_id)
+@pytest.mark.parametrize("case", one_axis(CASES, drafter=("twin", "trained"), gamma=3, prompt_id="nat-00"))
 def test_round_for_round(case: Case) -> None:
     require_oracle("mlx_lm")
     eng, verdict = verdict_for(case)
@@ -111,7 +114,7 @@ KNOWN_PROBES = {
 
 
 def test_every_known_entry_has_a_probe() -> None:
-    from conformance.test_quantized_kv import KV_PROBED  # quantized KV: its own pair
+    from conformance.test_quantized_kv_vs_mlx_lm import KV_PROBED  # quantized KV: its own pair
     from traces.reference import known_entries
 
     assert {e.id for e in known_entries() if e.runner == "mlx_lm"} == set(KNOWN_PROBES) | KV_PROBED

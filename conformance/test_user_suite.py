@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from conformance import eos_cases as ec
-from conformance.conftest import UserPair, require_oracle, run_trace, witness
+from conformance.conftest import UserPair, run_trace, witness
 from conformance.test_eos_matrix import PLANTED, _plant, check_against_oracle
 from traces.diff import diff_traces
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
@@ -81,11 +81,6 @@ def _eos_or_skip(pair: UserPair, kind: str) -> ec.EosCase:
         pytest.skip(f"{pair}: no output position of the pair's greedy probes ({PROBE_TOKENS} tokens) "
                     f"is a first occurrence emitted as {kind}")
     return case
-
-
-@pytest.fixture
-def oracle_ok() -> None:
-    require_oracle("mlx_lm")
 
 
 # ---------------------------------------------------------------- EOS

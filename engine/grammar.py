@@ -353,7 +353,7 @@ class WalkResult:
     masks: list[str]
 
 
-# The hooks a planted-bug test replaces (tests/test_grammar.py): each is one line of the walk.
+# The hooks a planted-bug test replaces (tests/test_grammar_walk.py): each is one line of the walk.
 def _mask_for(matcher: GrammarMatcher, width: int) -> tuple[mx.array | None, str]:
     return matcher.mask(width), matcher.mask_digest()
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -116,27 +116,60 @@ def plant(ref_full: Sequence[int], start: int = 3) -> int | None:
     return None
 
 
-def check_identity(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> CheckResult:
-    n, hooks = 0, []
-    for case in cases:
+@dataclass
+class _Tally:
+    """One check's runs so far: how many, and the subject's hooks on the last one."""
+
+    check: str
+    n: int = 0
+    hooks: list[str] = field(default_factory=list)
+
+    def fail(self, case: SubjectCase, msg: str, **div: Any) -> CheckResult:
+        return _fail(self.check, case, msg, self.n, self.hooks, **div)
+
+    def passed(self, detail: str) -> CheckResult:
+        return CheckResult(self.check, "pass", detail, cases_run=self.n, hooks=self.hooks)
+
+
+Judge = Callable[[SubjectCase, SubjectRun, Any, _Tally], CheckResult | None]
+
+
+def _each_run(check: str, gen: Generate, planned: Iterable[tuple[SubjectCase, Any]], judge: Judge,
+              none: str = "no case") -> tuple[CheckResult | None, _Tally]:
+    """The loop every per-case check shares: run the subject on each planned ``(case, context)``
+    in turn (``planned`` is consumed lazily, so a reference call that plans a case happens just
+    before the subject's run of it) and let ``judge(case, run, context, tally)`` return a failure
+    or None. Ends at the first failure, or unsupported: the subject declined a case (with the runs
+    so far), or no case was run (``none``). ``(None, tally)`` when every run was judged sound."""
+    t = _Tally(check)
+    for case, ctx in planned:
         try:
             run = _run(gen, case)
         except SubjectUnsupported as exc:
-            return _unsupported("identity", str(exc), n)
-        n += 1
-        hooks = run.hooks
+            return _unsupported(check, str(exc), t.n), t
+        t.n += 1
+        t.hooks = run.hooks
+        bad = judge(case, run, ctx, t)
+        if bad is not None:
+            return bad, t
+    if t.n == 0:
+        return _unsupported(check, none), t
+    return None, t
+
+
+def check_identity(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> CheckResult:
+    def judge(case: SubjectCase, run: SubjectRun, _: Any, t: _Tally) -> CheckResult | None:
         ref = plain(case)
         k = min(len(run.stream), len(ref))
         i = first_divergence(run.stream[:k], ref[:k])
         if i is not None:
-            return _fail("identity", case,
-                         f"output token {i}: subject {run.stream[i]} vs plain {ref[i]} "
-                         f"(subject {_show(run.stream, i)}, plain {_show(ref, i)})",
-                         n, hooks, index=i, subject=run.stream[i], expected=ref[i])
-    if n == 0:
-        return _unsupported("identity", "no case")
-    return CheckResult("identity", "pass", f"{n} case(s) token-identical to plain greedy decode",
-                       cases_run=n, hooks=hooks)
+            return t.fail(case, f"output token {i}: subject {run.stream[i]} vs plain {ref[i]} "
+                          f"(subject {_show(run.stream, i)}, plain {_show(ref, i)})",
+                          index=i, subject=run.stream[i], expected=ref[i])
+        return None
+
+    res, t = _each_run("identity", gen, ((c, None) for c in cases), judge)
+    return res or t.passed(f"{t.n} case(s) token-identical to plain greedy decode")
 
 
 RefRounds = Callable[[SubjectCase], list[tuple[list[int], int, list[int]]]]
@@ -147,24 +180,20 @@ def check_mlx_lm(gen: Generate, reference: Reference | None, cases: Iterable[Sub
     """Output identical to mlx-lm's; round for round (drafts, accepted, emitted) when both expose rounds."""
     if reference is None:
         return _unsupported("mlx_lm", why_not)
-    n, hooks, by_round = 0, [], 0
-    for case in cases:
-        try:
-            run = _run(gen, case)
-        except SubjectUnsupported as exc:
-            return _unsupported("mlx_lm", str(exc), n)
-        n += 1
-        hooks = run.hooks
+    by_round = 0
+
+    def judge(case: SubjectCase, run: SubjectRun, _: Any, t: _Tally) -> CheckResult | None:
+        nonlocal by_round
         ref = reference(case)
         i = first_divergence(run.stream, ref)
         if i is not None:
             a = run.stream[i] if i < len(run.stream) else "<end>"
             b = ref[i] if i < len(ref) else "<end>"
-            return _fail("mlx_lm", case, f"output token {i}: subject {a} vs mlx-lm {b} "
-                         f"(subject {len(run.stream)} tokens, mlx-lm {len(ref)})",
-                         n, hooks, index=i, subject=a, expected=b)
+            return t.fail(case, f"output token {i}: subject {a} vs mlx-lm {b} "
+                          f"(subject {len(run.stream)} tokens, mlx-lm {len(ref)})",
+                          index=i, subject=a, expected=b)
         if rounds is None or not run.rounds or any(r.drafts is None for r in run.rounds) or run.prefill_tokens:
-            continue  # rounds compared only under mlx-lm's tail-split prefill (no token from the prefill)
+            return None  # rounds compared only under mlx-lm's tail-split prefill (no token from the prefill)
         ref_rounds, pos = rounds(case), run.prefill_tokens
         by_round += 1
         for k, (r, (drafts, acc, emitted)) in enumerate(zip(run.rounds, ref_rounds, strict=False)):
@@ -173,113 +202,98 @@ def check_mlx_lm(gen: Generate, reference: Reference | None, cases: Iterable[Sub
             for field_name, x, y in zip(("drafts", "accepted", "emitted"), mine, (drafts, acc, emitted),
                                         strict=True):
                 if x != y:
-                    return _fail("mlx_lm", case, f"round {k} {field_name}: subject {x} vs mlx-lm {y}",
-                                 n, hooks, index=k, subject=x, expected=y)
+                    return t.fail(case, f"round {k} {field_name}: subject {x} vs mlx-lm {y}",
+                                  index=k, subject=x, expected=y)
         if len(run.rounds) != len(ref_rounds):
-            return _fail("mlx_lm", case, f"{len(run.rounds)} rounds vs mlx-lm {len(ref_rounds)}", n, hooks,
-                         subject=len(run.rounds), expected=len(ref_rounds))
-    if n == 0:
-        return _unsupported("mlx_lm", "no case")
+            return t.fail(case, f"{len(run.rounds)} rounds vs mlx-lm {len(ref_rounds)}",
+                          subject=len(run.rounds), expected=len(ref_rounds))
+        return None
+
+    res, t = _each_run("mlx_lm", gen, ((c, None) for c in cases), judge)
     how = f", {by_round} of them round for round" if by_round else ""
-    return CheckResult("mlx_lm", "pass", f"{n} case(s) identical to mlx-lm speculative decoding{how}",
-                       cases_run=n, hooks=hooks)
+    return res or t.passed(f"{t.n} case(s) identical to mlx-lm speculative decoding{how}")
 
 
 def check_budget(gen: Generate, plain: Reference, cases: Iterable[SubjectCase],
                  budgets: Sequence[int] = BUDGETS) -> CheckResult:
-    n, hooks = 0, []
+    def planned() -> Iterator[tuple[SubjectCase, int]]:
+        for base in cases:
+            for m in budgets:
+                case = base.with_(max_tokens=m, eos_ids=())
+                if len(plain(case)) == m:  # the reference itself must run to the budget
+                    yield case, m
+
+    def judge(case: SubjectCase, run: SubjectRun, m: int, t: _Tally) -> CheckResult | None:
+        if len(run.stream) != m:
+            return t.fail(case, f"max_tokens={m}: {len(run.stream)} tokens emitted "
+                          f"(finish_reason {run.finish_reason!r})",
+                          index=min(m, len(run.stream)), subject=len(run.stream), expected=m)
+        if run.finish_reason not in ("length", None):  # None: the API exposes no finish reason
+            return t.fail(case, f"max_tokens={m} reached but finish_reason is "
+                          f"{run.finish_reason!r}, not 'length'", subject=run.finish_reason, expected="length")
+        return None
+
+    res, t = _each_run("budget", gen, planned(), judge)
+    return res or t.passed(f"{t.n} run(s) at budgets {list(budgets)}: exactly max_tokens, finish 'length'")
+
+
+def _planted(plain: Reference, cases: Iterable[SubjectCase], start: int,
+             at: Callable[[SubjectCase, int], SubjectCase]) -> Iterator[tuple[SubjectCase, tuple[list[int], int]]]:
+    """Each base case's plain output (no EOS) and a position ``j`` to plant a token at
+    (:func:`plant`); the case ``at(base, full[j])`` to run. Bases with no such position are skipped."""
     for base in cases:
-        for m in budgets:
-            case = base.with_(max_tokens=m, eos_ids=())
-            ref = plain(case)
-            if len(ref) != m:  # the reference itself must run to the budget
-                continue
-            try:
-                run = _run(gen, case)
-            except SubjectUnsupported as exc:
-                return _unsupported("budget", str(exc), n)
-            n += 1
-            hooks = run.hooks
-            if len(run.stream) != m:
-                return _fail("budget", case, f"max_tokens={m}: {len(run.stream)} tokens emitted "
-                             f"(finish_reason {run.finish_reason!r})", n, hooks,
-                             index=min(m, len(run.stream)), subject=len(run.stream), expected=m)
-            if run.finish_reason not in ("length", None):  # None: the API exposes no finish reason
-                return _fail("budget", case, f"max_tokens={m} reached but finish_reason is "
-                             f"{run.finish_reason!r}, not 'length'", n, hooks,
-                             subject=run.finish_reason, expected="length")
-    if n == 0:
-        return _unsupported("budget", "no case")
-    return CheckResult("budget", "pass", f"{n} run(s) at budgets {list(budgets)}: exactly max_tokens, "
-                       "finish 'length'", cases_run=n, hooks=hooks)
+        full = plain(base.with_(eos_ids=()))
+        j = plant(full, start)
+        if j is not None:
+            yield at(base, full[j]), (full, j)
 
 
 def check_eos(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> CheckResult:
-    n, hooks = 0, []
-    for base in cases:
-        full = plain(base.with_(eos_ids=()))
-        j = plant(full)
-        if j is None:
-            continue
+    def judge(case: SubjectCase, run: SubjectRun, ctx: tuple[list[int], int], t: _Tally) -> CheckResult | None:
+        full, j = ctx
         e = full[j]
-        case = base.with_(eos_ids=(e,))
-        try:
-            run = _run(gen, case)
-        except SubjectUnsupported as exc:
-            return _unsupported("eos", str(exc), n)
-        n += 1
-        hooks = run.hooks
         expect = list(full[:j])
         if e in run.stream:
             at = run.stream.index(e)
             how = ("as the final token (it stops right after it; the tokens before it equal plain decode)"
                    if run.stream == expect + [e] else f"as output token {at} (stream {_show(run.stream, at)})")
-            return _fail("eos", case, f"EOS id {e} emitted {how}", n, hooks, index=at, subject=e, expected=None)
+            return t.fail(case, f"EOS id {e} emitted {how}", index=at, subject=e, expected=None)
         i = first_divergence(run.stream, expect)
         if i is not None:
-            return _fail("eos", case, f"EOS {e} planted at plain position {j}: output differs at token {i} "
-                         f"({len(run.stream)} tokens, expected {len(expect)})", n, hooks,
-                         index=i, subject=len(run.stream), expected=len(expect))
+            return t.fail(case, f"EOS {e} planted at plain position {j}: output differs at token {i} "
+                          f"({len(run.stream)} tokens, expected {len(expect)})",
+                          index=i, subject=len(run.stream), expected=len(expect))
         counted = run.counters.get("generation_tokens")
         if counted is not None and counted not in (j, j + 1):
-            return _fail("eos", case, f"engine counts {counted} generated tokens for {j} content tokens "
-                         "+ 1 EOS (EOS counted more than once)", n, hooks, subject=counted, expected=j + 1)
+            return t.fail(case, f"engine counts {counted} generated tokens for {j} content tokens "
+                          "+ 1 EOS (EOS counted more than once)", subject=counted, expected=j + 1)
         if run.finish_reason not in ("stop", None):
-            return _fail("eos", case, f"ended on EOS but finish_reason is {run.finish_reason!r}, not 'stop'",
-                         n, hooks, subject=run.finish_reason, expected="stop")
-    if n == 0:
-        return _unsupported("eos", "no case with a plantable EOS")
-    return CheckResult("eos", "pass", f"{n} case(s): stops at the planted EOS, never emitted, "
-                       "finish 'stop'", cases_run=n, hooks=hooks)
+            return t.fail(case, f"ended on EOS but finish_reason is {run.finish_reason!r}, not 'stop'",
+                          subject=run.finish_reason, expected="stop")
+        return None
+
+    planned = _planted(plain, cases, 3, lambda base, e: base.with_(eos_ids=(e,)))
+    res, t = _each_run("eos", gen, planned, judge, none="no case with a plantable EOS")
+    return res or t.passed(f"{t.n} case(s): stops at the planted EOS, never emitted, finish 'stop'")
 
 
 def check_stop(gen: Generate, plain: Reference, cases: Iterable[SubjectCase]) -> CheckResult:
-    n, hooks = 0, []
-    for base in cases:
-        full = plain(base.with_(eos_ids=()))
-        j = plant(full, 4)
-        if j is None:
-            continue
+    def judge(case: SubjectCase, run: SubjectRun, ctx: tuple[list[int], int], t: _Tally) -> CheckResult | None:
+        full, j = ctx
         s = full[j]
-        case = base.with_(eos_ids=(), stop_ids=(s,))
-        try:
-            run = _run(gen, case)
-        except SubjectUnsupported as exc:
-            return _unsupported("stop", str(exc), n)
-        n += 1
-        hooks = run.hooks
         if run.stream not in (list(full[:j]), list(full[: j + 1])):
             i = first_divergence(run.stream, full[: j + 1])
-            return _fail("stop", case, f"stop id {s} planted at plain position {j}: {len(run.stream)} tokens "
-                         f"emitted, expected {j} or {j + 1}; first difference at token {i}", n, hooks,
-                         index=i, subject=len(run.stream), expected=j + 1)
+            return t.fail(case, f"stop id {s} planted at plain position {j}: {len(run.stream)} tokens "
+                          f"emitted, expected {j} or {j + 1}; first difference at token {i}",
+                          index=i, subject=len(run.stream), expected=j + 1)
         if run.finish_reason not in ("stop", None):
-            return _fail("stop", case, f"stopped on a stop id but finish_reason is {run.finish_reason!r}",
-                         n, hooks, subject=run.finish_reason, expected="stop")
-    if n == 0:
-        return _unsupported("stop", "no case with a plantable stop id")
-    return CheckResult("stop", "pass", f"{n} case(s): ends at the stop id, finish 'stop'",
-                       cases_run=n, hooks=hooks)
+            return t.fail(case, f"stopped on a stop id but finish_reason is {run.finish_reason!r}",
+                          subject=run.finish_reason, expected="stop")
+        return None
+
+    planned = _planted(plain, cases, 4, lambda base, s: base.with_(eos_ids=(), stop_ids=(s,)))
+    res, t = _each_run("stop", gen, planned, judge, none="no case with a plantable stop id")
+    return res or t.passed(f"{t.n} case(s): ends at the stop id, finish 'stop'")
 
 
 def counter_problems(run: SubjectRun) -> list[str]:
@@ -323,24 +337,21 @@ def counter_problems(run: SubjectRun) -> list[str]:
 
 
 def check_counters(gen: Generate, cases: Iterable[SubjectCase]) -> CheckResult:
-    n, hooks, seen = 0, [], False
-    for case in cases:
-        try:
-            run = _run(gen, case)
-        except SubjectUnsupported as exc:
-            return _unsupported("counters", str(exc), n)
-        n += 1
-        hooks = run.hooks
+    seen = False
+    none = "the engine exposes no acceptance counters or per-round reports"
+
+    def judge(case: SubjectCase, run: SubjectRun, _: Any, t: _Tally) -> CheckResult | None:
+        nonlocal seen
         if run.rounds is None and not run.counters:
-            continue
+            return None
         seen = True
         probs = counter_problems(run)
-        if probs:
-            return _fail("counters", case, "; ".join(probs[:3]), n, hooks, problems=probs[:10])
-    if not seen:
-        return _unsupported("counters", "the engine exposes no acceptance counters or per-round reports", n)
-    return CheckResult("counters", "pass", f"{n} run(s): engine counters agree with its stream",
-                       cases_run=n, hooks=hooks)
+        return t.fail(case, "; ".join(probs[:3]), problems=probs[:10]) if probs else None
+
+    res, t = _each_run("counters", gen, ((c, None) for c in cases), judge, none=none)
+    if res is None and not seen:
+        return _unsupported("counters", none, t.n)
+    return res or t.passed(f"{t.n} run(s): engine counters agree with its stream")
 
 
 def chi2_p_value(a: Counter, b: Counter) -> float:

@@ -25,18 +25,13 @@ import zoo
 from engine.audit import DeltaStats, SerialReplayAudit, check_rollback, clone_caches, compare_arrays
 from engine.executor import GenerationParams, plain_generate, spec_generate
 from engine.sources.two_model import TwoModelProvider
-from specparity.runners import load_model
+from tests.helpers import load_zoo_pair
 
 PERTURB = 1e-3  # relative, per element, of every batched (multi-token) forward
 
 
-def _pair(target: str, drafter: str = "twin") -> tuple[Any, Any]:
-    t, d = zoo.pair(target, drafter)
-    return load_model(str(t)), load_model(str(d))
-
-
 def _audit(target: str, prompt: str = "nat-00", max_tokens: int = 24) -> tuple[SerialReplayAudit, Any]:
-    t, d = _pair(target)
+    t, d = load_zoo_pair(target)
     audit = SerialReplayAudit(t.model)
     ids = list(zoo.prompt(prompt).token_ids)
     params = GenerationParams(max_tokens=max_tokens, gamma=3, eos_ids=t.eos_ids)
@@ -165,7 +160,7 @@ def test_check_rollback_separates_arithmetic_from_structure() -> None:
 
 
 def test_clone_is_independent() -> None:
-    t, _ = _pair("gemma3")
+    t, _ = load_zoo_pair("gemma3")
     from mlx_lm.models.cache import make_prompt_cache
 
     caches = make_prompt_cache(t.model)
@@ -195,7 +190,7 @@ def test_audit_runs_and_rollback_is_exact(target: str) -> None:
 @pytest.mark.parametrize("target", ["llama", "gemma3", "qwen35"])
 def test_nonexact_backend_rollback_is_arithmetic_not_error(target: str, nonexact: None,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    t, d = _pair(target)
+    t, d = load_zoo_pair(target)
     _perturb_logits(monkeypatch, t.model)
     audit = SerialReplayAudit(t.model)
     params = GenerationParams(max_tokens=20, gamma=3, eos_ids=t.eos_ids)
@@ -216,7 +211,7 @@ def test_nonexact_backend_rollback_is_arithmetic_not_error(target: str, nonexact
 
 
 def _planted_run(target: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> SerialReplayAudit:
-    t, d = _pair(target)
+    t, d = load_zoo_pair(target)
     if backend == "nonexact":
         _perturb_logits(monkeypatch, t.model)
     audit = SerialReplayAudit(t.model)
@@ -299,7 +294,7 @@ def test_forgotten_recurrent_replay_is_caught(backend: str, monkeypatch: pytest.
 @pytest.mark.parametrize("target", ["gemma3", "gemma4"])
 def test_ring_guard_keeps_windowed_targets_lossless(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The §2 guard stops speculation before a wrap; without it the rollback cannot be exact."""
-    t, d = _pair(target)
+    t, d = load_zoo_pair(target)
     ids = list(zoo.prompt("rnd-00").token_ids)
     params = GenerationParams(max_tokens=64, gamma=3, eos_ids=t.eos_ids)
     good = spec_generate(t.model, TwoModelProvider(d.model), ids, params)

@@ -325,7 +325,7 @@ NO_SHRINK = (Phase.explicit, Phase.generate)  # a planted bug only has to be fou
 
 def test_machine_catches_short_trim(short_target_trim: None) -> None:
     with pytest.raises(AssertionError, match="live cache differs"):
-        run_state_machine_as_test(KVMachine, settings=PLANT)
+        run_state_machine_as_test(KVMachine, settings=settings(PLANT, phases=NO_SHRINK))
 
 
 def test_machine_catches_forgotten_replay(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,14 +335,14 @@ def test_machine_catches_forgotten_replay(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(CacheRollback, "_replay", restore_only)
     with pytest.raises(AssertionError, match="live cache differs"):
-        run_state_machine_as_test(ArraysMachine, settings=PLANT)
+        run_state_machine_as_test(ArraysMachine, settings=settings(PLANT, phases=NO_SHRINK))
 
 
 def test_machine_catches_replay_of_one_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
     real = CacheRollback._replay
     monkeypatch.setattr(CacheRollback, "_replay", lambda self, r, keep: real(self, r, keep + 1))
     with pytest.raises(AssertionError, match="live cache differs"):
-        run_state_machine_as_test(ArraysMachine, settings=PLANT)
+        run_state_machine_as_test(ArraysMachine, settings=settings(PLANT, phases=NO_SHRINK))
 
 
 def _one_slot_short(self: RingRound, keep: int) -> None:

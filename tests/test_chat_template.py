@@ -13,6 +13,7 @@ import pytest
 
 from specparity.prompts import CHAT_SUFFIX, PromptError, encode_text
 from tests import foreign
+from tests.helpers import cli_rc
 
 # foreign.CHAT_TEMPLATE renders one user turn "ba de fi" as "ku ba de fi la"
 RENDERED = [foreign.VOCAB.index(w) for w in "ku ba de fi la".split()]
@@ -28,12 +29,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                   + json.dumps({"id": "ids", "token_ids": [5, 9, 14]}) + "\n")
     return {"chat": chat, "twin": twin, "plain": root / "olmo2-tiny",
             "plain-twin": root / "olmo2-tiny-twin", "prompts": root / "p.jsonl"}
-
-
-def _cli(*argv: str) -> int:
-    from specparity.cli import main
-
-    return main(list(argv))
 
 
 def _header(path: Path) -> dict:
@@ -64,13 +59,13 @@ def test_generate_and_record_put_the_rendered_ids_in_the_header(models, tmp_path
     g, r = tmp_path / "g.jsonl", tmp_path / "r.jsonl"
     common = ("--target", str(models["chat"]), "--draft", str(models["twin"]), "--prompt", "ba de fi",
               "-n", "6", "--gamma", "2", "--chat-template")
-    assert _cli("generate", *common, "--trace", str(g)) == 0
-    assert _cli("record", "--runner", "mlx_lm", *common, "--trace", str(r)) == 0
+    assert cli_rc("generate", *common, "--trace", str(g)) == 0
+    assert cli_rc("record", "--runner", "mlx_lm", *common, "--trace", str(r)) == 0
     hg, hr = _header(g), _header(r)
     assert hg["prompt"]["token_ids"] == hr["prompt"]["token_ids"] == RENDERED
     assert hg["case_id"] == hr["case_id"]
     plain = tmp_path / "plain.jsonl"
-    assert _cli("generate", *common[:-1], "--trace", str(plain)) == 0
+    assert cli_rc("generate", *common[:-1], "--trace", str(plain)) == 0
     assert _header(plain)["prompt"]["token_ids"] == RENDERED[1:4]
     assert _header(plain)["case_id"] != hg["case_id"]
 
@@ -98,7 +93,7 @@ def test_no_template_and_ids_are_one_line_usage_errors(models, tmp_path, capsys)
         (("zoo", "list", "--max-tokens", "4", "--chat-template"), "give --prompts-file"),
     ]
     for argv, want in cases:
-        assert _cli(*argv) == 2, argv
+        assert cli_rc(*argv) == 2, argv
         err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
         assert len(err) == 1 and want in err[0], (argv, err)  # bench says its device first
 
@@ -107,16 +102,16 @@ def test_run_audit_and_suite_key_render_text_prompts(models, tmp_path: Path, cap
     from specparity.suite import SuiteError, load_suite, suite_cases
 
     out = tmp_path / "run"
-    assert _cli("run", "--target", str(models["chat"]), "--draft", str(models["twin"]), "--prompts-file",
-                str(models["prompts"]), "--gammas", "2", "--max-tokens", "4", "--runners", "mlx_lm",
-                "--out", str(out), "--quiet", "--chat-template") == 0
+    assert cli_rc("run", "--target", str(models["chat"]), "--draft", str(models["twin"]), "--prompts-file",
+                  str(models["prompts"]), "--gammas", "2", "--max-tokens", "4", "--runners", "mlx_lm",
+                  "--out", str(out), "--quiet", "--chat-template") == 0
     heads = {h["prompt"]["id"]: h for h in map(_header, (out / "traces" / "engine").glob("*.jsonl"))}
     assert heads["q" + CHAT_SUFFIX]["prompt"]["token_ids"] == RENDERED
     assert heads["ids"]["prompt"]["token_ids"] == [5, 9, 14]  # token-id prompts as they are
     aj = tmp_path / "a.json"
-    assert _cli("audit", "--target", str(models["chat"]), "--draft", str(models["twin"]),
-                "--prompts-file", str(models["prompts"]), "--max-tokens", "4", "--chat-template",
-                "--json", str(aj)) == 0
+    assert cli_rc("audit", "--target", str(models["chat"]), "--draft", str(models["twin"]),
+                  "--prompts-file", str(models["prompts"]), "--max-tokens", "4", "--chat-template",
+                  "--json", str(aj)) == 0
     assert json.loads(aj.read_text())["prompts"] == 2
     suite = tmp_path / "s.toml"
     suite.write_text(f'chat_template = true\nprompts_file = "{models["prompts"]}"\nmax_tokens = 4\n'

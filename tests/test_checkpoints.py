@@ -13,8 +13,6 @@ value of every axis at least once and every command on every dtype; the full pro
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import json
 import os
@@ -24,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests import foreign
+from tests.helpers import cli_rc
 
 Combo = tuple[str, str, bool]  # (dtype, quantization, sharded)
 FULL: list[Combo] = list(itertools.product(foreign.DTYPES, foreign.QUANTS, (False, True)))
@@ -58,13 +57,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Combo], t
     return get
 
 
-def _cli(*argv: str) -> int:
-    from specparity.cli import main
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        return main(list(argv))
-
-
 def _commands_on(c: Combo, t: Path, d: Path, prompts: Path, out: Path) -> None:
     from traces.digest import weights_digest
 
@@ -74,9 +66,9 @@ def _commands_on(c: Combo, t: Path, d: Path, prompts: Path, out: Path) -> None:
     q = foreign.QUANTS[c[1]]
     assert (cfg.get("quantization") is not None) == (q is not None), cfg.get("quantization")
     run = out / "run"
-    assert _cli("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts),
-                "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out", str(run),
-                "--quiet") == 0, f"{_name(c)}: run"
+    assert cli_rc("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts),
+                  "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out", str(run),
+                  "--quiet") == 0, f"{_name(c)}: run"
     verdicts = {(c["kind"], c["verdict"]) for c in json.loads((run / "comparisons.json").read_text())}
     assert verdicts == {("engine-vs-mlx_lm", "identical"), ("spec-vs-plain", "identical")}, \
         (_name(c), verdicts)
@@ -84,16 +76,16 @@ def _commands_on(c: Combo, t: Path, d: Path, prompts: Path, out: Path) -> None:
     assert traces, _name(c)
     head = json.loads(traces[0].read_text().splitlines()[0])
     assert head["target"]["weights_sha256"] == weights_digest(t), _name(c)
-    assert _cli("grade", str(run / "traces" / "engine"), "--out", str(out / "graded")) == 0, \
+    assert cli_rc("grade", str(run / "traces" / "engine"), "--out", str(out / "graded")) == 0, \
         f"{_name(c)}: grade"
     rec = out / "rec.jsonl"
-    assert _cli("record", "--runner", "mlx_lm", "--target", str(t), "--draft", str(d),
-                "--prompt", "ba de fi go", "-n", "6", "--gamma", "2", "--trace", str(rec)) == 0, \
+    assert cli_rc("record", "--runner", "mlx_lm", "--target", str(t), "--draft", str(d),
+                  "--prompt", "ba de fi go", "-n", "6", "--gamma", "2", "--trace", str(rec)) == 0, \
         f"{_name(c)}: record"
     assert json.loads(rec.read_text().splitlines()[-1])["usage"]["generation_tokens"] == 6
     aj = out / "audit.json"
-    assert _cli("audit", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts),
-                "--max-tokens", "6", "--gamma", "2", "--json", str(aj)) == 0, f"{_name(c)}: audit"
+    assert cli_rc("audit", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts),
+                  "--max-tokens", "6", "--gamma", "2", "--json", str(aj)) == 0, f"{_name(c)}: audit"
     assert aj.is_file()
 
 
@@ -125,15 +117,15 @@ def test_grade_refuses_a_checkpoint_changed_since_the_trace(checkpoints, tmp_pat
     t0, d, prompts = checkpoints(("bfloat16", "q4g64", True))
     t = tmp_path / "t"
     shutil.copytree(t0, t)
-    assert _cli("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts),
-                "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out",
-                str(tmp_path / "run"), "--quiet") == 0
+    assert cli_rc("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(prompts),
+                  "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out",
+                  str(tmp_path / "run"), "--quiet") == 0
     shard = sorted(t.glob("*.safetensors"))[-1]
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0x01
     shard.write_bytes(bytes(data))
     capsys.readouterr()
-    assert _cli("grade", str(tmp_path / "run" / "traces" / "engine"), "--out", str(tmp_path / "g")) != 0
+    assert cli_rc("grade", str(tmp_path / "run" / "traces" / "engine"), "--out", str(tmp_path / "g")) != 0
     assert "weights_sha256" in capsys.readouterr().err
 
 
@@ -164,9 +156,9 @@ def test_bench_reports_quantization_dtype_and_disk_size(checkpoints) -> None:  #
 
 def test_bench_command_on_a_q4_pair(checkpoints, tmp_path: Path) -> None:  # noqa: ANN001
     t, d, prompts = checkpoints(("bfloat16", "q4g64", False))
-    assert _cli("bench", "--target", str(t), "--drafter", str(d), "--prompts-file", str(prompts),
-                "--prompts", "1", "--repeats", "1", "--max-tokens", "4", "--gamma", "2",
-                "--out", str(tmp_path)) == 0
+    assert cli_rc("bench", "--target", str(t), "--drafter", str(d), "--prompts-file", str(prompts),
+                  "--prompts", "1", "--repeats", "1", "--max-tokens", "4", "--gamma", "2",
+                  "--out", str(tmp_path)) == 0
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["dtype"] == "bfloat16"
     assert res["target_checkpoint"]["quantization"] == {"bits": 4, "group_size": 64, "mode": "affine"}

@@ -18,14 +18,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from whole_files import assert_whole_files
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import assert_whole_files, cli_command, cli_env
+
 SEED = int(os.environ.get("SPECPARITY_CRASH_SEED", random.randrange(1 << 16)))
 SWEEP = pytest.mark.skipif(not os.environ.get("SPECPARITY_CRASH_SWEEP"),
                           reason="crash sweep: set SPECPARITY_CRASH_SWEEP=1")
@@ -34,20 +33,15 @@ RUN_ARGS = ["--targets", "llama", "--drafters", "self,twin", "--gammas", "1,2", 
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECPARITY_PROGRESS_INTERVAL="0")
+    env = cli_env(HF_HUB_OFFLINE="1", SPECPARITY_PROGRESS_INTERVAL="0")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
 def _spawn(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "specparity.cli", *args], cwd=cwd, env=_env(),
+    return subprocess.Popen(cli_command(*args), cwd=cwd, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-
-
-def _cli(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specparity.cli", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def _kill_when(proc: subprocess.Popen[str], ready: callable, extra_s: float, limit_s: float = 120) -> bool:  # type: ignore[valid-type]

@@ -21,6 +21,7 @@ import zoo
 from engine.executor import GenerationParams, plain_generate, refeed, spec_generate
 from engine.seam import DraftSource
 from engine.sources.two_model import TwoModelProvider
+from tests.helpers import load_zoo
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -58,9 +59,7 @@ GAMMA = 3
 
 @pytest.fixture(scope="module")
 def target() -> Any:
-    from specparity.runners import load_model
-
-    return load_model(str(zoo.model_dir("llama")))
+    return load_zoo("llama")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import pytest
 from fakes import FakeProvider, FakeSource
 from test_engine_executor import zero_policy
 
-import zoo
 from engine import caches as cache_ops
 from engine.caches import CacheRollbackError
 from engine.executor import GenerationParams, spec_generate
@@ -20,15 +19,14 @@ from engine.seam import DraftProvider, DraftSource, TargetView
 from engine.sources import KINDS, make_provider
 from engine.sources.two_model import TwoModelProvider, VocabMismatchError, check_compatible
 from engine.taps import capture_layers
+from tests.helpers import load_zoo
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="module")
 def target() -> Any:
-    from specparity.runners import load_model
-
-    return load_model(str(zoo.model_dir("llama")))
+    return load_zoo("llama")
 
 
 @pytest.fixture(scope="module")

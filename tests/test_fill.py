@@ -1,7 +1,7 @@
 """Unit tests of token fast-forwarding (``engine/fill``, §7 / §7.1–7.2): the interface and
 its policies, the apply primitive's span rules and alignment assert, the refusals, the echo
 index, the strict compiler on the zoo fill tokenizer, and the planted bugs each gate must
-catch with the position named (the model-level gates are ``conformance/test_fill.py``)."""
+catch with the position named (the model-level gates are ``conformance/test_fill_vs_plain.py``)."""
 
 from __future__ import annotations
 

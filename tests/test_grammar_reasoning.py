@@ -42,6 +42,7 @@ import zoo.grammars as G
 from engine import grammar as eg
 from specparity.cases import Case
 from specparity.runners import run_case
+from tests.helpers import cli as _cli
 from traces.diff import diff_traces, grammar_divergence, grammar_sites
 from traces.io import Trace
 from traces.validate import validate_trace
@@ -329,14 +330,6 @@ def test_planted_reasoning_bug_is_caught(variant: str, tokenizer: Any, monkeypat
 
 
 # ------------------------------------------------------------------------ harness
-
-
-def _cli(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from specparity.cli import main
-
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def test_generate_record_and_grade_with_a_reasoning_marker(tokenizer: Any, tmp_path: Path,

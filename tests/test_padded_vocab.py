@@ -5,7 +5,7 @@ Accepted when the tokenizers map every id both models have to the same token; re
 naming the first differing id and both tokens, when ids could mean different tokens; a
 padding id one model would feed the other (past its embedding, a segfault on MLX) stops
 the run with its reason. The engine-vs-mlx-lm rounds on a padded pair are
-``conformance/test_padded_vocab.py``.
+``conformance/test_padded_vocab_vs_mlx_lm.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from engine.sources.two_model import (
     check_compatible,
 )
 from tests import foreign
+from tests.helpers import cli_rc
 
 
 class _Tok:
@@ -85,12 +86,6 @@ def padded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _cli(*argv: str) -> int:
-    from specparity.cli import main
-
-    return main(list(argv))
-
-
 def test_generate_runs_a_padded_pair_both_ways(padded: dict[str, Path], tmp_path: Path) -> None:
     """The target padded (Qwen-like) and the drafter padded: both run, and speculation is
     lossless (the same tokens as plain decode of the target)."""
@@ -108,11 +103,11 @@ def test_generate_runs_a_padded_pair_both_ways(padded: dict[str, Path], tmp_path
         assert spec.speculation is not None and spec.speculation.accepted > 0
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "p", "text": "ba de fi go"}\n')
-    assert _cli("audit", "--target", str(padded["target"]), "--draft", str(padded["twin"]),
-                "--prompts-file", str(prompts), "--max-tokens", "6", "--gamma", "2") == 0
+    assert cli_rc("audit", "--target", str(padded["target"]), "--draft", str(padded["twin"]),
+                  "--prompts-file", str(prompts), "--max-tokens", "6", "--gamma", "2") == 0
     out = tmp_path / "g.jsonl"
-    assert _cli("generate", "--target", str(padded["target"]), "--draft", str(padded["twin"]),
-                "--prompt", "ba de fi go", "-n", "6", "--gamma", "2", "--trace", str(out)) == 0
+    assert cli_rc("generate", "--target", str(padded["target"]), "--draft", str(padded["twin"]),
+                  "--prompt", "ba de fi go", "-n", "6", "--gamma", "2", "--trace", str(out)) == 0
     head = json.loads(out.read_text().splitlines()[0])
     assert head["source"] == "two-model"
 
@@ -156,8 +151,8 @@ def test_a_prompt_id_past_the_drafters_rows_is_refused_naming_the_drafter(padded
 
     t, d = padded["target"], padded["twin"]
     capsys.readouterr()
-    assert _cli("generate", "--target", str(t), "--draft", str(d), "--prompt-ids", "5,120",
-                "-n", "4") != 0
+    assert cli_rc("generate", "--target", str(t), "--draft", str(d), "--prompt-ids", "5,120",
+                  "-n", "4") != 0
     err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
     assert len(err) == 1 and "the prompt token 120 is a padding row outside the drafter's " \
         "vocabulary [0, 112)" in err[0], err

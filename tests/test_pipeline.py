@@ -234,7 +234,7 @@ def test_planted_stale_mask_stays_logic_under_the_double(double: Any, witness: A
     """A constrained-walk bug (each row masked with the previous position's state) is not
     excused as arithmetic on a non-exact backend."""
     from engine import grammar as eg
-    from tests.test_grammar import PLANTS, _planted
+    from tests.test_grammar_walk import PLANTS, _planted
 
     case = PLANTS["stale-mask"]
     double(case, 1e-2)

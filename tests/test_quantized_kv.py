@@ -389,7 +389,7 @@ def test_run_flags_set_the_zoo_matrix_cases() -> None:
 
     args = build_parser().parse_args(["run", "--targets", "gemma3", "--drafters", "twin", "--gammas", "3",
                                       "--prompts", "1", "--rotating", "exact"])
-    cases = [c for c in cases_from_args(args) if not c.grammar]  # grammar cases: tests/test_grammar.py
+    cases = [c for c in cases_from_args(args) if not c.grammar]  # grammar cases: tests/test_grammar_walk.py
     assert [c.case_id for c in cases] == ["gemma3/twin/nat-00/g3/n32/rot-exact"]
     args = build_parser().parse_args(["run", "--targets", "llama-kv", "--prompts", "1", "--kv-bits", "8",
                                       "--kv-group-size", "32"])

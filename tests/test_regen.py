@@ -28,12 +28,12 @@ import pytest
 from specparity import goldens as g
 from specparity.cases import Case
 from specparity.regen import regen
+from tests.helpers import ROOT, cli_command
 from traces.io import Trace
 from traces.validate import validate_file
 
 CASE = Case("llama", "twin", "nat-00", 3, 32)
 KEY_E, KEY_O = g.golden_key("engine", CASE), g.golden_key("mlx_lm", CASE)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -136,11 +136,11 @@ def test_cli_regen_usage_errors(tmp_path: Path) -> None:
 
 
 def _cmd(d: Path, glob: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "specparity.cli", "regen", "--golden-dir", str(d),
-            "--case", glob, "--report", str(d.parent / "report"), *extra]
+    return cli_command("regen", "--golden-dir", d, "--case", glob, "--report", d.parent / "report", *extra)
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # nightly; by default tests/test_crash_safety.py kills a regen and resumes it
 def test_kill_and_restart_completes(tmp_path: Path) -> None:
     d = tmp_path / "g"
     d.mkdir()

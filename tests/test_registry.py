@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-import zoo
 from specparity.cases import Case
-from specparity.cli import main
 from specparity.runners import registry, run_case
 from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
+from tests.helpers import cli, one_error
 from traces.io import Trace
 from traces.reference import ReferenceRefused, refusal_verdict
 
@@ -62,21 +61,6 @@ def declared_source_problems(runner: str | Runner, sources: list[str]) -> list[s
             problems.append(f"{name}: declares {src} but its trace of {case.case_id} has mode "
                             f"{header['mode']}, source {header['source']}, records {sorted(kinds)}")
     return problems
-
-
-def _cli(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def _one_error(err: str, *must: str) -> str:
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if "error:" in ln]
-    assert len(lines) == 1, err
-    for m in must:
-        assert m in lines[0], (m, lines[0])
-    return lines[0]
 
 
 # ---------------------------------------------------------------- declarations
@@ -215,21 +199,16 @@ def test_a_runner_that_declares_a_source_it_does_not_run_is_caught() -> None:
     assert "records ['footer', 'plain', 'prefill']" in problems[0], problems  # no verify round
 
 
-# ---------------------------------------------------------------- CLI refusals (issue 23)
+# ---------------------------------------------------------------- CLI refusals
 
 
-@pytest.fixture(scope="module")
-def pair() -> tuple[Path, Path]:
-    return zoo.pair("llama", "twin")
-
-
-def test_record_refuses_a_source_the_runner_lacks(pair: tuple[Path, Path], tmp_path: Path,
+def test_record_refuses_a_source_the_runner_lacks(zoo_pair: tuple[Path, Path], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "t.jsonl"
-    rc, _, err = _cli(["record", "--runner", "mlx_lm", "--target", pair[0], "--source", "ngram",
-                       "--prompt-ids", "5,6,7", "-n", "4", "--trace", out], capsys)
+    rc, _, err = cli(["record", "--runner", "mlx_lm", "--target", zoo_pair[0], "--source", "ngram",
+                      "--prompt-ids", "5,6,7", "-n", "4", "--trace", out], capsys)
     assert rc == 2
-    _one_error(err, "mlx_lm", "ngram source")
+    one_error(err, "mlx_lm", "ngram source")
     assert not out.exists()
 
 
@@ -237,16 +216,16 @@ def test_record_refuses_a_source_the_runner_lacks(pair: tuple[Path, Path], tmp_p
                                         ("nosuch", "unknown runner 'nosuch'"),
                                         ("mlx_vlm", "not run per case")])
 def test_record_refuses_blank_unknown_and_non_case_runners(
-        given: str, msg: str, pair: tuple[Path, Path], tmp_path: Path,
+        given: str, msg: str, zoo_pair: tuple[Path, Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = _cli(["record", "--runner", given, "--target", pair[0], "--prompt-ids", "5,6",
-                       "-n", "2", "--out", tmp_path], capsys)
+    rc, _, err = cli(["record", "--runner", given, "--target", zoo_pair[0], "--prompt-ids", "5,6",
+                      "-n", "2", "--out", tmp_path], capsys)
     assert rc == 2
-    _one_error(err, msg)
+    one_error(err, msg)
     assert not any(tmp_path.iterdir())
 
 
-def test_record_refuses_an_option_the_runner_lacks(pair: tuple[Path, Path], tmp_path: Path,
+def test_record_refuses_an_option_the_runner_lacks(zoo_pair: tuple[Path, Path], tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from specparity.runners import engine
@@ -256,13 +235,13 @@ def test_record_refuses_an_option_the_runner_lacks(pair: tuple[Path, Path], tmp_
                                                     "version": "0"})
     runners = {**registry.all_runners(), "greedyonly": greedy}
     monkeypatch.setattr(registry, "all_runners", lambda: runners)
-    base = ["record", "--target", pair[0], "--prompt-ids", "5,6,7", "-n", "4", "--out", tmp_path]
-    rc, _, err = _cli([*base, "--runner", "greedyonly", "--temp", "0.7"], capsys)
+    base = ["record", "--target", zoo_pair[0], "--prompt-ids", "5,6,7", "-n", "4", "--out", tmp_path]
+    rc, _, err = cli([*base, "--runner", "greedyonly", "--temp", "0.7"], capsys)
     assert rc == 2
-    _one_error(err, "greedyonly", "sampling", "plain source")
+    one_error(err, "greedyonly", "sampling", "plain source")
     assert not any(tmp_path.iterdir())
     # --runner all records with every runner that implements the case and names the others
-    rc, _, err = _cli([*base, "--runner", "all", "--temp", "0.7"], capsys)
+    rc, _, err = cli([*base, "--runner", "all", "--temp", "0.7"], capsys)
     assert rc == 0, err
     assert "record: skipped greedyonly does not implement sampling" in err, err
     assert {p.name for p in tmp_path.iterdir()} - {".specparity-run.json"} == {"engine", "mlx_lm"}
@@ -273,41 +252,41 @@ def test_grade_engine_not_installed_is_not_a_success(tmp_path: Path,
     missing = [n for n in registry.names("subject") if not registry.availability(n)[0]]
     if not missing:
         pytest.skip("every subject is installed here")
-    rc, _, err = _cli(["grade", "--engine", missing[0], "--out", tmp_path], capsys)
+    rc, _, err = cli(["grade", "--engine", missing[0], "--out", tmp_path], capsys)
     assert rc == 2, err
     line = [ln for ln in err.splitlines() if ln.startswith("specparity grade:")]
     assert len(line) == 1 and missing[0] in line[0] and "tox -e" in line[0], err
     for bad, msg in ((" ", "empty engine name"), ("mlx_lm", "kind reference"), ("nosuch", "unknown engine")):
-        rc, _, err = _cli(["grade", "--engine", bad, "--out", tmp_path], capsys)
+        rc, _, err = cli(["grade", "--engine", bad, "--out", tmp_path], capsys)
         assert rc == 2 and msg in err, (bad, err)
 
 
-def test_grade_refuses_a_header_source_no_runner_implements(pair: tuple[Path, Path], tmp_path: Path,
+def test_grade_refuses_a_header_source_no_runner_implements(zoo_pair: tuple[Path, Path], tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     from traces.io import write_trace
 
-    case = Case("llama", "ngram", "x", 2, 4, source="ngram", target_path=str(pair[0]),
+    case = Case("llama", "ngram", "x", 2, 4, source="ngram", target_path=str(zoo_pair[0]),
                 prompt_tokens=(5, 6, 7, 5, 6))
     recs = run_case("engine", case)
     recs[0] = {**recs[0], "source": "warp-drive"}
     (tmp_path / "traces").mkdir()
     write_trace(tmp_path / "traces" / "t.jsonl", recs)
-    rc, _, err = _cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--quiet"], capsys)
+    rc, _, err = cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--quiet"], capsys)
     assert rc == 1, err
     # grade's header validation (before any model loads) names the file, the field and the source
     assert "header.source: unknown draft source 'warp-drive'" in err and "t.jsonl" in err, err
 
 
 def test_grade_skips_a_reference_lacking_the_header_source_with_the_reason(
-        pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        zoo_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from traces.io import write_trace
 
-    case = Case("llama", "ngram", "x", 2, 6, source="ngram", target_path=str(pair[0]),
+    case = Case("llama", "ngram", "x", 2, 6, source="ngram", target_path=str(zoo_pair[0]),
                 prompt_tokens=(5, 6, 7, 5, 6, 7, 5))
     (tmp_path / "traces").mkdir()
     write_trace(tmp_path / "traces" / "t.jsonl", run_case("engine", case))
-    rc, out, err = _cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--runners", "mlx_lm",
-                         "--quiet"], capsys)
+    rc, out, err = cli(["grade", tmp_path / "traces", "--out", tmp_path / "g", "--runners", "mlx_lm",
+                        "--quiet"], capsys)
     assert rc == 0, err
     assert "oracle `mlx_lm`: 1 case(s) skipped: mlx\\_lm does not implement the ngram source" in out, out
     assert not (tmp_path / "g" / "traces" / "mlx_lm").exists()  # never a plain decode labelled ngram

@@ -21,6 +21,7 @@ from engine.caches import CacheRollbackError
 from engine.executor import GenerationParams, spec_generate
 from engine.rollback import CacheRollback, RingRound, ring_unsupported
 from engine.sources.two_model import TwoModelProvider
+from tests.helpers import load_zoo_pair
 
 
 class OddRing(RotatingKVCache):
@@ -76,10 +77,8 @@ def test_rollback_without_round_raises() -> None:
 
 def _pair() -> tuple[Any, Any, list[int]]:
     import zoo
-    from specparity.runners import load_model
 
-    tdir, ddir = zoo.pair("gemma3", "twin")
-    return load_model(str(tdir)), load_model(str(ddir)), list(zoo.prompts()[0].token_ids)
+    return (*load_zoo_pair("gemma3"), list(zoo.prompts()[0].token_ids))
 
 
 def _strip(r: dict[str, Any]) -> dict[str, Any]:

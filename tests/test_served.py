@@ -23,9 +23,7 @@ import pytest
 
 from specparity.served import SERVERS, ServedEngine, ServeFailed, grade_served, started
 from subjects.served import SERVER_CHECKS
-
-ROOT = Path(__file__).resolve().parents[1]
-CLI = "import sys; from specparity.cli import main; sys.exit(main(sys.argv[1:]))"
+from tests.helpers import cli_command, cli_env, cli_process
 
 
 @pytest.fixture(scope="session")
@@ -131,15 +129,9 @@ def test_serve_failing_to_start_is_a_finding_for_every_check(pair, tmp_path, mon
     assert not _pids_with(str(target))
 
 
-def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", CLI, "grade", *args], capture_output=True, text=True,
-                          env=env, timeout=240, **kw)
-
-
 def test_cli_serve_writes_the_result_and_scoreboard_and_leaves_nothing_running(pair, tmp_path) -> None:
     target, _ = pair
-    p = _cli("--serve", "fake", "--model", str(target), "--out", str(tmp_path))
+    p = cli_process(["grade", "--serve", "fake", "--model", target, "--out", tmp_path])
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads((tmp_path / f"server-fake--{target.name}.json").read_text())
     assert doc["kind"] == "server" and doc["modes"]["plain"]["checks"]["identity"]["status"] == "pass"
@@ -150,9 +142,8 @@ def test_cli_serve_writes_the_result_and_scoreboard_and_leaves_nothing_running(p
 
 def test_sigterm_to_the_grader_stops_the_server(pair, tmp_path) -> None:
     target, _ = pair
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECPARITY_FAKE_SERVER_BUG": "hang"}
-    proc = subprocess.Popen([sys.executable, "-c", CLI, "grade", "--serve", "fake", "--model",
-                             str(target), "--out", str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cli_command("grade", "--serve", "fake", "--model", target, "--out", tmp_path),
+                            env=cli_env(SPECPARITY_FAKE_SERVER_BUG="hang"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):  # the server is up once a check has started (it hangs from request 3)
@@ -183,7 +174,7 @@ def test_sigterm_to_the_grader_stops_the_server(pair, tmp_path) -> None:
     (["--serve", "fake"], "need --model PATH"),
 ])
 def test_cli_usage_errors_are_one_line(args, msg) -> None:
-    p = _cli(*args)
+    p = cli_process(["grade", *args])
     assert p.returncode == 2, (p.returncode, p.stderr)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and msg in lines[0], p.stderr

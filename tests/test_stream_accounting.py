@@ -16,15 +16,8 @@ import pytest
 
 from conformance import eos_cases as ec
 from specparity.cases import Case
+from tests.helpers import load_zoo_pair
 from traces.diff import diff_traces
-
-
-def _models(drafter: str) -> tuple[Any, Any]:
-    import zoo
-    from specparity.runners import load_model
-
-    tpath, dpath = zoo.pair("llama", drafter)
-    return load_model(str(tpath)), load_model(str(dpath))
 
 
 def _stop_after(count: int, seen: list[int]) -> Any:
@@ -43,7 +36,7 @@ def test_on_token_false_mid_burst_excludes_rest_of_round(gamma: int, offset: int
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
 
-    target, draft = _models("self")
+    target, draft = load_zoo_pair("llama", "self")
     prompt = list(zoo.prompt("nat-00").token_ids)
     pos = offset if offset < 2 else gamma  # window position in round 1; last = the bonus
     stop_index = (gamma + 1) + pos
@@ -130,7 +123,7 @@ def test_the_budget_is_exact(gamma: int) -> None:
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
 
-    target, draft = _models("twin")
+    target, draft = load_zoo_pair("llama", "twin")
     ids = list(zoo.prompt("nat-00").token_ids)
     for n in (1, 2, 7):
         params = GenerationParams(max_tokens=n, gamma=gamma, eos_ids=())

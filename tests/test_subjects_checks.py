@@ -335,3 +335,31 @@ def test_every_committed_failure_has_a_known_subject_entry() -> None:
     for e in entries:  # and no stale entry: each still matches a committed failure
         assert any(f["engine"] == e["runner"] and f["check"] in e["checks"] and f["mode"] in e["modes"]
                    for f in failures(docs)), f"{e['id']} matches no failure of docs/scoreboard"
+
+
+def test_a_check_stops_at_its_first_failure_and_plans_no_further_case() -> None:
+    """The shared per-case loop: the reference that plans a case runs just before the subject's run
+    of it, and nothing is planned or run after the first failure."""
+    calls: list[tuple[str, int]] = []
+
+    def counted(case: SubjectCase) -> list[int]:
+        calls.append((case.prompt_id, case.max_tokens))
+        return plain(case)
+
+    res = check_budget(Fake("overrun"), counted, CASES)
+    assert (res.status, res.cases_run, calls) == ("fail", 1, [("a", 1)]), (res, calls)
+
+
+def test_a_subject_declining_a_later_case_is_unsupported_with_the_runs_so_far() -> None:
+    f = Fake()
+
+    def declines_b(case: SubjectCase) -> SubjectRun:
+        if case.prompt_id == "b":
+            raise SubjectUnsupported("no prompt b here")
+        return f(case)
+
+    for res in (check_identity(declines_b, plain, CASES), check_eos(declines_b, plain, CASES),
+                check_counters(declines_b, CASES)):
+        assert (res.status, res.detail, res.cases_run) == ("unsupported", "no prompt b here", 1), res
+    assert check_counters(f, []).detail == "the engine exposes no acceptance counters or per-round reports"
+    assert check_identity(f, plain, []).detail == "no case"

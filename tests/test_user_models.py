@@ -13,6 +13,7 @@ import pytest
 from specparity.cases import Case, model_label
 from specparity.prompts import PromptError, check_prompt, read_prompts_file
 from tests import foreign
+from tests.helpers import cli_rc
 
 ARCHS = ("phi3", "granite", "starcoder2", "olmo2")
 
@@ -21,12 +22,6 @@ ARCHS = ("phi3", "granite", "starcoder2", "olmo2")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[Path, Path]]]:
     root = tmp_path_factory.mktemp("foreign")
     return root, foreign.build(root, ARCHS)
-
-
-def _cli(*argv: str) -> int:
-    from specparity.cli import main
-
-    return main(list(argv))
 
 
 # ---------------------------------------------------------------- prompts files / ids
@@ -65,13 +60,13 @@ def test_prompt_ids_checked_against_vocab_and_context(capsys: pytest.CaptureFixt
 def test_generate_refuses_ids_past_vocab_and_accepts_zero(models, tmp_path, capsys) -> None:
     _, pairs = models
     t, _ = pairs["olmo2"]
-    assert _cli("generate", "--target", str(t), "--prompt-ids", "5,600", "-n", "4") == 2
+    assert cli_rc("generate", "--target", str(t), "--prompt-ids", "5,600", "-n", "4") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "600 (position 1) outside the model's vocabulary [0, 112)" in err[0]
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert _cli("generate", "--target", str(t), "--prompt-ids", "0,5,9", "-n", "6",
-                "--eos-ids", "1,7", "--trace", str(a)) == 0
-    assert _cli("generate", "--target", str(t), "--prompt-ids", "0,5,10", "-n", "6", "--trace", str(b)) == 0
+    assert cli_rc("generate", "--target", str(t), "--prompt-ids", "0,5,9", "-n", "6",
+                  "--eos-ids", "1,7", "--trace", str(a)) == 0
+    assert cli_rc("generate", "--target", str(t), "--prompt-ids", "0,5,10", "-n", "6", "--trace", str(b)) == 0
     ha, hb = (json.loads(p.read_text().splitlines()[0]) for p in (a, b))
     assert ha["eos_ids"] == [1, 7] and hb["eos_ids"] == [1]
     assert ha["case_id"] != hb["case_id"] and ha["case_id"].startswith(model_label(t))
@@ -81,7 +76,7 @@ def test_generate_refuses_ids_past_vocab_and_accepts_zero(models, tmp_path, caps
 def test_zoo_prompts_refused_on_a_foreign_model(models, capsys) -> None:
     _, pairs = models
     t, d = pairs["phi3"]
-    assert _cli("audit", "--target", str(t), "--draft", str(d), "--max-tokens", "4") == 2
+    assert cli_rc("audit", "--target", str(t), "--draft", str(d), "--max-tokens", "4") == 2
     assert "give --prompts-file" in capsys.readouterr().err
 
 
@@ -127,8 +122,8 @@ def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
     assert (tmp_path / "run" / "report.md").is_file()  # run writes the report
     # record a reference with the CLI, then grade the engine traces
     rec = tmp_path / "rec.jsonl"
-    assert _cli("record", "--runner", "mlx_lm", "--target", str(t), "--draft", str(d),
-                "--prompt", "ba de fi go", "-n", "8", "--gamma", "2", "--trace", str(rec)) == 0
+    assert cli_rc("record", "--runner", "mlx_lm", "--target", str(t), "--draft", str(d),
+                  "--prompt", "ba de fi go", "-n", "8", "--gamma", "2", "--trace", str(rec)) == 0
     assert json.loads(rec.read_text().splitlines()[0])["runner"]["name"] == "mlx_lm"
     g = grade(tmp_path / "run" / "traces" / "engine", tmp_path / "graded", progress=False)
     assert g.ok and len(g.comparisons) == len(res.comparisons)
@@ -207,8 +202,8 @@ def test_ab_and_audit_with_a_prompts_file(models, tmp_path) -> None:
     res = run_ab(str(t), str(d), str(t), max_tokens=8, allow_small=True,
                  prompts_file=root / "prompts.jsonl")
     assert res["n_prompts"] == 4 and res["prompt_ids"][0] == "p-zero"
-    assert _cli("audit", "--target", str(t), "--draft", str(d), "--prompts-file",
-                str(root / "prompts.jsonl"), "--max-tokens", "6") == 0
+    assert cli_rc("audit", "--target", str(t), "--draft", str(d), "--prompts-file",
+                  str(root / "prompts.jsonl"), "--max-tokens", "6") == 0
 
 
 # ---------------------------------------------------------------- suites
@@ -357,14 +352,14 @@ def test_run_cli_on_a_local_pair(models, tmp_path, capsys) -> None:
     txt = tmp_path / "prompts.txt"
     txt.write_text("ba de fi go\nku la me\n")
     out = tmp_path / "out"
-    assert _cli("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(txt),
-                "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out", str(out),
-                "--quiet") == 0
+    assert cli_rc("run", "--target", str(t), "--draft", str(d), "--prompts-file", str(txt),
+                  "--gammas", "2", "--max-tokens", "6", "--runners", "mlx_lm", "--out", str(out),
+                  "--quiet") == 0
     cmp = json.loads((out / "comparisons.json").read_text())
     assert {c["case_id"].split("/")[2] for c in cmp} == {"line-1", "line-2"}
     capsys.readouterr()
     # a model outside the zoo's vocabulary needs a prompts file: one line, exit 2
-    assert _cli("run", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "o2")) == 2
+    assert cli_rc("run", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "o2")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a prompts file" in err[0]
 
@@ -396,9 +391,9 @@ def test_grade_reruns_references_with_the_headers_logits_processors(models, tmp_
     _, pairs = models
     t, d = pairs["olmo2"]
     folder = tmp_path / "lp"
-    assert _cli("generate", "--target", str(t), "--draft", str(d), "--prompt", "ba de fi go ku",
-                "-n", "16", "--repetition-penalty", "1.5", "--processor-history", "last",
-                "--trace", str(folder / "a.jsonl")) == 0
+    assert cli_rc("generate", "--target", str(t), "--draft", str(d), "--prompt", "ba de fi go ku",
+                  "-n", "16", "--repetition-penalty", "1.5", "--processor-history", "last",
+                  "--trace", str(folder / "a.jsonl")) == 0
     res = grade(folder, tmp_path / "g1", runners=["mlx_lm"], progress=False)
     assert res.ok and {c.verdict for c in res.comparisons} == {"identical"}
     # planted: a header that forgets its processors makes the references run without them

@@ -152,6 +152,50 @@ def test_recipe_mismatch_raises(fresh_zoo: Path, monkeypatch: pytest.MonkeyPatch
         zoo.model_dir("llama-twin")
 
 
+def _getters() -> list[tuple[str, object, str, type]]:
+    from zoo import dspark, heads, native_mtp
+
+    return [("head", heads.head_dir, "qwen35-mtp", heads.HeadDriftError),
+            ("native-mtp", native_mtp.model_dir, "glm-mtp", native_mtp.NativeDriftError),
+            ("dspark", dspark.artifact_dir, "qwen3-dspark", zoo.ZooDriftError)]
+
+
+@pytest.mark.parametrize("kind", ["head", "native-mtp", "dspark"])
+def test_every_pinned_artifact_is_built_and_its_drift_caught(fresh_zoo: Path, kind: str) -> None:
+    """The one getter (``zoo.pinned.artifact``) behind heads, native-MTP checkpoints and
+    DSpark/DeepSpec drafters: built once into the cache, then a missing or tampered file is
+    drift naming the artifact and the file."""
+    _, get, name, drift = next(g for g in _getters() if g[0] == kind)
+    d = get(name)
+    assert d.parent == fresh_zoo and d.name.startswith(("head-", "native-", "qwen3-")), d
+    assert get(name) == d and len([p for p in fresh_zoo.iterdir() if name in p.name]) == 1
+    cfg = next(p for p in (d / "dspark.json", d / "config.json") if p.exists())
+    text = cfg.read_text()
+    cfg.write_text(text.replace("}", ', "planted": 1}', 1) if text.startswith("{") else text + " ")
+    zoo.clear_verification_cache()
+    with pytest.raises(drift, match=rf"zoo drift: .*{name}.*(config|{cfg.name})"):
+        get(name)
+    cfg.unlink()
+    # dspark's file list is what the built dir holds: a deleted config is a digest mismatch there
+    with pytest.raises(drift, match=rf"zoo drift: .*{name}: " + ("" if kind == "dspark" else f"missing file in {d}")):
+        get(name)
+
+
+def test_check_digests_names_the_file_and_both_digests(tmp_path: Path) -> None:
+    from zoo import pinned
+
+    def boom() -> str:
+        raise OSError("unreadable here")
+
+    entry = {"w": "a" * 64, "c": "b" * 64}
+    ok = (("model.safetensors", "w", lambda: "a" * 64),)
+    pinned.check_digests(tmp_path, entry, ok, ValueError, "advice")
+    with pytest.raises(ValueError, match=rf"^config.json in {tmp_path} has sha256 c+, manifest expects b+ \(fix it\)$"):
+        pinned.check_digests(tmp_path, entry, (*ok, ("config.json", "c", lambda: "c" * 64)), ValueError, "fix it")
+    with pytest.raises(ValueError, match=r"config.json in .* unreadable \(unreadable here\); expected sha256 b+$"):
+        pinned.check_digests(tmp_path, entry, (("config.json", "c", boom),), ValueError, "fix it")
+
+
 @pytest.mark.parametrize("name", ["llama", "llama-twin", "llama-small", "qwen3", "qwen3-twin", "qwen3-small"])
 def test_mlx_lm_load(zoo_root: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import mlx.core as mx

@@ -219,19 +219,8 @@ def _verify(name: str, d: Path) -> None:
         ("config.json", "config_sha256", lambda: config_digest(d)),
         ("tokenizer.json", "tokenizer_sha256", lambda: _file_sha256(d / "tokenizer.json")),
     )
-    for fname, key, compute in checks:
-        try:
-            got = compute()
-        except Exception as exc:  # unreadable/corrupt file is drift too
-            raise ZooDriftError(
-                f"zoo drift: {name}: {fname} in {d} unreadable ({exc}); "
-                f"expected sha256 {entry[key]}"
-            ) from exc
-        if got != entry[key]:
-            raise ZooDriftError(
-                f"zoo drift: {name}: {fname} in {d} has sha256 {got}, "
-                f"manifest expects {entry[key]} (a stale cache? delete {d} to rebuild)"
-            )
+    pinned.check_digests(d, entry, checks, lambda m: ZooDriftError(f"zoo drift: {name}: {m}"),
+                         f"a stale cache? delete {d} to rebuild")
     if entry["tokenizer_sha256"] != tokenizer_digest():
         raise ZooDriftError(
             f"zoo drift: {name}: committed tokenizer.json has sha256 {tokenizer_digest()}, "
@@ -259,12 +248,9 @@ def model_dir(name: str) -> Path:
         raise ZooDriftError(f"zoo drift: {name}: no entry in {_MANIFEST_FILE}")
     from zoo.build import write_model
 
-    d = pinned.build(root, f"{name}-{entry['weights_sha256'][:12]}", lambda tmp: write_model(name, tmp))
-    pinned.verify_once(
-        d, _CHECKED_FILES, lambda: _verify(name, d),
-        lambda exc: ZooDriftError(f"zoo drift: {name}: missing file in {d}: {exc}"),
-    )
-    return d
+    return pinned.artifact(root, f"{name}-{entry['weights_sha256'][:12]}", lambda tmp: write_model(name, tmp),
+                           _CHECKED_FILES, lambda d: _verify(name, d),
+                           lambda m: ZooDriftError(f"zoo drift: {name}: {m}"))
 
 
 def pair(target: str, drafter: str) -> tuple[Path, Path]:

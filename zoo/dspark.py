@@ -310,7 +310,7 @@ def artifact_dir(name: str) -> Path:
         raise zoo.ZooDriftError(f"zoo drift: {name}: no entry in {MANIFEST_FILE}")
     from zoo import pinned
 
-    def verify() -> None:
+    def verify(d: Path) -> None:
         got_w, got_c = tensors_digest(d), config_digest(d)
         if (got_w, got_c) != (entry["weights_sha256"], entry["config_sha256"]):
             raise zoo.ZooDriftError(
@@ -319,10 +319,10 @@ def artifact_dir(name: str) -> Path:
                 "`python -m zoo.dspark --update-manifest` if the recipe changed on purpose)"
             )
 
-    d = pinned.build(zoo.cache_root(), f"{name}-{entry['weights_sha256'][:12]}", lambda tmp: write_artifact(name, tmp))
-    files = [f.name for f in sorted(d.iterdir()) if f.suffix in (".safetensors", ".json")]
-    pinned.verify_once(d, files, verify, lambda exc: zoo.ZooDriftError(f"zoo drift: {name}: missing file in {d}: {exc}"))
-    return d
+    return pinned.artifact(zoo.cache_root(), f"{name}-{entry['weights_sha256'][:12]}",
+                           lambda tmp: write_artifact(name, tmp),
+                           lambda d: [f.name for f in sorted(d.iterdir()) if f.suffix in (".safetensors", ".json")],
+                           verify, lambda m: zoo.ZooDriftError(f"zoo drift: {name}: {m}"))
 
 
 def case_paths(target: str, drafter: str) -> tuple[Path, Path]:

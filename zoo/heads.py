@@ -326,13 +326,9 @@ def head_dir(name: str) -> Path:
         raise HeadDriftError(f"zoo drift: head {name}: no entry in {MANIFEST_FILE}")
     from zoo import pinned
 
-    d = pinned.build(cache_root(), f"head-{name}-{entry['weights_sha256'][:8]}{entry['config_sha256'][:4]}",
-                     lambda tmp: write_head(name, tmp))
-    pinned.verify_once(
-        d, _CHECKED, lambda: _verify(name, d),
-        lambda exc: HeadDriftError(f"zoo drift: head {name}: missing file in {d}: {exc}"),
-    )
-    return d
+    return pinned.artifact(cache_root(), f"head-{name}-{entry['weights_sha256'][:8]}{entry['config_sha256'][:4]}",
+                           lambda tmp: write_head(name, tmp), _CHECKED, lambda d: _verify(name, d),
+                           lambda m: HeadDriftError(f"zoo drift: head {name}: {m}"))
 
 
 def case_paths(target: str, drafter: str) -> tuple[Path, Path]:

@@ -219,13 +219,9 @@ def model_dir(name: str) -> Path:
     entry = manifest()["models"].get(name)
     if entry is None:
         raise NativeDriftError(f"zoo drift: native-mtp {name}: no entry in {MANIFEST_FILE}")
-    d = pinned.build(cache_root(), f"native-{name}-{entry['weights_sha256'][:12]}{entry['config_sha256'][:4]}",
-                     lambda tmp: write(name, tmp))
-    pinned.verify_once(
-        d, _CHECKED, lambda: _verify(name, d),
-        lambda exc: NativeDriftError(f"zoo drift: native-mtp {name}: missing file in {d}: {exc}"),
-    )
-    return d
+    return pinned.artifact(cache_root(), f"native-{name}-{entry['weights_sha256'][:12]}{entry['config_sha256'][:4]}",
+                           lambda tmp: write(name, tmp), _CHECKED, lambda d: _verify(name, d),
+                           lambda m: NativeDriftError(f"zoo drift: native-mtp {name}: {m}"))
 
 
 def target_paths(target: str) -> tuple[Path, Path]:

@@ -1,8 +1,10 @@
 """Pinned zoo artifacts in the cache dir: atomic build, then verify once per file state.
 
-Shared by the seeded models (``zoo.model_dir``), the MTP/assistant
-heads (``zoo.heads.head_dir``) and the DSpark/DeepSpec drafters
-(``zoo.dspark.artifact_dir``). An artifact is built into a temp dir
+:func:`artifact` is the one getter of the seeded models (``zoo.model_dir``), the MTP/assistant
+heads (``zoo.heads.head_dir``), the native-MTP checkpoints (``zoo.native_mtp.model_dir``) and
+the DSpark/DeepSpec drafters (``zoo.dspark.artifact_dir``); :func:`check_digests` compares
+files with their pinned sha256 (also for the committed trained pair, ``zoo.train``). An
+artifact is built into a temp dir
 beside its final name and renamed into place (a killed build leaves nothing
 under the final name; a concurrent build's result is kept), then its files
 are checked against the pinned digests. The check is repeated whenever a
@@ -15,7 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,39 @@ def verify_once(
         if _VERIFIED.get(key) != st:
             verify()
             _VERIFIED[key] = st
+
+
+def artifact(
+    root: Path,
+    dirname: str,
+    write: Callable[[Path], Any],
+    files: Sequence[str] | Callable[[Path], Sequence[str]],
+    verify: Callable[[Path], None],
+    drift: Callable[[str], Exception],
+) -> Path:
+    """The pinned artifact ``root/dirname``: built by ``write(tmp_dir)`` when absent
+    (:func:`build`), then ``verify(d)`` once per state of its ``files`` (a list, or a function
+    of the built dir) (:func:`verify_once`). A missing file raises
+    ``drift("missing file in D: ...")``; ``drift`` turns a message into the caller's error."""
+    d = build(root, dirname, write)
+    names = files(d) if callable(files) else files
+    verify_once(d, names, lambda: verify(d), lambda exc: drift(f"missing file in {d}: {exc}"))
+    return d
+
+
+def check_digests(
+    d: Path,
+    entry: Mapping[str, Any],
+    checks: Sequence[tuple[str, str, Callable[[], str]]],
+    drift: Callable[[str], Exception],
+    advice: str,
+) -> None:
+    """Each ``(file name, manifest key, digest function)`` of ``checks`` against ``entry[key]``;
+    an unreadable file is drift too. Raises ``drift(message)``; ``advice`` ends a mismatch's."""
+    for fname, key, compute in checks:
+        try:
+            got = compute()
+        except Exception as exc:  # unreadable/corrupt file is drift too
+            raise drift(f"{fname} in {d} unreadable ({exc}); expected sha256 {entry[key]}") from exc
+        if got != entry[key]:
+            raise drift(f"{fname} in {d} has sha256 {got}, manifest expects {entry[key]} ({advice})")

@@ -105,7 +105,7 @@ def trained_dir(name: str) -> Path:
     Raises ``ValueError`` for an unknown name and ``zoo.ZooDriftError``
     ("zoo drift: ...") when a committed file no longer matches its pinned sha256.
     """
-    from zoo import config_digest, weights_digest
+    from zoo import config_digest, pinned, weights_digest
 
     models = trained_manifest()["models"]
     if name not in models:
@@ -117,15 +117,8 @@ def trained_dir(name: str) -> Path:
         ("tokenizer.json", "tokenizer_sha256",
          lambda: hashlib.sha256((d / "tokenizer.json").read_bytes()).hexdigest()),
     )  # fmt: skip
-    for fname, key, compute in checks:
-        try:
-            got = compute()
-        except Exception as exc:
-            raise _zoo_drift(f"{name}: {fname} in {d} unreadable ({exc}); "
-                             f"expected sha256 {entry[key]}") from exc
-        if got != entry[key]:
-            raise _zoo_drift(f"{name}: {fname} in {d} has sha256 {got}, manifest expects "
-                             f"{entry[key]} (regenerate with `python -m zoo.train`)")
+    pinned.check_digests(d, entry, checks, lambda m: _zoo_drift(f"{name}: {m}"),
+                         "regenerate with `python -m zoo.train`")
     return d
 
 

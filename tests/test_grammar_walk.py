@@ -41,6 +41,7 @@ from engine import grammar as eg
 from engine.grammar import GrammarError, GrammarSpec
 from specparity.cases import Case
 from specparity.runners import run_case
+from tests.helpers import cli as _cli
 from traces.diff import diff_traces, grammar_divergence
 from traces.io import Trace, read_trace
 from traces.validate import validate_trace
@@ -409,14 +410,6 @@ def _sites(trace: Trace) -> list[tuple[int, str]]:
 
 
 # ------------------------------------------------------------------------ harness
-
-
-def _cli(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from specparity.cli import main
-
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture
