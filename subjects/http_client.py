@@ -56,7 +56,14 @@ class UsageError(ValueError):
 
 
 class ServerDown(RuntimeError):
-    """The server refused, reset, or gave no complete answer within the deadline."""
+    """The server refused, reset, or gave no complete answer within the deadline.
+
+    ``kind``: ``"timeout"`` (no complete answer in time), ``"refused"`` or ``"closed"`` (reset or
+    closed without an answer: the caller may ask ``/health`` whether the server is still there)."""
+
+    def __init__(self, msg: str, kind: str = "closed") -> None:
+        super().__init__(msg)
+        self.kind = kind
 
 
 class ServerError(RuntimeError):
@@ -218,9 +225,9 @@ class HttpClient:
 
     def _down(self, exc: BaseException, dog: _Watchdog, seconds: float, what: str = "answer") -> ServerDown:
         if dog.fired or isinstance(exc, (socket.timeout, TimeoutError)):
-            return ServerDown(f"no complete {what} within {seconds:g} s")
+            return ServerDown(f"no complete {what} within {seconds:g} s", "timeout")
         if isinstance(exc, ConnectionRefusedError):
-            return ServerDown("connection refused")
+            return ServerDown("connection refused", "refused")
         return ServerDown(f"{type(exc).__name__}: {_one_line(str(exc))}".rstrip(": "))
 
     @staticmethod
@@ -343,7 +350,7 @@ class HttpClient:
             raise
         except (OSError, http.client.HTTPException) as exc:
             if dog.fired or isinstance(exc, (socket.timeout, TimeoutError)):
-                raise ServerDown(f"stream still open after {seconds:g} s ({len(events)} events)") from None
+                raise ServerDown(f"stream still open after {seconds:g} s ({len(events)} events)", "timeout") from None
             if isinstance(exc, http.client.IncompleteRead):
                 raise ServerError(f"the connection closed mid-stream (after {len(events)} events)") from None
             raise self._down(exc, dog, seconds) from None
