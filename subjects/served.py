@@ -396,6 +396,18 @@ def norm_text(s: str) -> str:
     return re.sub("\ufffd+", "\ufffd", s)
 
 
+def loose(s: str) -> str:
+    """``s`` without U+FFFD: invalid UTF-8 bytes (a byte-level model's garbage, or a character cut by
+    the budget) may be replaced or dropped by a server; neither is judged."""
+    return s.replace("\ufffd", "")
+
+
+def stop_view(s: str) -> str:
+    """What the stop checks judge of a text: where it ends (edge whitespace and U+FFFD are the
+    detokenizer's convention, judged by the stream check where ids come back)."""
+    return loose(s).strip()
+
+
 def token_at(ref: Reference, ids: Sequence[int], char: int) -> int:
     """The index of the reference token whose text covers character ``char``."""
     for k in range(len(ids)):
@@ -449,6 +461,13 @@ def compare(ref: Reference, reply: Reply, ids: list[int], *, exact: bool) -> str
     tok = token_at(ref, ids, i)
     return (f"text differs at character {i} (plain token {tok}): server {got[max(0, i - 12): i + 12]!r} vs "
             f"plain {want[max(0, i - 12): i + 12]!r} (server {len(got)} chars, plain {len(want)})")
+
+
+def _text_diff(a: str, b: str, an: str, bn: str) -> str:
+    """Where two texts first differ, with a little context (U+FFFD removed by the caller)."""
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return (f"at character {i}: {an} {a[max(0, i - 8): i + 8]!r} vs {bn} {b[max(0, i - 8): i + 8]!r} "
+            f"({len(a)} vs {len(b)} chars)")
 
 
 def _tail(s: str, n: int = 24) -> str:
@@ -554,9 +573,11 @@ class Ctx:
         except ServerDown as exc:
             raise self._on_down(req, exc) from None
         except ServerError as exc:
-            if req.chat and not self.ref.has_chat_template and exc.status is not None and exc.status >= 400:
-                raise CannotGrade(f"the chat endpoint refused ({exc}); the model has no chat template, "
-                                  "so the server cannot build a chat prompt") from None
+            if not self.ref.has_chat_template and exc.status is not None and exc.status >= 400 and (
+                    req.chat or _TEMPLATE.search(str(exc))):
+                where = "the chat endpoint" if req.chat else "the server (it routes this through a chat template)"
+                raise CannotGrade(f"{where} refused ({exc}); the model has no chat template, so the server "
+                                  "cannot build a chat prompt") from None
             if exc.status is None:  # the connection closed mid-answer: is the server still there?
                 alive, why = self.client.healthy()
                 if not alive:
@@ -599,6 +620,9 @@ class Ctx:
                               "text (decode then encode gives other ids)")
         treq = Request(text, max_tokens, tag=tag + " (as text: the ids round-trip)", **kw)
         return treq, self.ask(treq)
+
+
+_TEMPLATE = re.compile(r"chat[ _-]?template|chat_generation", re.I)
 
 
 def _down(req: Request, why: object) -> ServerDown:
@@ -728,16 +752,15 @@ def _stream_pair(ctx: Ctx, req: Request, *, ids_check: bool) -> None:
     with ctx.case(sreq):
         full = ctx.ask(plain_req)
         streamed = ctx.ask(sreq)
-        if norm_text(streamed.text) != norm_text(full.text):
-            a, b = norm_text(streamed.text), norm_text(full.text)
-            i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            raise Finding(sreq, f"streamed deltas concatenated differ from the non-streamed text at character {i}: "
-                                f"stream {a[max(0, i - 8): i + 8]!r} vs {b[max(0, i - 8): i + 8]!r} "
-                                f"({len(a)} vs {len(b)} chars, {streamed.chunks} events)")
+        if loose(streamed.text) != loose(full.text):
+            raise Finding(sreq, f"streamed deltas concatenated differ from the non-streamed text: "
+                                f"{_text_diff(loose(streamed.text), loose(full.text), 'stream', 'non-stream')} "
+                                f"({streamed.chunks} events)")
         ids = strip_eos(ctx.ref, full.ids)
-        if ids_check and ids is not None and norm_text(ctx.ref.decode(ids)) != norm_text(full.text):
-            raise Finding(plain_req, f"the text {_tail(full.text)} is not the decode of the ids it returned "
-                                     f"{_tail(ctx.ref.decode(ids))}")
+        if ids_check and ids is not None and loose(ctx.ref.decode(ids)) != loose(full.text):
+            raise Finding(plain_req, "the text is not the decode of the ids it returned: "
+                                     + _text_diff(loose(full.text), loose(ctx.ref.decode(ids)), "text",
+                                                  "decode(ids)"))
         if streamed.finish_reason != full.finish_reason:
             raise Finding(sreq, f"streamed finish_reason {streamed.finish_reason!r}, not the non-streamed "
                                 f"{full.finish_reason!r}")
@@ -815,7 +838,7 @@ def _stop_case(ref: Reference, ps: Sequence[PromptInfo], kind: str, skip: int = 
 def _stopped(ctx: Ctx, req: Request, reply: Reply, full_text: str, s: str) -> None:
     """CannotGrade unless the server's text is plain decode's up to the stop string."""
     want = full_text[: full_text.find(s)]
-    if norm_text(reply.text) != norm_text(want):
+    if stop_view(reply.text) != stop_view(want):
         raise CannotGrade(f"the server's text {_tail(reply.text)} is not plain decode's up to the stop {s!r} "
                           f"{_tail(want)} (the stop check judges that)")
 
@@ -951,7 +974,7 @@ def check_stop(ctx: Ctx) -> str:
             r = ctx.ask(req)
             full = ref.decode(p.out)
             want = full[: full.find(s)]
-            if norm_text(r.text) != norm_text(want):
+            if stop_view(r.text) != stop_view(want):
                 extra_s = " (the stop string is in the text)" if s in r.text else ""
                 raise Finding(req, f"stop {s!r}: text {_tail(r.text)} vs expected {_tail(want)}{extra_s}")
             if r.logprobs is not None and len(r.logprobs) not in (k, k + 1):
