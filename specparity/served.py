@@ -187,7 +187,10 @@ SERVERS: dict[str, ServedEngine] = {
                      note="vllm-mlx serve (no two-model drafter: plain arm only)"),
         ServedEngine("fusion-mlx", "fusion-mlx==0.10.24", "fusion_mlx", "server-fusion-mlx",
                      _cli("fusion-mlx", "serve", model_dir=True, plain=[*KEY, "--no-spec-decode"]),
-                     exe="fusion-mlx",
+                     exe="fusion-mlx", cache_off=("--no-prefix-cache",),
+                     # its defaults: an int4 KV cache (lossy), the 'standard' profile (mounts mlx-vlm engines),
+                     # `--spec-decode` auto-selection: turned off and named in its row
+                     defaults_off=("--kv-cache-dtype", "bf16", "--profile", "lite", "--spec-decode", "none"),
                      note="fusion-mlx serve --model-dir (speculation needs MTP/DFlash/DSpark drafters: plain arm only)"),
         ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve",
                      _cli("qmlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
@@ -265,6 +268,25 @@ def _tail(path: Path, n: int = 3) -> str:
     return redact(" | ".join(lines[-n:])[-400:])
 
 
+def _error_lines(path: Path, n: int = 2) -> str:
+    """The first distinct exception lines of a server log (``ValueError: ...``): the reason as it put it."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errs: list[str] = []
+    for ln in lines:
+        t = ln.strip()
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", t) and t not in errs:
+            errs.append(t)
+    return redact(" | ".join(errs[:n])[:400])
+
+
+def _why(path: Path) -> str:
+    """The reason a server gave in its log: its exception lines, else its last lines."""
+    return _error_lines(path) or _tail(path)
+
+
 @dataclass
 class Launch:
     """A started server as the grader sees it."""
@@ -337,23 +359,23 @@ def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen
     while True:
         code = proc.poll()
         if code is not None:
-            raise ServeFailed(f"{engine.name} exited with code {code} before answering /health", _tail(log_path))
+            raise ServeFailed(f"{engine.name} exited with code {code} before answering /health", _why(log_path))
         if probe.healthy()[0]:
             break
         if time.monotonic() - t0 > startup_timeout:
             raise ServeFailed(f"{engine.name} did not answer /health within {startup_timeout:g} s",
-                              _tail(log_path))
+                              _why(log_path))
         time.sleep(0.25)
     left = max(5.0, startup_timeout - (time.monotonic() - t0))
     try:  # the first request loads the model in some servers: inside the startup bound
         send(client.with_deadline(left), Request(warmup, 1, tag="startup"))
     except ServerError as exc:  # it answers, but not a plain one-token completion: set-up, not a finding
         raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the "
-                          f"model's own vocabulary) was refused: {exc}", _tail(log_path)) from exc
+                          f"model's own vocabulary) was refused: {exc}", _why(log_path)) from exc
     except ServerDown as exc:
         code = proc.poll()
         raise ServeFailed(f"{engine.name}: the warm-up request got no answer ({exc})"
-                          + (f"; exited with code {code}" if code is not None else ""), _tail(log_path)) from exc
+                          + (f"; exited with code {code}" if code is not None else ""), _why(log_path)) from exc
 
 
 # ------------------------------------------------------------------ models and the reference
@@ -542,8 +564,9 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                 cells.update(res)
                 for c in names:
                     cache_state[c] = srv.cache
-                    if cells[c].status == "cannot-grade" and srv.log is not None and not cells[c].log:
-                        cells[c].log = _tail(srv.log, 2) or None
+                    if srv.log is not None and not cells[c].log and (
+                            cells[c].status == "cannot-grade" or "stopped answering" in cells[c].detail):
+                        cells[c].log = _error_lines(srv.log) or _tail(srv.log, 2) or None
         except ServeFailed as exc:
             log(f"[{arm}] server did not start: {exc} | {exc.log_line}")
             cells.update(_cells(names, "cannot-grade", f"server did not start: {exc}", exc.log_line))
@@ -597,7 +620,13 @@ def attribute(ref: Reference, launch: Launcher, results: dict[str, ArmResult], d
             continue
         p = plain.cells.get(c) if plain is not None else None
         ran_with = spec.cache_state.get(c, "unknown")
-        if p is not None and p.status == "fail":
+        spec_bad = {k["label"] for k in cell.cases if k["status"] == "fail"}
+        plain_bad = {k["label"] for k in (p.cases if p is not None else []) if k["status"] == "fail"}
+        also = ""
+        if p is not None and p.status == "fail" and plain_bad and spec_bad - plain_bad:
+            also = f"server for {len(spec_bad & plain_bad)} case(s) failing on the plain arm too; for the other " \
+                   f"{len(spec_bad - plain_bad)}: "
+        if p is not None and p.status == "fail" and not also:
             why = "server: fails on the plain arm too"
         elif p is None:
             why = "not attributed: no plain arm to compare with"
@@ -624,8 +653,8 @@ def attribute(ref: Reference, launch: Launcher, results: dict[str, ArmResult], d
         else:
             why = ("speculation, or cache × speculation: the server's prompt cache could not be turned off to "
                    "tell them apart")
-        cell.attribution = why
-        out[c] = why
+        cell.attribution = also + why
+        out[c] = cell.attribution
     return out
 
 
