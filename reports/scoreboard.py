@@ -130,8 +130,8 @@ def cannot_grade(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for c in check_order(r["doc"]):
             res = r["checks"].get(c)
             if res and res["status"] == "cannot-grade":
-                out.append({"engine": r["engine"], "mode": r["mode"], "check": c, "detail": res["detail"],
-                            "log": res.get("log")})
+                out.append({"engine": r["engine"], "model": _model_name(r["doc"]), "mode": r["mode"], "check": c,
+                            "detail": res["detail"], "log": res.get("log")})
     return out
 
 
@@ -150,19 +150,27 @@ def _server_table(docs: list[dict[str, Any]]) -> list[str]:
     head = ["server", "model", "arm"] + [SERVER_TITLES[c] for c in order]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows(servers):
-        eng = f"{r['engine']} {r['version'] or ''}".strip()
+        eng = f"{r['engine']} {r['version'] or ''}".strip() + (" (stale)" if r["doc"].get("stale") else "")
         model = _model_name(r["doc"])
         if "unavailable" in r:
             lines.append(f"| {eng} | {model} | — | " + " | ".join(["not run"] * len(order)) + " |")
             continue
         cells = ["—" if r["checks"].get(c) is None else _md_escape(_cell(r["checks"][c])[1]) for c in order]
         lines.append(f"| {eng} | {model} | {r['mode']} | " + " | ".join(cells) + " |")
+    stale = [d for d in servers if d.get("stale")]
+    if stale:
+        lines += ["", "Rows marked (stale) were graded by an older version of the checks:", ""]
+        lines += [f"- **{d['engine']}** ({_model_name(d)}): {_md_escape(str(d['stale']))}" for d in stale]
     cg = cannot_grade(docs)
     if cg:
+        groups: dict[tuple[str, str, str, str, str], list[str]] = {}
+        for x in cg:  # one line per reason: a server that did not start is one line, not one per check
+            key = (x["engine"], x["model"], x["mode"], x["detail"], x.get("log") or "")
+            groups.setdefault(key, []).append(x["check"])
         lines += ["", f"### Served cells that could not be graded ({len(cg)})", ""]
-        for x in cg:
-            lines.append(f"- **{x['engine']}** `{x['mode']}` / {x['check']}: {_md_escape(x['detail'])}"
-                         + (f" (log: `{_md_escape(x['log'])}`)" if x.get("log") else ""))
+        for (eng, model, mode, detail, log), checks in groups.items():
+            lines.append(f"- **{eng}** ({model}) `{mode}` / {', '.join(checks)}: {_md_escape(detail)}"
+                         + (f" (log: `{_md_escape(log)}`)" if log else ""))
     return lines
 
 

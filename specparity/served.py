@@ -200,6 +200,23 @@ SERVERS: dict[str, ServedEngine] = {
         ServedEngine("flyto-mlx", "flyto-mlx==0.7.0", "omlx", "server-flyto-mlx",
                      _cli("omlx", "serve", model_dir=True), exe="omlx",
                      note="omlx serve --model-dir (flyto-mlx's oMLX server; no two-model drafter: plain arm only)"),
+        ServedEngine("rapid-mlx", "rapid-mlx==0.16.10", "rapid_mlx", "server-rapid-mlx",
+                     _cli("rapid-mlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
+                          spec=["--served-model-name", "default_model", "--speculative-config", SUFFIX]),
+                     exe="rapid-mlx", spec_without_draft=True, cache_off=("--disable-prefix-cache",),
+                     # its defaults: caches written to / read from disk, model downloads, a pre-download check
+                     defaults_off=("--kv-cache-dtype", "bf16", "--disable-disk-caches", "--disable-model-downloads",
+                                   "--no-preflight"),
+                     note="rapid-mlx serve; spec arm: model-free SuffixDecoding (--speculative-config suffix, 4 tokens)"),
+        ServedEngine("yunshu", "yunshu==0.1.5", "yunshu_engine", "server-yunshu",
+                     _cli("yunshu", "serve", plain=["--no-console"],
+                          spec=["--no-console", "--set", "YUNSHU_NGRAM_DEFAULT=true"]),
+                     exe="yunshu", spec_without_draft=True,
+                     # its defaults: KV quantization chosen per request (a tiny model's dims read as 0: int8 KV,
+                     # which fails on head_dim 12) and a prefix cache persisted to disk: turned off
+                     defaults_off=("--set", "YUNSHU_KV_QUANT_BITS=off", "--set", "YUNSHU_SSD_CACHE=false"),
+                     note="yunshu serve (Python >= 3.13); spec arm: its lossless n-gram speculation on greedy "
+                          "requests (YUNSHU_NGRAM_DEFAULT=true); counters from its /metrics"),
         ServedEngine("fake", "specparity", "tests.fake_server", "py311", _fake,
                      note="tests/fake_server.py: the harness's test double (a checkout only; "
                           "SPECPARITY_FAKE_SERVER_BUG plants a bug)",
@@ -315,7 +332,7 @@ def started(engine: ServedEngine, model: str, draft: str | None, log_path: Path,
 def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path: Path, *,
                    startup_timeout: float = STARTUP_TIMEOUT, timeout: float = REQUEST_TIMEOUT,
                    env: dict[str, str] | None = None, cache_off: bool = False, serve_args: Sequence[str] = (),
-                   warmup: str = "hello", home: bool = True) -> Iterator[Launch]:
+                   warmup: str = "hello", home: bool = True, expect_output: bool = False) -> Iterator[Launch]:
     port = free_port()
     argv = engine.command(model, draft, port, cache_off=cache_off, extra=serve_args)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -342,7 +359,7 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
             _LIVE.add(proc)
             try:
                 client = HttpClient(f"http://127.0.0.1:{port}", limits=Limits(deadline=timeout))
-                _wait_ready(engine, client, proc, log_path, startup_timeout, warmup)
+                _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output)
                 yield Launch(client, log_path, "off" if cache_off and engine.cache_off else
                              ("on" if engine.cache_off else "unknown"), argv)
             finally:
@@ -353,7 +370,7 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
 
 
 def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen[bytes], log_path: Path,
-                startup_timeout: float, warmup: str) -> None:
+                startup_timeout: float, warmup: str, expect_output: bool = False) -> None:
     t0 = time.monotonic()
     probe = client.with_deadline(5.0)
     while True:
@@ -368,7 +385,11 @@ def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen
         time.sleep(0.25)
     left = max(5.0, startup_timeout - (time.monotonic() - t0))
     try:  # the first request loads the model in some servers: inside the startup bound
-        send(client.with_deadline(left), Request(warmup, 1, tag="startup"))
+        r = send(client.with_deadline(left), Request(warmup, 1, tag="startup"))
+        if expect_output and not r.text and not (r.usage or {}).get("completion_tokens"):
+            raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the model's "
+                              f"own vocabulary) came back empty (finish_reason {r.finish_reason!r}, usage "
+                              f"{r.usage}): it generates nothing for this model", _why(log_path))
     except ServerError as exc:  # it answers, but not a plain one-token completion: set-up, not a finding
         raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the "
                           f"model's own vocabulary) was refused: {exc}", _why(log_path)) from exc
@@ -576,7 +597,8 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
         if met_total is not None:
             total = met_total if total is None else total.plus(met_total)
         if not started_any:
-            cells["speculation"] = CellResult("speculation", "cannot-grade", "server did not start")
+            first = next(iter(cells.values()))
+            cells["speculation"] = CellResult("speculation", "cannot-grade", first.detail, log=first.log)
         else:
             cells["speculation"] = speculation_cell(arm, total)
         if cells["speculation"].status == "not-engaged":
@@ -688,7 +710,7 @@ def reproduce_cmd(name: str, model: str, draft: str | None, arm: str, check: str
 
 def _subprocess_launcher(eng: ServedEngine, mdir: Path, out: Path, doc_name: str, *, timeout: float,
                          startup_timeout: float, env: dict[str, str] | None, serve_args: Sequence[str],
-                         warmup: str) -> Launcher:
+                         warmup: str, expect_output: bool = False) -> Launcher:
     counter = {"n": 0}
 
     @contextlib.contextmanager
@@ -698,7 +720,8 @@ def _subprocess_launcher(eng: ServedEngine, mdir: Path, out: Path, doc_name: str
         counter["n"] += 1
         log_path = track(out / "logs" / f"{doc_name}-{arm}-{counter['n']}.log")
         with launch_process(eng, str(mdir), draft, log_path, startup_timeout=startup_timeout, timeout=timeout,
-                            env=env, cache_off=cache_off, serve_args=serve_args, warmup=warmup) as srv:
+                            env=env, cache_off=cache_off, serve_args=serve_args, warmup=warmup,
+                            expect_output=expect_output) as srv:
             yield srv
 
     return launch
@@ -770,7 +793,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         assert eng is not None
         launch = _subprocess_launcher(eng, mdir, out, _doc_name(name, mname), timeout=timeout,
                                       startup_timeout=startup_timeout, env=env, serve_args=serve_args,
-                                      warmup=plan.warmup)
+                                      warmup=plan.warmup, expect_output=plan.warmup_first is not None)
         restartable = True
     results, blame = grade_arms(ref, launch, arms, checks=checks, plan=plan, restartable=restartable,
                                 can_turn_cache_off=bool(eng and eng.cache_off))

@@ -443,6 +443,8 @@ def compare(ref: Reference, reply: Reply, ids: list[int], *, exact: bool) -> str
     only the common prefix is judged (a length difference belongs to the budget/EOS checks).
     """
     got_ids = strip_eos(ref, reply.ids)
+    if not exact and ids and (got_ids == [] or (got_ids is None and not reply.text)):
+        return f"no output where plain decode emits {len(ids)} tokens (finish_reason {reply.finish_reason!r})"
     if got_ids is not None:
         i = first_divergence(got_ids, ids) if exact else first_divergence(got_ids[: len(ids)], ids[: len(got_ids)])
         if i is None:
@@ -657,6 +659,7 @@ class Plan:
     by_check: dict[str, tuple[list[PromptInfo], list[PromptInfo]]]
     warmup: str
     notes: list[str] = field(default_factory=list)
+    warmup_first: int | None = None  # plain decode's first token for the warm-up prompt (None: EOS)
     reencode: PromptInfo | None = None  # output whose text re-encodes to another token count
 
     def no_eos(self, check: str) -> list[PromptInfo]:
@@ -720,7 +723,8 @@ def make_plan(ref: Reference, checks: Sequence[str] = SERVER_CHECKS) -> Plan:
                          "two checks (a prompt cache can carry state between them)")
     if not eos:
         notes.append(f"no prompt reaches EOS within {MAX_BUDGET} tokens of plain decode")
-    return Plan(by_check, warm.text, notes, reenc_taken[0] if reenc_taken else None)
+    return Plan(by_check, warm.text, notes, reencode=reenc_taken[0] if reenc_taken else None,
+                warmup_first=warm.out[0] if warm.out else None)
 
 
 # ------------------------------------------------------------------ checks

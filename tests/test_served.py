@@ -326,7 +326,8 @@ class H(BaseHTTPRequestHandler):
         with open(record, "w") as f:
             json.dump({"argv": sys.argv[3:], "home": os.environ["HOME"], "xdg": os.environ.get("XDG_CONFIG_HOME"),
                        "foo": os.environ.get("FOO"), "prompt": body.get("prompt")}, f)
-        self._ok({"choices": [{"text": "x", "finish_reason": "length"}], "usage": {}})
+        text = "" if os.environ.get("STUB_EMPTY") else "x"
+        self._ok({"choices": [{"text": text, "finish_reason": "stop"}], "usage": {"completion_tokens": 0}})
 ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
@@ -343,6 +344,19 @@ def test_serve_args_env_and_an_isolated_home_reach_the_server_and_the_warm_up_us
     assert seen["foo"] == "bar" and seen["prompt"] == "gu lo fin", seen
     assert seen["home"] != os.environ.get("HOME") and "specparity-stub-home-" in seen["home"], seen
     assert seen["xdg"].startswith(seen["home"]) and not Path(seen["home"]).exists()  # removed after
+
+
+def test_a_server_that_generates_nothing_on_the_warm_up_did_not_start(tmp_path) -> None:
+    """An engine error answered as an empty HTTP 200 (yunshu 0.1.5 on a head_dim-12 model): set-up."""
+    stub = ServedEngine("stub", "x", "x", "x", lambda m, d, p: [sys.executable, "-c", STUB, str(p),
+                                                                 str(tmp_path / "r.json")])
+    (tmp_path / "stub.log").write_text("")
+    with pytest.raises(ServeFailed, match="came back empty .* it generates nothing for this model"):
+        with launch_process(stub, "m", None, tmp_path / "stub.log", startup_timeout=30, env={"STUB_EMPTY": "1"},
+                            expect_output=True):
+            pass
+    with launch_process(stub, "m", None, tmp_path / "stub2.log", startup_timeout=30, env={"STUB_EMPTY": "1"}):
+        pass  # plain decode's first token is EOS: an empty warm-up is right
 
 
 def test_prompts_file_feeds_the_plan(pair, tmp_path) -> None:
