@@ -586,7 +586,8 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                 for c in names:
                     cache_state[c] = srv.cache
                     if srv.log is not None and not cells[c].log and (
-                            cells[c].status == "cannot-grade" or "stopped answering" in cells[c].detail):
+                            cells[c].status == "cannot-grade" or "stopped answering" in cells[c].detail
+                            or (cells[c].status == "fail" and "HTTP 5" in cells[c].detail)):
                         cells[c].log = _error_lines(srv.log) or _tail(srv.log, 2) or None
         except ServeFailed as exc:
             log(f"[{arm}] server did not start: {exc} | {exc.log_line}")

@@ -43,6 +43,8 @@ CASES = [  # (server, model, draft): zoo names, or the user pair built under run
     ("fusion-mlx", "runs/served-models/phi3-tiny", None),
     ("qmlx-serve", "runs/served-models/phi3-tiny", "runs/served-models/phi3-tiny-twin"),
     ("flyto-mlx", "runs/served-models/phi3-tiny", None),
+    ("rapid-mlx", "runs/served-models/phi3-tiny", None),
+    ("yunshu", "runs/served-models/phi3-tiny", None),
 ]
 
 
