@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=None, metavar="URL",
                    help="grade a running OpenAI-compatible server (with --model; specparity.served)")
     p.add_argument("--serve", default=None, metavar="NAME",
-                   help="start server NAME (mlx-lm, vllm-mlx, fusion-mlx, qmlx-serve, flyto-mlx) on "
+                   help="start server NAME (mlx-lm, vllm-mlx, fusion-mlx, qmlx-serve, flyto-mlx, rapid-mlx, yunshu) on "
                         "127.0.0.1 with --model [--draft], grade it with and without the drafter, stop it "
                         "(exit 0 all graded cells pass, 1 a finding, 3 nothing could be graded)")
     p.add_argument("--model", default=None, metavar="PATH", help="the served model dir (or zoo name)")
