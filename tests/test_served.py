@@ -377,6 +377,7 @@ def test_prompts_file_feeds_the_plan(pair, tmp_path) -> None:
 # ------------------------------------------------------------------ the real subprocess path
 
 
+@pytest.mark.slow
 def test_cli_serve_writes_named_results_and_scoreboard_and_leaves_nothing_running(pair, tmp_path) -> None:
     target, _ = pair
     p = _cli("--serve", "fake", "--model", str(target), "--out", str(tmp_path / "o"), "--check", "identity",
@@ -391,7 +392,7 @@ def test_cli_serve_writes_named_results_and_scoreboard_and_leaves_nothing_runnin
     assert not _pids_with(str(target))
 
 
-@pytest.mark.parametrize("bug", ["hang", "die"])
+@pytest.mark.parametrize("bug", [pytest.param("hang", marks=pytest.mark.slow), "die"])
 def test_a_server_that_stops_answering_is_one_finding_and_the_rest_cannot_be_graded(bug, pair, tmp_path) -> None:
     target, _ = pair
     doc = grade_served(model=str(target), serve="fake", out=tmp_path, timeout=3,
