@@ -1,29 +1,54 @@
 """Grade served engines: OpenAI-compatible servers over HTTP, started for real.
 
 ``specparity grade --server URL --model PATH [--draft PATH]`` grades a running
-server; ``specparity grade --serve NAME --model PATH [--draft PATH]`` starts
+server (loopback only unless ``--allow-remote``; credentials in the URL are
+refused); ``specparity grade --serve NAME --model PATH [--draft PATH]`` starts
 the real server ``NAME`` (``SERVERS``) as a subprocess on 127.0.0.1 with the
-model (and drafter), waits for ``/health`` (bounded), grades it and always
-stops it (its own process group: SIGTERM then SIGKILL, in a ``finally``, at
-exit, and on SIGTERM / Ctrl-C). With ``--draft`` the server is graded twice,
-without the drafter (arm ``plain``) and with it (arm ``spec``), so a failure in
-both arms is the server's own and one only with speculation is speculative
-(``blame``). The checks are ``subjects/served.py``; the reference is our
+model (and drafter), each in its own home/config folder (``HOME``,
+``XDG_*_HOME``: settings a user keeps there never reach it), with
+``--serve-arg=ARG`` / ``--serve-env K=V`` passed through, waits for
+``/health`` and answers one warm-up request built from the model's own
+vocabulary (bounded), grades it and always stops it (its own process group:
+SIGTERM then SIGKILL, in a ``finally``, at exit, and on SIGTERM / Ctrl-C).
+With ``--draft`` the server is graded twice, without the drafter (arm
+``plain``) and with it (arm ``spec``). The checks are ``subjects/served.py``;
+every request goes through ``subjects/http_client.py``; the reference is our
 engine's greedy plain decode (``engine.executor.plain_generate``) of the same
 weights in this process, on the prompt the server builds (mlx-lm 0.32.2
-``mlx_lm/server.py`` ``ResponseGenerator._tokenize``: the tokenizer's encoding,
-its chat template, or ``convert_chat``).
+``mlx_lm/server.py`` ``ResponseGenerator._tokenize``).
 
-Writes ``DIR/server-<name>--<model dir>.json`` (the scoreboard's result shape:
-one mode per arm) and regenerates ``DIR/scoreboard.md`` / ``.html``
-(``reports/scoreboard.py``). Exit 0 when every check passed, 1 when one failed,
-2 on a usage error (bad URL, refused connection, missing model dir, unknown
-server). Entry points for a runner registry: :func:`grade_served` (one server,
-all arms, a result document) and :data:`SERVERS` (name, package, tox env,
-command line).
+**Isolation.** Each arm's checks run on a fresh server with its prompt cache
+off where the server has a flag for it (``ServedEngine.cache_off``; mlx-lm:
+``--prompt-cache-size 0``), each check on prompts no other check shares; the
+``cache`` check gets a fresh server of its own with the cache on. So one root
+cause is one cell.
 
-Reproduce one check: ``python -m specparity.served --serve NAME --model PATH
-[--draft PATH] --check CHECK``.
+**Attribution.** A spec-arm cell that fails is rerun where it can tell: fails on
+the plain arm too → ``server``; ran with the prompt cache on and passes when
+rerun on a fresh spec server with the cache off → ``cache × speculation``;
+otherwise ``speculation``.
+
+**Speculation engaged.** The ``speculation`` cell reads the server's draft /
+accept counters (``/metrics`` or usage extensions) over the arm; a spec arm
+that drafted nothing is ``not-engaged`` in every cell that would have passed.
+
+**Four states and the exit code.** Every cell is pass / fail / cannot-grade /
+n/a (plus not-engaged); a server that does not start makes its arm's cells
+cannot-grade with the reason and the log line, never fail. Exit 0 when every
+gradeable cell passed and each arm graded something; 1 on a finding; 3 when
+nothing could be graded (or an arm graded nothing: its server did not start,
+or it never speculated); 2 on a usage error (bad or remote URL, credentials in
+the URL, refused connection, missing model dir, unknown server, bad flags).
+
+Writes ``DIR/server-<name>--<model>.json`` (the scoreboard's result shape: one
+mode per arm; models named by zoo name, a path relative to the working folder
+or ``$MODELS/<dir>``, and their digests, never a machine path) and regenerates
+``DIR/scoreboard.md`` / ``.html`` (``reports/scoreboard.py``). Entry points:
+:func:`grade_served` (one server, all arms, a result document), :func:`grade_arms`
+(any launcher: the tests start the fake in process) and :data:`SERVERS`.
+
+Reproduce one check: ``python -m specparity.served --serve NAME --model M
+[--draft D] --check CHECK`` (the cell's ``reproduce``).
 """
 
 from __future__ import annotations
@@ -33,30 +58,48 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from subjects.served import SERVER_CHECKS, Client, Reference, ServerDown, run_checks
+from subjects.http_client import HttpClient, Limits, ServerDown, ServerError, UsageError, redact
+from subjects.served import (
+    SERVER_CHECKS,
+    CellResult,
+    Plan,
+    Reference,
+    Request,
+    SpecCounters,
+    make_plan,
+    metrics,
+    run_checks,
+    send,
+    speculation_cell,
+)
 
 DEFAULT_OUT = Path("runs/grade-servers")
 STARTUP_TIMEOUT = 180.0
 REQUEST_TIMEOUT = 60.0
 GREEDY_MAX = 40
-N_PROMPTS = 16
+N_PROMPTS = 64
+EXIT_NOTHING_GRADED = 3
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _log(msg: str) -> None:
-    print(f"[grade] {msg}", file=sys.stderr, flush=True)
+    print(f"[grade] {redact(msg)}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ servers
@@ -74,14 +117,22 @@ class ServedEngine:
     note: str = ""
     exe: str | None = None  # a console script (in $SPECPARITY_SERVER_BIN when set), else ``module`` is imported
     spec_without_draft: bool = False  # a model-free speculative mode: the spec arm runs without --draft
+    cache_off: tuple[str, ...] | None = None  # the flags that turn its prompt cache off (None: it has none)
+    defaults_off: tuple[str, ...] = ()  # flags always passed: its lossy or surprising defaults turned off
+    test_double: bool = False  # a double for the harness's own tests (a checkout only), not a server to grade
 
     def available(self) -> bool:
         if self.exe is not None:
             return shutil.which(server_bin(self.exe)) is not None
-        return importlib.util.find_spec(self.module) is not None
+        try:
+            return importlib.util.find_spec(self.module) is not None
+        except (ImportError, ValueError):
+            return False
 
-    def command(self, model: str, draft: str | None, port: int) -> list[str]:
-        return self.argv(model, draft, port)
+    def command(self, model: str, draft: str | None, port: int, *, cache_off: bool = False,
+                extra: Sequence[str] = ()) -> list[str]:
+        off = list(self.cache_off) if cache_off and self.cache_off else []
+        return [*self.argv(model, draft, port), *self.defaults_off, *off, *extra]
 
 
 def _mlx_lm(model: str, draft: str | None, port: int) -> list[str]:
@@ -92,7 +143,7 @@ def _mlx_lm(model: str, draft: str | None, port: int) -> list[str]:
 
 def _fake(model: str, draft: str | None, port: int) -> list[str]:
     extra = ["--draft-model", draft] if draft else []
-    return [sys.executable, "-m", "specparity.fake_server", "--model", model, "--port", str(port), *extra]
+    return [sys.executable, "-m", "tests.fake_server", "--model", model, "--port", str(port), *extra]
 
 
 def server_bin(exe: str) -> str:
@@ -104,8 +155,6 @@ def server_bin(exe: str) -> str:
 def _model_dir(model: str) -> str:
     """A fresh folder whose one subdirectory ``default_model`` links to ``model`` (servers that
     serve every subdirectory of ``--model-dir`` by its name)."""
-    import tempfile
-
     d = Path(tempfile.mkdtemp(prefix="specparity-models-"))
     (d / "default_model").symlink_to(Path(model).resolve(), target_is_directory=True)
     atexit.register(shutil.rmtree, d, ignore_errors=True)  # the link only, never the model
@@ -125,19 +174,23 @@ def _cli(exe: str, *serve: str, plain: Sequence[str] = (), spec: Sequence[str] =
     return argv
 
 
-KEY = ["--api-key", "specparity-local"]  # the bearer token subjects.served.Client sends
+KEY = ["--api-key", "specparity-local"]  # the bearer token subjects.http_client sends by default
 SUFFIX = '{"method":"suffix","num_speculative_tokens":4}'
 
 SERVERS: dict[str, ServedEngine] = {
     s.name: s for s in (
         ServedEngine("mlx-lm", "mlx-lm==0.32.2", "mlx_lm.server", "server-mlx-lm", _mlx_lm,
-                     note="mlx_lm.server (BatchGenerator without a drafter; stream_generate with --draft-model)"),
+                     note="mlx_lm.server (BatchGenerator without a drafter; stream_generate with --draft-model)",
+                     cache_off=("--prompt-cache-size", "0")),
         ServedEngine("vllm-mlx", "vllm-mlx==0.6.0", "vllm_mlx", "server-vllm-mlx",
                      _cli("vllm-mlx", "serve", plain=["--served-model-name", "default_model"]), exe="vllm-mlx",
                      note="vllm-mlx serve (no two-model drafter: plain arm only)"),
         ServedEngine("fusion-mlx", "fusion-mlx==0.10.24", "fusion_mlx", "server-fusion-mlx",
                      _cli("fusion-mlx", "serve", model_dir=True, plain=[*KEY, "--no-spec-decode"]),
-                     exe="fusion-mlx",
+                     exe="fusion-mlx", cache_off=("--no-prefix-cache",),
+                     # its defaults: an int4 KV cache (lossy), the 'standard' profile (mounts mlx-vlm engines),
+                     # `--spec-decode` auto-selection: turned off and named in its row
+                     defaults_off=("--kv-cache-dtype", "bf16", "--profile", "lite", "--spec-decode", "none"),
                      note="fusion-mlx serve --model-dir (speculation needs MTP/DFlash/DSpark drafters: plain arm only)"),
         ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve",
                      _cli("qmlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
@@ -147,8 +200,27 @@ SERVERS: dict[str, ServedEngine] = {
         ServedEngine("flyto-mlx", "flyto-mlx==0.7.0", "omlx", "server-flyto-mlx",
                      _cli("omlx", "serve", model_dir=True), exe="omlx",
                      note="omlx serve --model-dir (flyto-mlx's oMLX server; no two-model drafter: plain arm only)"),
-        ServedEngine("fake", "specparity", "specparity.fake_server", "py311", _fake,
-                     note="specparity.fake_server: the test double (SPECPARITY_FAKE_SERVER_BUG plants a bug)"),
+        ServedEngine("rapid-mlx", "rapid-mlx==0.16.10", "rapid_mlx", "server-rapid-mlx",
+                     _cli("rapid-mlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
+                          spec=["--served-model-name", "default_model", "--speculative-config", SUFFIX]),
+                     exe="rapid-mlx", spec_without_draft=True, cache_off=("--disable-prefix-cache",),
+                     # its defaults: caches written to / read from disk, model downloads, a pre-download check
+                     defaults_off=("--kv-cache-dtype", "bf16", "--disable-disk-caches", "--disable-model-downloads",
+                                   "--no-preflight"),
+                     note="rapid-mlx serve; spec arm: model-free SuffixDecoding (--speculative-config suffix, 4 tokens)"),
+        ServedEngine("yunshu", "yunshu==0.1.5", "yunshu_engine", "server-yunshu",
+                     _cli("yunshu", "serve", plain=["--no-console"],
+                          spec=["--no-console", "--set", "YUNSHU_NGRAM_DEFAULT=true"]),
+                     exe="yunshu", spec_without_draft=True,
+                     # its defaults: KV quantization chosen per request (a tiny model's dims read as 0: int8 KV,
+                     # which fails on head_dim 12) and a prefix cache persisted to disk: turned off
+                     defaults_off=("--set", "YUNSHU_KV_QUANT_BITS=off", "--set", "YUNSHU_SSD_CACHE=false"),
+                     note="yunshu serve (Python >= 3.13); spec arm: its lossless n-gram speculation on greedy "
+                          "requests (YUNSHU_NGRAM_DEFAULT=true); counters from its /metrics"),
+        ServedEngine("fake", "specparity", "tests.fake_server", "py311", _fake,
+                     note="tests/fake_server.py: the harness's test double (a checkout only; "
+                          "SPECPARITY_FAKE_SERVER_BUG plants a bug)",
+                     cache_off=("--prompt-cache-size", "0"), test_double=True),
     )
 }
 
@@ -159,12 +231,20 @@ def availability(name: str) -> tuple[bool, str]:
     if eng is None:
         return False, f"unknown server {name!r}; known: {', '.join(SERVERS)}"
     if not eng.available():
+        if eng.test_double:
+            return False, "the test double lives in the repository's tests/ (run from a checkout)"
         return False, f"{eng.package} is not installed here; run: tox -e {eng.tox_env}"
     return True, "ok"
 
 
 class ServeFailed(RuntimeError):
-    """The server process exited or never answered /health."""
+    """The server process exited, never answered /health, or refused the warm-up request.
+
+    ``log_line``: the last lines of its log (the reason as the server put it)."""
+
+    def __init__(self, msg: str, log_line: str = "") -> None:
+        super().__init__(msg)
+        self.log_line = log_line
 
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
@@ -202,64 +282,124 @@ def _tail(path: Path, n: int = 3) -> str:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    return " | ".join(lines[-n:])[-400:]
+    return redact(" | ".join(lines[-n:])[-400:])
+
+
+def _error_lines(path: Path, n: int = 2) -> str:
+    """The first distinct exception lines of a server log (``ValueError: ...``): the reason as it put it."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errs: list[str] = []
+    for ln in lines:
+        t = ln.strip()
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", t) and t not in errs:
+            errs.append(t)
+    return redact(" | ".join(errs[:n])[:400])
+
+
+def _why(path: Path) -> str:
+    """The reason a server gave in its log: its exception lines, else its last lines."""
+    return _error_lines(path) or _tail(path)
+
+
+@dataclass
+class Launch:
+    """A started server as the grader sees it."""
+
+    client: HttpClient
+    log: Path | None = None
+    cache: str = "unknown"  # "off" (a flag turned it off), "on", "unknown"
+    argv: list[str] = field(default_factory=list)
+
+
+Launcher = Callable[[str, "str | None", bool], AbstractContextManager[Launch]]
 
 
 @contextlib.contextmanager
 def started(engine: ServedEngine, model: str, draft: str | None, log_path: Path, *,
             startup_timeout: float = STARTUP_TIMEOUT, timeout: float = REQUEST_TIMEOUT,
-            env: dict[str, str] | None = None) -> Iterator[Client]:
+            env: dict[str, str] | None = None, cache_off: bool = False, serve_args: Sequence[str] = (),
+            warmup: str = "hello", home: bool = True) -> Iterator[HttpClient]:
     """Start ``engine`` on a free loopback port, wait for health, yield a client, always stop it."""
+    with launch_process(engine, model, draft, log_path, startup_timeout=startup_timeout, timeout=timeout,
+                        env=env, cache_off=cache_off, serve_args=serve_args, warmup=warmup, home=home) as srv:
+        yield srv.client
+
+
+@contextlib.contextmanager
+def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path: Path, *,
+                   startup_timeout: float = STARTUP_TIMEOUT, timeout: float = REQUEST_TIMEOUT,
+                   env: dict[str, str] | None = None, cache_off: bool = False, serve_args: Sequence[str] = (),
+                   warmup: str = "hello", home: bool = True, expect_output: bool = False) -> Iterator[Launch]:
     port = free_port()
-    argv = engine.command(model, draft, port)
+    argv = engine.command(model, draft, port, cache_off=cache_off, extra=serve_args)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as logf:
-        logf.write(("$ " + shlex.join(argv) + "\n").encode())
-        logf.flush()
-        try:
-            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env={**os.environ, **(env or {})})
-        except OSError as exc:
-            raise ServeFailed(f"{engine.name}: cannot start {argv[0]!r}: {exc}") from exc
-        _LIVE.add(proc)
-        try:
-            client = Client(f"http://127.0.0.1:{port}", timeout=timeout)
-            _wait_ready(engine, client, proc, log_path, startup_timeout)
-            yield client
-        finally:
-            _stop(proc)
+    penv = {**os.environ}
+    if engine.test_double:
+        penv["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [penv.get("PYTHONPATH")])])
+    homedir = Path(tempfile.mkdtemp(prefix=f"specparity-{engine.name}-home-")) if home else None
+    if homedir is not None:  # its own home and config folders: nothing a user keeps there reaches it
+        for k, sub in (("HOME", ""), ("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"),
+                       ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state")):
+            (homedir / sub).mkdir(parents=True, exist_ok=True)
+            penv[k] = str(homedir / sub)
+        penv.setdefault("HF_HUB_OFFLINE", "1")
+    penv.update(env or {})
+    try:
+        with open(log_path, "wb") as logf:
+            logf.write(("$ " + redact(shlex.join(argv)) + "\n").encode())
+            logf.flush()
+            try:
+                proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, env=penv)
+            except OSError as exc:
+                raise ServeFailed(f"{engine.name}: cannot start {argv[0]!r}: {exc}") from exc
+            _LIVE.add(proc)
+            try:
+                client = HttpClient(f"http://127.0.0.1:{port}", limits=Limits(deadline=timeout))
+                _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output)
+                yield Launch(client, log_path, "off" if cache_off and engine.cache_off else
+                             ("on" if engine.cache_off else "unknown"), argv)
+            finally:
+                _stop(proc)
+    finally:
+        if homedir is not None:
+            shutil.rmtree(homedir, ignore_errors=True)
 
 
-def _wait_ready(engine: ServedEngine, client: Client, proc: subprocess.Popen[bytes], log_path: Path,
-                startup_timeout: float) -> None:
+def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen[bytes], log_path: Path,
+                startup_timeout: float, warmup: str, expect_output: bool = False) -> None:
     t0 = time.monotonic()
+    probe = client.with_deadline(5.0)
     while True:
         code = proc.poll()
         if code is not None:
-            raise ServeFailed(f"{engine.name} exited with code {code} before answering /health "
-                              f"(log {log_path}: {_tail(log_path)})")
-        if client.healthy()[0]:
+            raise ServeFailed(f"{engine.name} exited with code {code} before answering /health", _why(log_path))
+        if probe.healthy()[0]:
             break
         if time.monotonic() - t0 > startup_timeout:
-            raise ServeFailed(f"{engine.name} did not answer /health within {startup_timeout:g} s "
-                              f"(log {log_path}: {_tail(log_path)})")
+            raise ServeFailed(f"{engine.name} did not answer /health within {startup_timeout:g} s",
+                              _why(log_path))
         time.sleep(0.25)
-    from subjects.served import Request, ServerError, send
-
     left = max(5.0, startup_timeout - (time.monotonic() - t0))
-    warm = Client(client.url, timeout=left)
     try:  # the first request loads the model in some servers: inside the startup bound
-        send(warm, Request("warm up", 1, tag="startup"))
-    except ServerError as exc:  # it answers: the checks report what is wrong with its answers
-        _log(f"{engine.name}: the warm-up request got {exc}")
-    except Exception as exc:  # noqa: BLE001 - reported as a startup failure with the server's log
+        r = send(client.with_deadline(left), Request(warmup, 1, tag="startup"))
+        if expect_output and not r.text and not (r.usage or {}).get("completion_tokens"):
+            raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the model's "
+                              f"own vocabulary) came back empty (finish_reason {r.finish_reason!r}, usage "
+                              f"{r.usage}): it generates nothing for this model", _why(log_path))
+    except ServerError as exc:  # it answers, but not a plain one-token completion: set-up, not a finding
+        raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the "
+                          f"model's own vocabulary) was refused: {exc}", _why(log_path)) from exc
+    except ServerDown as exc:
         code = proc.poll()
-        raise ServeFailed(f"{engine.name}: first request failed ({exc})"
-                          + (f"; exited with code {code}" if code is not None else "")
-                          + f" (log {log_path}: {_tail(log_path)})") from exc
+        raise ServeFailed(f"{engine.name}: the warm-up request got no answer ({exc})"
+                          + (f"; exited with code {code}" if code is not None else ""), _why(log_path)) from exc
 
 
-# ------------------------------------------------------------------ the reference
+# ------------------------------------------------------------------ models and the reference
 
 
 def resolve_model(path: str, what: str = "--model", target: str | None = None) -> Path:
@@ -280,8 +420,33 @@ def resolve_model(path: str, what: str = "--model", target: str | None = None) -
     raise ValueError(f"{what} {path}: no such model directory (nor a zoo model name)")
 
 
+def model_ref(arg: str, mdir: Path) -> str:
+    """How a committed row names a model: its zoo name, a path relative to the working folder, or
+    ``$MODELS/<dir>`` (never a machine path)."""
+    import zoo
+
+    if arg in zoo.model_names():
+        return arg
+    m = re.match(r"^(.*)-[0-9a-f]{12,16}$", mdir.name)
+    if m and m.group(1) in zoo.model_names():
+        with contextlib.suppress(OSError, ValueError):
+            if mdir.parent.resolve() == zoo.cache_root().resolve():
+                return m.group(1)
+    with contextlib.suppress(ValueError):
+        return str(mdir.resolve().relative_to(Path.cwd().resolve()))
+    return f"$MODELS/{mdir.name}"
+
+
+def model_record(arg: str, mdir: Path) -> dict[str, Any]:
+    from specparity.runners import model_identity
+
+    ident = model_identity(mdir)
+    return {"name": model_ref(arg, mdir), "weights_sha256": ident["weights_sha256"],
+            "config_sha256": ident["config_sha256"]}
+
+
 @cache
-def engine_reference(model_dir: str) -> Reference:
+def engine_reference(model_dir: str, prompts: tuple[str, ...] | None = None) -> Reference:
     """Plain greedy decode of ``model_dir`` by our engine, as the checks' :class:`Reference`."""
     import mlx.core as mx
 
@@ -303,7 +468,7 @@ def engine_reference(model_dir: str) -> Reference:
 
         return list(tok.encode(convert_chat(msgs)))
 
-    @lru_cache(maxsize=512)
+    @lru_cache(maxsize=2048)
     def full(ids: tuple[int, ...], n: int) -> tuple[tuple[int, ...], bool]:
         res = plain_generate(model, list(ids), GenerationParams(max_tokens=n, gamma=0, eos_ids=eos,
                                                                 cache_digests=False))
@@ -313,22 +478,30 @@ def engine_reference(model_dir: str) -> Reference:
         out, hit = full(tuple(ids), max(n, GREEDY_MAX))
         return (list(out[:n]), False) if len(out) >= n else (list(out), hit)
 
-    def logprobs(ids: tuple[int, ...], out: tuple[int, ...], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
-        if not out:
-            return []
+    @lru_cache(maxsize=512)
+    def _lp(ids: tuple[int, ...], out: tuple[int, ...], k: int) -> tuple[Any, ...]:
         logits = model(mx.array([list(ids) + list(out)]))[0, len(ids) - 1 : len(ids) + len(out) - 1]
         lp = logits.astype(mx.float32) - mx.logsumexp(logits.astype(mx.float32), axis=-1, keepdims=True)
         order = mx.argsort(-lp, axis=-1)[:, :k]
         lp_l, order_l = lp.tolist(), order.tolist()
-        return [(lp_l[i][t], [(j, lp_l[i][j]) for j in order_l[i]]) for i, t in enumerate(out)]
+        return tuple((lp_l[i][t], [(j, lp_l[i][j]) for j in order_l[i]]) for i, t in enumerate(out))
 
+    def logprobs(ids: tuple[int, ...], out: tuple[int, ...], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        return list(_lp(tuple(ids), tuple(out), k)) if out else []
+
+    bos = getattr(tok, "bos_token_id", None)
+    with_bos = list(tok.encode("a"))
     return Reference(encode=encode, chat_prompt=chat_prompt, decode=lambda ids: tok.decode(list(ids)),
-                     greedy=greedy, logprobs=logprobs, eos_ids=eos, prompts=_prompts(tok),
-                     eos_text=tuple(str(tok.convert_ids_to_tokens(e)) for e in eos))
+                     greedy=greedy, logprobs=logprobs, eos_ids=eos,
+                     prompts=list(prompts) if prompts else _prompts(tok),
+                     eos_text=tuple(str(tok.convert_ids_to_tokens(e)) for e in eos),
+                     has_chat_template=bool(tok.has_chat_template),
+                     bos_id=bos if bos is not None and with_bos[:1] == [bos] else None)
 
 
 def _prompts(tok: Any, n: int = N_PROMPTS, seed: int = 24) -> list[str]:
-    """Seeded prompts of 6-10 words of the tokenizer's own vocabulary (each word one token)."""
+    """Seeded prompts of 6-10 words of the tokenizer's own vocabulary (each word one token), each
+    starting with a word no other prompt starts with (so no two share a prefix)."""
     import numpy as np
 
     special = set(getattr(tok, "all_special_ids", []) or []) | set(tok.eos_token_ids)
@@ -339,38 +512,240 @@ def _prompts(tok: Any, n: int = N_PROMPTS, seed: int = 24) -> list[str]:
         w = tok.decode([i]).strip()
         if len(w) >= 2 and w.isalpha() and w.isascii() and list(tok.encode(w, add_special_tokens=False)) == [i]:
             words.append(w)
+    words = sorted(set(words))
     if len(words) < 8:
         raise ValueError("the tokenizer has too few plain words to build prompts from")
     rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(words, size=int(rng.integers(6, 11)))) for _ in range(n)]
+    firsts = list(rng.permutation(words))[: min(n, len(words))]
+    return [" ".join([str(f), *rng.choice(words, size=int(rng.integers(5, 10)))]) for f in firsts]
 
 
-# ------------------------------------------------------------------ grading
+def prompts_from_file(path: str | Path) -> tuple[str, ...]:
+    """The text prompts of a prompts file (``specparity/prompts.py`` formats); token-id prompts refused."""
+    from specparity.prompts import read_prompts_file
+
+    out = []
+    for p in read_prompts_file(path):
+        if p.text is None:
+            raise ValueError(f"--prompts-file {path}: prompt {p.id!r} is token ids; grade --serve takes text "
+                             "prompts (token-id requests are built from them)")
+        if p.text.strip():
+            out.append(p.text)
+    if len(out) < 2:
+        raise ValueError(f"--prompts-file {path}: needs at least 2 text prompts")
+    return tuple(out)
 
 
-def _doc_name(name: str, model: Path) -> str:
-    return f"server-{name}--{model.name}"
+# ------------------------------------------------------------------ grading arms
 
 
-def reproduce_cmd(name: str, model: str, draft: str | None, arm: str, check: str, url: str | None) -> str:
-    where = f"--server {url}" if url else f"--serve {name}"
+def _cells(checks: Sequence[str], status: str, detail: str, log: str = "") -> dict[str, CellResult]:
+    return {c: CellResult(c, status, detail, log=log or None) for c in checks}
+
+
+@dataclass
+class ArmResult:
+    cells: dict[str, CellResult]
+    setup: dict[str, Any]
+    cache_state: dict[str, str]  # check -> "off" / "on" / "unknown": the prompt cache it ran with
+
+
+def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, checks: Sequence[str],
+              plan: Plan, *, restartable: bool = True, log: Callable[[str], None] = _log) -> ArmResult:
+    """One arm: its checks on a fresh server with the cache off (where it can be), then ``cache`` on a
+    fresh server with the cache on, then the ``speculation`` cell from the counters over the arm."""
+    main = [c for c in checks if c not in ("cache", "speculation")]
+    groups: list[tuple[list[str], bool]] = []
+    if restartable:
+        if main:
+            groups.append((main, True))
+        if "cache" in checks:
+            groups.append((["cache"], False))
+    else:
+        groups.append(([c for c in checks if c != "speculation"], False))
+    cells: dict[str, CellResult] = {}
+    cache_state: dict[str, str] = {}
+    setup: dict[str, Any] = {"servers": []}
+    counters = SpecCounters()
+    met_total: SpecCounters | None = None
+    for names, cache_off in groups:
+        if not names:
+            continue
+        try:
+            with launch(arm, draft, cache_off) as srv:
+                setup["servers"].append({"checks": names, "prompt_cache": srv.cache,
+                                         "argv": [_public_arg(a) for a in srv.argv]})
+                m0 = metrics(srv.client)
+                res = run_checks(srv.client, ref, names, log=lambda m, a=arm: log(f"[{a}] {m}"), plan=plan,
+                                 counters=counters)
+                m1 = metrics(srv.client)
+                if m1 is not None:
+                    d = m1.minus(m0) if m0 is not None else m1
+                    met_total = d if met_total is None else met_total.plus(d)
+                cells.update(res)
+                for c in names:
+                    cache_state[c] = srv.cache
+                    if srv.log is not None and not cells[c].log and (
+                            cells[c].status == "cannot-grade" or "stopped answering" in cells[c].detail
+                            or (cells[c].status == "fail" and "HTTP 5" in cells[c].detail)):
+                        cells[c].log = _error_lines(srv.log) or _tail(srv.log, 2) or None
+        except ServeFailed as exc:
+            log(f"[{arm}] server did not start: {exc} | {exc.log_line}")
+            cells.update(_cells(names, "cannot-grade", f"server did not start: {exc}", exc.log_line))
+    if "speculation" in checks:
+        started_any = any(not c.detail.startswith("server did not start") for c in cells.values())
+        total = counters if counters.sources else None
+        if met_total is not None:
+            total = met_total if total is None else total.plus(met_total)
+        if not started_any:
+            first = next(iter(cells.values()))
+            cells["speculation"] = CellResult("speculation", "cannot-grade", first.detail, log=first.log)
+        else:
+            cells["speculation"] = speculation_cell(arm, total)
+        if cells["speculation"].status == "not-engaged":
+            for c in cells.values():
+                if c.status == "pass":
+                    c.status = "not-engaged"
+                    c.detail = f"passed, but speculation was not engaged (see the speculation cell): {c.detail}"
+    return ArmResult(cells, setup, cache_state)
+
+
+def grade_arms(ref: Reference, launch: Launcher, arms: Sequence[tuple[str, str | None]], *,
+               checks: Sequence[str] = SERVER_CHECKS, plan: Plan | None = None, restartable: bool = True,
+               can_turn_cache_off: bool = True, log: Callable[[str], None] = _log
+               ) -> tuple[dict[str, ArmResult], dict[str, str]]:
+    """Every arm, then the attribution of each failing cell (``{check: why}``, spec arm first)."""
+    plan = plan if plan is not None else make_plan(ref)
+    results: dict[str, ArmResult] = {}
+    for arm, draft in arms:
+        log(f"arm {arm}" + (" (with the drafter)" if draft else ""))
+        results[arm] = grade_arm(ref, launch, arm, draft, checks, plan, restartable=restartable, log=log)
+    blame = attribute(ref, launch, results, dict(arms), plan, restartable=restartable and can_turn_cache_off,
+                      log=log)
+    return results, blame
+
+
+def attribute(ref: Reference, launch: Launcher, results: dict[str, ArmResult], drafts: dict[str, str | None],
+              plan: Plan, *, restartable: bool, log: Callable[[str], None] = _log) -> dict[str, str]:
+    """Which root cause each failing cell has: the server (plain arm too), speculation, or cache × speculation."""
+    out: dict[str, str] = {}
+    plain = results.get("plain")
+    spec = results.get("spec")
+    if plain is not None:
+        for c, cell in plain.cells.items():
+            if cell.status == "fail":
+                cell.attribution = "server: fails without speculation"
+                out[c] = cell.attribution
+    if spec is None:
+        return out
+    for c, cell in spec.cells.items():
+        if cell.status != "fail":
+            continue
+        p = plain.cells.get(c) if plain is not None else None
+        ran_with = spec.cache_state.get(c, "unknown")
+        spec_bad = {k["label"] for k in cell.cases if k["status"] == "fail"}
+        plain_bad = {k["label"] for k in (p.cases if p is not None else []) if k["status"] == "fail"}
+        also = ""
+        if p is not None and p.status == "fail" and plain_bad and spec_bad - plain_bad:
+            also = f"server for {len(spec_bad & plain_bad)} case(s) failing on the plain arm too; for the other " \
+                   f"{len(spec_bad - plain_bad)}: "
+        if p is not None and p.status == "fail" and not also:
+            why = "server: fails on the plain arm too"
+        elif p is None:
+            why = "not attributed: no plain arm to compare with"
+        elif ran_with == "off":
+            why = "speculation: fails with the prompt cache off, passes on the plain arm"
+        elif restartable and ran_with == "on":
+            log(f"[spec] attributing {c}: rerun on a fresh spec server with the prompt cache off")
+            try:
+                with launch("spec", drafts.get("spec"), True) as srv:
+                    if srv.cache != "off":
+                        raise ServeFailed("the prompt cache could not be turned off")
+                    again = run_checks(srv.client, ref, [c], plan=plan, require_hits=False).get(c)
+            except ServeFailed as exc:
+                again = None
+                why = f"speculation (the cache-off rerun could not start: {exc})"
+            if again is not None:
+                if again.status == "pass":
+                    why = ("cache × speculation: passes when rerun with the prompt cache off, and on the plain "
+                           "arm")
+                elif again.status == "fail":
+                    why = "speculation: fails when rerun with the prompt cache off too, passes on the plain arm"
+                else:
+                    why = f"speculation (the cache-off rerun could not grade: {again.detail[:120]})"
+        else:
+            why = ("speculation, or cache × speculation: the server's prompt cache could not be turned off to "
+                   "tell them apart")
+        cell.attribution = also + why
+        out[c] = cell.attribution
+    return out
+
+
+# ------------------------------------------------------------------ the result document
+
+
+def _doc_name(name: str, model_name: str) -> str:
+    return f"server-{name}--{Path(model_name).name}"
+
+
+def _public_arg(a: str) -> str:
+    """An argv item as a committed row shows it: zoo dirs by name, other absolute paths by their last part."""
+    a = redact(a)
+    if a.startswith("/") and Path(a).exists():
+        with contextlib.suppress(OSError, ValueError):
+            return model_ref(a, Path(a)) if (Path(a) / "config.json").is_file() else f"<{Path(a).name}>"
+    return a
+
+
+def reproduce_cmd(name: str, model: str, draft: str | None, arm: str, check: str, url: str | None, *,
+                  serve_args: Sequence[str] = (), serve_env: Sequence[str] = ()) -> str:
+    where = f"--server {redact(url)}" if url else f"--serve {name}"
     d = f" --draft {draft}" if draft and arm == "spec" else ""
-    cmd = f"python -m specparity.served {where} --model {model}{d} --check {check}"
+    extra = "".join(f" {shlex.quote('--serve-arg=' + a)}" for a in serve_args)
+    extra += "".join(f" --serve-env {shlex.quote(e.split('=', 1)[0] + '=…')}" for e in serve_env)
+    cmd = f"python -m specparity.served {where} --model {model}{d} --check {check}{extra}"
     if url or name == "fake":
         return cmd
     return f"tox exec -e {SERVERS[name].tox_env} -- {cmd}"
 
 
+def _subprocess_launcher(eng: ServedEngine, mdir: Path, out: Path, doc_name: str, *, timeout: float,
+                         startup_timeout: float, env: dict[str, str] | None, serve_args: Sequence[str],
+                         warmup: str, expect_output: bool = False) -> Launcher:
+    counter = {"n": 0}
+
+    @contextlib.contextmanager
+    def launch(arm: str, draft: str | None, cache_off: bool) -> Iterator[Launch]:
+        from specparity.outdir import track
+
+        counter["n"] += 1
+        log_path = track(out / "logs" / f"{doc_name}-{arm}-{counter['n']}.log")
+        with launch_process(eng, str(mdir), draft, log_path, startup_timeout=startup_timeout, timeout=timeout,
+                            env=env, cache_off=cache_off, serve_args=serve_args, warmup=warmup,
+                            expect_output=expect_output) as srv:
+            yield srv
+
+    return launch
+
+
+def _url_launcher(client: HttpClient) -> Launcher:
+    @contextlib.contextmanager
+    def launch(arm: str, draft: str | None, cache_off: bool) -> Iterator[Launch]:
+        yield Launch(client, None, "unknown", [])
+
+    return launch
+
+
 def grade_served(*, model: str, draft: str | None = None, serve: str | None = None, url: str | None = None,
                  out: Path = DEFAULT_OUT, checks: Sequence[str] = SERVER_CHECKS,
                  timeout: float = REQUEST_TIMEOUT, startup_timeout: float = STARTUP_TIMEOUT,
-                 env: dict[str, str] | None = None) -> dict[str, Any]:
+                 env: dict[str, str] | None = None, serve_args: Sequence[str] = (),
+                 prompts: tuple[str, ...] | None = None, allow_remote: bool = False) -> dict[str, Any]:
     """Grade one server (``serve``: started here; ``url``: running) on every check; the result document.
 
     ``model`` / ``draft`` are the arguments as given (paths or zoo names); with ``serve`` and a
     draft, both arms are graded. Raises ``ValueError`` for a usage error.
     """
-    from specparity.runners import model_identity
     from traces.records import platform_info
 
     mdir = resolve_model(model)
@@ -379,74 +754,96 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
     if serve is not None and serve not in SERVERS:
         raise ValueError(f"unknown server {serve!r}; known: {', '.join(SERVERS)}")
     eng = SERVERS.get(serve or "")
+    mname = model_ref(model, mdir)
+    dname = model_ref(draft, ddir) if draft and ddir else None
+    env_keys = sorted((env or {}).keys())
     doc: dict[str, Any] = {
-        "engine": f"server:{name}" if serve else f"server:{url}", "kind": "server",
+        "engine": f"server:{name}" if serve else f"server:{redact(url or '')}", "kind": "server",
         "package": eng.package.split("==")[0] if eng else None, "pinned": eng.package if eng else None,
         "tox_env": eng.tox_env if eng else None, "platform": platform_info(), "modes": {},
-        "model": model_identity(mdir), "draft": model_identity(ddir) if ddir else None,
-        "available": True, "reason": "ok", "version": None, "checks": list(checks),
-        "reproduce": {},
+        "model": model_record(model, mdir), "draft": model_record(draft, ddir) if draft and ddir else None,
+        "available": True, "reason": "ok", "version": None, "checks": list(checks), "checks_version": 2,
+        "setup": {"serve_args": [_public_arg(a) for a in serve_args], "serve_env": env_keys,
+                  "defaults_off": list(eng.defaults_off) if eng else [],
+                  "prompt_cache_off_flag": list(eng.cache_off) if eng and eng.cache_off else None,
+                  "isolated_home": bool(serve)},
     }
     if eng is not None:
         doc["version"] = _version(eng)
         if not eng.available():
-            why = f"{eng.package} is not installed here; run: tox -e {eng.tox_env}"
-            doc.update(available=False, reason=why)
+            doc.update(available=False, reason=availability(eng.name)[1])
             return doc
-    ref = engine_reference(str(mdir))
-    arms: list[tuple[str, Path | None]] = [("spec" if ddir else "plain", ddir)] if url else \
-        [("plain", None)] + ([("spec", ddir)] if ddir else [])
-    if eng is not None and eng.spec_without_draft and not ddir:
-        arms.append(("spec", mdir))  # a model-free speculative mode: the draft argument only switches it on
-    elif eng is not None and eng.exe is not None and ddir and not eng.spec_without_draft and "spec" in dict(arms):
-        arms = [a for a in arms if a[0] != "spec"]  # no two-model drafter in this server
-        doc["note"] = f"{eng.name} takes no two-model draft model: graded without speculation"
+    ref = engine_reference(str(mdir), prompts)
+    plan = make_plan(ref, checks)
+    doc["setup"]["plan_notes"] = plan.notes
+    if url is not None:
+        arms: list[tuple[str, str | None]] = [("spec" if ddir else "plain", str(ddir) if ddir else None)]
+    else:
+        arms = [("plain", None)] + ([("spec", str(ddir))] if ddir else [])
+        assert eng is not None
+        if eng.spec_without_draft and not ddir:
+            arms.append(("spec", str(mdir)))  # a model-free speculative mode: the draft argument only switches it on
+        elif eng.exe is not None and ddir and not eng.spec_without_draft:
+            arms = [a for a in arms if a[0] != "spec"]  # no two-model drafter in this server
+            doc["note"] = f"{eng.name} takes no two-model draft model: graded without speculation"
+    if url is not None:
+        client = HttpClient(url, allow_remote=allow_remote, limits=Limits(deadline=timeout))
+        launch = _url_launcher(client)
+        restartable = False
+    else:
+        assert eng is not None
+        launch = _subprocess_launcher(eng, mdir, out, _doc_name(name, mname), timeout=timeout,
+                                      startup_timeout=startup_timeout, env=env, serve_args=serve_args,
+                                      warmup=plan.warmup, expect_output=plan.warmup_first is not None)
+        restartable = True
+    results, blame = grade_arms(ref, launch, arms, checks=checks, plan=plan, restartable=restartable,
+                                can_turn_cache_off=bool(eng and eng.cache_off))
+    env_list = [f"{k}=…" for k in env_keys]
     for arm, d in arms:
-        _log(f"{doc['engine']} [{arm}] model {mdir}" + (f", draft {d}" if d else ""))
-        mode = {"note": (eng.note if eng else url or "") + (" with the draft model" if d else " without a drafter"),
-                "drafter": str(d) if d else None, "targets": [str(mdir)]}
-        try:
-            if url is not None:
-                results = run_checks(Client(url, timeout=timeout), ref, checks,
-                                     log=lambda m, a=arm: _log(f"[{a}] {m}"))
-            else:
-                assert eng is not None
-                from specparity.outdir import track
-
-                log_path = track(out / "logs" / f"{_doc_name(name, mdir)}-{arm}.log")
-                with started(eng, str(mdir), str(d) if d else None, log_path, startup_timeout=startup_timeout,
-                             timeout=timeout, env=env) as client:
-                    results = run_checks(client, ref, checks, log=lambda m, a=arm: _log(f"[{a}] {m}"))
-        except ServeFailed as exc:
-            from subjects.checks import CheckResult
-
-            results = {c: CheckResult(c, "fail", f"server did not start: {exc}") for c in checks}
-            _log(f"[{arm}] {exc}")
-        mode["checks"] = {c: r.to_dict() for c, r in results.items()}
-        for c, r in results.items():
-            if r.status == "fail":
-                mode["checks"][c]["reproduce"] = reproduce_cmd(name, model, draft, arm, c, url)
+        r = results[arm]
+        mode: dict[str, Any] = {
+            "note": (eng.note if eng else redact(url or "")) + (" with the draft model" if d else " without a drafter"),
+            "drafter": (dname or "model-free") if d else None, "targets": [mname],
+            "checks": {c: cell.to_dict() for c, cell in r.cells.items()}, "setup": r.setup,
+            "prompt_cache": r.cache_state,
+        }
+        for c, cell in r.cells.items():
+            if cell.status in ("fail", "cannot-grade", "not-engaged"):
+                mode["checks"][c]["reproduce"] = reproduce_cmd(
+                    name, mname, dname, arm, c, url, serve_args=[_public_arg(a) for a in serve_args],
+                    serve_env=env_list)
         doc["modes"][arm] = mode
-    doc["blame"] = blame(doc)
+    doc["blame"] = blame
+    doc["summary"] = summarise(doc)
     return doc
 
 
-def blame(doc: dict[str, Any]) -> dict[str, str]:
-    """Per failing check: the server's own (fails without the drafter too) or speculative (spec arm only)."""
-    modes = doc.get("modes", {})
-    plain, spec = modes.get("plain", {}).get("checks", {}), modes.get("spec", {}).get("checks", {})
-    out = {}
-    for c in set(plain) | set(spec):
-        p, s = plain.get(c, {}).get("status"), spec.get(c, {}).get("status")
-        if p == "fail" and s == "fail":
-            out[c] = "server (fails with and without the draft model)"
-        elif s == "fail" and p in ("pass", "unsupported"):
-            out[c] = "speculative (fails only with the draft model)"
-        elif p == "fail" and s in ("pass", "unsupported"):
-            out[c] = "server without a drafter only"
-        elif p == "fail" or s == "fail":
-            out[c] = "server"
+def summarise(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per arm: how many cells are in each state."""
+    out: dict[str, dict[str, int]] = {}
+    for arm, m in doc.get("modes", {}).items():
+        counts: dict[str, int] = {}
+        for r in m["checks"].values():
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        out[arm] = counts
     return out
+
+
+def exit_code(doc: dict[str, Any]) -> int:
+    """0 every gradeable cell passed (each arm graded something), 1 a finding, 3 nothing graded."""
+    if not doc.get("available", True):
+        return 2
+    modes = doc.get("modes", {})
+    if any(r["status"] == "fail" for m in modes.values() for r in m["checks"].values()):
+        return 1
+    if not modes or any(not any(r["status"] == "pass" for r in m["checks"].values()) for m in modes.values()):
+        return EXIT_NOTHING_GRADED
+    return 0
+
+
+def blame(doc: dict[str, Any]) -> dict[str, str]:
+    """The attribution of each failing check (as written by :func:`grade_served`)."""
+    return dict(doc.get("blame") or {})
 
 
 def _version(eng: ServedEngine) -> str | None:
@@ -466,12 +863,8 @@ def _version(eng: ServedEngine) -> str | None:
     return None if v == "unknown" else v
 
 
-def _failed(doc: dict[str, Any]) -> bool:
-    return any(r["status"] == "fail" for m in doc.get("modes", {}).values() for r in m["checks"].values())
-
-
 def _err(msg: str) -> int:
-    print(f"specparity grade: {msg}", file=sys.stderr)
+    print(f"specparity grade: {redact(msg)}", file=sys.stderr)
     return 2
 
 
@@ -479,12 +872,37 @@ class _Terminated(SystemExit):
     pass
 
 
+def _parse_env(items: Sequence[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or ():
+        k, sep, v = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ValueError(f"--serve-env {item.split('=', 1)[0]!r}: expected NAME=VALUE")
+        if k in out:
+            raise ValueError(f"--serve-env {k} given twice")
+        out[k] = v
+    return out
+
+
 def grade_server_main(args: argparse.Namespace) -> int:
     """``specparity grade --server URL | --serve NAME --model PATH [--draft PATH] [--out DIR]``."""
     if args.server and args.serve:
         return _err("give --server URL or --serve NAME, not both")
+    allow_remote = bool(getattr(args, "allow_remote", False))
+    if args.server:
+        try:  # refused before anything else: credentials in it are never echoed
+            HttpClient(args.server, allow_remote=allow_remote)
+        except UsageError as exc:
+            return _err(str(exc))
     if not getattr(args, "model", None):
         return _err("--server/--serve need --model PATH (the weights the server serves)")
+    serve_args = list(getattr(args, "serve_arg", None) or [])
+    try:
+        env = _parse_env(getattr(args, "serve_env", None))
+    except ValueError as exc:
+        return _err(str(exc))
+    if args.server and (serve_args or env):
+        return _err("--serve-arg/--serve-env start a server: they go with --serve NAME, not --server URL")
     if args.serve is not None:
         from specparity.runners.registry import RunnerUnsupported, get
 
@@ -496,7 +914,11 @@ def grade_server_main(args: argparse.Namespace) -> int:
     bad = [c for c in checks if c not in SERVER_CHECKS]
     if bad:
         return _err(f"unknown check {bad[0]!r}; known: {', '.join(SERVER_CHECKS)}")
+    checks = [c for c in SERVER_CHECKS if c in checks]
+    prompts = None
     try:
+        if getattr(args, "prompts_file", None):
+            prompts = prompts_from_file(args.prompts_file)
         mdir = resolve_model(args.model)
         if args.draft:
             resolve_model(args.draft, "--draft", target=args.model)
@@ -504,22 +926,19 @@ def grade_server_main(args: argparse.Namespace) -> int:
         return _err(str(exc))
     timeout = float(getattr(args, "server_timeout", None) or REQUEST_TIMEOUT)
     if args.server:
-        try:
-            client = Client(args.server, timeout=min(timeout, 10.0))
-        except ValueError as exc:
-            return _err(str(exc))
+        client = HttpClient(args.server, allow_remote=allow_remote, limits=Limits(deadline=min(timeout, 10.0)))
         try:
             client.get("/health")
-        except ServerDown as exc:
+        except (ServerDown, ServerError) as exc:
             return _err(f"cannot reach the server at {client.url}: {exc}")
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
     from specparity.outdir import add_outputs
 
-    path = out / f"{_doc_name(args.serve or 'url', mdir)}.json"
+    path = out / f"{_doc_name(args.serve or 'url', model_ref(args.model, mdir))}.json"
     with add_outputs(out, "specparity grade --serve", recognise=_served_output) as claim:
         for f in (path, out / "scoreboard.md", out / "scoreboard.html"):
             claim.check(f)  # refused before any server starts if not ours
-        return _grade_served_into(args, out, path, claim, checks, timeout)
+        return _grade_served_into(args, out, path, claim, checks, timeout, serve_args, env, prompts, allow_remote)
 
 
 def _served_output(p: Path) -> bool:
@@ -534,8 +953,9 @@ def _served_output(p: Path) -> bool:
         return fh.read(2) == b"$ "  # our logs start with the server's command line
 
 
-def _grade_served_into(args: argparse.Namespace, out: Path, path: Path, claim: Any,
-                       checks: Any, timeout: float) -> int:
+def _grade_served_into(args: argparse.Namespace, out: Path, path: Path, claim: Any, checks: Any, timeout: float,
+                       serve_args: list[str], env: dict[str, str], prompts: tuple[str, ...] | None,
+                       allow_remote: bool) -> int:
     prev = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -544,7 +964,8 @@ def _grade_served_into(args: argparse.Namespace, out: Path, path: Path, claim: A
     signal.signal(signal.SIGTERM, on_term)  # run the finally blocks that stop the server
     try:
         doc = grade_served(model=args.model, draft=args.draft, serve=args.serve, url=args.server, out=out,
-                           checks=checks, timeout=timeout)
+                           checks=checks, timeout=timeout, env=env, serve_args=serve_args, prompts=prompts,
+                           allow_remote=allow_remote)
     except ValueError as exc:
         return _err(str(exc))
     finally:
@@ -558,11 +979,42 @@ def _grade_served_into(args: argparse.Namespace, out: Path, path: Path, claim: A
 
     md, html = write_scoreboard(out, track=claim.track)
     print(f"{path}\nscoreboard: {md} {html}")
+    for arm, counts in doc.get("summary", {}).items():
+        print(f"  {arm}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     for c, who in sorted(doc.get("blame", {}).items()):
         print(f"  {c}: {who}")
-    if _failed(doc):
-        return 1
-    return 0 if doc["available"] else 2
+    code = exit_code(doc)
+    if code == EXIT_NOTHING_GRADED:
+        print("  nothing could be graded in at least one arm (exit 3): see the cannot-grade reasons",
+              file=sys.stderr)
+    return code
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 86400], got {text!r}")
+    return v
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags ``grade --serve/--server`` adds (shared by ``specparity grade`` and this module)."""
+    p.add_argument("--check", action="append", default=None, choices=SERVER_CHECKS,
+                   help="grade only this served check (repeat; default: all)")
+    p.add_argument("--server-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help=f"the deadline of one request to the server (default {REQUEST_TIMEOUT:g})")
+    p.add_argument("--serve-arg", action="append", default=None, metavar="ARG",
+                   help="one more argument for the started server (repeat; write --serve-arg=--flag)")
+    p.add_argument("--serve-env", action="append", default=None, metavar="NAME=VALUE",
+                   help="one more environment variable for the started server (repeat; values are never written)")
+    p.add_argument("--prompts-file", default=None, metavar="FILE",
+                   help="text prompts to build the served checks' requests from (default: words of the model's "
+                        "own vocabulary)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="grade a --server URL that is not on this machine (default: loopback only)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -572,9 +1024,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--serve", default=None, metavar="NAME")
     p.add_argument("--model", required=True)
     p.add_argument("--draft", default=None)
-    p.add_argument("--check", action="append", default=None, choices=SERVER_CHECKS)
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--server-timeout", type=float, default=None)
+    add_server_arguments(p)
     return grade_server_main(p.parse_args(argv))
 
 

@@ -3,197 +3,100 @@
 The request and response shapes are those of mlx-lm 0.32.2 ``mlx_lm/server.py``
 (``APIHandler.do_POST``, ``generate_response``, ``handle_completion``,
 ``completion_usage_response``, ``handle_health_check``): ``POST /v1/completions``
-and ``/v1/chat/completions`` (``stream`` as Server-Sent Events ``data: {json}``
-ending ``data: [DONE]``; ``stream_options.include_usage``), ``max_tokens``,
-``stop``, ``logprobs`` / ``top_logprobs`` (``choices[0].logprobs.content[i]`` =
-``{id, token, logprob, top_logprobs: [...]}``; the legacy completions shape
+(a text prompt, or a token-id array as the OpenAI completions API allows) and
+``/v1/chat/completions`` (``stream`` as Server-Sent Events ending
+``data: [DONE]``; ``stream_options.include_usage``), ``max_tokens``, ``stop``,
+``logprobs`` / ``top_logprobs`` (``choices[0].logprobs.content[i]`` =
+``{id, token, logprob, top_logprobs}``; the legacy completions shape
 ``{tokens, token_logprobs, top_logprobs}`` is read too), ``usage``
 (``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
-``prompt_tokens_details.cached_tokens``), ``finish_reason``; ``GET /health`` and
-``/v1/models``.
+``prompt_tokens_details.cached_tokens``), ``finish_reason``; ``GET /health``,
+``/v1/models`` and, where a server has it, ``/metrics``. Every request goes
+through the one bounded client, ``subjects/http_client.py``.
 
 A server exposes no rounds, so it is judged against a :class:`Reference`
 computed in process by the grader (``specparity/served.py``: plain greedy decode
-of the same weights, on the prompt the server builds — the tokenizer's encoding
-for completions, its chat template, or mlx-lm's ``convert_chat`` when it has
-none). Output ids are compared when the server returns them (non-streaming
-requests ask for ``logprobs``); text otherwise (``decode`` of the reference ids;
-runs of U+FFFD collapsed, as a byte-level tokenizer's split characters decode
-differently token by token). The checks (``SERVER_CHECKS``), each naming the
-request of its first failure:
+of the same weights on the prompt the server builds — the tokenizer's encoding,
+the token ids sent, its chat template or mlx-lm's ``convert_chat``).
 
-- ``identity``: greedy output = plain decode, completions and chat, non-streaming
-  and streamed (chunks reassembled);
-- ``budget``: ``max_tokens`` in 1, 2, 5, 9, 17, 33 (ending inside a speculative
-  round): exactly that output, finish ``length``;
-- ``finish_reason``: ``length`` at the budget, ``stop`` on EOS and on a stop string;
-- ``usage``: ``prompt_tokens`` = the built prompt's length, ``completion_tokens``
-  = tokens generated (+ at most the one EOS), ``total_tokens`` the sum, the same
-  in the streamed usage chunk; a request whose output re-encodes to another
-  token count is included when one exists;
-- ``eos``: the EOS never appears in the text, generation ends there;
-- ``stop``: stop strings (a whole token's text, and one that falls inside a
-  token): the text ends right before the first occurrence, finish ``stop``;
-- ``logprobs``: the emitted token's logprob and the top_logprobs (sorted
-  descending, the greedy token first) agree with the reference (``LOGPROB_TOL``);
+**Four states per cell.** Each check runs every one of its cases (none stops at
+its first failing case) and each case is ``pass``, ``fail`` (a finding: the
+request and the first divergence), ``cannot-grade`` (the case could not be set
+up: a chat endpoint refused for a model without a chat template, a cache hit the
+server did not make, a stop string the output lacks) or ``n/a``. A cell is
+``fail`` when a case failed, else ``pass`` when one passed, else
+``cannot-grade``, else ``n/a`` (``unsupported``); a set-up failure never reads
+fail. A spec arm whose server never speculated is ``not-engaged`` (set by the
+grader from the ``speculation`` cell), never ``pass``.
+
+**One root cause, one cell.** Each check owns one property and uses prompts no
+other check uses (first words distinct, :func:`make_plan`); the properties:
+
+- ``identity``: greedy output ids = plain decode (completions; chat through the
+  template the server builds), prefix only (lengths belong to the budget/EOS checks);
+- ``stream``: streamed deltas concatenated = the non-streamed text = decode of the
+  server's own ids (byte-level models: at split multi-byte characters), the same
+  finish_reason and usage (the server against itself, no reference);
+- ``budget``: ``max_tokens`` 1, 2, 5, 9, 17, 33 (ending inside a speculative
+  round): exactly that output;
+- ``finish_reason``: ``length`` at the budget, ``stop`` on EOS, on a stop string,
+  and when the stop or EOS lands in the same block as the budget (the stop wins);
+- ``usage``: ``prompt_tokens`` = the built prompt, ``completion_tokens`` = the ids
+  returned (+ at most the EOS), trimmed at a stop to the token that completed it,
+  ``total_tokens`` the sum, ``cached_tokens`` within the prompt; on a byte-level
+  model a case whose text re-encodes to another count;
+- ``eos``: the EOS never in the text, generation ends where plain decode's does
+  (also when the EOS is the budget's last token or inside a block past it);
+- ``stop``: the text ends right before the first occurrence of the stop string
+  (a whole token, inside a token, in a block that crosses ``max_tokens``), and
+  the returned ids / logprobs are trimmed to the token that completed it;
+- ``logprobs``: each emitted token's logprob and the sorted top_logprobs agree with
+  the reference teacher-forced on the server's own ids (tolerance
+  ``LOGPROB_ATOL + LOGPROB_RTOL·|lp|``: bf16-like rounding passes);
 - ``cache``: a repeated identical request, a shared-prefix follow-up and an exact
-  continuation (prompt + the server's own output) equal cold plain decode;
-- ``concurrency``: a few requests sent at once each equal plain decode (a
-  request's tokens must not depend on its batch-mates);
-- ``liveness``: ``/health`` answers 200 before and after, ``/v1/models`` answers.
+  continuation (prompt ids + the server's completion ids, sent as a token-id
+  prompt where the server takes one; as text only when the ids round-trip),
+  each = cold plain decode and credited only when the server's own
+  ``usage.prompt_tokens`` / ``cached_tokens`` show the hit meant was made;
+- ``concurrency``: requests in flight together (asserted: all sent before any
+  answered) each = plain decode;
+- ``liveness``: ``/health`` (or ``/v1/models``) answers, and ``/v1/models``;
+- ``speculation``: the spec arm drafted tokens (the server's ``/metrics``
+  counters, or draft/accept counters in ``usage``/``timings``); 0 drafted =
+  ``not-engaged``; no counters = ``cannot-grade``.
 
-Every request has a timeout: a server that dies or stops answering fails the
-check in progress (``ServerDown``) and every later check says so without
-waiting again.
+A server that stops answering fails the case in progress (``ServerDown``) and
+every later check of the arm is ``cannot-grade`` without waiting again.
 """
 
 from __future__ import annotations
 
-import http.client
+import contextlib
 import json
-import os
 import re
-import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-from subjects.checks import CheckResult, first_divergence
+from subjects.checks import first_divergence
+from subjects.http_client import HttpClient, ServerDown, ServerError
 
-SERVER_CHECKS = ("identity", "budget", "finish_reason", "usage", "eos", "stop", "logprobs", "cache",
-                 "concurrency", "liveness")
+__all__ = ["SERVER_CHECKS", "CellResult", "HttpClient", "Reference", "Request", "ServerDown", "ServerError",
+           "SpecCounters", "make_plan", "run_checks", "send"]
+
+SERVER_CHECKS = ("identity", "stream", "budget", "finish_reason", "usage", "eos", "stop", "logprobs", "cache",
+                 "concurrency", "liveness", "speculation")
+STATUSES = ("pass", "fail", "cannot-grade", "unsupported", "not-engaged")
 BUDGETS = (1, 2, 5, 9, 17, 33)
 MAX_BUDGET = max(BUDGETS)
-LOGPROB_TOL = 2e-3
+LOGPROB_ATOL = 1e-3
+LOGPROB_RTOL = 2.0**-7  # one bf16 ulp, relative: a bf16 logprob rounds within half of it
 TOP_K = 5
 CONCURRENT = 4
 
-
-API_KEY = "specparity-local"  # sent as a bearer token (override: $SPECPARITY_SERVER_API_KEY)
-
-
-class ServerDown(RuntimeError):
-    """The server refused, reset or did not answer within the timeout."""
-
-
-class ServerError(RuntimeError):
-    """The server answered with an error status or a body that is not the API's shape."""
-
-
-# ------------------------------------------------------------------ client
-
-
-class Client:
-    """A minimal HTTP client for an OpenAI-compatible server (stdlib ``http.client``).
-
-    ``timeout`` bounds every socket operation; a streamed response is also
-    bounded as a whole (``stream_deadline``).
-    """
-
-    def __init__(self, url: str, timeout: float = 60.0, stream_deadline: float = 300.0) -> None:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"bad server URL {url!r}; expected http://HOST:PORT")
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise ValueError(f"bad server URL {url!r}: {exc}") from exc
-        self.url = f"{parts.scheme}://{parts.hostname}:{port or (443 if parts.scheme == 'https' else 80)}"
-        self.host, self.port, self.https = parts.hostname, port or (443 if parts.scheme == "https" else 80), \
-            parts.scheme == "https"
-        self.prefix = parts.path.rstrip("/")
-        self.timeout, self.stream_deadline = timeout, stream_deadline
-        # /v1/completions logprobs: a bool (mlx-lm) or the OpenAI legacy int; learnt from a 400
-        self.legacy_logprobs = False
-        self.api_key = os.environ.get("SPECPARITY_SERVER_API_KEY", API_KEY)
-
-    def _conn(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        return cls(self.host, self.port, timeout=self.timeout)
-
-    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, bytes]:
-        conn = self._conn()
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            headers["Authorization"] = f"Bearer {self.api_key}"
-            conn.request(method, self.prefix + path, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise ServerDown(_why(exc, self.timeout)) from exc
-        finally:
-            conn.close()
-
-    def get(self, path: str) -> tuple[int, str]:
-        status, raw = self._request("GET", path, None)
-        return status, raw.decode("utf-8", "replace")
-
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        status, raw = self._request("POST", path, body)
-        if status != 200:
-            raise ServerError(f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}")
-        try:
-            doc = json.loads(raw)
-        except ValueError as exc:
-            raise ServerError(f"response is not JSON: {raw[:120]!r}") from exc
-        if not isinstance(doc, dict):
-            raise ServerError(f"response is not a JSON object: {raw[:120]!r}")
-        return doc
-
-    def post_stream(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """The ``data:`` events of a streamed response, up to ``[DONE]``."""
-        conn = self._conn()
-        t0 = time.monotonic()
-        events: list[dict[str, Any]] = []
-        try:
-            conn.request("POST", self.prefix + path, body=json.dumps(body).encode(),
-                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise ServerError(f"HTTP {resp.status}: {resp.read()[:200].decode('utf-8', 'replace')}")
-            while True:
-                if time.monotonic() - t0 > self.stream_deadline:
-                    raise ServerDown(f"stream still open after {self.stream_deadline:g} s")
-                line = resp.readline()
-                if not line:
-                    raise ServerError("stream ended without 'data: [DONE]'")
-                text = line.decode("utf-8", "replace").strip()
-                if not text.startswith("data:"):
-                    continue  # blank separators and ': keepalive' comments
-                payload = text[5:].strip()
-                if payload == "[DONE]":
-                    return events
-                try:
-                    events.append(json.loads(payload))
-                except ValueError as exc:
-                    raise ServerError(f"stream event is not JSON: {payload[:120]!r}") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise ServerDown(_why(exc, self.timeout)) from exc
-        finally:
-            conn.close()
-
-    def healthy(self) -> tuple[bool, str]:
-        """``/health`` answers 200 (a server without that route: ``/v1/models`` answers 200)."""
-        try:
-            status, text = self.get("/health")
-            if status == 404:
-                status2, text2 = self.get("/v1/models")
-                return status2 == 200, f"no /health (404); /v1/models: HTTP {status2} {text2[:60]}"
-        except ServerDown as exc:
-            return False, str(exc)
-        return status == 200, f"/health: HTTP {status} {text[:80]}"
-
-
-def _why(exc: BaseException, timeout: float) -> str:
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return f"no answer within {timeout:g} s"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    return f"{type(exc).__name__}: {exc}"
+Client = HttpClient  # the name older callers use
 
 
 # ------------------------------------------------------------------ requests and replies
@@ -201,9 +104,12 @@ def _why(exc: BaseException, timeout: float) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """One request to the server; ``label`` names it in every finding."""
+    """One request to the server; ``label`` names it in every finding.
 
-    prompt: str
+    ``prompt``: text, or a tuple of token ids (the OpenAI completions token-array prompt).
+    """
+
+    prompt: str | tuple[int, ...]
     max_tokens: int
     chat: bool = False
     stream: bool = False
@@ -216,24 +122,28 @@ class Request:
     def path(self) -> str:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
 
+    @property
+    def by_ids(self) -> bool:
+        return isinstance(self.prompt, tuple)
+
     def body(self, legacy_logprobs: bool = False) -> dict[str, Any]:
         b: dict[str, Any] = {"model": "default_model", "max_tokens": self.max_tokens, "temperature": 0.0,
                              "stream": self.stream}
         if self.chat:
             b["messages"] = [{"role": "user", "content": self.prompt}]
         else:
-            b["prompt"] = self.prompt
+            b["prompt"] = list(self.prompt) if isinstance(self.prompt, tuple) else self.prompt
         if self.stop:
             b["stop"] = list(self.stop)
+        if self.stream:
+            b["stream_options"] = {"include_usage": True}
         if legacy_logprobs and not self.chat and (self.logprobs or self.top_logprobs):
             b["logprobs"] = max(self.top_logprobs, 1)  # the OpenAI legacy completions field: an int
             return b
-        if self.logprobs:
+        if self.logprobs or self.top_logprobs:
             b["logprobs"] = True
         if self.top_logprobs:
             b["top_logprobs"] = self.top_logprobs
-        if self.stream:
-            b["stream_options"] = {"include_usage": True}
         return b
 
     @property
@@ -247,9 +157,13 @@ class Request:
             opts.append("logprobs")
         if self.top_logprobs:
             opts.append(f"top_logprobs={self.top_logprobs}")
-        short = self.prompt if len(self.prompt) <= 40 else self.prompt[:37] + "..."
+        if isinstance(self.prompt, tuple):
+            ids = list(self.prompt)
+            short = f"ids {ids}" if len(ids) <= 12 else f"ids [{', '.join(map(str, ids[:10]))}, …] ({len(ids)})"
+        else:
+            short = repr(self.prompt if len(self.prompt) <= 40 else self.prompt[:37] + "...")
         tag = f"{self.tag}: " if self.tag else ""
-        return f"{tag}POST {self.path} {short!r} " + " ".join(opts)
+        return f"{tag}POST {self.path} {short} " + " ".join(opts)
 
 
 @dataclass
@@ -267,6 +181,7 @@ class Reply:
     usage: dict[str, Any] | None
     logprobs: list[TokenLogprob] | None
     chunks: int = 0
+    doc: dict[str, Any] | None = None  # the non-streamed answer, as sent
 
     @property
     def ids(self) -> list[int] | None:
@@ -282,52 +197,156 @@ def _choice(doc: dict[str, Any]) -> dict[str, Any]:
     return ch[0]
 
 
+def _num(x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ServerError(f"a logprob that is not a number: {x!r}")
+    return float(x)
+
+
 def _parse_logprobs(lp: Any) -> list[TokenLogprob] | None:
     if not isinstance(lp, dict):
         return None
     out: list[TokenLogprob] = []
     if isinstance(lp.get("content"), list):  # chat shape (mlx-lm uses it for both endpoints)
         for item in lp["content"]:
-            if not item:
+            if not isinstance(item, dict):
                 continue
-            top = [(t.get("id"), t.get("token"), float(t["logprob"])) for t in item.get("top_logprobs") or []]
-            out.append(TokenLogprob(item.get("id"), item.get("token"), float(item["logprob"]), top))
+            top = [(t.get("id"), t.get("token"), _num(t.get("logprob"))) for t in item.get("top_logprobs") or []
+                   if isinstance(t, dict)]
+            out.append(TokenLogprob(item.get("id"), item.get("token"), _num(item.get("logprob")), top))
         return out
     if isinstance(lp.get("token_logprobs"), list):  # legacy completions shape
         toks = lp.get("tokens") or [None] * len(lp["token_logprobs"])
         tops = lp.get("top_logprobs") or [None] * len(lp["token_logprobs"])
         for tok, g, top in zip(toks, lp["token_logprobs"], tops, strict=False):
-            entries = [(None, k, float(v)) for k, v in (top or {}).items()]
-            out.append(TokenLogprob(None, tok, float(g), entries))
+            entries = [(None, k, _num(v)) for k, v in (top or {}).items()] if isinstance(top, dict) else []
+            out.append(TokenLogprob(None, tok, _num(g), entries))
         return out
     return None
 
 
-def send(client: Client, req: Request) -> Reply:
-    """Send ``req``; the reply reassembled (streamed chunks concatenated)."""
+@dataclass
+class SpecCounters:
+    """Draft / accept counters a server reports (``/metrics``, or ``usage``/``timings`` extensions)."""
+
+    drafted: float = 0.0
+    accepted: float = 0.0
+    sources: set[str] = field(default_factory=set)
+
+    _DRAFT = re.compile(r"draft", re.I)
+    _ACCEPT = re.compile(r"accept", re.I)
+
+    def add_doc(self, doc: dict[str, Any] | None) -> None:
+        """Counters in one answer: numeric ``*draft*`` / ``*accept*`` keys of ``usage`` or ``timings``
+        (llama.cpp ``timings.draft_n`` / ``draft_n_accepted``; any server's usage extension)."""
+        if not isinstance(doc, dict):
+            return
+        for where in ("usage", "timings"):
+            block = doc.get(where)
+            if not isinstance(block, dict):
+                continue
+            for k, v in _flat(block):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    continue
+                if self._ACCEPT.search(k):
+                    self.accepted += v
+                    self.sources.add(f"{where}.{k}")
+                elif self._DRAFT.search(k):
+                    self.drafted += v
+                    self.sources.add(f"{where}.{k}")
+
+    @staticmethod
+    def from_metrics(text: str) -> SpecCounters:
+        """Counters in a Prometheus ``/metrics`` page: ``*spec*draft*`` and ``*spec*accept*`` totals
+        (vLLM's ``vllm:spec_decode_num_draft_tokens_total`` / ``..._accepted_tokens_total``)."""
+        c = SpecCounters()
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            m = re.match(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|\+Inf)\s*", line)
+            name = m.group(1) if m else ""
+            low = name.lower()
+            if not m or "spec" not in low or not low.endswith("_total"):
+                continue  # counters only (a ratio gauge is not a count)
+            try:
+                v = float(m.group(3))
+            except ValueError:
+                continue
+            if "accept" in low:
+                c.accepted += v
+                c.sources.add(f"/metrics {name}")
+            elif any(w in low for w in ("draft", "propos", "attempt", "verify")):
+                c.drafted += v  # speculation activity: drafted tokens, proposals, verify rounds
+                c.sources.add(f"/metrics {name}")
+        return c
+
+    def minus(self, other: SpecCounters) -> SpecCounters:
+        return SpecCounters(self.drafted - other.drafted, self.accepted - other.accepted,
+                            self.sources | other.sources)
+
+    def plus(self, other: SpecCounters) -> SpecCounters:
+        return SpecCounters(self.drafted + other.drafted, self.accepted + other.accepted,
+                            self.sources | other.sources)
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _flat(v, key + ".")
+        else:
+            yield key, v
+
+
+def metrics(client: HttpClient) -> SpecCounters | None:
+    """The server's ``/metrics`` speculation counters, or None (no such page, or no such counter)."""
     try:
-        return _send(client, req)
+        status, text = client.get("/metrics")
+    except (ServerDown, ServerError):
+        return None
+    if status != 200:
+        return None
+    c = SpecCounters.from_metrics(text)
+    return c if c.sources else None
+
+
+def send(client: HttpClient, req: Request, counters: SpecCounters | None = None) -> Reply:
+    """Send ``req``; the reply reassembled (streamed chunks concatenated)."""
+    legacy = getattr(client, "legacy_logprobs", False)
+    try:
+        return _send(client, req, legacy, counters)
     except ServerError as exc:
-        if req.chat or client.legacy_logprobs or not req.logprobs or "logprobs" not in str(exc):
+        if req.chat or legacy or not (req.logprobs or req.top_logprobs) or "logprobs" not in str(exc):
             raise
-        client.legacy_logprobs = True  # the server wants OpenAI's legacy `logprobs: N` on completions
-        return _send(client, req)
+        client.legacy_logprobs = True  # type: ignore[attr-defined]  # it wants OpenAI's legacy `logprobs: N`
+        return _send(client, req, True, counters)
 
 
-def _send(client: Client, req: Request) -> Reply:
+def _send(client: HttpClient, req: Request, legacy: bool, counters: SpecCounters | None) -> Reply:
     if not req.stream:
-        doc = client.post(req.path, req.body(client.legacy_logprobs))
+        doc = client.post(req.path, req.body(legacy))
         ch = _choice(doc)
-        text = (ch.get("message") or {}).get("content") if req.chat else ch.get("text")
-        return Reply(text or "", ch.get("finish_reason"), doc.get("usage"), _parse_logprobs(ch.get("logprobs")))
-    events = client.post_stream(req.path, req.body(client.legacy_logprobs))
+        msg = ch.get("message") if isinstance(ch.get("message"), dict) else {}
+        text = msg.get("content") if req.chat else ch.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ServerError(f"choices[0] text is not a string: {text!r:.80}")
+        if counters is not None:
+            counters.add_doc(doc)
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
+        return Reply(text or "", ch.get("finish_reason"), usage, _parse_logprobs(ch.get("logprobs")), doc=doc)
+    events = client.post_stream(req.path, req.body(legacy))
     text, finish, usage = [], None, None
     for ev in events:
-        if ev.get("usage"):
+        if isinstance(ev.get("usage"), dict):
             usage = ev["usage"]
+            if counters is not None:
+                counters.add_doc(ev)
         for ch in ev.get("choices") or []:
-            piece = (ch.get("delta") or {}).get("content") if req.chat else ch.get("text")
-            if piece:
+            if not isinstance(ch, dict):
+                continue
+            delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+            piece = delta.get("content") if req.chat else ch.get("text")
+            if isinstance(piece, str) and piece:
                 text.append(piece)
             if ch.get("finish_reason") is not None:
                 finish = ch["finish_reason"]
@@ -344,7 +363,8 @@ class Reference:
     ``encode`` / ``chat_prompt``: the prompt ids the server builds for a completions /
     chat request; ``greedy(ids, n)``: (output ids without EOS, ended on EOS);
     ``logprobs(ids, out, k)``: per output position the emitted token's logprob and the
-    top-k ``(id, logprob)`` sorted descending; ``prompts``: prompt texts to use.
+    top-k ``(id, logprob)`` sorted descending, teacher-forced on ``out``; ``prompts``:
+    prompt texts to use (each check takes its own, :func:`make_plan`).
     """
 
     encode: Callable[[str], list[int]]
@@ -355,16 +375,42 @@ class Reference:
     eos_ids: tuple[int, ...]
     prompts: list[str]
     eos_text: tuple[str, ...] = ()
+    has_chat_template: bool = True
+    bos_id: int | None = None
 
     def prompt_ids(self, req: Request) -> list[int]:
+        if isinstance(req.prompt, tuple):
+            return list(req.prompt)
         return list(self.chat_prompt(req.prompt) if req.chat else self.encode(req.prompt))
 
     def expect(self, req: Request) -> tuple[list[int], bool]:
         return self.greedy(tuple(self.prompt_ids(req)), req.max_tokens)
 
+    def text_for(self, ids: Sequence[int]) -> str | None:
+        """Text whose encoding is exactly ``ids`` (a leading BOS added back by ``encode``), or None."""
+        body = list(ids[1:]) if self.bos_id is not None and ids and ids[0] == self.bos_id else list(ids)
+        text = self.decode(body)
+        return text if list(self.encode(text)) == list(ids) else None
+
 
 def norm_text(s: str) -> str:
     return re.sub("\ufffd+", "\ufffd", s)
+
+
+def loose(s: str) -> str:
+    """``s`` without U+FFFD: invalid UTF-8 bytes (a byte-level model's garbage, or a character cut by
+    the budget) may be replaced or dropped by a server; neither is judged."""
+    return s.replace("\ufffd", "")
+
+
+def _nows(s: str) -> str:
+    return re.sub(r"\s+", "", loose(s))
+
+
+def stop_view(s: str) -> str:
+    """What the stop checks judge of a text: where it ends, its non-space characters (whitespace and
+    U+FFFD are the detokenizer's, judged by the stream check)."""
+    return _nows(s)
 
 
 def token_at(ref: Reference, ids: Sequence[int], char: int) -> int:
@@ -375,146 +421,409 @@ def token_at(ref: Reference, ids: Sequence[int], char: int) -> int:
     return len(ids)
 
 
-def compare(ref: Reference, req: Request, reply: Reply, ids: list[int], *, exact: bool,
-            text: str | None = None) -> str | None:
+def splits_utf8(ref: Reference, ids: Sequence[int]) -> bool:
+    """Whether some prefix of ``ids`` ends inside a character the whole output decodes (byte-level
+    tokenizers: a streamed delta must hold those bytes back)."""
+    full = ref.decode(ids)
+    for k in range(1, len(ids)):
+        pre = ref.decode(ids[:k])
+        if pre.endswith("\ufffd"):
+            head = pre.rstrip("\ufffd")
+            if full.startswith(head) and len(full) > len(head) and full[len(head)] != "\ufffd":
+                return True
+    return False
+
+
+def strip_eos(ref: Reference, ids: list[int] | None) -> list[int] | None:
+    if ids and ids[-1] in ref.eos_ids:
+        return ids[:-1]  # mlx-lm lists the EOS it stopped on (its text is judged by the eos check)
+    return ids
+
+
+def compare(ref: Reference, reply: Reply, ids: list[int], *, exact: bool) -> str | None:
     """Why ``reply`` is not the reference output ``ids`` (None when it is).
 
-    ``exact``: the whole output must match; otherwise only the common prefix is
-    judged (a length difference belongs to the budget/EOS checks).
+    The server's ids when it returned them, else its text against ``decode(ids)``
+    (runs of U+FFFD collapsed). ``exact``: the whole output must match; otherwise
+    only the common prefix is judged (a length difference belongs to the budget/EOS checks).
     """
-    got_ids = reply.ids
-    if got_ids and got_ids[-1] in ref.eos_ids:
-        got_ids = got_ids[:-1]  # mlx-lm lists the EOS it stopped on (its text is judged by the eos check)
-    if got_ids is not None and text is None:
+    got_ids = strip_eos(ref, reply.ids)
+    if not exact and ids and (got_ids == [] or (got_ids is None and not reply.text)):
+        return f"no output where plain decode emits {len(ids)} tokens (finish_reason {reply.finish_reason!r})"
+    if got_ids is not None:
         i = first_divergence(got_ids, ids) if exact else first_divergence(got_ids[: len(ids)], ids[: len(got_ids)])
-        if i is not None:
-            a = got_ids[i] if i < len(got_ids) else "<end>"
-            b = ids[i] if i < len(ids) else "<end>"
-            return (f"output token {i}: server id {a} vs plain decode {b} (server {len(got_ids)} tokens, "
-                    f"plain {len(ids)})")
-    want = norm_text(ref.decode(ids) if text is None else text)
-    got = norm_text(reply.text)
+        if i is None:
+            return None
+        a = got_ids[i] if i < len(got_ids) else "<end>"
+        b = ids[i] if i < len(ids) else "<end>"
+        return f"output token {i}: server id {a} vs plain decode {b} (server {len(got_ids)} tokens, plain {len(ids)})"
+    want = _nows(ref.decode(ids))  # no ids: the text, whitespace and U+FFFD aside (the stream check owns those)
+    got = _nows(reply.text)
     if not exact:
         n = min(len(want), len(got))
         want, got = want[:n], got[:n]
     if got == want:
         return None
     i = next((k for k, (x, y) in enumerate(zip(got, want, strict=False)) if x != y), min(len(got), len(want)))
-    tok = token_at(ref, ids, i)
-    return (f"text differs at character {i} (plain token {tok}): server {got[max(0, i - 12): i + 12]!r} vs "
-            f"plain {want[max(0, i - 12): i + 12]!r} (server {len(got)} chars, plain {len(want)})")
+    tok = next((k for k in range(len(ids)) if len(_nows(ref.decode(ids[: k + 1]))) > i), len(ids))
+    return (f"text differs at non-space character {i} (plain token {tok}): server {got[max(0, i - 12): i + 12]!r} "
+            f"vs plain {want[max(0, i - 12): i + 12]!r} (server {len(got)}, plain {len(want)} non-space characters; "
+            "no ids came back)")
+
+
+def _text_diff(a: str, b: str, an: str, bn: str) -> str:
+    """Where two texts first differ, with a little context (U+FFFD removed by the caller)."""
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return (f"at character {i}: {an} {a[max(0, i - 8): i + 8]!r} vs {bn} {b[max(0, i - 8): i + 8]!r} "
+            f"({len(a)} vs {len(b)} chars)")
+
+
+def _tail(s: str, n: int = 24) -> str:
+    return repr(s if len(s) <= n else "…" + s[-n:]) + f" ({len(s)} chars)"
+
+
+# ------------------------------------------------------------------ cells and cases
+
+
+class Finding(Exception):
+    """A case failed: the server's answer is wrong (``req`` names the request)."""
+
+    def __init__(self, req: Request | None, msg: str) -> None:
+        super().__init__(msg)
+        self.req = req
+
+
+class CannotGrade(Exception):
+    """A case could not be set up (not the server's fault as far as this check can tell)."""
+
+
+class Unsupported(Exception):
+    """A case that does not apply (n/a)."""
+
+
+@dataclass
+class CaseResult:
+    label: str
+    status: str
+    detail: str
+
+
+@dataclass
+class CellResult:
+    """One check's cell: its status (``STATUSES``), a one-line detail, and every case's result."""
+
+    check: str
+    status: str
+    detail: str
+    case: str | None = None  # the first failing request
+    cases: list[dict[str, str]] = field(default_factory=list)
+    attribution: str | None = None
+    log: str | None = None  # a server log line that explains a cannot-grade
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def cell_from_cases(check: str, cases: list[CaseResult], summary: str) -> CellResult:
+    by = {s: [c for c in cases if c.status == s] for s in ("pass", "fail", "cannot-grade", "unsupported")}
+    rows = [{"label": c.label, "status": c.status, "detail": c.detail} for c in cases]
+    counts = ", ".join(f"{len(v)} {k}" for k, v in by.items() if v)
+    if by["fail"]:
+        f = by["fail"][0]
+        more = f" ({len(by['fail'])} of {len(cases)} cases fail)" if len(cases) > 1 else ""
+        return CellResult(check, "fail", f"{f.detail}{more}", case=f.label, cases=rows)
+    note = ""
+    if by["cannot-grade"]:
+        g = by["cannot-grade"][0]
+        note = f"; {len(by['cannot-grade'])} case(s) could not be graded: {g.detail}"
+    if by["pass"]:
+        return CellResult(check, "pass", f"{summary} [{counts}]{note}", cases=rows)
+    if by["cannot-grade"]:
+        g = by["cannot-grade"][0]
+        return CellResult(check, "cannot-grade", f"{g.detail} [{counts}]", case=g.label, cases=rows)
+    why = by["unsupported"][0].detail if by["unsupported"] else "no case applies"
+    return CellResult(check, "unsupported", why, cases=rows)
+
+
+class Ctx:
+    """What a check works with: the client, the reference, its prompts, and its cases so far."""
+
+    def __init__(self, client: HttpClient, ref: Reference, plan: Plan, counters: SpecCounters,
+                 require_hits: bool = True) -> None:
+        self.client, self.ref, self.plan, self.counters = client, ref, plan, counters
+        self.require_hits = require_hits  # False: an attribution rerun judges outputs only
+        self.cases: list[CaseResult] = []
+        self.token_prompts: bool | None = None  # learnt: does /v1/completions take token-id prompts?
+        self.sent: list[str] = []  # the requests sent in the case in progress
+
+    @contextlib.contextmanager
+    def case(self, what: Request | str) -> Iterator[None]:
+        """Run one case: a Finding is ``fail``, CannotGrade ``cannot-grade``, Unsupported ``n/a``."""
+        label = what.label if isinstance(what, Request) else what
+        self.sent: list[str] = []
+        try:
+            yield
+        except Finding as f:
+            self.cases.append(CaseResult(f.req.label if f.req is not None else label, "fail", str(f)))
+        except CannotGrade as g:
+            self.cases.append(CaseResult(label, "cannot-grade", str(g)))
+        except Unsupported as u:
+            self.cases.append(CaseResult(label, "unsupported", str(u)))
+        else:
+            self.cases.append(CaseResult(self.sent[-1] if self.sent and not isinstance(what, Request) else label,
+                                         "pass", "ok"))
+
+    def ask(self, req: Request) -> Reply:
+        self.sent.append(req.label)
+        try:
+            return send(self.client, req, self.counters)
+        except ServerDown as exc:
+            raise self._on_down(req, exc) from None
+        except ServerError as exc:
+            if not self.ref.has_chat_template and exc.status is not None and exc.status >= 400 and (
+                    req.chat or _TEMPLATE.search(str(exc))):
+                where = "the chat endpoint" if req.chat else "the server (it routes this through a chat template)"
+                raise CannotGrade(f"{where} refused ({exc}); the model has no chat template, so the server "
+                                  "cannot build a chat prompt") from None
+            if exc.status is None:  # the connection closed mid-answer: is the server still there?
+                alive, why = self.client.healthy()
+                if not alive:
+                    raise _down(req, f"{exc} ({why})") from None
+            raise Finding(req, f"bad response: {exc}") from None
+
+    def _on_down(self, req: Request, exc: ServerDown) -> Exception:
+        """A Finding when the connection closed without an answer but the server is still up (it
+        crashed on this request), else ServerDown (it stopped answering: the arm stops here)."""
+        if getattr(exc, "kind", "closed") == "closed":
+            alive, why = self.client.healthy()
+            if alive:
+                return Finding(req, f"no answer: {exc} (the server is still up)")
+            return _down(req, f"{exc} ({why})")
+        return _down(req, exc)
+
+    def ask_ids(self, ids: Sequence[int], max_tokens: int, tag: str, **kw: Any) -> tuple[Request, Reply]:
+        """A completions request for exactly ``ids``: a token-id prompt where the server takes one,
+        else the text whose encoding round-trips to ``ids`` (CannotGrade when none does)."""
+        req = Request(tuple(int(i) for i in ids), max_tokens, tag=tag, **kw)
+        if self.token_prompts is not False:
+            self.sent.append(req.label)
+            try:
+                reply = send(self.client, req, self.counters)
+                pt = (reply.usage or {}).get("prompt_tokens")
+                if pt is not None and pt != len(ids):
+                    raise CannotGrade(f"the server counted {pt} prompt tokens for a token-id prompt of "
+                                      f"{len(ids)}: it did not take the ids as sent")
+                self.token_prompts = True
+                return req, reply
+            except ServerDown as exc:
+                raise self._on_down(req, exc) from None
+            except ServerError as exc:
+                if self.token_prompts or exc.status is None or exc.status < 400:
+                    raise Finding(req, f"bad response: {exc}") from None
+                self.token_prompts = False  # it refuses token-id prompts: text, where the ids round-trip
+        text = self.ref.text_for(ids)
+        if text is None:
+            raise CannotGrade("the server takes no token-id prompt and these ids do not round-trip through "
+                              "text (decode then encode gives other ids)")
+        treq = Request(text, max_tokens, tag=tag + " (as text: the ids round-trip)", **kw)
+        return treq, self.ask(treq)
+
+
+_TEMPLATE = re.compile(r"chat[ _-]?template|chat_generation", re.I)
+
+
+def _down(req: Request, why: object) -> ServerDown:
+    exc = ServerDown(f"server stopped answering: {req.label}: {why}")
+    exc.label = req.label  # type: ignore[attr-defined]
+    return exc
+
+
+# ------------------------------------------------------------------ the plan: prompts per check
+
+
+@dataclass
+class PromptInfo:
+    text: str
+    ids: tuple[int, ...]
+    out: list[int]  # plain greedy output, up to MAX_BUDGET tokens, without EOS
+    eos: bool  # plain decode ends on EOS within MAX_BUDGET
+
+
+NEEDS: dict[str, tuple[int, int]] = {  # check -> (prompts without EOS, prompts ending on EOS)
+    "identity": (3, 0), "stream": (3, 1), "budget": (len(BUDGETS), 0), "finish_reason": (4, 2),
+    "usage": (4, 1), "eos": (0, 3), "stop": (5, 0), "logprobs": (2, 0), "cache": (2, 0),
+    "concurrency": (CONCURRENT, 0),
+}
+
+
+@dataclass
+class Plan:
+    """Each check's own prompts (first words distinct across all of them, so a prompt cache
+    cannot carry one check's state into another), and the warm-up prompt."""
+
+    by_check: dict[str, tuple[list[PromptInfo], list[PromptInfo]]]
+    warmup: str
+    notes: list[str] = field(default_factory=list)
+    warmup_first: int | None = None  # plain decode's first token for the warm-up prompt (None: EOS)
+    reencode: PromptInfo | None = None  # output whose text re-encodes to another token count
+
+    def no_eos(self, check: str) -> list[PromptInfo]:
+        return self.by_check.get(check, ([], []))[0]
+
+    def eos(self, check: str) -> list[PromptInfo]:
+        return self.by_check.get(check, ([], []))[1]
+
+
+def make_plan(ref: Reference, checks: Sequence[str] = SERVER_CHECKS) -> Plan:
+    """Classify ``ref.prompts`` by plain decode and give each check its own (always in
+    ``SERVER_CHECKS`` order, so ``--check X`` alone sends the same requests as a full run)."""
+    infos: list[PromptInfo] = []
+    firsts: set[str] = set()
+    for p in ref.prompts:
+        first = p.split()[0] if p.split() else p
+        if first in firsts:
+            continue  # a shared first word would let a prompt cache carry state across checks
+        firsts.add(first)
+        ids = tuple(ref.encode(p))
+        out, hit = ref.greedy(ids, MAX_BUDGET)
+        infos.append(PromptInfo(p, ids, list(out), bool(hit and len(out) >= 2)))
+    if len(infos) < 2:
+        raise ValueError("fewer than 2 usable prompts (each needs its own first word)")
+    warm = infos.pop()
+    no_eos = [i for i in infos if not i.eos and len(i.out) >= MAX_BUDGET]
+    eos = [i for i in infos if i.eos]
+    notes: list[str] = []
+    # stream: prefer outputs that split a multi-byte character across tokens
+    split = [i for i in no_eos if splits_utf8(ref, i.out[:24])]
+    reenc = next((i for i in no_eos if len(ref.encode(ref.decode(i.out[:17]))) != len(ref.encode("")) + 17), None)
+    pools = {"no_eos": list(no_eos), "eos": list(eos)}
+    reused = {"no_eos": False, "eos": False}
+
+    def take(kind: str, n: int, prefer: Sequence[PromptInfo] = ()) -> list[PromptInfo]:
+        got: list[PromptInfo] = []
+        for i in prefer:
+            if i in pools[kind] and len(got) < n:
+                pools[kind].remove(i)
+                got.append(i)
+        while len(got) < n and pools[kind]:
+            got.append(pools[kind].pop(0))
+        src = no_eos if kind == "no_eos" else eos
+        k = 0
+        while len(got) < n and src:
+            got.append(src[k % len(src)])  # the pool ran out: shared with another check
+            reused[kind] = True
+            k += 1
+        return got
+
+    by_check: dict[str, tuple[list[PromptInfo], list[PromptInfo]]] = {}
+    reenc_taken = take("no_eos", 1, [reenc]) if reenc is not None else []
+    for c in SERVER_CHECKS:
+        if c not in NEEDS:
+            continue
+        n, e = NEEDS[c]
+        by_check[c] = (take("no_eos", n, split if c == "stream" else ()), take("eos", e))
+    for kind, r in reused.items():
+        if r:
+            notes.append(f"too few {'EOS-ending' if kind == 'eos' else 'long'} prompts: some are shared by "
+                         "two checks (a prompt cache can carry state between them)")
+    if not eos:
+        notes.append(f"no prompt reaches EOS within {MAX_BUDGET} tokens of plain decode")
+    return Plan(by_check, warm.text, notes, reencode=reenc_taken[0] if reenc_taken else None,
+                warmup_first=warm.out[0] if warm.out else None)
 
 
 # ------------------------------------------------------------------ checks
 
 
-class Finding(Exception):
-    def __init__(self, req: Request, msg: str) -> None:
-        super().__init__(msg)
-        self.req = req
+def check_identity(ctx: Ctx) -> str:
+    ps = ctx.plan.no_eos("identity")
+    for p in ps[:2]:
+        req = Request(p.text, 24, logprobs=True, tag="identity")
+        with ctx.case(req):
+            why = compare(ctx.ref, ctx.ask(req), p.out[:24], exact=False)
+            if why:
+                raise Finding(req, why)
+    for p in ps[2:3]:
+        req = Request(p.text, 24, chat=True, logprobs=True, tag="identity (chat)")
+        with ctx.case(req):
+            ids, _ = ctx.ref.expect(req)
+            why = compare(ctx.ref, ctx.ask(req), ids, exact=False)
+            if why:
+                raise Finding(req, f"{why} (the chat prompt the server builds, or its decode)")
+    return "greedy output = plain decode (completions and chat)"
 
 
-def _ask(client: Client, req: Request) -> Reply:
-    try:
-        return send(client, req)
-    except ServerDown as exc:
-        raise ServerDown(f"server stopped answering: {req.label}: {exc}") from exc
-    except ServerError as exc:
-        raise Finding(req, f"bad response: {exc}") from exc
+def _stream_pair(ctx: Ctx, req: Request, *, ids_check: bool) -> None:
+    """The streamed reply = the non-streamed reply to the same request (text, finish, usage)."""
+    plain_req = Request(req.prompt, req.max_tokens, chat=req.chat, stop=req.stop, logprobs=not req.chat,
+                        tag=req.tag)
+    sreq = Request(req.prompt, req.max_tokens, chat=req.chat, stream=True, stop=req.stop, tag=req.tag)
+    with ctx.case(sreq):
+        full = ctx.ask(plain_req)
+        streamed = ctx.ask(sreq)
+        if loose(streamed.text) != loose(full.text):
+            raise Finding(sreq, f"streamed deltas concatenated differ from the non-streamed text: "
+                                f"{_text_diff(loose(streamed.text), loose(full.text), 'stream', 'non-stream')} "
+                                f"({streamed.chunks} events)")
+        ids = strip_eos(ctx.ref, full.ids)
+        whose = "the ids it returned"
+        if ids is None and ids_check and isinstance(req.prompt, str):
+            # no ids came back: plain decode's, when the text is theirs whitespace aside (else identity judges)
+            want_ids, _ = ctx.ref.expect(plain_req)
+            if _nows(ctx.ref.decode(want_ids)) == _nows(full.text):
+                ids, whose = want_ids, "its tokens (plain decode's ids: it returned none)"
+        if ids_check and ids is not None and loose(ctx.ref.decode(ids)) != loose(full.text):
+            raise Finding(plain_req, f"the text is not the decode of {whose}: "
+                                     + _text_diff(loose(full.text), loose(ctx.ref.decode(ids)), "text",
+                                                  "decode(ids)"))
+        if streamed.finish_reason != full.finish_reason:
+            raise Finding(sreq, f"streamed finish_reason {streamed.finish_reason!r}, not the non-streamed "
+                                f"{full.finish_reason!r}")
+        if streamed.usage is None:
+            raise Finding(sreq, "no usage chunk although stream_options.include_usage was asked")
+        keys = ("prompt_tokens", "completion_tokens", "total_tokens")
+        su, fu = ({k: (u or {}).get(k) for k in keys} for u in (streamed.usage, full.usage))
+        if full.usage is not None and su != fu:
+            raise Finding(sreq, f"streamed usage {su} differs from the non-streamed {fu}")
 
 
-@dataclass
-class Plan:
-    """The prompts each check uses, chosen once from the reference (``make_plan``)."""
-
-    main: list[str]
-    no_eos: str  # greedy runs to MAX_BUDGET without EOS
-    eos: str | None  # greedy ends on EOS within MAX_BUDGET
-    reencode: str | None  # output whose text re-encodes to another token count
-    fresh: list[str]  # prompts not sent elsewhere (cache check: cold first)
-
-
-def make_plan(ref: Reference) -> Plan:
-    """Pick the prompts from ``ref.prompts`` (the reference decides which ones reach EOS)."""
-    ps = list(ref.prompts)
-    no_eos = eos = reenc = None
-    for p in ps:
-        out, hit = ref.greedy(tuple(ref.encode(p)), MAX_BUDGET)
-        if hit and eos is None and 2 <= len(out):
-            eos = p
-        if not hit and no_eos is None:
-            no_eos = p
-        if not hit and reenc is None and len(ref.encode(ref.decode(out))) != len(ref.encode("")) + len(out):
-            reenc = p
-    main = ps[:2]
-    used = {*main, no_eos, eos, reenc}
-    fresh = [p for p in ps if p not in used]
-    return Plan(main=main, no_eos=no_eos or ps[0], eos=eos, reencode=reenc, fresh=fresh)
+def check_stream(ctx: Ctx) -> str:
+    ref, ps = ctx.ref, ctx.plan.no_eos("stream")
+    split = sum(splits_utf8(ref, p.out[:24]) for p in ps[:2])
+    for p in ps[:2]:
+        _stream_pair(ctx, Request(p.text, 24, tag="stream"), ids_check=True)
+    for p in ps[2:3]:
+        _stream_pair(ctx, Request(p.text, 24, chat=True, tag="stream (chat)"), ids_check=False)
+    for p in ctx.plan.eos("stream")[:1]:
+        _stream_pair(ctx, Request(p.text, MAX_BUDGET, tag="stream (EOS)"), ids_check=False)
+    cases = _stop_cases(ref, ps[1]) if len(ps) > 1 else []
+    for s, kind, _ in cases[:1]:
+        _stream_pair(ctx, Request(ps[1].text, MAX_BUDGET, stop=(s,), tag=f"stream (stop {kind})"), ids_check=False)
+    return ("streamed deltas = non-streamed text = decode(ids), same finish_reason and usage"
+            + (f"; {split} output(s) split a multi-byte character across tokens" if split else ""))
 
 
-def _no_template(exc: Finding) -> bool:
-    return "chat template" in str(exc) or "chat_template" in str(exc)
-
-
-def _ask_or_no_template(client: Client, req: Request) -> Reply | None:
-    """``_ask``, or None when a chat request is refused for a model without a chat template."""
-    try:
-        return _ask(client, req)
-    except Finding as exc:
-        if req.chat and _no_template(exc):
-            return None
-        raise
-
-
-def check_identity(client: Client, ref: Reference, plan: Plan) -> str:
-    n, chat_refused = 0, ""
-    for p in plan.main:
-        for chat in (False, True):
-            for stream in (False, True):
-                if chat and chat_refused:
-                    continue
-                req = Request(p, 24, chat=chat, stream=stream, logprobs=not stream, tag="identity")
-                ids, _ = ref.expect(req)
-                try:
-                    reply = _ask(client, req)
-                except Finding as exc:
-                    if not (chat and _no_template(exc)):
-                        raise
-                    chat_refused = f"; chat not graded: refused for a model without a chat template ({exc})"
-                    continue
-                why = compare(ref, req, reply, ids, exact=False)
-                n += 1
-                if why:
-                    raise Finding(req, why)
-    return f"{n} requests (completions + chat, streamed + not) = plain greedy decode{chat_refused[:200]}"
-
-
-def check_budget(client: Client, ref: Reference, plan: Plan) -> str:
-    n = 0
-    for m in BUDGETS:
-        for stream in (False, True):
-            req = Request(plan.no_eos, m, stream=stream, logprobs=not stream, tag="budget")
-            ids, hit = ref.expect(req)
-            r = _ask(client, req)
-            n += 1
-            why = compare(ref, req, r, ids, exact=True)
+def check_budget(ctx: Ctx) -> str:
+    for m, p in zip(BUDGETS, ctx.plan.no_eos("budget"), strict=False):
+        req = Request(p.text, m, logprobs=True, tag="budget")
+        with ctx.case(req):
+            why = compare(ctx.ref, ctx.ask(req), p.out[:m], exact=True)
             if why:
                 raise Finding(req, f"max_tokens={m}: {why}")
-            if r.finish_reason != "length":
-                raise Finding(req, f"max_tokens={m} reached but finish_reason is {r.finish_reason!r}, not 'length'")
-    return f"{n} requests at max_tokens {list(BUDGETS)}: exactly the budget, finish 'length'"
+    return f"exactly the budget at max_tokens {list(BUDGETS)}"
 
 
-def _stop_cases(ref: Reference, prompt: str) -> list[tuple[str, str, int]]:
-    """(stop string, kind, index of the token that completes it) from the reference output."""
-    ids, _ = ref.greedy(tuple(ref.encode(prompt)), MAX_BUDGET)
+def _stop_cases(ref: Reference, p: PromptInfo) -> list[tuple[str, str, int]]:
+    """(stop string, kind, index of the token that completes it) in ``p``'s plain output."""
+    ids = p.out
     text = ref.decode(ids)
     out: list[tuple[str, str, int]] = []
     for j in range(3, len(ids)):
         piece = ref.decode(ids[j : j + 1]).strip()
-        before = ref.decode(ids[:j])
-        if len(piece) >= 1 and piece not in before and "\ufffd" not in piece and not out:
+        if piece and piece not in ref.decode(ids[:j]) and "\ufffd" not in piece:
             out.append((piece, "a whole token", j))
+            break
     for j in range(3, len(ids)):
         piece = ref.decode(ids[j : j + 1]).strip()
         if len(piece) >= 2 and "\ufffd" not in piece:
@@ -522,248 +831,401 @@ def _stop_cases(ref: Reference, prompt: str) -> list[tuple[str, str, int]]:
             first = text.find(inner)
             if first >= 0 and first > len(ref.decode(ids[:3])):
                 k = token_at(ref, ids, first + len(inner) - 1)
-                if not ref.decode(ids[k : k + 1]).strip() == inner:
+                if ref.decode(ids[k : k + 1]).strip() != inner:
                     out.append((inner, "inside a token", k))
                     break
     return out
 
 
-def check_stop(client: Client, ref: Reference, plan: Plan) -> str:
-    cases = _stop_cases(ref, plan.no_eos)
-    if not cases:
-        raise Unsupported("no stop string found in the reference output")
+def _stop_case(ref: Reference, ps: Sequence[PromptInfo], kind: str, skip: int = 0
+               ) -> tuple[PromptInfo, str, int] | None:
+    """The ``skip``-th prompt of ``ps`` with a stop case of ``kind`` ('' = any)."""
     n = 0
-    for s, kind, _ in cases:
-        for stream in (False, True):
-            req = Request(plan.no_eos, MAX_BUDGET, stream=stream, stop=(s,), tag=f"stop ({kind})")
-            ids, _ = ref.expect(req)
-            full = ref.decode(ids)
-            want = full[: full.find(s)]
-            r = _ask(client, req)
-            n += 1
-            if norm_text(r.text) != norm_text(want):
-                extra = " (the stop string is in the text)" if s in r.text else ""
-                raise Finding(req, f"stop {s!r} ({kind}): text {_tail(r.text)} vs expected {_tail(want)}{extra}")
+    for p in ps:
+        for s, k, j in _stop_cases(ref, p):
+            if not kind or k == kind:
+                if n == skip:
+                    return p, s, j
+                n += 1
+                break
+    return None
+
+
+def _stopped(ctx: Ctx, req: Request, reply: Reply, full_text: str, s: str) -> None:
+    """CannotGrade unless the server's text is plain decode's up to the stop string."""
+    want = full_text[: full_text.find(s)]
+    if stop_view(reply.text) != stop_view(want):
+        raise CannotGrade(f"the server's text {_tail(reply.text)} is not plain decode's up to the stop {s!r} "
+                          f"{_tail(want)} (the stop check judges that)")
+
+
+def check_finish_reason(ctx: Ctx) -> str:
+    ref, ps, es = ctx.ref, ctx.plan.no_eos("finish_reason"), ctx.plan.eos("finish_reason")
+    if ps:
+        req = Request(ps[0].text, 5, tag="finish_reason (budget)")
+        with ctx.case(req):
+            r = ctx.ask(req)
+            if r.finish_reason != "length":
+                raise Finding(req, f"finish_reason {r.finish_reason!r} at the budget, expected 'length'")
+    for i, p in enumerate(es[:2]):
+        m = MAX_BUDGET if i == 0 else len(p.out) + 1  # the EOS is the budget's last token: EOS wins
+        req = Request(p.text, m, tag="finish_reason (EOS)" + ("" if i == 0 else " as the budget's last token"))
+        with ctx.case(req):
+            r = ctx.ask(req)
             if r.finish_reason != "stop":
-                raise Finding(req, f"stop {s!r} ({kind}) matched but finish_reason is {r.finish_reason!r}")
-    return f"{n} requests: text ends before the stop string (whole token and inside a token), finish 'stop'"
-
-
-def _tail(s: str, n: int = 24) -> str:
-    return repr(s if len(s) <= n else "…" + s[-n:]) + f" ({len(s)} chars)"
-
-
-class Unsupported(Exception):
-    pass
-
-
-def check_eos(client: Client, ref: Reference, plan: Plan) -> str:
-    if plan.eos is None:
-        raise Unsupported(f"no prompt reaches EOS within {MAX_BUDGET} tokens of plain decode")
-    n = 0
-    for stream in (False, True):
-        req = Request(plan.eos, MAX_BUDGET, stream=stream, tag="eos")
-        ids, hit = ref.expect(req)
-        r = _ask(client, req)
-        n += 1
-        for et in ref.eos_text:
-            if et and et in r.text:
-                raise Finding(req, f"EOS text {et!r} in the output at character {r.text.index(et)}: "
-                              f"{_tail(r.text)}")
-        why = compare(ref, req, r, ids, exact=True, text=ref.decode(ids))
-        if why:
-            raise Finding(req, f"plain decode ends on EOS after {len(ids)} tokens: {why}")
-    return f"{n} requests ending on EOS: never in the text, nothing after it"
-
-
-def check_finish_reason(client: Client, ref: Reference, plan: Plan) -> str:
-    reqs: list[tuple[Request, str]] = []
-    for stream in (False, True):
-        reqs.append((Request(plan.no_eos, 5, stream=stream, tag="finish_reason"), "length"))
-        if plan.eos is not None:
-            reqs.append((Request(plan.eos, MAX_BUDGET, stream=stream, tag="finish_reason (EOS)"), "stop"))
-    for req, want in reqs:
-        r = _ask(client, req)
-        if r.finish_reason != want:
-            raise Finding(req, f"finish_reason {r.finish_reason!r}, expected {want!r}")
-    return f"{len(reqs)} requests: 'length' at the budget" + (", 'stop' on EOS" if plan.eos else "")
-
-
-def check_usage(client: Client, ref: Reference, plan: Plan) -> str:
-    reqs = [Request(plan.no_eos, 9, tag="usage"), Request(plan.no_eos, 9, stream=True, tag="usage"),
-            Request(plan.main[0], 9, chat=True, tag="usage")]
-    if plan.eos:
-        reqs.append(Request(plan.eos, MAX_BUDGET, tag="usage (EOS)"))
-    if plan.reencode:
-        reqs.append(Request(plan.reencode, 17, tag="usage (output re-encodes to another count)"))
-    stops = _stop_cases(ref, plan.no_eos)
-    for s, kind, _ in stops[:1]:
-        reqs.append(Request(plan.no_eos, MAX_BUDGET, stop=(s,), tag=f"usage (stop {kind})"))
-    for req in reqs:
-        ids, hit = ref.expect(req)
-        got = _ask_or_no_template(client, req)
-        if got is None:
+                raise Finding(req, f"finish_reason {r.finish_reason!r} on EOS, expected 'stop'")
+    for kind, extra, tag in (("", None, "stop string"), ("", 1, "stop string in the budget's last block")):
+        found = _stop_case(ref, ps[1:], kind, skip=0 if extra is None else 1)
+        label = f"finish_reason ({tag})"
+        if found is None:
+            with ctx.case(label):
+                raise Unsupported("no stop string found in the plain output")
             continue
-        r = got
-        u = r.usage
-        if not isinstance(u, dict):
-            raise Finding(req, f"no usage in the response (got {u!r})")
-        pt, ct, tt = u.get("prompt_tokens"), u.get("completion_tokens"), u.get("total_tokens")
-        n_prompt = len(ref.prompt_ids(req))
-        if pt != n_prompt:
-            raise Finding(req, f"usage.prompt_tokens {pt}, the prompt the server builds has {n_prompt} tokens")
-        if req.stop:
-            full = ref.decode(ids)
-            if norm_text(r.text) != norm_text(full[: full.find(req.stop[0])]):
-                continue  # the stop string was not honoured: the stop check reports it
-            k = token_at(ref, ids, full.find(req.stop[0]) + len(req.stop[0]) - 1)
-            allowed: tuple[int, ...] = (k + 1,)
-        elif hit:
-            allowed = (len(ids), len(ids) + 1)
-        else:
-            allowed = (len(ids),)
-        if ct not in allowed:
-            raise Finding(req, f"usage.completion_tokens {ct}, generated {allowed[-1]} token(s)"
-                          + (" (+ at most the EOS)" if hit and not req.stop else ""))
-        if tt != (pt or 0) + (ct or 0):
-            raise Finding(req, f"usage.total_tokens {tt} != prompt_tokens {pt} + completion_tokens {ct}")
-        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
-        if cached is not None and not 0 <= cached <= n_prompt:
-            raise Finding(req, f"usage cached_tokens {cached} outside 0..prompt_tokens {n_prompt}")
-    return f"{len(reqs)} requests: prompt, completion and total token counts exact"
+        p, s, k = found
+        m = MAX_BUDGET if extra is None else k + 1 + extra
+        req = Request(p.text, m, stop=(s,), tag=label)
+        with ctx.case(req):
+            r = ctx.ask(req)
+            _stopped(ctx, req, r, ref.decode(p.out), s)
+            if r.finish_reason != "stop":
+                raise Finding(req, f"the stop string {s!r} ended the text but finish_reason is "
+                                   f"{r.finish_reason!r}, not 'stop'")
+    return "'length' at the budget, 'stop' on EOS and on stop strings (also in the budget's last block)"
 
 
-def check_logprobs(client: Client, ref: Reference, plan: Plan) -> str:
-    n = 0
-    for chat in (False, True):
-        req = Request(plan.no_eos, 9, chat=chat, logprobs=True, top_logprobs=TOP_K, tag="logprobs")
-        pids = tuple(ref.prompt_ids(req))
-        ids, _ = ref.expect(req)
-        got = _ask_or_no_template(client, req)
-        if got is None:
+def _completion_count(ctx: Ctx, req: Request, r: Reply) -> None:
+    u = r.usage
+    if not isinstance(u, dict):
+        raise Finding(req, f"no usage in the response (got {u!r})")
+    pt, ct, tt = u.get("prompt_tokens"), u.get("completion_tokens"), u.get("total_tokens")
+    n_prompt = len(ctx.ref.prompt_ids(req))
+    if pt != n_prompt:
+        raise Finding(req, f"usage.prompt_tokens {pt}, the prompt the server builds has {n_prompt} tokens")
+    if tt != (pt or 0) + (ct or 0):
+        raise Finding(req, f"usage.total_tokens {tt} != prompt_tokens {pt} + completion_tokens {ct}")
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is not None and not (isinstance(cached, int) and 0 <= cached <= n_prompt):
+        raise Finding(req, f"usage cached_tokens {cached!r} outside 0..prompt_tokens {n_prompt}")
+    details = u.get("completion_tokens_details") if isinstance(u.get("completion_tokens_details"), dict) else {}
+    for k, v in details.items():  # reasoning_tokens, accepted/rejected_prediction_tokens: parts of the count
+        if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= (ct or 0):
+            raise Finding(req, f"usage completion_tokens_details.{k} {v} outside 0..completion_tokens {ct}")
+
+
+def check_usage(ctx: Ctx) -> str:
+    ref, ps, es = ctx.ref, ctx.plan.no_eos("usage"), ctx.plan.eos("usage")
+    plain = [(Request(ps[0].text, 9, logprobs=True, tag="usage"), False)] if ps else []
+    plain += [(Request(p.text, MAX_BUDGET, logprobs=True, tag="usage (EOS)"), True) for p in es[:1]]
+    if ctx.plan.reencode is not None:
+        plain.append((Request(ctx.plan.reencode.text, 17, logprobs=True,
+                              tag="usage (output re-encodes to another count)"), False))
+    for req, eos in plain:
+        with ctx.case(req):
+            r = ctx.ask(req)
+            _completion_count(ctx, req, r)
+            ct = r.usage.get("completion_tokens") if r.usage else None
+            ids = strip_eos(ref, r.ids)
+            n = len(ids) if ids is not None else len(ref.expect(req)[0])
+            allowed = (n, n + 1) if eos else (n,)
+            if ct not in allowed:
+                raise Finding(req, f"usage.completion_tokens {ct}, the server returned {n} token(s)"
+                                   + (" (+ at most the EOS)" if eos else ""))
+    for kind, extra in (("", None), ("", 1)):
+        found = _stop_case(ref, ps[1:], kind, skip=0 if extra is None else 1)
+        tag = "usage (stop)" if extra is None else "usage (stop in the budget's last block)"
+        if found is None:
+            with ctx.case(tag):
+                raise Unsupported("no stop string found in the plain output")
             continue
-        r = got
-        n += 1
-        if not r.logprobs:
-            raise Finding(req, "no logprobs in the response")
-        if len(r.logprobs) != len(ids):
-            raise Finding(req, f"{len(r.logprobs)} logprob entries for {len(ids)} output tokens")
-        want = ref.logprobs(pids, tuple(ids), TOP_K)
-        for i, (got, (lp, top)) in enumerate(zip(r.logprobs, want, strict=True)):
-            if got.id is not None and got.id != ids[i]:
-                raise Finding(req, f"token {i}: logprobs entry names id {got.id}, the emitted token is {ids[i]}")
-            if abs(got.logprob - lp) > LOGPROB_TOL:
-                raise Finding(req, f"token {i} (id {ids[i]}): logprob {got.logprob:.5f} vs plain {lp:.5f}")
-            vals = [g for _, _, g in got.top]
-            if len(vals) != TOP_K:
-                raise Finding(req, f"token {i}: {len(vals)} top_logprobs, asked for {TOP_K}")
-            if vals != sorted(vals, reverse=True):
-                raise Finding(req, f"token {i}: top_logprobs not sorted by logprob: "
-                              f"{[(t[0], round(t[2], 4)) for t in got.top]}")
-            if got.top[0][0] is not None and got.top[0][0] != ids[i] and vals[0] - lp > LOGPROB_TOL:
-                raise Finding(req, f"token {i}: greedy token {ids[i]} is not first in top_logprobs "
-                              f"({[t[0] for t in got.top]})")
-            for k, ((_, _, g), (tid, w)) in enumerate(zip(sorted(got.top, key=lambda t: -t[2]), top, strict=False)):
-                if abs(g - w) > LOGPROB_TOL:
-                    raise Finding(req, f"token {i}: top_logprobs[{k}] {g:.5f} vs plain {w:.5f} (id {tid})")
-    return f"{n} requests: emitted-token logprobs and sorted top_logprobs = plain decode (tol {LOGPROB_TOL})"
+        p, s, k = found
+        req = Request(p.text, MAX_BUDGET if extra is None else k + 1 + extra, stop=(s,), tag=tag)
+        with ctx.case(req):
+            r = ctx.ask(req)
+            _completion_count(ctx, req, r)
+            _stopped(ctx, req, r, ref.decode(p.out), s)
+            ct = r.usage.get("completion_tokens") if r.usage else None
+            if ct != k + 1:
+                raise Finding(req, f"usage.completion_tokens {ct}, but the stop {s!r} was completed by token {k} "
+                                   f"(so {k + 1} tokens)")
+    return "prompt, completion (trimmed at a stop) and total token counts exact"
 
 
-def check_cache(client: Client, ref: Reference, plan: Plan) -> str:
-    if not plan.fresh:
-        raise Unsupported("no unused prompt for a cold request")
-    p = plan.fresh[0]
-    cold = Request(p, 17, logprobs=True, tag="cache: cold")
-    ids, _ = ref.expect(cold)
-    r1 = _ask(client, cold)
-    why = compare(ref, cold, r1, ids, exact=True)
-    if why:
-        raise Finding(cold, f"first (cold) request: {why}")
-    reqs = [Request(p, 17, logprobs=True, tag="cache: repeated identical request")]
-    ext = plan.fresh[1] if len(plan.fresh) > 1 else plan.main[0]
-    reqs.append(Request(p + " " + ext, 17, logprobs=True, tag="cache: shared-prefix follow-up"))
-    reqs.append(Request(p + r1.text, 17, logprobs=True, tag="cache: exact continuation"))
-    for req in reqs:
-        ids, _ = ref.expect(req)
-        why = compare(ref, req, _ask(client, req), ids, exact=True)
+def check_eos(ctx: Ctx) -> str:
+    ref, es = ctx.ref, ctx.plan.eos("eos")
+    if not es:
+        with ctx.case("eos"):
+            raise Unsupported(f"no prompt reaches EOS within {MAX_BUDGET} tokens of plain decode")
+        return ""
+    plans = [(es[0], MAX_BUDGET, "eos")]
+    if len(es) > 1:
+        plans.append((es[1], len(es[1].out) + 1, "eos (the budget's last token)"))
+    if len(es) > 2:
+        plans.append((es[2], len(es[2].out) + 3, "eos (inside a block past the budget's end)"))
+    for p, m, tag in plans:
+        req = Request(p.text, m, logprobs=True, tag=tag)
+        with ctx.case(req):
+            r = ctx.ask(req)
+            for et in ref.eos_text:
+                if et and et in r.text:
+                    raise Finding(req, f"EOS text {et!r} in the output at character {r.text.index(et)}: "
+                                       f"{_tail(r.text)}")
+            why = compare(ref, r, p.out, exact=True)
+            if why:
+                raise Finding(req, f"plain decode ends on EOS after {len(p.out)} tokens: {why}")
+    return "the EOS never in the text, nothing after it"
+
+
+def check_stop(ctx: Ctx) -> str:
+    ref, ps = ctx.ref, ctx.plan.no_eos("stop")
+    wanted = [("a whole token", None), ("inside a token", None), ("", 0), ("", 1)]
+    for n, (kind, extra) in enumerate(wanted):
+        found = _stop_case(ref, ps[n:] + ps[:n], kind)
+        tag = f"stop ({kind or 'any'}" + ("" if extra is None else
+                                          f", max_tokens {'at' if extra == 0 else 'one past'} its token") + ")"
+        if found is None:
+            with ctx.case(tag):
+                raise Unsupported(f"no stop string {kind or ''} found in the plain output".replace("  ", " "))
+            continue
+        p, s, k = found
+        req = Request(p.text, MAX_BUDGET if extra is None else k + 1 + extra, stop=(s,), logprobs=True, tag=tag)
+        with ctx.case(req):
+            r = ctx.ask(req)
+            full = ref.decode(p.out)
+            want = full[: full.find(s)]
+            if stop_view(r.text) != stop_view(want):
+                extra_s = " (the stop string is in the text)" if s in r.text else ""
+                raise Finding(req, f"stop {s!r}: text {_tail(r.text)} vs expected {_tail(want)}{extra_s}")
+            if r.logprobs is not None and len(r.logprobs) not in (k, k + 1):
+                raise Finding(req, f"stop {s!r} was completed by token {k}, but {len(r.logprobs)} logprob entries "
+                                   f"came back (ids and logprobs not trimmed where the text was)")
+    return "the text ends before the stop string (whole token, inside a token, at the budget's end), ids trimmed"
+
+
+def _lp_close(a: float, b: float) -> bool:
+    return abs(a - b) <= LOGPROB_ATOL + LOGPROB_RTOL * abs(b)
+
+
+def check_logprobs(ctx: Ctx) -> str:
+    ref, ps = ctx.ref, ctx.plan.no_eos("logprobs")
+    for n, p in enumerate(ps[:2]):
+        kw = {"logprobs": True, "top_logprobs": TOP_K}
+        if n == 0:
+            req = Request(p.text, 9, tag="logprobs", **kw)
+        label = f"logprobs: {p.text[:30]!r}" + (" by token ids" if n else "")
+        with ctx.case(label):
+            if n == 0:
+                r = ctx.ask(req)
+            else:
+                req, r = ctx.ask_ids(p.ids, 9, tag="logprobs (token-id prompt)", **kw)
+            pids = tuple(ref.prompt_ids(req))
+            if not r.logprobs:
+                raise Finding(req, "no logprobs in the response")
+            got_ids = r.ids
+            ids = got_ids if got_ids is not None else p.out[: len(r.logprobs)]
+            want = ref.logprobs(pids, tuple(ids), TOP_K)
+            for i, (g, (lp, top)) in enumerate(zip(r.logprobs, want, strict=False)):
+                if not _lp_close(g.logprob, lp):
+                    raise Finding(req, f"token {i} (id {ids[i]}): logprob {g.logprob:.5f} vs plain {lp:.5f} "
+                                       f"(tolerance {LOGPROB_ATOL:g} + {LOGPROB_RTOL:.4g}·|lp|)")
+                vals = [v for _, _, v in g.top]
+                if len(vals) != TOP_K:
+                    raise Finding(req, f"token {i}: {len(vals)} top_logprobs, asked for {TOP_K}")
+                if vals != sorted(vals, reverse=True):
+                    raise Finding(req, f"token {i}: top_logprobs not sorted by logprob: "
+                                       f"{[(t[0], round(t[2], 4)) for t in g.top]}")
+                if vals and not g.logprob >= vals[0] - (LOGPROB_ATOL + LOGPROB_RTOL * abs(vals[0])):
+                    raise Finding(req, f"token {i}: the emitted (greedy) token's logprob {g.logprob:.5f} is below "
+                                       f"the top entry's {vals[0]:.5f}")
+                for k, ((_, _, v), (tid, w)) in enumerate(zip(g.top, top, strict=False)):
+                    if not _lp_close(v, w):
+                        raise Finding(req, f"token {i}: top_logprobs[{k}] {v:.5f} vs plain {w:.5f} (id {tid})")
+    return (f"emitted-token logprobs and sorted top_logprobs = plain decode teacher-forced on the server's ids "
+            f"(tol {LOGPROB_ATOL:g} + {LOGPROB_RTOL:.4g}·|lp|)")
+
+
+def _hit(ctx: Ctx, req: Request, r: Reply, n_prompt: int, need: int, what: str) -> str | None:
+    """CannotGrade when the server's usage shows the hit meant was not made; a note when unverifiable."""
+    if not ctx.require_hits:
+        return None
+    u = r.usage or {}
+    pt = u.get("prompt_tokens")
+    if pt is not None and pt != n_prompt:
+        raise CannotGrade(f"{what}: the server counted {pt} prompt tokens, {n_prompt} were sent: not the request "
+                          "meant")
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is None:
+        return "hit unverified (no cached_tokens)"
+    if not isinstance(cached, int) or cached < need:
+        raise CannotGrade(f"{what}: the server reused {cached!r} cached tokens, the case needs ≥ {need}: the warm "
+                          "path was not exercised")
+    return None
+
+
+def check_cache(ctx: Ctx) -> str:
+    ref, ps = ctx.ref, ctx.plan.no_eos("cache")
+    if not ps:
+        with ctx.case("cache"):
+            raise Unsupported("no unused prompt for a cold request")
+        return ""
+    p = ps[0]
+    notes: set[str] = set()
+    cold_reply: Reply | None = None
+    with ctx.case("cache: cold"):
+        req, cold_reply = ctx.ask_ids(p.ids, 17, tag="cache: cold", logprobs=True)
+        why = compare(ref, cold_reply, p.out[:17], exact=False)
         if why:
-            raise Finding(req, f"warm != cold plain decode: {why}")
-    return f"{len(reqs) + 1} requests: repeated, shared-prefix and continuation requests = cold plain decode"
+            raise Finding(req, f"first (cold) request: {why}")
+    if cold_reply is None:
+        return ""
+    out = strip_eos(ref, cold_reply.ids) or p.out[:17]
+    other = ps[1].ids if len(ps) > 1 else p.out[17:20]
+    body = list(other[1:]) if ref.bos_id is not None and other and other[0] == ref.bos_id else list(other)
+    plan = [
+        ("cache: repeated identical request", list(p.ids), len(p.ids) - 1),
+        ("cache: shared-prefix follow-up", list(p.ids) + body, max(1, len(p.ids) - 1)),
+        ("cache: exact continuation (prompt ids + the server's completion ids)", list(p.ids) + list(out),
+         len(p.ids) + 1),
+    ]
+    for tag, ids, need in plan:
+        with ctx.case(tag):
+            req, r = ctx.ask_ids(ids, 17, tag=tag, logprobs=True)
+            note = _hit(ctx, req, r, len(ids), need, tag)
+            if note:
+                notes.add(note)
+            want, _ = ref.greedy(tuple(ids), 17)
+            why = compare(ref, r, want, exact=False)  # lengths are the budget check's
+            if why:
+                raise Finding(req, f"warm != cold plain decode: {why}")
+    warm = ctx.cases[-len(plan):]
+    if all(c.status == "cannot-grade" for c in warm) and ctx.cases[-len(plan) - 1].status == "pass":
+        ctx.cases.pop(-len(plan) - 1)  # the cold request alone tests no cache: not credited
+    return "repeated, shared-prefix and continuation requests (by token id) = cold plain decode" + (
+        "; " + "; ".join(sorted(notes)) if notes else "")
 
 
-def check_concurrency(client: Client, ref: Reference, plan: Plan) -> str:
-    prompts = (plan.main + plan.fresh + [plan.no_eos])[:CONCURRENT]
-    reqs = [Request(p, 17, logprobs=True, tag=f"concurrent {i + 1}/{len(prompts)}") for i, p in enumerate(prompts)]
+def _together(client: HttpClient, reqs: Sequence[Request]
+              ) -> tuple[dict[int, Reply | BaseException], dict[int, tuple[float, float]]]:
+    """Send ``reqs`` from one thread each, released together; each reply and its (sent, answered) times."""
     results: dict[int, Reply | BaseException] = {}
+    times: dict[int, tuple[float, float]] = {}
+    gate = threading.Barrier(len(reqs))
 
     def go(i: int, req: Request) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            gate.wait(10)
+        t0 = time.monotonic()
         try:
             results[i] = send(client, req)
-        except BaseException as exc:  # noqa: BLE001 - reported below with its request
+        except BaseException as exc:  # noqa: BLE001 - reported with its request
             results[i] = exc
+        times[i] = (t0, time.monotonic())
 
     threads = [threading.Thread(target=go, args=(i, r), daemon=True) for i, r in enumerate(reqs)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(client.timeout * 2 + 5)
+        t.join(client.limits.deadline + 15)
+    return results, times
+
+
+def check_concurrency(ctx: Ctx) -> str:
+    ref, ps = ctx.ref, ctx.plan.no_eos("concurrency")
+    reqs = [Request(p.text, 17, logprobs=True, tag=f"concurrent {i + 1}/{len(ps)}") for i, p in enumerate(ps)]
+    if len(reqs) < 2:
+        with ctx.case("concurrency"):
+            raise Unsupported("fewer than 2 prompts")
+        return ""
+    for _try in range(3):
+        results, times = _together(ctx.client, reqs)
+        for i, req in enumerate(reqs):
+            res = results.get(i)
+            if res is None or isinstance(res, ServerDown):
+                raise _down(req, res or "no answer")
+        if len(times) == len(reqs) and max(t[0] for t in times.values()) < min(t[1] for t in times.values()):
+            break
+    else:
+        with ctx.case("concurrency: requests in flight together"):
+            raise CannotGrade(f"the {len(reqs)} requests were not in flight together (one was answered before the "
+                              "last was sent, 3 tries)")
+        return ""
     for i, req in enumerate(reqs):
-        res = results.get(i)
-        if res is None:
-            raise ServerDown(f"server stopped answering: {req.label}: no answer within {client.timeout * 2 + 5:g} s")
-        if isinstance(res, ServerDown):
-            raise ServerDown(f"server stopped answering: {req.label}: {res}")
-        if isinstance(res, BaseException):
-            raise Finding(req, f"bad response: {res}")
-        ids, _ = ref.expect(req)
-        why = compare(ref, req, res, ids, exact=True)
-        if why:
-            raise Finding(req, f"sent with {len(reqs) - 1} others at once: {why}")
-    return f"{len(reqs)} requests sent at once: each = plain decode"
+        with ctx.case(req):
+            res = results[i]
+            if isinstance(res, BaseException):
+                raise Finding(req, f"bad response: {res}")
+            why = compare(ref, res, ps[i].out[:17], exact=False)
+            if why:
+                raise Finding(req, f"sent with {len(reqs) - 1} others in flight: {why}")
+    return f"{len(reqs)} requests in flight together: each = plain decode"
 
 
-def check_liveness(client: Client, ref: Reference, plan: Plan) -> str:
-    ok, why = client.healthy()
-    if not ok:
-        raise ServerDown(f"server not healthy: {why}")
-    status, text = client.get("/v1/models")
-    if why.startswith("no /health"):
-        return "no /health route (404); /v1/models answered"
-    if status != 200:
-        raise Finding(Request("", 0, tag="GET /v1/models"), f"GET /v1/models: HTTP {status} {text[:80]}")
-    return "/health 200 and /v1/models answered"
+def check_liveness(ctx: Ctx) -> str:
+    with ctx.case("GET /health"):
+        ok, why = ctx.client.healthy()
+        if not ok:
+            raise ServerDown(f"server not healthy: {why}")
+    with ctx.case("GET /v1/models"):
+        status, text = ctx.client.get("/v1/models")
+        if status != 200:
+            raise Finding(None, f"GET /v1/models: HTTP {status} {' '.join(text.split())[:80]}")
+    return "/health (or /v1/models) and /v1/models answer"
 
 
-CHECK_FNS: dict[str, Callable[[Client, Reference, Plan], str]] = {
-    "identity": check_identity, "budget": check_budget, "finish_reason": check_finish_reason,
-    "usage": check_usage, "eos": check_eos, "stop": check_stop, "logprobs": check_logprobs,
-    "cache": check_cache, "concurrency": check_concurrency, "liveness": check_liveness,
+CHECK_FNS: dict[str, Callable[[Ctx], str]] = {
+    "identity": check_identity, "stream": check_stream, "budget": check_budget,
+    "finish_reason": check_finish_reason, "usage": check_usage, "eos": check_eos, "stop": check_stop,
+    "logprobs": check_logprobs, "cache": check_cache, "concurrency": check_concurrency, "liveness": check_liveness,
 }
 
 
-def run_checks(client: Client, ref: Reference, checks: Sequence[str] = SERVER_CHECKS,
-               log: Callable[[str], None] | None = None) -> dict[str, CheckResult]:
-    """Every check in order; once the server stops answering, the rest fail at once with that reason."""
-    plan = make_plan(ref)
-    out: dict[str, CheckResult] = {}
+def speculation_cell(arm: str, counters: SpecCounters | None) -> CellResult:
+    """The ``speculation`` cell of an arm from the counters gathered over it (None: the server has none)."""
+    if counters is None or not counters.sources:
+        if arm != "spec":
+            return CellResult("speculation", "unsupported", "plain arm; the server reports no speculation counters")
+        return CellResult("speculation", "cannot-grade", "the server reports no speculation counters (/metrics, "
+                          "usage or timings extensions): whether it speculated is not known")
+    src = ", ".join(sorted(counters.sources))[:160]
+    if arm != "spec":
+        if counters.drafted > 0:
+            return CellResult("speculation", "cannot-grade", f"the plain arm speculated ({counters.drafted:g} "
+                              f"drafted tokens per {src}): it is not a plain baseline")
+        return CellResult("speculation", "unsupported", f"plain arm: 0 drafted tokens ({src})")
+    if counters.drafted <= 0 and counters.accepted <= 0:
+        return CellResult("speculation", "not-engaged", f"speculation not engaged: 0 drafted tokens over the arm "
+                          f"({src})")
+    return CellResult("speculation", "pass", f"{counters.drafted:g} tokens drafted, {counters.accepted:g} accepted "
+                      f"over the arm ({src})")
+
+
+def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVER_CHECKS,
+               log: Callable[[str], None] | None = None, plan: Plan | None = None,
+               counters: SpecCounters | None = None, require_hits: bool = True) -> dict[str, CellResult]:
+    """Every check in order (``speculation`` is the grader's: it needs the whole arm);
+    once the server stops answering, the rest are ``cannot-grade`` with that reason."""
+    plan = plan if plan is not None else make_plan(ref)
+    counters = counters if counters is not None else SpecCounters()
+    out: dict[str, CellResult] = {}
     down: str | None = None
     ok, why = client.healthy()
     if not ok:
-        down = f"server not answering before the first check: {why}"
+        down = f"the server was not answering before the first check: {why}"
+    ctx = Ctx(client, ref, plan, counters, require_hits)
     for name in checks:
+        if name not in CHECK_FNS:
+            continue
         if down is not None:
-            out[name] = CheckResult(name, "fail", f"not run: {down}")
+            out[name] = CellResult(name, "cannot-grade", f"not graded: {down}")
             continue
         t0 = time.monotonic()
+        ctx.cases = []
         try:
-            out[name] = CheckResult(name, "pass", CHECK_FNS[name](client, ref, plan))
-        except Finding as f:
-            out[name] = CheckResult(name, "fail", str(f), case=f.req.label)
-        except Unsupported as u:
-            out[name] = CheckResult(name, "unsupported", str(u))
+            summary = CHECK_FNS[name](ctx)
+            out[name] = cell_from_cases(name, ctx.cases, summary)
         except ServerDown as d:
-            out[name] = CheckResult(name, "fail", str(d))
-            alive, health = client.healthy()
+            ctx.cases.append(CaseResult(getattr(d, "label", name), "fail", str(d)))
+            out[name] = cell_from_cases(name, ctx.cases, "")
+            _, health = client.healthy()
             down = f"the server stopped answering in check {name!r} ({health})"
         if log is not None:
             r = out[name]

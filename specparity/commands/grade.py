@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=None, metavar="URL",
                    help="grade a running OpenAI-compatible server (with --model; specparity.served)")
     p.add_argument("--serve", default=None, metavar="NAME",
-                   help="start server NAME (mlx-lm, vllm-mlx, fusion-mlx, qmlx-serve, flyto-mlx, fake) on "
-                        "127.0.0.1 with --model [--draft], grade it with and without the drafter, stop it")
+                   help="start server NAME (mlx-lm, vllm-mlx, fusion-mlx, qmlx-serve, flyto-mlx, rapid-mlx, yunshu) on "
+                        "127.0.0.1 with --model [--draft], grade it with and without the drafter, stop it "
+                        "(exit 0 all graded cells pass, 1 a finding, 3 nothing could be graded)")
     p.add_argument("--model", default=None, metavar="PATH", help="the served model dir (or zoo name)")
     p.add_argument("--draft", default=None, metavar="PATH", help="the served draft model dir (or zoo drafter)")
     p.add_argument("--out", type=writable_dir, default=None,
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run the re-runs on Ray (local when no ADDRESS)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    from specparity.served import add_server_arguments
+
+    add_server_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
