@@ -86,7 +86,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 
@@ -118,7 +118,7 @@ from engine.sampler import margin_array, margins_list, token_ids
 from engine.seam import DraftProvider, DraftSource, PrefillMode, TargetView
 from engine.stream import SPEC_PREFILL_STEP, OnToken
 
-__all__ = ["PAD_ID", "BatchRequest", "BatchResult", "RowRng", "batch_generate", "batch_record", "serial_reason"]
+__all__ = ["NO_BATCH_OBSERVER", "PAD_ID", "BatchObserver", "BatchRequest", "BatchResult", "RowRng", "batch_generate", "batch_record", "serial_reason"]
 
 PAD_ID = 0  # the token a short window is right-padded with (never sampled, always dropped)
 
@@ -158,6 +158,25 @@ class BatchResult:
     steps: list[dict[str, Any]]
     wall_s: float
     lanes: dict[str, str] = field(default_factory=dict)  # rid -> "batch" or "serial: <reason>"
+
+
+# ---------------------------------------------------------------------- the observer
+
+
+class BatchObserver(Protocol):
+    """Told about every row's verify block (the M invariance's probe); must not mutate it."""
+
+    def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None: ...
+
+
+class NoBatchObserver:
+    """The null :class:`BatchObserver`."""
+
+    def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None:
+        return None
+
+
+NO_BATCH_OBSERVER = NoBatchObserver()
 
 
 # ---------------------------------------------------------------------- the per-row RNG
@@ -555,17 +574,20 @@ def batch_record(index: int, width: int, entries: list[dict[str, Any]], joined: 
             "left": left, "time_s": time_s}
 
 
-def batch_generate(target_model: Any, requests: list[BatchRequest], *, max_batch: int | None = None) -> BatchResult:
+def batch_generate(target_model: Any, requests: list[BatchRequest], *, max_batch: int | None = None,
+                   observer: BatchObserver | None = None) -> BatchResult:
     """Run ``requests`` as one batch (module docstring); each row's result is its serial run's.
 
     ``max_batch``: the most rows in the batch at once (None: no limit); arrivals beyond it
-    wait, in request order, for a slot. Runs on the serial executor's generation stream.
+    wait, in request order, for a slot. ``observer`` sees every row's verify block. Runs on
+    the serial executor's generation stream.
     """
     with mx.stream(generation_stream()):
-        return _batch_generate(target_model, requests, max_batch)
+        return _batch_generate(target_model, requests, max_batch, observer or NO_BATCH_OBSERVER)
 
 
-def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: int | None) -> BatchResult:
+def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: int | None,
+                    observer: BatchObserver) -> BatchResult:
     if max_batch is not None and max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     ids = [r.rid for r in requests]
@@ -620,7 +642,7 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
             nxt = [r.arrive for r in waiting] + [r.spec.pause[1] for r in paused if r.spec.pause is not None]
             step = max(step + 1, min(nxt)) if nxt else step + 1
             continue
-        entries, width = _step(batch, active, step, left)
+        entries, width = _step(batch, active, step, left, observer)
         steps.append(batch_record(step, width, entries, joined, left, time.perf_counter() - ts))
         for row in list(batch.rows):
             if row.done:
@@ -687,7 +709,8 @@ class _Plan:
     margins: mx.array | None = None
 
 
-def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str]]) -> tuple[list[dict[str, Any]], int]:
+def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str]],
+          observer: BatchObserver) -> tuple[list[dict[str, Any]], int]:
     """One batch step: every active row's round, ONE target forward."""
     plans: list[_Plan] = []
     for row in active:
@@ -742,6 +765,7 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
             p.drafts = token_ids(p.drafts_arr)
         window = row.pending + p.drafts
         block = logits[b, : p.d + 1, :]
+        observer.after_verify(step, row.rid, row.round_index, window, block)
         with _row_rng(row):
             assert p.samples is not None
             walk = req.pipe.walk(block, p.drafts, token_ids(p.samples), req.stream.offer, req.stream.terminate)
