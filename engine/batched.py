@@ -569,7 +569,9 @@ class _RecurrentRound:
 
 def batch_record(index: int, width: int, entries: list[dict[str, Any]], joined: list[str],
                  left: list[dict[str, str]], time_s: float | None) -> dict[str, Any]:
-    """A ``batch_step`` record (``traces/INTERPRETING.md``, Batch traces)."""
+    """A ``batch_step`` record (``traces/INTERPRETING.md``, Batch traces): the step's width, each
+    row's round (slot, round index, drafts, k_accept, tokens emitted, end, the rows beside it),
+    the rows that joined before it and the rows that left (done, preempted, serial lane)."""
     return {"type": "batch_step", "index": index, "width": width, "rows": entries, "joined": joined,
             "left": left, "time_s": time_s}
 
@@ -786,10 +788,11 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
             req.caches = batch.extract(row)
         rec = _round_record(req, row.source, row.round_index, row.feed, p.drafts, window, walk, margins,
                             p.confidence, p.tr0)
+        neighbours = [r for r in rids if r != row.rid]
+        rec["batch"] = {"row": row.rid, "step": step, "slot": b, "width": width, "neighbours": neighbours}
         req.records.append(rec)
         entries.append({"row": row.rid, "slot": b, "round": row.round_index, "d": p.d, "k_accept": k,
-                        "emitted": len(walk.emitted), "end": walk.end,
-                        "neighbours": [r for r in rids if r != row.rid]})
+                        "emitted": len(walk.emitted), "end": walk.end, "neighbours": neighbours})
         row.round_index += 1
         if req.stream.done:
             row.finish()
