@@ -60,8 +60,11 @@ def _row(target: str, drafter: str, i: int, temperature: float = 0.0) -> Case:
 
 
 def batch_cases(cases: list[Case]) -> list[BatchCase]:
-    """The batched cases for the zoo pairs of ``cases`` (greedy two-model cases on the zoo)."""
-    targets = {c.target for c in cases if c.on_zoo and c.drafter == "twin" and c.source == "two-model"}
+    """The batched cases for the zoo pairs of ``cases``: a target gets them when ``cases`` holds a
+    plain greedy two-model ``twin`` case on it (the zoo matrix's; no KV, grammar or processors)."""
+    targets = {c.target for c in cases if c.on_zoo and c.drafter == "twin" and c.source == "two-model"
+               and c.temperature == 0 and c.kv_bits is None and not c.grammar and not c.processors
+               and not c.min_tokens}
     out = []
     for t, d in BATCH_PAIRS:
         if t not in targets:
