@@ -21,8 +21,8 @@ import pytest
 
 import zoo
 from engine import batched as eb
-from engine.batched import BatchRequest, RowRng
-from engine.batched_check import b_invariance, m_invariance, seeded_invariance
+from engine.batched import BatchRequest, RowRng, batch_generate
+from engine.batched_check import b_invariance, m_invariance, seeded_invariance, serial_flip
 from engine.executor import GenerationParams
 from engine.sampler import SamplerParams
 from engine.sources.ngram import NgramProvider
@@ -120,3 +120,18 @@ def test_plant_short_rollback_breaks_m(llama: Any, twin: Any, monkeypatch: pytes
     monkeypatch.setattr(eb, "_drops", lambda keeps, width: [max(x - 1, 0) for x in real(keeps, width)])
     m = m_invariance(llama, rows(twin))
     assert m.verdict == "logic" and "not one-token decode's cache" in m.detail, m.to_dict()
+
+
+def test_double_row_vs_serial_flip_is_numerics_with_evidence(twin: Any) -> None:
+    """Off a bit-exact backend a batched row may leave its serial run on a knife-edge: weighed
+    with both verify blocks at the flip (``serial_flip``), never failed without evidence."""
+    noisy = _load("llama", 0.5)
+    reqs = rows(twin)
+    res = batch_generate(noisy, reqs)
+    flips = [f for f in (serial_flip(noisy, reqs, r.rid, res, budget=0.5) for r in reqs) if f is not None]
+    assert flips, "no row left its serial run at noise 0.5: the case no longer exercises the weighing"
+    assert all(f.verdict == "numerics" for f in flips), [f.to_dict() for f in flips]
+    assert all(any("re-runs reproduce both blocks: True" in e for e in f.evidence) for f in flips)
+    strict = serial_flip(noisy, reqs, next(r.rid for r in reqs if serial_flip(noisy, reqs, r.rid, res, budget=0.5)),
+                         res, budget=0.0)
+    assert strict is not None and strict.verdict == "logic", strict

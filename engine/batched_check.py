@@ -39,7 +39,7 @@ from engine.batched import BatchRequest, BatchResult, batch_generate
 from engine.executor import GenerationResult, plain_generate, spec_generate
 
 __all__ = ["FIELD_ORDER", "Invariance", "RowDivergence", "BlockRecorder", "b_invariance", "check_rows",
-           "compare_row", "m_invariance", "seeded_invariance", "serial_results", "step_of", "ulp_distance"]
+           "compare_row", "m_invariance", "seeded_invariance", "serial_flip", "serial_results", "step_of", "ulp_distance"]
 
 # A record's fields in the order a divergence is named (the earliest cause first).
 FIELD_ORDER = ("type", "index", "feed", "drafts", "window", "samples", "margins", "k_accept", "emitted", "end",
@@ -290,24 +290,56 @@ def _alone(r: BatchRequest) -> BatchRequest:
     return BatchRequest(r.rid, r.prompt_ids, r.params, r.provider, arrive=0, pause=None, on_token=r.on_token)
 
 
-def _flip_verdict(name: str, model: Any, requests: list[BatchRequest], r: BatchRequest, div: RowDivergence,
-                  budget: float, checked: int) -> Invariance:
-    """A row's flip between the mixed batch and the row alone: ``numerics`` only with evidence
-    (both blocks at the contested round reproduce on a re-run, they differ within the stated
-    bound, and for a greedy row each run's token is its own row's top choice on a knife-edge
-    no wider than that difference); otherwise ``logic``."""
+def _row_blocks(model: Any, requests: list[BatchRequest], rid: str) -> dict[int, Any]:
+    """Row ``rid``'s verify blocks (round -> float32 rows) in a batched run of ``requests``."""
+    rec = BlockRecorder()
+    batch_generate(model, requests, observer=rec)
+    return {rnd: block for (row, rnd), (_step, _w, block) in rec.blocks.items() if row == rid}
+
+
+class _SerialBlocks:
+    """A ``RoundObserver`` keeping the serial executor's verify blocks (float32, host)."""
+
+    observing = True
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, Any] = {}
+
+    def before_verify(self, index: int, window: list[int], caches: list[Any]) -> None:
+        return None
+
+    def after_verify(self, index: int, window: list[int], block: mx.array, caches: list[Any]) -> None:
+        import numpy as np
+
+        self.blocks[index] = np.array(block.astype(mx.float32))
+
+    def after_rollback(self, index: int, k_accept: int, caches: list[Any]) -> None:
+        return None
+
+
+def _serial_blocks(model: Any, r: BatchRequest) -> dict[int, Any]:
+    obs = _SerialBlocks()
+    spec_generate(model, r.provider, r.prompt_ids, r.params, observer=obs)
+    return obs.blocks
+
+
+def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checked: int,
+           paths: tuple[Callable[[], dict[int, Any]], Callable[[], dict[int, Any]]], what: str) -> Invariance:
+    """A row's token flip between two runs: ``numerics`` only with evidence (both runs' blocks at
+    the contested round reproduce on a re-run, they differ within the stated bound, and for a
+    greedy row each run's token is its own row's top choice on a knife-edge no wider than that
+    difference); otherwise ``logic``."""
     import numpy as np
 
-    if budget <= 0 or div.step is None or div.round is None:
+    if budget <= 0 or div.round is None or div.field != "emitted":
         return Invariance(name, "logic", div.message, checked=checked)
-    mixed, mixed2, solo, solo2 = BlockRecorder(), BlockRecorder(), BlockRecorder(), BlockRecorder()
-    for obs, reqs in ((mixed, requests), (mixed2, requests), (solo, [_alone(r)]), (solo2, [_alone(r)])):
-        batch_generate(model, reqs, observer=obs)
-    key = (r.rid, div.round)
-    if key not in mixed.blocks or key not in solo.blocks:
+    first = [paths[0](), paths[1]()]
+    again = [paths[0](), paths[1]()]
+    if any(div.round not in x for x in first):
         return Invariance(name, "logic", div.message + " (no verify block to weigh)", checked=checked)
-    a, b = mixed.blocks[key][2], solo.blocks[key][2]
-    reproduced = np.array_equal(a, mixed2.blocks[key][2]) and np.array_equal(b, solo2.blocks[key][2])
+    a, b = first[0][div.round], first[1][div.round]
+    reproduced = all(div.round in x and np.array_equal(x[div.round], y[div.round]) for x, y in zip(again, first,
+                                                                                              strict=True))
     ea, eb = list(div.batched or []), list(div.other or [])
     pos = next((i for i, (x, y) in enumerate(zip(ea, eb, strict=False)) if x != y), min(len(ea), len(eb)))
     pos = min(pos, len(a) - 1, len(b) - 1)
@@ -323,9 +355,32 @@ def _flip_verdict(name: str, model: Any, requests: list[BatchRequest], r: BatchR
                         f"{margins[1]:.3g}")
         ok = ok and all(picks) and min(margins) <= 2 * delta
     if ok:
-        return Invariance(name, "numerics", f"row {r.rid} flips at {div.where}: arithmetic of the batch "
-                          f"composition within the bound {budget:g}", evidence, checked)
+        return Invariance(name, "numerics", f"row {r.rid} flips at {div.where}: arithmetic of {what} within "
+                          f"the bound {budget:g}", evidence, checked)
     return Invariance(name, "logic", div.message, evidence, checked)
+
+
+def _flip_verdict(name: str, model: Any, requests: list[BatchRequest], r: BatchRequest, div: RowDivergence,
+                  budget: float, checked: int) -> Invariance:
+    """A row's flip between the mixed batch and the row alone (:func:`_weigh`)."""
+    return _weigh(name, r, div, budget, checked,
+                  (lambda: _row_blocks(model, requests, r.rid), lambda: _row_blocks(model, [_alone(r)], r.rid)),
+                  "the batch composition")
+
+
+def serial_flip(model: Any, requests: list[BatchRequest], rid: str, result: BatchResult,
+                serial: GenerationResult | None = None, *, budget: float) -> Invariance | None:
+    """A batched row whose tokens differ from its serial run (``spec_generate`` alone; run here
+    when not given), weighed off a bit-exact backend (:func:`_weigh`: the batched forward vs the
+    serial verify window at the flip); None when the tokens and rounds agree."""
+    r = next(x for x in requests if x.rid == rid)
+    serial = serial if serial is not None else spec_generate(model, r.provider, r.prompt_ids, r.params)
+    div = compare_row(rid, result.rows[rid], serial, result.steps, "serial", records=False)
+    if div is None:
+        return None
+    return _weigh("row", r, div, budget, 1,
+                  (lambda: _row_blocks(model, requests, rid), lambda: _serial_blocks(model, r)),
+                  "the batched forward vs the serial verify window")
 
 
 def b_invariance(model: Any, requests: list[BatchRequest], result: BatchResult | None = None,
