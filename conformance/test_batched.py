@@ -98,6 +98,31 @@ def test_serial_lane_rows_quantized_kv_and_exact_rings() -> None:
     assert all("rotating='exact'" in v for v in res.lanes.values()), res.lanes
 
 
+def test_grammar_processor_and_min_tokens_rows_equal_serial() -> None:
+    """Per-row sampling pipelines in one batch: a JSON-schema row and a regex row (each its own
+    grammar matcher, the constrained walk), two rows with penalties + logit bias + min_tokens 4,
+    greedy and sampled with position keys, one preempted."""
+    from specparity.batched import BatchCase, row_requests
+    from specparity.cases import Case
+    from specparity.run import SIDE_STATE_PROCESSORS
+    from zoo import grammars as G
+
+    t, d, p = G.PAIRS[0]
+    ids = G.prompt_ids(p)
+    rows = (Case(t, d, p, 3, 24, prompt_tokens=ids, grammar="json-small"),
+            Case(t, d, "nat-01", 3, 20, processors=SIDE_STATE_PROCESSORS, min_tokens=4, temperature=0.8, seed=1,
+                 rng="position"),
+            Case(t, d, "nat-02", 3, 16, processors=SIDE_STATE_PROCESSORS, min_tokens=4),
+            Case(t, d, p, 3, 24, prompt_tokens=ids, grammar="regex-sentence", temperature=0.8, seed=3,
+                 rng="position"))
+    model, reqs, _ = row_requests(BatchCase("g", rows, (0, 0, 1, 2), (None, (2, 4), None, None)))
+    assert reqs[0].params.grammar is not None and reqs[3].params.grammar is not None
+    res = batch_generate(model.model, reqs)
+    divs = check_rows(model.model, reqs, res)
+    assert not divs, "\n".join(x.message for x in divs)
+    assert all(v == "batch" for v in res.lanes.values()), res.lanes
+
+
 # ---------------------------------------------------------------------- planted bugs
 
 

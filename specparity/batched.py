@@ -99,7 +99,12 @@ def row_requests(bc: BatchCase) -> tuple[Any, list[Any], list[dict[str, Any]]]:
         tp, dp = case_paths(case)
         src = open_for_case(case, target)
         params = replace(generation_params(case, target.eos_ids), gamma=src.gamma, prefill=src.prefill)
-        ids = list(zoo.prompt(case.prompt_id).token_ids)
+        if case.grammar:  # compiled against the target's tokenizer, as the engine runner does
+            from specparity.runners.engine import compile_grammar
+
+            params = replace(params, grammar=compile_grammar(case.grammar, target, params.eos_ids,
+                                                             case.reasoning_end))
+        ids = list(case.prompt_tokens) if case.prompt_tokens is not None else list(zoo.prompt(case.prompt_id).token_ids)
         draft = load_model(str(dp)) if dp is not None and src.kind is not None and src.kind.loads_model else None
         reqs.append(BatchRequest(rid, ids, params, src.make(), arrive=arrive, pause=pause))
         headers.append(case_header(info, case, ids, tpath=tp, dpath=dp, target=target, draft=draft,
