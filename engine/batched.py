@@ -639,7 +639,7 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
         batch.compact()
         active = batch.rows
         if not active:
-            if steps or joined or left:
+            if joined or left:  # an idle step is written only when a row came or went
                 steps.append(batch_record(step, 0, [], joined, left, time.perf_counter() - ts))
             nxt = [r.arrive for r in waiting] + [r.spec.pause[1] for r in paused if r.spec.pause is not None]
             step = max(step + 1, min(nxt)) if nxt else step + 1
