@@ -97,7 +97,6 @@ from engine.executor import (
     _draft,
     _Request,
     _round_record,
-    _set_kv_quantization,
     _set_rotating,
     _source_guard,
     _tap_set,
@@ -669,8 +668,6 @@ def _start(row: _Row, model: Any) -> str | None:
     params = req.params
     source = row.spec.provider.open(req.sampler, TargetView(model=model, caches=req.caches))
     reason = serial_reason(model, req.caches, source, params)
-    if reason is None and params.kv is not None and not hasattr(source, "set_kv_quantization"):
-        reason = "quantized KV"
     if reason is not None:
         # the serial executor, on a fresh request (its own source, pipeline and caches)
         with _row_rng(row):
@@ -679,9 +676,7 @@ def _start(row: _Row, model: Any) -> str | None:
         row.lane = "serial"
         return reason
     if params.rotating != "guard":
-        _set_rotating(source, params.rotating)
-    if params.kv is not None:
-        _set_kv_quantization(source, params.kv)
+        _set_rotating(source, params.rotating)  # the source's own rotating caches (a drafter's)
     assert not _tap_set(source, len(model.layers))
     row.source = source
     mode: PrefillMode = params.prefill or source.prefill_mode
