@@ -123,6 +123,29 @@ def test_grammar_processor_and_min_tokens_rows_equal_serial() -> None:
     assert all(v == "batch" for v in res.lanes.values()), res.lanes
 
 
+def eight_rows(target: str, temp: float = 0.0, rng: str = "stream", source: str = "twin") -> list[BatchRequest]:
+    """Eight rows, γ 1..4, budgets 6..27, three arriving per step; with ``max_batch=6`` two wait."""
+    ps = zoo.prompts()
+    twin = load(zoo.model_name(target, "twin"))
+    return [BatchRequest(f"q{i}", list(ps[4 + i].token_ids),
+                         GenerationParams(max_tokens=6 + 3 * i, gamma=1 + i % 4, seed=i, eos_ids=(zoo.eos_id(),),
+                                          sampler=SamplerParams(temperature=temp, rng=rng)),
+                         NgramProvider(gamma=3) if source == "ngram" or (source == "mixed" and i % 2)
+                         else TwoModelProvider(twin), arrive=i // 3)
+            for i in range(8)]
+
+
+def test_rotating_batch_padding_never_reaches_the_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows rolled right accumulate left padding; the padding every row shares is cut after each
+    rollback, so the write index stays at the longest row and a rotating batch never wraps
+    through padding (found by the nightly matrix: the ring's front cut, then a trim, left
+    mlx-lm's mask one column longer than the keys). Without the cut the batch stops, naming it."""
+    rows_equal_serial("gemma3", eight_rows("gemma3"), max_batch=6)
+    monkeypatch.setattr(eb, "_drop_common_padding", lambda c: None)
+    with pytest.raises(RuntimeError, match=r"batched rotating cache reached its ring \(write index 3\d"):
+        batch_generate(load("gemma3"), eight_rows("gemma3"), max_batch=6)
+
+
 # ---------------------------------------------------------------------- planted bugs
 
 
@@ -206,3 +229,19 @@ def test_plant_join_at_wrong_offset_is_caught(monkeypatch: pytest.MonkeyPatch) -
     # r0 (28 tokens) opens the batch; r1 (16 tokens) is the first to join a longer batch
     assert (first.row, first.step, first.round) == ("r1", 0, 0), first.message
     assert "row r1: batch step 0 (round 0); rows present: r0" in first.message
+
+
+# ---------------------------------------------------------------------- the nightly matrix
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("target", ["llama", "qwen3", "gemma3", "gemma4", "qwen35"])
+@pytest.mark.parametrize("source", ["twin", "ngram", "mixed"])
+@pytest.mark.parametrize("sampling", ["greedy", "stream", "position"])
+def test_matrix_rows_equal_serial(target: str, source: str, sampling: str) -> None:
+    """Every target x draft source x sampling, B = 4 with joins and a preemption, then eight rows
+    (B up to 8, max_batch 6: two wait for a slot)."""
+    temp = 0.0 if sampling == "greedy" else 0.8
+    rng = "stream" if sampling == "greedy" else sampling
+    rows_equal_serial(target, mixed(target, source, temp, rng))
+    rows_equal_serial(target, eight_rows(target, temp, rng, source), max_batch=6)

@@ -374,13 +374,8 @@ class _Batch:
         idx = mx.array(keep)
         for c in self.caches:
             c.filter(idx)
-            if _is_rot(c) and not c.rotated and c.keys is not None:
-                m = int(cast(int, mx.min(c.left_padding).item()))  # BatchKVCache.filter's left shift, for rings too
-                if m > 0:
-                    c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
-                    c._idx -= m
-                    c._offset -= m
-                    c.left_padding = c.left_padding - m
+            if _is_rot(c):
+                _drop_common_padding(c)  # BatchKVCache.filter does it itself
         self.slots = [self.slots[i] for i in keep]
 
     def extract(self, row: _Row) -> list[Any]:
@@ -399,6 +394,12 @@ class _Batch:
     # -------------------------------------------------------------- the round
     def forward(self, inputs: mx.array) -> mx.array:
         """ONE target forward over ``inputs [B, W]``, the recurrent layers recorded."""
+        for c in self.caches:
+            if _is_rot(c) and c.keys is not None and (c.rotated or c._offset != c._idx
+                                                      or c._idx >= int(c.max_size)):
+                raise RuntimeError(
+                    f"batched rotating cache reached its ring (write index {c._idx}, written {c._offset}, "
+                    f"max_size {c.max_size}): per-row rollback is exact only before the wrap")
         layers = getattr(self.model, "layers", [])
         self._recurrent = []
         swapped: list[tuple[Any, type]] = []
@@ -442,6 +443,9 @@ class _Batch:
             rec: _RecurrentRound = entry["rec"]
             rec.rollback([width - dr for dr in drops], width)
         self._recurrent = []
+        for c in self.caches:
+            if _is_kv(c):
+                _drop_common_padding(c)
 
 
 def _is_rotating_row(c: Any) -> bool:
@@ -452,6 +456,23 @@ def _empty_ring(c: Any) -> Any:
     from mlx_lm.models.cache import RotatingKVCache
 
     return RotatingKVCache(int(c.max_size))
+
+
+def _drop_common_padding(c: Any) -> None:
+    """Cut the padding every row has (``BatchKVCache.filter``'s left shift): the write index
+    stays at the longest row, so a rotating batch never reaches its ring through padding alone
+    (mlx-lm's concatenating update would cut its front, after which a trim no longer matches
+    its mask)."""
+    if c.keys is None or (_is_rot(c) and c.rotated):
+        return
+    m = int(cast(int, mx.min(c.left_padding).item()))
+    if m <= 0:
+        return
+    c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
+    c._idx -= m
+    if _is_rot(c):
+        c._offset -= m
+    c.left_padding = c.left_padding - m
 
 
 def _roll_rows(c: Any, extra: list[int]) -> None:
