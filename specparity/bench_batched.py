@@ -8,7 +8,9 @@ both with cache digests off; the two arms alternate order every repeat (AB, BA, 
 untimed warm-up of each, and each row's output must be identical in the two arms (else the
 figure is refused). Printed per B: rows per second of each arm (median over repeats), tokens
 per second, and the paired speedup ``serial wall / batched wall`` — the median of the
-per-repeat ratios with its 95 % percentile-bootstrap interval (``reports.stats.median_ratio``).
+per-repeat ratios with its 95 % percentile-bootstrap interval (``reports.stats.median_ratio``), and
+the same ratio of the process's CPU time (``time.process_time``: steadier than wall time on a
+machine shared with other work, where the wall ratio swings with the load).
 
 ``--size 1b`` builds the seeded ≥1B bf16 pair (``zoo/big.py``, GPU-only in practice):
 ``python -m specparity.bench_batched --size 1b --rows 1,2,4,8 --repeats 5 --max-tokens 64``.
@@ -57,19 +59,19 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
 
     params = GenerationParams(max_tokens=max_tokens, gamma=gamma, eos_ids=tgt.eos_ids, cache_digests=False)
 
-    def batched(b: int) -> tuple[float, list[list[int]], int]:
+    def batched(b: int) -> tuple[float, float, list[list[int]], int]:
         reqs = [BatchRequest(f"r{i}", list(prompts[i].token_ids), params, provider()) for i in range(b)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = batch_generate(tgt.model, reqs)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         outs = [res.rows[f"r{i}"].output_ids for i in range(b)]
-        return wall, outs, sum(len(o) for o in outs)
+        return wall, cpu, outs, sum(len(o) for o in outs)
 
-    def serial(b: int) -> tuple[float, list[list[int]], int]:
-        t0 = time.perf_counter()
+    def serial(b: int) -> tuple[float, float, list[list[int]], int]:
+        t0, c0 = time.perf_counter(), time.process_time()
         outs = [spec_generate(tgt.model, provider(), list(prompts[i].token_ids), params).output_ids for i in range(b)]
-        wall = time.perf_counter() - t0
-        return wall, outs, sum(len(o) for o in outs)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return wall, cpu, outs, sum(len(o) for o in outs)
 
     table = []
     for b in rows:
@@ -77,13 +79,15 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
         batched(b)
         serial(b)
         walls: dict[str, list[float]] = {"batched": [], "serial": []}
+        cpus: dict[str, list[float]] = {"batched": [], "serial": []}
         tokens = 0
         for rep in range(repeats):
             order = ("batched", "serial") if rep % 2 == 0 else ("serial", "batched")
             outs = {}
             for arm in order:
-                wall, out, tokens = (batched if arm == "batched" else serial)(b)
+                wall, cpu, out, tokens = (batched if arm == "batched" else serial)(b)
                 walls[arm].append(wall)
+                cpus[arm].append(cpu)
                 outs[arm] = out
             if outs["batched"] != outs["serial"]:
                 i = next(j for j, (x, y) in enumerate(zip(outs["batched"], outs["serial"], strict=True)) if x != y)
@@ -92,12 +96,14 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
             say(f"B = {b}: repeat {rep + 1}/{repeats}: batched {walls['batched'][-1]:.3f} s, "
                 f"serial {walls['serial'][-1]:.3f} s")
         ratio = median_ratio([s / bt for s, bt in zip(walls["serial"], walls["batched"], strict=True)])
+        cpu_ratio = median_ratio([s / bt for s, bt in zip(cpus["serial"], cpus["batched"], strict=True)])
         med = {arm: sorted(w)[len(w) // 2] for arm, w in walls.items()}
         table.append({"rows": b, "tokens": tokens, "repeats": repeats,
                       "batched_wall_s": walls["batched"], "serial_wall_s": walls["serial"],
                       "batched_rows_per_s": b / med["batched"], "serial_rows_per_s": b / med["serial"],
                       "batched_tokens_per_s": tokens / med["batched"], "serial_tokens_per_s": tokens / med["serial"],
-                      "speedup": ratio.to_dict(), "identical_outputs": True})
+                      "batched_cpu_s": cpus["batched"], "serial_cpu_s": cpus["serial"],
+                      "speedup": ratio.to_dict(), "cpu_speedup": cpu_ratio.to_dict(), "identical_outputs": True})
     return {"kind": "bench-batched", "target": tname, "drafter": dname, "gamma": gamma, "max_tokens": max_tokens,
             "device": describe_device(), "table": table}
 
@@ -107,13 +113,14 @@ def markdown(res: dict[str, Any]) -> str:
              f"{res['max_tokens']} tokens per row, greedy, on {res['device']}; every row identical in both arms.",
              "",
              "| B | tokens | batched rows/s | serial rows/s | batched tok/s | serial tok/s | speedup (serial/batched wall), "
-             "median [95% CI] | repeats |",
-             "|---:|---:|---:|---:|---:|---:|:---|---:|"]
+             "median [95% CI] | CPU-time speedup [95% CI] | repeats |",
+             "|---:|---:|---:|---:|---:|---:|:---|:---|---:|"]
     for r in res["table"]:
-        s = r["speedup"]
+        s, c = r["speedup"], r["cpu_speedup"]
         lines.append(f"| {r['rows']} | {r['tokens']} | {r['batched_rows_per_s']:.2f} | {r['serial_rows_per_s']:.2f} | "
                      f"{r['batched_tokens_per_s']:.1f} | {r['serial_tokens_per_s']:.1f} | "
-                     f"{s['median']:.2f} [{s['low']:.2f}, {s['high']:.2f}] | {r['repeats']} |")
+                     f"{s['median']:.2f} [{s['low']:.2f}, {s['high']:.2f}] | "
+                     f"{c['median']:.2f} [{c['low']:.2f}, {c['high']:.2f}] | {r['repeats']} |")
     return "\n".join(lines) + "\n"
 
 
