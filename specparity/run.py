@@ -605,6 +605,7 @@ def run_cases(
         set_stage(out_dir, f"running {len(fill_cases)} fill cases")
         result.fill, fill_cmp = fill_comparisons(fill_cases)
         result.comparisons += fill_cmp
+    result.comparisons += batched_comparisons(out_dir, cases)
     result.wall_s = time.perf_counter() - t0
     finish(result, traces)
     return result
@@ -644,6 +645,18 @@ def verify_path_comparisons(specs: list[Case], traces: dict[tuple[str, str], Tra
                                   detail=f"the recorded verify margins match neither the batched window nor "
                                          f"one-token decode replayed here: {v.rounds}"))
     return out
+
+
+def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Comparison]:
+    """The zoo matrix's batched cases (``specparity.batched``, docs/batched.md): for each zoo
+    target of ``cases`` that batches (llama, gemma3, qwen35 with ``twin``; n-gram rows on llama),
+    B = 2 and 4 rows of mixed prompt lengths finishing at different steps (at B = 4 a row joins
+    mid-flight and one is preempted), every row compared round for round with its serial engine
+    run; the B = 4 case reports the three invariances (M, B, seeded) per engine."""
+    from specparity.batched import batched_comparisons as run_batched
+
+    set_stage(out_dir, "running the batched cases")
+    return run_batched(out_dir, cases)
 
 
 def fill_cases(temperatures: tuple[float, ...] = (0.0,), max_tokens: int = 48) -> list[Any]:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from traces.io import Record, Trace, TraceFormatError, read_trace
@@ -57,11 +57,13 @@ __all__ = [
     "Witness",
     "WitnessDeclined",
     "WitnessVerdict",
+    "batch_context",
     "diff_main",
     "diff_traces",
     "grammar_divergence",
     "grammar_sites",
     "token_origin",
+    "validate_batch_steps",
 ]
 
 LEVELS = ("round", "tokens", "acceptance")
@@ -624,19 +626,96 @@ def diff_traces(
         raise ValueError(f"eps must be >= 0, got {eps}")
     c = _Ctx(a, b, level, eps, witness)
     if level == "round":
-        return (
+        return batch_context(a, b, (
             _diff_prefill(c)
             or _diff_events(c)
             or _diff_usage(c, USAGE_FIELDS_ROUND)
             or _diff_speculation(c)
             or _diff_output(c)
-        )
+        ))
     if level == "tokens":
         div = _diff_output(c)
         if div is None and grammar_sites(a) and grammar_sites(b):
             div = grammar_divergence(a, b)
-        return div or _diff_usage(c, USAGE_FIELDS_TOKENS)
+        return batch_context(a, b, div or _diff_usage(c, USAGE_FIELDS_TOKENS))
     return _diff_speculation(c)
+
+
+# ---------------------------------------------------------------------- batch traces
+
+
+def _event_of(trace: Trace, where: str) -> Record | None:
+    """The round/plain record a divergence's ``where`` points at in ``trace`` (None: none)."""
+    kind, _, num = where.rpartition(" ")
+    if not num.isdigit():
+        return None
+    i = int(num)
+    if kind == "round":
+        return trace.rounds[i] if i < len(trace.rounds) else None
+    if kind == "plain":
+        return trace.plains[i] if i < len(trace.plains) else None
+    if kind == "event":
+        return trace.events[i] if i < len(trace.events) else None
+    if kind == "output token":
+        sites = _token_sites(trace)
+        return trace.events[sites[i].event] if i < len(sites) else None
+    return None
+
+
+def batch_context(a: Trace, b: Trace, div: Divergence | None) -> Divergence | None:
+    """``div`` with the batch it happened in, when a trace is a row of a batched run (its round
+    records carry ``batch``, INTERPRETING.md "Batch traces"): the batch step, the row's slot, the
+    forward's width and the other rows present, per trace. Anything else: ``div`` unchanged."""
+    if div is None:
+        return None
+    notes = []
+    for label, t in (("a", a), ("b", b)):
+        e = _event_of(t, div.where)
+        info = e.get("batch") if e is not None else None
+        if isinstance(info, dict):
+            rows = ", ".join(info.get("neighbours") or []) or "none"
+            notes.append(f"  {label} ({info.get('row')}) ran it in batch step {info.get('step')} "
+                         f"(slot {info.get('slot')}, width {info.get('width')}); rows present: {rows}")
+        elif e is not None and any(isinstance(x.get("batch"), dict) for x in t.rounds):
+            notes.append(f"  {label}: not in the batch here (a {e.get('type')} record after the row left it: "
+                         f"{e.get('reason', 'serial lane')})")
+    if not notes:
+        return div
+    return replace(div, message=div.message + "\n" + "\n".join(notes))
+
+
+def validate_batch_steps(records: Sequence[Any]) -> list[str]:
+    """Problems of a batch trace (``batch_step`` records, schema ``$defs/batch_step``): each record
+    against the schema, consecutive ``index`` values, a row at most once per step, each row's
+    rounds counting 0, 1, 2, ... over the steps it ran in. Empty: valid."""
+    from jsonschema import Draft202012Validator
+
+    from traces.validate import load_schema
+
+    schema = load_schema()
+    check = Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/batch_step"})
+    out: list[str] = []
+    rounds: dict[str, int] = {}
+    last: int | None = None
+    for n, rec in enumerate(records, start=1):
+        errs = sorted(check.iter_errors(rec), key=lambda e: [str(p) for p in e.absolute_path])
+        if errs:
+            out += [f"line {n}: batch_step.{'.'.join(map(str, e.absolute_path)) or 'record'}: {e.message}"
+                    for e in errs]
+            continue
+        if last is not None and rec["index"] <= last:
+            out.append(f"line {n}: batch_step.index: {rec['index']} after {last} (steps increase)")
+        last = rec["index"]
+        seen: set[str] = set()
+        for e in rec["rows"]:
+            if e["row"] in seen:
+                out.append(f"line {n}: batch_step.rows: row {e['row']!r} twice in step {rec['index']}")
+            seen.add(e["row"])
+            want = rounds.get(e["row"], 0)
+            if e["round"] != want:
+                out.append(f"line {n}: batch_step.rows: row {e['row']!r} round {e['round']}, expected {want}")
+            rounds[e["row"]] = e["round"] + 1
+    return out
 
 
 def diff_main(argv: Sequence[str] | None = None, witness: Witness | None = None) -> int:

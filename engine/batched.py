@@ -1,0 +1,830 @@
+"""Batched speculation: ONE target forward over every row's verify window, per-row accept and rollback.
+
+The seed (``../shared/reference/speculative-decoding.md`` §1 "Per-slot readiness") calls
+per-slot speculation "the hard part — variable accept length per slot breaks a uniform-B
+step"; mlx-lm 0.32.2 has none (``BatchGenerator``: ``is_batchable = draft_model is None``).
+This module is that executor, behind the same seam: one ``DraftSource`` per row (opened from
+the row's ``DraftProvider`` with the row's sampler, as ``engine.executor.spec_generate``
+opens it), one ``SamplingPipeline`` and one ``TokenStream`` per row (``executor._Request``),
+so the per-row sampler, processors history, min_tokens, grammar matcher and accounting are
+the serial executor's own objects. Per step (§2, every row its own round):
+
+1. each row drafts ``d_b <= n_b = min(gamma, tokens left)`` through its source;
+2. ONE target forward over the ``[B, W]`` block of every row's window ``[pending, *drafts]``,
+   ``W = max_b (d_b + 1)``;
+3. each row's accept walk over ITS rows of the block (``logits[b, :d_b + 1]``), through its own
+   pipeline, all rows' samples read back in one sync;
+4. rollback per row: row ``b`` keeps ``k_b + 1`` of the ``W`` positions it wrote (the
+   uniform-B step broken on purpose, see below); its source commits ``(d_b, k_b)``;
+5. rows that finished release their slot (reset), rows that arrive are prefilled and join.
+
+**Layout: left-padded caches, right-padded windows.** mlx-lm's batched caches
+(``models/cache.py`` ``BatchKVCache``, ``BatchRotatingKVCache``, the batched ``ArraysCache``)
+keep every row right-justified at a shared write index with per-row ``left_padding`` and
+``offset`` (the row's RoPE position), and mlx-lm's models build the masks from them: so the
+batch is a plain mlx-lm forward with no model code of ours. A window shorter than ``W`` is
+padded on the right (the pad positions lie after the row's last real position, invisible to
+it under the causal mask, and are dropped by the rollback like rejected drafts). Why not
+ragged (one forward per row: no batching) or packed (all windows in one sequence with a
+block-diagonal mask: needs attention code over several caches, i.e. another model zoo)?
+Left padding is what mlx-lm's models batch with, and on the CPU it is bit-exact: a row of
+the batched forward equals the same row's B = 1 forward bit for bit (masked positions add
+exact zeros to the softmax and the value sum; measured on every zoo target; the tests
+check it per round through the cache digests and every row's margins).
+
+**Per-row rollback per cache family** (:func:`_drops`, :class:`_Batch`):
+
+- KV (``BatchKVCache``) and rotating before the wrap (``BatchRotatingKVCache``): trim the
+  fewest dropped positions off the whole batch (``trim(min_b r_b)``), then roll each row
+  that drops more right by the difference and grow its left padding by it (mlx-lm's own
+  right-padding mechanism, ``BatchKVCache.prepare(right_padding=...)`` + ``finalize``,
+  ``dynamic_roll``): the row's kept positions end at the write index again, its rejected
+  tail is now padding. Rotating batches always run windows of ``W >= 2`` (the concatenating
+  update, temporal order: a ring rotated by one-token in-place writes would order a row's
+  keys differently from its serial run).
+- Rotating past the wrap: a row whose window would reach its ring (the §2 guard,
+  ``offset + n + 1 >= max_size`` on the row's own offset) leaves the batch for the serial
+  lane (its caches extracted, ``BatchRotatingKVCache.extract``) and finishes with plain
+  decode, as its serial run does (``rotating="guard"``). ``rotating="exact"`` rows with a
+  rotating target cache run on the serial lane from the start (``RingRound`` needs the
+  row's own ring).
+- Recurrent (``ArraysCache``, gated DeltaNet): the spec-round trio per row. The mixer's
+  inputs and ``in_proj_*`` outputs of the batched forward are recorded (as
+  ``engine.rollback.CacheRollback`` records them); a row keeping fewer than ``W`` positions
+  is restored to its pre-forward state and REPLAYED over its kept positions at B = 1 with
+  its own recorded projections served, exactly the serial rollback's replay.
+- Quantized KV (``kv_bits``): mlx-lm 0.32.2 has no batched quantized cache; such rows run
+  on the serial lane (``spec_generate`` itself), reason recorded.
+
+**Rows joining and leaving.** A joining row is prefilled alone (B = 1, the serial
+executor's chunks: its prefill record is the serial one), then placed in a free slot
+right-justified at the write index (:func:`_join_start`; the batch grows left when the row
+is longer). A finished row's slot is released at the end of its step: reset to all padding,
+recurrent state zeroed (:func:`_reset_slot`), then reused by a joining row or compacted
+away (``filter``). A paused row (preemption: ``BatchRequest.pause``) is swapped out
+(``extract``) and swapped back in later, its source and pipeline kept.
+
+**RNG per row.** The draw stages use MLX's global generator (mlx-lm's samplers take no
+key). Each sampled row keeps its own generator state (:class:`RowRng`): the state is
+switched in around everything the row draws (drafting, window samples, the walk) and read
+back after (an MLX key ``[hi, lo]`` is restored exactly by ``mx.random.seed(hi << 32 | lo)``),
+so a row consumes exactly the stream its serial run consumes, with ``rng="stream"`` and
+with ``rng="position"`` (whose drafter draws still read the global state). Greedy rows
+draw nothing.
+
+**Serial lane.** A row that cannot share the batch runs alone through the serial
+executor, reason in the batch record: a source with tap layers or an anchor hidden (MTP,
+DSpark, DeepSpec, assistant: they read the target's per-row hidden states), quantized KV,
+exact rotating rollback, target caches that are not KV/rotating (keep 0)/``ArraysCache``,
+or a target that cannot roll back (``spec_generate`` then decodes plainly).
+
+Every row's result and records are those of ``spec_generate`` on the same request alone:
+``tests/test_batched.py`` and ``conformance/test_batched.py`` compare them record for record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+import mlx.core as mx
+
+from engine.executor import (
+    GenerationParams,
+    GenerationResult,
+    _confidence,
+    _draft,
+    _Request,
+    _round_record,
+    _set_rotating,
+    _source_guard,
+    _tap_set,
+    generation_stream,
+    refeed,
+    spec_generate,
+)
+from engine.hooks import NO_OBSERVER
+from engine.pipeline import WalkResult
+from engine.rollback import (
+    RECURRENT_MIXERS,
+    CacheRollback,
+    _recording_mixer,
+    _recording_projection,
+    _serving_projection,
+)
+from engine.sampler import margin_array, margins_list, token_ids
+from engine.seam import DraftProvider, DraftSource, PrefillMode, TargetView
+from engine.stream import SPEC_PREFILL_STEP, OnToken
+
+__all__ = ["NO_BATCH_OBSERVER", "PAD_ID", "BatchObserver", "BatchRequest", "BatchResult", "RowRng", "batch_generate", "batch_record", "serial_reason"]
+
+PAD_ID = 0  # the token a short window is right-padded with (never sampled, always dropped)
+
+
+@dataclass
+class BatchRequest:
+    """One row of a batched run.
+
+    ``arrive``: the batch step at which the request arrives (joins the batch when a slot is
+    free); ``pause``: ``(out, back)`` — the row is preempted (swapped out of the batch) before
+    step ``out`` and resumes at step ``back`` (B-invariance: its tokens must not change).
+    """
+
+    rid: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    provider: DraftProvider
+    arrive: int = 0
+    pause: tuple[int, int] | None = None
+    on_token: OnToken | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"row {self.rid!r}: prompt_ids must not be empty")
+        if self.arrive < 0:
+            raise ValueError(f"row {self.rid!r}: arrive must be >= 0, got {self.arrive}")
+        if self.pause is not None and not (0 <= self.pause[0] < self.pause[1]):
+            raise ValueError(f"row {self.rid!r}: pause must be (out, back) with 0 <= out < back, got {self.pause}")
+
+
+@dataclass
+class BatchResult:
+    """``rows``: each request's result, the shape ``spec_generate`` returns; ``steps``: one
+    ``batch_step`` record per batch step (:func:`batch_record`)."""
+
+    rows: dict[str, GenerationResult]
+    steps: list[dict[str, Any]]
+    wall_s: float
+    lanes: dict[str, str] = field(default_factory=dict)  # rid -> "batch" or "serial: <reason>"
+
+
+# ---------------------------------------------------------------------- the observer
+
+
+class BatchObserver(Protocol):
+    """Told about every row's verify block (the M invariance's probe); must not mutate it."""
+
+    def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None: ...
+
+
+class NoBatchObserver:
+    """The null :class:`BatchObserver`."""
+
+    def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None:
+        return None
+
+
+NO_BATCH_OBSERVER = NoBatchObserver()
+
+
+# ---------------------------------------------------------------------- the per-row RNG
+
+
+class RowRng:
+    """One row's MLX generator state, switched in around the row's draws (module docstring)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self.key: int | None = None
+
+    def __enter__(self) -> RowRng:
+        if self.active and self.key is not None:
+            mx.random.seed(self.key)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:
+            hi, lo = (int(x) for x in cast(list, cast(Any, mx.random.state)[0].tolist()))
+            self.key = (hi << 32) | lo
+
+
+def _row_rng(row: _Row) -> RowRng:
+    """The generator a row draws with (plant seam: a shared one is the classic bug)."""
+    return row.rng
+
+
+# ---------------------------------------------------------------------- plant seams (pure)
+
+
+def _drops(keeps: list[int], width: int) -> list[int]:
+    """Positions each row drops after a ``width``-wide forward, keeping ``keeps[b]``."""
+    return [width - k for k in keeps]
+
+
+def _join_start(idx: int, length: int) -> int:
+    """Where a joining row's ``length`` positions start in a batch written up to ``idx``
+    (right-justified: its last position is the batch's last)."""
+    return idx - length
+
+
+# ---------------------------------------------------------------------- the row
+
+
+class _Row:
+    """One request in the batch: the serial executor's per-request state plus its round state."""
+
+    def __init__(self, spec: BatchRequest, model: Any) -> None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.spec = spec
+        self.rid = spec.rid
+        self.rng = RowRng(active=spec.params.sampler.temperature != 0.0)
+        with _row_rng(self):
+            self.req = _Request(model, make_prompt_cache(model), spec.prompt_ids, spec.params, spec.on_token)
+        self.source: DraftSource | None = None
+        self.pending: list[int] = []
+        self.feed: list[int] = []
+        self.round_index = 0
+        self.result: GenerationResult | None = None
+        self.lane = "batch"
+        self.swapped: list[Any] | None = None  # caches while paused
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def finish(self) -> None:
+        self.result = self.req.result(speculative=True)
+
+
+def serial_reason(model: Any, caches: list[Any], source: DraftSource | None, params: GenerationParams) -> str | None:
+    """Why a row cannot share the batch (None: it can). See the module docstring."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    if params.kv is not None:
+        return f"quantized KV (kv_bits {params.kv_bits}): mlx-lm has no batched quantized cache"
+    if source is not None and (tuple(source.tap_layers) or source.wants_anchor_hidden):
+        return f"the {type(source).__name__} source reads the target's hidden states (taps)"
+    for i, c in enumerate(caches):
+        t = type(c)
+        if t is KVCache or t is ArraysCache:
+            continue
+        if t is RotatingKVCache:
+            if int(c.keep) != 0:
+                return f"layer {i} RotatingKVCache keep={int(c.keep)}"
+            if params.rotating == "exact":
+                return f"rotating='exact': layer {i} RotatingKVCache rolls back through its own ring (RingRound)"
+            continue
+        return f"layer {i} {t.__name__} has no batched form here"
+    if not CacheRollback(model, caches).capable:
+        return "the target caches can neither trim nor replay"
+    return None
+
+
+# ---------------------------------------------------------------------- the batch's caches
+
+
+def _is_rot(c: Any) -> bool:
+    return hasattr(c, "max_size") and hasattr(c, "_offset")
+
+
+def _is_kv(c: Any) -> bool:
+    return hasattr(c, "keys") and hasattr(c, "left_padding")
+
+
+def _set_row(a: mx.array, slot: int, value: int) -> mx.array:
+    """A copy of 1-D ``a`` with ``a[slot] = value`` (never in place: snapshots may share it)."""
+    return mx.where(mx.arange(a.shape[0]) == slot, mx.array(value, a.dtype), a)
+
+
+def _reset_slot(batch: _Batch, slot: int) -> None:
+    """A released slot holds nothing: all padding, recurrent state zeroed."""
+    for c in batch.caches:
+        if _is_kv(c):
+            idx = int(c._idx)
+            c.left_padding = _set_row(c.left_padding, slot, idx)
+            c.offset = _set_row(c.offset, slot, 0)
+        else:
+            c.cache = [None if a is None else
+                       mx.where((mx.arange(a.shape[0]) == slot).reshape((-1,) + (1,) * (a.ndim - 1)),
+                                mx.zeros_like(a), a)
+                       for a in c.cache]
+
+
+class _Batch:
+    """The batch's target caches (mlx-lm's batched classes), one slot per row."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.caches: list[Any] = []
+        self.slots: list[_Row | None] = []
+        self.rotating = False
+        self._recurrent: list[dict[str, Any]] = []
+
+    @property
+    def rows(self) -> list[_Row]:
+        return [r for r in self.slots if r is not None]
+
+    def slot(self, row: _Row) -> int:
+        return self.slots.index(row)
+
+    # -------------------------------------------------------------- joining and leaving
+    def join(self, row: _Row, caches: list[Any]) -> int:
+        """Place ``row`` (its B = 1 mlx-lm caches) in a free slot; return the slot."""
+        from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, KVCache
+
+        if not self.slots:
+            out: list[Any] = []
+            for c in caches:
+                if isinstance(c, KVCache):
+                    out.append(BatchKVCache([0]))
+                elif _is_rotating_row(c):
+                    out.append(BatchRotatingKVCache(int(c.max_size), [0]))
+                    self.rotating = True
+                else:
+                    out.append(ArraysCache(len(c.cache)))
+            self.caches = out
+            self.slots = [None]
+        if None not in self.slots:
+            self._add_slot()
+        slot = self.slots.index(None)
+        for b, r in zip(self.caches, caches, strict=True):
+            _place(b, slot, r, len(self.slots))
+        self.slots[slot] = row
+        return slot
+
+    def _add_slot(self) -> None:
+        for c in self.caches:
+            if _is_kv(c):
+                if c.keys is not None:
+                    c.keys = mx.concatenate([c.keys, mx.zeros((1, *c.keys.shape[1:]), c.keys.dtype)])
+                    c.values = mx.concatenate([c.values, mx.zeros((1, *c.values.shape[1:]), c.values.dtype)])
+                c.left_padding = mx.concatenate([c.left_padding, mx.array([int(c._idx)])])
+                c.offset = mx.concatenate([c.offset, mx.array([0])])
+            else:
+                c.cache = [None if a is None else mx.concatenate([a, mx.zeros((1, *a.shape[1:]), a.dtype)])
+                           for a in c.cache]
+        self.slots.append(None)
+
+    def release(self, row: _Row) -> None:
+        """A finished or paused row gives its slot back (reset, reusable by a joining row)."""
+        slot = self.slot(row)
+        _reset_slot(self, slot)
+        self.slots[slot] = None
+
+    def compact(self) -> None:
+        """Drop the free slots (mlx-lm ``filter``); an empty batch forgets its caches."""
+        keep = [i for i, r in enumerate(self.slots) if r is not None]
+        if len(keep) == len(self.slots):
+            return
+        if not keep:
+            self.caches, self.slots, self.rotating = [], [], False
+            return
+        idx = mx.array(keep)
+        for c in self.caches:
+            c.filter(idx)
+            if _is_rot(c):
+                _drop_common_padding(c)  # BatchKVCache.filter does it itself
+        self.slots = [self.slots[i] for i in keep]
+
+    def extract(self, row: _Row) -> list[Any]:
+        """The row's caches as B = 1 mlx-lm caches (``extract``: live region, copied)."""
+        from mlx_lm.models.cache import KVCache
+
+        slot = self.slot(row)
+        out: list[Any] = []
+        for c in self.caches:
+            if _is_kv(c) and (c.keys is None or int(c.offset[slot].item()) == 0):
+                out.append(_empty_ring(c) if _is_rot(c) else KVCache())  # nothing held yet
+                continue
+            out.append(c.extract(slot))
+        return out
+
+    # -------------------------------------------------------------- the round
+    def forward(self, inputs: mx.array) -> mx.array:
+        """ONE target forward over ``inputs [B, W]``, the recurrent layers recorded."""
+        for c in self.caches:
+            if _is_rot(c) and c.keys is not None and (c.rotated or c._offset != c._idx
+                                                      or c._idx >= int(c.max_size)):
+                raise RuntimeError(
+                    f"batched rotating cache reached its ring (write index {c._idx}, written {c._offset}, "
+                    f"max_size {c.max_size}): per-row rollback is exact only before the wrap")
+        layers = getattr(self.model, "layers", [])
+        self._recurrent = []
+        swapped: list[tuple[Any, type]] = []
+        try:
+            for i, c in enumerate(self.caches):
+                if _is_kv(c):
+                    continue
+                mixer = next((getattr(layers[i], a) for a in RECURRENT_MIXERS if hasattr(layers[i], a)), None)
+                if mixer is None:
+                    raise RuntimeError(f"batched rollback: layer {i} {type(c).__name__} has no recurrent mixer")
+                rec = _RecurrentRound(i, c, mixer)
+                swapped.append((mixer, type(mixer)))
+                mixer.__class__ = _recording_mixer(type(mixer), rec)  # type: ignore[arg-type]
+                for name, mod in rec.projections.items():
+                    swapped.append((mod, type(mod)))
+                    mod.__class__ = _recording_projection(type(mod), rec, name)  # type: ignore[arg-type]
+                self._recurrent.append({"rec": rec})
+            return self.model(inputs, cache=self.caches)
+        finally:
+            for obj, cls in reversed(swapped):
+                obj.__class__ = cls
+
+    def rollback(self, keeps: list[int], width: int) -> None:
+        """Row ``b`` keeps ``keeps[b]`` of the ``width`` positions the forward wrote."""
+        drops = _drops(keeps, width)
+        live = [i for i, r in enumerate(self.slots) if r is not None]
+        if len(live) != len(self.slots):
+            raise RuntimeError(f"batched rollback with free slots {self.slots}")
+        m = min(drops)
+        for c in self.caches:
+            if not _is_kv(c):
+                continue
+            if m:
+                got = c.trim(m)
+                if got != m:
+                    raise RuntimeError(f"batched rollback: {type(c).__name__} trimmed {got} of {m}")
+            extra = [dr - m for dr in drops]
+            if any(extra):
+                _roll_rows(c, extra)
+        for entry in self._recurrent:
+            rec: _RecurrentRound = entry["rec"]
+            rec.rollback([width - dr for dr in drops], width)
+        self._recurrent = []
+        for c in self.caches:
+            if _is_kv(c):
+                _drop_common_padding(c)
+
+
+def _is_rotating_row(c: Any) -> bool:
+    return hasattr(c, "max_size") and hasattr(c, "_idx") and not hasattr(c, "_offset")
+
+
+def _empty_ring(c: Any) -> Any:
+    from mlx_lm.models.cache import RotatingKVCache
+
+    return RotatingKVCache(int(c.max_size))
+
+
+def _drop_common_padding(c: Any) -> None:
+    """Cut the padding every row has (``BatchKVCache.filter``'s left shift): the write index
+    stays at the longest row, so a rotating batch never reaches its ring through padding alone
+    (mlx-lm's concatenating update would cut its front, after which a trim no longer matches
+    its mask)."""
+    if c.keys is None or (_is_rot(c) and c.rotated):
+        return
+    m = int(cast(int, mx.min(c.left_padding).item()))
+    if m <= 0:
+        return
+    c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
+    c._idx -= m
+    if _is_rot(c):
+        c._offset -= m
+    c.left_padding = c.left_padding - m
+
+
+def _roll_rows(c: Any, extra: list[int]) -> None:
+    """Roll each row right by ``extra[b]`` (mlx-lm ``dynamic_roll``): its dropped tail
+    becomes left padding (``BatchKVCache.finalize``'s right-padding move)."""
+    from mlx_lm.models.cache import dynamic_roll
+
+    e = mx.array(extra)
+    c.keys = dynamic_roll(c.keys, e[:, None], axis=2)
+    c.values = dynamic_roll(c.values, e[:, None], axis=2)
+    c.offset = c.offset - e
+    c.left_padding = c.left_padding + e
+
+
+def _place(c: Any, slot: int, r: Any, nslots: int) -> None:
+    """Write a row's B = 1 cache ``r`` into free slot ``slot`` of batched cache ``c``."""
+    if not _is_kv(c):
+        for e, a in enumerate(r.cache):
+            if a is None:
+                continue
+            cur = c.cache[e]
+            if cur is None:
+                cur = mx.zeros((nslots, *a.shape[1:]), a.dtype)
+            sel = (mx.arange(nslots) == slot).reshape((-1,) + (1,) * (a.ndim - 1))
+            c.cache[e] = mx.where(sel, mx.broadcast_to(a, cur.shape), cur)
+        return
+    length = int(r.offset)
+    if _is_rot(c) and length >= int(c.max_size):
+        raise RuntimeError(f"a row past its ring wrap (offset {length} >= max_size {c.max_size}) cannot join")
+    if length == 0:
+        return
+    keys = r.keys[..., :length, :]
+    values = r.values[..., :length, :]
+    if c.keys is None:
+        c.keys = mx.zeros((nslots, keys.shape[1], 0, keys.shape[3]), keys.dtype)
+        c.values = mx.zeros((nslots, values.shape[1], 0, values.shape[3]), values.dtype)
+    idx = int(c._idx)
+    if length > idx:  # grow every row to the left
+        g = length - idx
+        pad = [(0, 0), (0, 0), (g, 0), (0, 0)]
+        c.keys, c.values = mx.pad(c.keys, pad), mx.pad(c.values, pad)
+        c.left_padding = c.left_padding + g
+        c._idx = idx = length
+        if _is_rot(c):
+            c._offset += g
+    if c.keys.shape[2] < idx:
+        extra = [(0, 0), (0, 0), (0, idx - c.keys.shape[2]), (0, 0)]
+        c.keys, c.values = mx.pad(c.keys, extra), mx.pad(c.values, extra)
+    start = _join_start(idx, length)
+    k = mx.array(c.keys)
+    v = mx.array(c.values)
+    k[slot : slot + 1, :, start : start + length, :] = keys
+    v[slot : slot + 1, :, start : start + length, :] = values
+    c.keys, c.values = k, v
+    # the slot held nothing (reset: all padding, offset 0): it now holds ``length`` positions
+    lp = int(c.left_padding[slot].item())
+    off = int(c.offset[slot].item())
+    c.left_padding = _set_row(c.left_padding, slot, lp - length)
+    c.offset = _set_row(c.offset, slot, off + length)
+
+
+class _RecurrentRound:
+    """One batched ``ArraysCache`` layer across one forward: snapshot, recording, per-row replay."""
+
+    def __init__(self, index: int, cache: Any, mixer: Any) -> None:
+        self.index = index
+        self.cache = cache
+        self.mixer = mixer
+        self.projections = {name: mod for name, mod in mixer.children().items()
+                            if name.startswith("in_proj") and hasattr(mod, "weight")}
+        if not self.projections:
+            raise RuntimeError(f"batched rollback: layer {index} has no in_proj_* to record")
+        self.snapshot = list(cache.cache)
+        self.recorded: dict[str, Any] = {}
+        self.inputs: Any = None
+        self.mask: Any = None
+
+    def rollback(self, keeps: list[int], width: int) -> None:
+        from mlx_lm.models.cache import ArraysCache
+
+        redo = [b for b, k in enumerate(keeps) if k < width]
+        if not redo:
+            return
+        rows: dict[int, list[Any]] = {}
+        for b in redo:
+            keep = keeps[b]
+            tmp = ArraysCache(len(self.snapshot))
+            tmp.cache = [None if a is None else a[b : b + 1] for a in self.snapshot]
+            served = {name: out[b : b + 1, :keep] for name, out in self.recorded.items()}
+            swapped = []
+            try:
+                for name, mod in self.projections.items():
+                    swapped.append((mod, type(mod)))
+                    mod.__class__ = _serving_projection(type(mod), served[name])
+                mask = self.mask[b : b + 1, ..., :keep] if self.mask is not None else None
+                self.mixer(self.inputs[b : b + 1, :keep], mask, tmp)
+            finally:
+                for obj, cls in reversed(swapped):
+                    obj.__class__ = cls
+            rows[b] = list(tmp.cache)
+        new: list[Any] = []
+        for e, a in enumerate(self.cache.cache):
+            if a is None:
+                new.append(None)
+                continue
+            parts = [rows[b][e] if b in rows else a[b : b + 1] for b in range(a.shape[0])]
+            new.append(mx.concatenate(parts, axis=0))
+        self.cache.cache = new
+        mx.eval([a for a in new if a is not None])
+
+
+# ---------------------------------------------------------------------- the executor
+
+
+def batch_record(index: int, width: int, entries: list[dict[str, Any]], joined: list[str],
+                 left: list[dict[str, str]], time_s: float | None) -> dict[str, Any]:
+    """A ``batch_step`` record (``traces/INTERPRETING.md``, Batch traces): the step's width, each
+    row's round (slot, round index, drafts, k_accept, tokens emitted, end, the rows beside it),
+    the rows that joined before it and the rows that left (done, preempted, serial lane)."""
+    return {"type": "batch_step", "index": index, "width": width, "rows": entries, "joined": joined,
+            "left": left, "time_s": time_s}
+
+
+def batch_generate(target_model: Any, requests: list[BatchRequest], *, max_batch: int | None = None,
+                   observer: BatchObserver | None = None) -> BatchResult:
+    """Run ``requests`` as one batch (module docstring); each row's result is its serial run's.
+
+    ``max_batch``: the most rows in the batch at once (None: no limit); arrivals beyond it
+    wait, in request order, for a slot. ``observer`` sees every row's verify block. Runs on
+    the serial executor's generation stream.
+    """
+    with mx.stream(generation_stream()):
+        return _batch_generate(target_model, requests, max_batch, observer or NO_BATCH_OBSERVER)
+
+
+def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: int | None,
+                    observer: BatchObserver) -> BatchResult:
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    ids = [r.rid for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"row ids must be unique, got {ids}")
+    t0 = time.perf_counter()
+    batch = _Batch(target_model)
+    waiting = sorted(requests, key=lambda r: r.arrive)  # stable: request order within a step
+    rows: dict[str, _Row] = {}
+    paused: list[_Row] = []
+    steps: list[dict[str, Any]] = []
+    lanes: dict[str, str] = {}
+    step = 0
+    while waiting or batch.rows or paused:
+        ts = time.perf_counter()
+        left: list[dict[str, str]] = []
+        joined: list[str] = []
+        # preemption: rows pausing now leave, rows resuming now come back
+        for row in list(batch.rows):
+            if row.spec.pause is not None and row.spec.pause[0] == step:
+                row.swapped = batch.extract(row)
+                batch.release(row)
+                paused.append(row)
+                left.append({"row": row.rid, "why": "preempted"})
+        for row in list(paused):
+            if row.spec.pause is not None and row.spec.pause[1] <= step and _room(batch, max_batch):
+                assert row.swapped is not None
+                batch.join(row, row.swapped)
+                row.swapped = None
+                paused.remove(row)
+                joined.append(row.rid)
+        while waiting and waiting[0].arrive <= step and _room(batch, max_batch):
+            spec = waiting.pop(0)
+            row = _Row(spec, target_model)
+            rows[row.rid] = row
+            reason = _start(row, target_model)
+            if reason is not None:
+                lanes[row.rid] = f"serial: {reason}"
+                left.append({"row": row.rid, "why": f"serial: {reason}"})
+                continue
+            lanes[row.rid] = "batch"
+            if row.done:  # e.g. a full prefill whose first sample ended the request
+                left.append({"row": row.rid, "why": "done"})
+                continue
+            batch.join(row, row.req.caches)
+            joined.append(row.rid)
+        batch.compact()
+        active = batch.rows
+        if not active:
+            if joined or left:  # an idle step is written only when a row came or went
+                steps.append(batch_record(step, 0, [], joined, left, time.perf_counter() - ts))
+            nxt = [r.arrive for r in waiting] + [r.spec.pause[1] for r in paused if r.spec.pause is not None]
+            step = max(step + 1, min(nxt)) if nxt else step + 1
+            continue
+        entries, width = _step(batch, active, step, left, observer)
+        steps.append(batch_record(step, width, entries, joined, left, time.perf_counter() - ts))
+        for row in list(batch.rows):
+            if row.done:
+                batch.release(row)
+        step += 1
+    results = {rid: row.result for rid, row in rows.items() if row.result is not None}
+    missing = [rid for rid in ids if rid not in results]
+    if missing:
+        raise RuntimeError(f"batched run ended without results for rows {missing}")
+    return BatchResult(results, steps, time.perf_counter() - t0, lanes)
+
+
+def _room(batch: _Batch, max_batch: int | None) -> bool:
+    return max_batch is None or len(batch.rows) < max_batch
+
+
+def _start(row: _Row, model: Any) -> str | None:
+    """Open the row's source and prefill it alone (``spec_generate``'s opening, B = 1).
+
+    Returns why the row runs on the serial lane instead (it has then run to completion)."""
+    req = row.req
+    params = req.params
+    source = row.spec.provider.open(req.sampler, TargetView(model=model, caches=req.caches))
+    reason = serial_reason(model, req.caches, source, params)
+    if reason is not None:
+        # the serial executor, on a fresh request (its own source, pipeline and caches)
+        with _row_rng(row):
+            row.result = spec_generate(model, row.spec.provider, row.spec.prompt_ids, params,
+                                       on_token=row.spec.on_token)
+        row.lane = "serial"
+        return reason
+    if params.rotating != "guard":
+        _set_rotating(source, params.rotating)  # the source's own rotating caches (a drafter's)
+    assert not _tap_set(source, len(model.layers))
+    row.source = source
+    mode: PrefillMode = params.prefill or source.prefill_mode
+    drained = req.drained(mode)
+    with _row_rng(row):
+        drafter_tokens = source.prefill(drained, None)
+        last_logits = req.prefill(drained, params.prefill_step_size, SPEC_PREFILL_STEP)
+        req.prefill_record(drained, list(drafter_tokens),
+                           source.cache_digest() if params.cache_digests else None)
+        row.pending = [req.first_input(mode, last_logits)]
+    row.feed = list(row.pending)
+    if req.stream.done:
+        row.finish()
+    return None
+
+
+@dataclass
+class _Plan:
+    row: _Row
+    drafts: list[int]
+    drafts_arr: mx.array | None
+    d: int
+    window_arr: mx.array
+    confidence: list[float] | None
+    tr0: float
+    samples: mx.array | None = None
+    margins: mx.array | None = None
+
+
+def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str]],
+          observer: BatchObserver) -> tuple[list[dict[str, Any]], int]:
+    """One batch step: every active row's round, ONE target forward."""
+    plans: list[_Plan] = []
+    for row in active:
+        req, source = row.req, row.source
+        assert source is not None
+        tr0 = time.perf_counter()
+        n = min(req.params.gamma, req.stream.left)
+        guard = _ring_guard(batch, row, n) or _source_guard(source, row.feed, n)
+        if guard is not None:
+            # the serial run stops speculating here: the row leaves for the serial lane
+            req.caches = batch.extract(row)
+            with _row_rng(row):
+                req.plain_loop(row.pending[-1], guard.split(":")[0], guard)
+            row.finish()
+            batch.release(row)
+            left.append({"row": row.rid, "why": f"serial: {guard.split(':')[0]}"})
+            continue
+        with _row_rng(row):
+            drafts, drafts_arr = _draft(req, source, row.feed, n, None, NO_OBSERVER, ())
+        d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
+        if d > n:
+            raise RuntimeError(f"row {row.rid}: draft source returned {d} tokens, more than n={n}")
+        head = mx.array(row.pending, mx.uint32)
+        tail = mx.array(drafts, mx.uint32) if drafts_arr is None else drafts_arr.astype(mx.uint32)
+        plans.append(_Plan(row, drafts, drafts_arr, d, mx.concatenate([head, tail]), _confidence(source, d), tr0))
+    batch.compact()
+    if not plans:
+        return [], 0
+    width = max(p.d + 1 for p in plans)
+    if batch.rotating:
+        width = max(width, 2)  # the concatenating update (module docstring)
+    slots = [batch.slot(p.row) for p in plans]
+    order = sorted(range(len(plans)), key=lambda i: slots[i])
+    plans = [plans[i] for i in order]
+    inputs = mx.stack([mx.concatenate([p.window_arr, mx.full((width - p.d - 1,), PAD_ID, mx.uint32)])
+                       for p in plans])
+    logits = batch.forward(inputs)
+    lazy: list[mx.array] = []
+    for b, p in enumerate(plans):
+        block = logits[b, : p.d + 1, :]
+        window = p.row.pending + p.drafts
+        with _row_rng(p.row):
+            p.samples = p.row.req.pipe.window_samples(block, window)
+        p.margins = margin_array(block)
+        lazy += [p.samples, *([p.margins] if p.margins is not None else []),
+                 *([p.drafts_arr] if p.drafts_arr is not None else [])]
+    mx.eval(*lazy)  # the step's one sync
+    walks: list[WalkResult] = []
+    for b, p in enumerate(plans):
+        row, req = p.row, p.row.req
+        if p.drafts_arr is not None:
+            p.drafts = token_ids(p.drafts_arr)
+        window = row.pending + p.drafts
+        block = logits[b, : p.d + 1, :]
+        observer.after_verify(step, row.rid, row.round_index, window, block)
+        with _row_rng(row):
+            assert p.samples is not None
+            walk = req.pipe.walk(block, p.drafts, token_ids(p.samples), req.stream.offer, req.stream.terminate)
+        walks.append(walk)
+    batch.rollback([w.k_accept + 1 for w in walks], width)
+    entries: list[dict[str, Any]] = []
+    rids = [p.row.rid for p in plans]
+    for b, (p, walk) in enumerate(zip(plans, walks, strict=True)):
+        row, req = p.row, p.row.req
+        assert row.source is not None
+        k = walk.k_accept
+        window = row.pending + p.drafts
+        margins = margins_list(p.margins, p.d + 1)
+        with _row_rng(row):
+            row.source.commit(p.d, k, None, None, p.drafts[:k])
+        req.counters.record_round(p.d, k)
+        if req.params.cache_digests:
+            req.caches = batch.extract(row)
+        rec = _round_record(req, row.source, row.round_index, row.feed, p.drafts, window, walk, margins,
+                            p.confidence, p.tr0)
+        neighbours = [r for r in rids if r != row.rid]
+        rec["batch"] = {"row": row.rid, "step": step, "slot": b, "width": width, "neighbours": neighbours}
+        req.records.append(rec)
+        entries.append({"row": row.rid, "slot": b, "round": row.round_index, "d": p.d, "k_accept": k,
+                        "emitted": len(walk.emitted), "end": walk.end, "neighbours": neighbours})
+        row.round_index += 1
+        if req.stream.done:
+            row.finish()
+            continue
+        row.pending = [walk.walked[k]]
+        row.feed = refeed(p.drafts, k, walk.walked[k])
+    return entries, width
+
+
+def _ring_guard(batch: _Batch, row: _Row, n: int) -> str | None:
+    """The §2 ring-wrap guard on the row's own offset (the serial plan's message)."""
+    if not batch.rotating:
+        return None
+    slot = batch.slot(row)
+    for c in batch.caches:
+        if _is_rot(c) and int(c.offset[slot].item()) + n + 1 >= int(c.max_size):
+            return CacheRollback(batch.model, batch.extract(row)).ring_guard(n)
+    return None
+

@@ -1,0 +1,434 @@
+"""Checks of the batched executor (``engine.batched``): row ≡ serial, and the three invariances.
+
+References: ``../shared/reference/speculative-decoding.md`` §2 (a row's output is its serial
+run's: the target's own samples, the same rounds); vLLM's
+``tests/v1/e2e/spec_decode/test_stochastic_batch_invariance.py`` (seeded T > 0, forced
+preemption: serial token ids ≡ batched) and vLLM RFC #54506 (M = 1 vs M = k + 1 for the
+same row), which nothing on MLX asserts.
+
+- :func:`compare_row` — a batched row's result against its serial run (``spec_generate`` on
+  the request alone), record for record (every field but ``time_s``) then the footer; the
+  first divergence names the row, the batch step, the row's round and the rows present.
+- **M** (:func:`m_invariance`) — every verify row of the batched forward against one-token
+  decode of the same prefix, in ULPs of float32 (0 on the CPU: bitwise). On a backend that is
+  not bit-exact (the CPU double ``engine.nonexact``) the rows differ; the difference is
+  ``numerics`` only with evidence: the prefix is the same (the replay's cache digest equals
+  the row's recorded ``target_cache_digest`` after every round), the batched blocks
+  reproduce when the batch is re-run, and every |Δ| is within the backend's stated bound.
+- **B** (:func:`b_invariance`) — a row's tokens and rounds do not change when batch-mates
+  join, leave or are preempted: the row run alone (a batch of one) against the same row in
+  the mixed batch. A token flip is ``numerics`` only with evidence (the prefixes agree,
+  both runs reproduce on a re-run, the two paths' rows at the flip differ within the bound
+  and each run's pick is its own row's top choice on a knife-edge); otherwise ``logic``.
+- **seeded** (:func:`seeded_invariance`) — a sampled row keyed per (request, position)
+  (``rng="position"``) emits plain decode's tokens (the stream is fixed per position, so
+  neither drafts nor batch-mates move it) and the same tokens alone and batched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from engine.batched import BatchRequest, BatchResult, batch_generate
+from engine.executor import GenerationResult, plain_generate, spec_generate
+
+__all__ = ["FIELD_ORDER", "Invariance", "RowDivergence", "BlockRecorder", "b_invariance", "check_rows",
+           "compare_row", "m_invariance", "seeded_invariance", "serial_flip", "serial_results", "step_of", "ulp_distance"]
+
+# A record's fields in the order a divergence is named (the earliest cause first).
+FIELD_ORDER = ("type", "index", "feed", "drafts", "window", "samples", "margins", "k_accept", "emitted", "end",
+               "target_tokens", "drafter_tokens", "input", "sample", "margin", "reason",
+               "target_cache_digest", "drafter_cache_digest", "confidence", "grammar_masks", "grammar_state",
+               "grammar_mask")
+_IGNORED = {"time_s", "detail", "batch"}  # batch: where the row ran, not what it did
+
+
+@dataclass
+class RowDivergence:
+    """The first place a batched row differs from the run it is compared with."""
+
+    row: str
+    where: str  # "batch step S (round R)", "prefill", "serial lane: plain P", "footer"
+    field: str
+    batched: Any
+    other: Any
+    neighbours: list[str] = dataclasses.field(default_factory=list)
+    step: int | None = None
+    round: int | None = None
+    against: str = "serial"
+
+    @property
+    def message(self) -> str:
+        with_ = f"; rows present: {', '.join(self.neighbours) or 'none'}" if self.step is not None else ""
+        return (f"row {self.row}: {self.where}{with_}: {self.field}: batched {_short(self.batched)} != "
+                f"{self.against} {_short(self.other)}")
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def step_of(steps: list[dict[str, Any]], rid: str, round_index: int) -> dict[str, Any] | None:
+    """The batch step in which row ``rid`` ran its round ``round_index`` (None: not batched)."""
+    for st in steps:
+        for e in st.get("rows", []):
+            if e["row"] == rid and e["round"] == round_index:
+                return {"step": st["index"], **e}
+    return None
+
+
+def _where(steps: list[dict[str, Any]], rid: str, rec: dict[str, Any]) -> tuple[str, int | None, int | None,
+                                                                                 list[str]]:
+    kind = rec.get("type")
+    if kind == "round":
+        at = step_of(steps, rid, int(rec["index"]))
+        if at is None:
+            return f"serial lane round {rec['index']}", None, int(rec["index"]), []
+        return f"batch step {at['step']} (round {rec['index']})", at["step"], int(rec["index"]), list(at["neighbours"])
+    if kind == "plain":
+        return f"serial lane: plain step {rec['index']}", None, None, []
+    return str(kind), None, None, []
+
+
+def _first_field(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    keys = [k for k in FIELD_ORDER if k in a or k in b]
+    keys += sorted(k for k in set(a) | set(b) if k not in keys and k not in _IGNORED)
+    for k in keys:
+        if k in _IGNORED:
+            continue
+        if a.get(k) != b.get(k):
+            return k
+    return None
+
+
+def compare_row(rid: str, batched: GenerationResult, other: GenerationResult, steps: list[dict[str, Any]],
+                against: str = "serial", *, records: bool = True) -> RowDivergence | None:
+    """The first divergence of a batched row from ``other`` (None: identical).
+
+    ``records``: compare record for record (the serial run); False: tokens, rounds' ``k_accept``
+    and the footer only (a run of another shape, e.g. the row alone vs mixed).
+    """
+    ra, rb = batched.records, other.records
+    if records:
+        for i in range(max(len(ra), len(rb))):
+            a = ra[i] if i < len(ra) else {"type": None}
+            b = rb[i] if i < len(rb) else {"type": None}
+            f = _first_field(a, b)
+            if f is not None:
+                where, step, rnd, nbrs = _where(steps, rid, a if a.get("type") else b)
+                return RowDivergence(rid, where, f, a.get(f), b.get(f), nbrs, step, rnd, against)
+    else:
+        rounds_a = [r for r in ra if r["type"] == "round"]
+        rounds_b = [r for r in rb if r["type"] == "round"]
+        for a, b in zip(rounds_a, rounds_b, strict=False):
+            for f in ("emitted", "k_accept", "end"):
+                if a.get(f) != b.get(f):
+                    where, step, rnd, nbrs = _where(steps, rid, a)
+                    return RowDivergence(rid, where, f, a.get(f), b.get(f), nbrs, step, rnd, against)
+    for f, x, y in (("output_ids", batched.output_ids, other.output_ids),
+                    ("usage", batched.usage.to_dict(), other.usage.to_dict()),
+                    ("speculation", None if batched.speculation is None else batched.speculation.to_dict(),
+                     None if other.speculation is None else other.speculation.to_dict())):
+        if x != y:
+            return RowDivergence(rid, "footer", f, x, y, against=against)
+    return None
+
+
+def serial_results(model: Any, requests: list[BatchRequest]) -> dict[str, GenerationResult]:
+    """Each request run alone through the serial executor (``spec_generate``)."""
+    return {r.rid: spec_generate(model, r.provider, r.prompt_ids, r.params) for r in requests}
+
+
+def check_rows(model: Any, requests: list[BatchRequest], result: BatchResult,
+               serial: dict[str, GenerationResult] | None = None) -> list[RowDivergence]:
+    """Every row of ``result`` against its serial run; the divergences (empty: every row ≡ serial)."""
+    serial = serial if serial is not None else serial_results(model, requests)
+    out = []
+    for r in requests:
+        div = compare_row(r.rid, result.rows[r.rid], serial[r.rid], result.steps)
+        if div is not None:
+            out.append(div)
+    return out
+
+
+# ---------------------------------------------------------------------- the invariances
+
+
+@dataclass
+class Invariance:
+    """One invariance's verdict for one engine: ``holds`` (bitwise / token for token),
+    ``numerics`` (a difference the evidence explains), ``logic`` (a bug), ``n/a``."""
+
+    name: str
+    verdict: str
+    detail: str
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    checked: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "verdict": self.verdict, "detail": self.detail, "evidence": self.evidence,
+                "checked": self.checked}
+
+
+def ulp_distance(a: float, b: float) -> int:
+    """float32 units in the last place between ``a`` and ``b`` (0: bitwise equal)."""
+
+    def ordered(x: float) -> int:
+        i = struct.unpack("<i", struct.pack("<f", x))[0]
+        return i if i >= 0 else -(i & 0x7FFFFFFF)
+
+    return abs(ordered(a) - ordered(b))
+
+
+class BlockRecorder:
+    """A ``BatchObserver`` keeping every row's verify block (float32, on the host)."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[tuple[str, int], tuple[int, list[int], Any]] = {}
+
+    def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None:
+        import numpy as np
+
+        self.blocks[(rid, round_index)] = (step, list(window), np.array(block.astype(mx.float32)))
+
+
+def _max_ulp(a: Any, b: Any) -> float:
+    """Largest |a - b| in float32 ULPs at the row's scale (the spacing of its largest |logit|):
+    entry-wise ULP counts explode near zero, where a tiny absolute difference spans many."""
+    import numpy as np
+
+    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    spacing = float(np.spacing(np.float32(max(scale, 1e-30))))
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) / spacing if a.size else 0.0
+
+
+def _decode_rows(model: Any, caches: list[Any], tokens: list[int]) -> list[Any]:
+    import numpy as np
+
+    rows = []
+    for t in tokens:
+        row = model(mx.array([t], mx.uint32)[None], cache=caches)[0, -1, :]
+        mx.eval(row)
+        rows.append(np.array(row.astype(mx.float32)))
+    return rows
+
+
+def m_invariance(model: Any, requests: list[BatchRequest], run: Callable[[BatchRequest | None], Any] | None = None,
+                 *, budget: float = 0.0, max_rounds: int | None = None) -> Invariance:
+    """M: each batched verify row against one-token decode of the same prefix (module docstring).
+
+    ``budget``: the stated bound on |batched row - one-token row| of this backend (0 on the CPU:
+    bitwise; the double's logit noise scale under ``engine.nonexact``).
+    """
+    import numpy as np
+
+    from engine.audit import clone_caches
+    from engine.caches import cache_digest
+    from engine.stream import SPEC_PREFILL_STEP, prefill_chunks
+
+    rec = BlockRecorder()
+    result = batch_generate(model, requests, observer=rec)
+    again = BlockRecorder()
+    batch_generate(model, requests, observer=again)
+    from mlx_lm.models.cache import make_prompt_cache
+
+    worst_ulp, worst_abs, checked = 0.0, 0.0, 0
+    where = ""
+    evidence: list[str] = []
+    same_prefix = True
+    for r in requests:
+        rounds = [x for x in result.rows[r.rid].records if x["type"] == "round"]
+        caches = make_prompt_cache(model)
+        prefill_chunks(model, caches, r.prompt_ids[:-1], r.params.prefill_step_size or SPEC_PREFILL_STEP)
+        for i, x in enumerate(rounds):
+            if max_rounds is not None and i >= max_rounds:
+                break
+            key = (r.rid, int(x["index"]))
+            if key not in rec.blocks:
+                break  # the row left for the serial lane
+            step, window, block = rec.blocks[key]
+            if not np.array_equal(block, again.blocks[key][2]):
+                return Invariance("M", "logic", f"row {r.rid}: batch step {step} (round {x['index']}): the batched "
+                                  "verify block does not reproduce when the batch is re-run", checked=checked)
+            k = int(x["k_accept"])
+            kept = _decode_rows(model, caches, window[: k + 1])
+            tail = _decode_rows(model, clone_caches(caches), window[k + 1 :]) if k + 1 < len(window) else []
+            for pos, one in enumerate(kept + tail):
+                u, a = _max_ulp(block[pos], one), float(np.max(np.abs(block[pos] - one)))
+                checked += 1
+                if u > worst_ulp:
+                    worst_ulp, worst_abs = u, a
+                    where = f"row {r.rid}: batch step {step} (round {x['index']}) position {pos}"
+            digest = x.get("target_cache_digest")
+            if digest is not None and cache_digest(caches)["combined"] != digest["combined"]:
+                same_prefix = False
+                return Invariance("M", "logic", f"row {r.rid}: batch step {step} (round {x['index']}): the row's "
+                                  "cache after the round is not one-token decode's cache of the kept prefix",
+                                  checked=checked)
+    if worst_ulp == 0:
+        return Invariance("M", "holds", f"bitwise: {checked} verify rows equal one-token decode (0 ULP)",
+                          checked=checked)
+    evidence.append(f"largest difference at {where}: {worst_ulp:.3g} ULP at the row's scale, |Δ| {worst_abs:.3g}")
+    evidence.append("every batched block reproduced on a re-run of the same batch")
+    if same_prefix:
+        evidence.append("same prefix: the replay's cache digest equals the row's after every round")
+    if worst_abs <= budget:
+        return Invariance("M", "numerics", f"{checked} verify rows within the stated bound |Δ| <= {budget:g} "
+                          f"(largest {worst_abs:.3g}, {worst_ulp:.3g} ULP)", evidence, checked)
+    return Invariance("M", "logic", f"{where}: |Δ| {worst_abs:.3g} beyond the stated bound {budget:g} "
+                      f"({worst_ulp:.3g} ULP)", evidence, checked)
+
+
+def _alone(r: BatchRequest) -> BatchRequest:
+    return BatchRequest(r.rid, r.prompt_ids, r.params, r.provider, arrive=0, pause=None, on_token=r.on_token)
+
+
+def _row_blocks(model: Any, requests: list[BatchRequest], rid: str) -> dict[int, Any]:
+    """Row ``rid``'s verify blocks (round -> float32 rows) in a batched run of ``requests``."""
+    rec = BlockRecorder()
+    batch_generate(model, requests, observer=rec)
+    return {rnd: block for (row, rnd), (_step, _w, block) in rec.blocks.items() if row == rid}
+
+
+class _SerialBlocks:
+    """A ``RoundObserver`` keeping the serial executor's verify blocks (float32, host)."""
+
+    observing = True
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, Any] = {}
+
+    def before_verify(self, index: int, window: list[int], caches: list[Any]) -> None:
+        return None
+
+    def after_verify(self, index: int, window: list[int], block: mx.array, caches: list[Any]) -> None:
+        import numpy as np
+
+        self.blocks[index] = np.array(block.astype(mx.float32))
+
+    def after_rollback(self, index: int, k_accept: int, caches: list[Any]) -> None:
+        return None
+
+
+def _serial_blocks(model: Any, r: BatchRequest) -> dict[int, Any]:
+    obs = _SerialBlocks()
+    spec_generate(model, r.provider, r.prompt_ids, r.params, observer=obs)
+    return obs.blocks
+
+
+def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checked: int,
+           paths: tuple[Callable[[], dict[int, Any]], Callable[[], dict[int, Any]]], what: str) -> Invariance:
+    """A row's token flip between two runs: ``numerics`` only with evidence (both runs' blocks at
+    the contested round reproduce on a re-run, they differ within the stated bound, and for a
+    greedy row each run's token is its own row's top choice on a knife-edge no wider than that
+    difference); otherwise ``logic``."""
+    import numpy as np
+
+    if budget <= 0 or div.round is None or div.field != "emitted":
+        return Invariance(name, "logic", div.message, checked=checked)
+    first = [paths[0](), paths[1]()]
+    again = [paths[0](), paths[1]()]
+    if any(div.round not in x for x in first):
+        return Invariance(name, "logic", div.message + " (no verify block to weigh)", checked=checked)
+    a, b = first[0][div.round], first[1][div.round]
+    reproduced = all(div.round in x and np.array_equal(x[div.round], y[div.round]) for x, y in zip(again, first,
+                                                                                              strict=True))
+    ea, eb = list(div.batched or []), list(div.other or [])
+    pos = next((i for i, (x, y) in enumerate(zip(ea, eb, strict=False)) if x != y), min(len(ea), len(eb)))
+    pos = min(pos, len(a) - 1, len(b) - 1)
+    delta = float(np.max(np.abs(a[pos] - b[pos])))
+    evidence = [div.message, f"re-runs reproduce both blocks: {reproduced}",
+                f"window position {pos}: the two rows differ by |Δ| {delta:.3g} (bound {budget:g})"]
+    ok = reproduced and delta <= 2 * budget
+    if r.params.sampler.temperature == 0 and pos < len(ea) and pos < len(eb):
+        top2 = [np.sort(x[pos])[-2:] for x in (a, b)]
+        margins = [float(t[1] - t[0]) for t in top2]
+        picks = [int(np.argmax(a[pos])) == ea[pos], int(np.argmax(b[pos])) == eb[pos]]
+        evidence.append(f"each run's token is its own row's pick: {picks}; top-2 margins {margins[0]:.3g} / "
+                        f"{margins[1]:.3g}")
+        ok = ok and all(picks) and min(margins) <= 2 * delta
+    if ok:
+        return Invariance(name, "numerics", f"row {r.rid} flips at {div.where}: arithmetic of {what} within "
+                          f"the bound {budget:g}", evidence, checked)
+    return Invariance(name, "logic", div.message, evidence, checked)
+
+
+def _flip_verdict(name: str, model: Any, requests: list[BatchRequest], r: BatchRequest, div: RowDivergence,
+                  budget: float, checked: int) -> Invariance:
+    """A row's flip between the mixed batch and the row alone (:func:`_weigh`)."""
+    return _weigh(name, r, div, budget, checked,
+                  (lambda: _row_blocks(model, requests, r.rid), lambda: _row_blocks(model, [_alone(r)], r.rid)),
+                  "the batch composition")
+
+
+def serial_flip(model: Any, requests: list[BatchRequest], rid: str, result: BatchResult,
+                serial: GenerationResult | None = None, *, budget: float) -> Invariance | None:
+    """A batched row whose tokens differ from its serial run (``spec_generate`` alone; run here
+    when not given), weighed off a bit-exact backend (:func:`_weigh`: the batched forward vs the
+    serial verify window at the flip); None when the tokens and rounds agree."""
+    r = next(x for x in requests if x.rid == rid)
+    serial = serial if serial is not None else spec_generate(model, r.provider, r.prompt_ids, r.params)
+    div = compare_row(rid, result.rows[rid], serial, result.steps, "serial", records=False)
+    if div is None:
+        return None
+    return _weigh("row", r, div, budget, 1,
+                  (lambda: _row_blocks(model, requests, rid), lambda: _serial_blocks(model, r)),
+                  "the batched forward vs the serial verify window")
+
+
+def b_invariance(model: Any, requests: list[BatchRequest], result: BatchResult | None = None,
+                 *, budget: float = 0.0) -> Invariance:
+    """B: each row alone (a batch of one) against the same row in the mixed batch ``requests``."""
+    result = result if result is not None else batch_generate(model, requests)
+    divs = []
+    for r in requests:
+        alone = batch_generate(model, [_alone(r)])
+        div = compare_row(r.rid, result.rows[r.rid], alone.rows[r.rid], result.steps, "alone", records=False)
+        if div is not None:
+            divs.append((r, div))
+    moved = [r.rid for r in requests if r.arrive]
+    what = (f"{len(requests)} rows, mixed batch (joining mid-flight: {', '.join(moved) or 'none'}; preempted: "
+            f"{', '.join(r.rid for r in requests if r.pause) or 'none'}) vs each row alone")
+    if not divs:
+        return Invariance("B", "holds", f"token for token: {what}", checked=len(requests))
+    r, div = divs[0]
+    return _flip_verdict("B", model, requests, r, div, budget, len(requests))
+
+
+def seeded_invariance(model: Any, requests: list[BatchRequest], result: BatchResult | None = None,
+                      *, budget: float = 0.0) -> Invariance:
+    """seeded: every sampled row draws from its own fixed stream: the same tokens batched and
+    alone (a flip weighed as for B); keyed per (request, position) (``rng="position"``) they are
+    also plain decode's tokens (on a bit-exact backend)."""
+    result = result if result is not None else batch_generate(model, requests)
+    sampled = [r for r in requests if r.params.sampler.temperature > 0 and r.params.seed is not None]
+    if not sampled:
+        return Invariance("seeded", "n/a", "no seeded sampled row")
+    for r in sampled:
+        alone = batch_generate(model, [_alone(r)])
+        div = compare_row(r.rid, result.rows[r.rid], alone.rows[r.rid], result.steps, "alone", records=False)
+        if div is not None:
+            return _flip_verdict("seeded", model, requests, r, div, budget, len(sampled))
+        if budget > 0 or r.params.sampler.rng != "position":
+            continue  # plain decode: bit-exact backend, position keys only
+        plain = plain_generate(model, r.prompt_ids, r.params)
+        got = result.rows[r.rid].output_ids
+        if got != plain.output_ids:
+            i = next((j for j, (x, y) in enumerate(zip(got, plain.output_ids, strict=False)) if x != y),
+                     min(len(got), len(plain.output_ids)))
+            return Invariance("seeded", "logic", f"row {r.rid}: output position {i}: batched "
+                              f"{got[i] if i < len(got) else None} != plain decode "
+                              f"{plain.output_ids[i] if i < len(plain.output_ids) else None} (seed {r.params.seed})",
+                              checked=len(sampled))
+    keyed = sum(r.params.sampler.rng == "position" for r in sampled)
+    mates = len(requests) - len(sampled)
+    plain_note = f"; the {keyed} keyed per position emit plain decode's tokens" if keyed and budget <= 0 else ""
+    return Invariance("seeded", "holds", f"{len(sampled)} sampled rows emit the same tokens batched and alone"
+                      f"{plain_note} (with {mates} greedy rows beside them)", checked=len(sampled))
