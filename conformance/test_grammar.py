@@ -101,7 +101,7 @@ def test_known_grammar_entry_does_not_excuse_plain_decode(monkeypatch: pytest.Mo
     mask of the step before) is still a failure against the same reference."""
     import engine.executor as ex
 
-    real = ex._Request._sample_row
+    real = ex.Request._sample_row
     state: dict[str, object] = {}
 
     def lagging(self: object, row: object) -> object:
@@ -123,7 +123,7 @@ def test_known_grammar_entry_does_not_excuse_plain_decode(monkeypatch: pytest.Mo
         except eg.GrammarError:
             self._m.reset()
 
-    monkeypatch.setattr(ex._Request, "_sample_row", lagging)
+    monkeypatch.setattr(ex.Request, "_sample_row", lagging)
     monkeypatch.setattr(eg.GrammarMatcher, "consume", lenient)
     case = _case("llama", None, "json-small")
     eng = run_trace("engine", case)

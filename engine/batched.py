@@ -5,7 +5,7 @@ per-slot speculation "the hard part — variable accept length per slot breaks a
 step"; mlx-lm 0.32.2 has none (``BatchGenerator``: ``is_batchable = draft_model is None``).
 This module is that executor, behind the same seam: one ``DraftSource`` per row (opened from
 the row's ``DraftProvider`` with the row's sampler, as ``engine.executor.spec_generate``
-opens it), one ``SamplingPipeline`` and one ``TokenStream`` per row (``executor._Request``),
+opens it), one ``SamplingPipeline`` and one ``TokenStream`` per row (``executor.Request``),
 so the per-row sampler, processors history, min_tokens, grammar matcher and accounting are
 the serial executor's own objects. Per step (§2, every row its own round):
 
@@ -93,25 +93,25 @@ import mlx.core as mx
 from engine.executor import (
     GenerationParams,
     GenerationResult,
-    _confidence,
-    _draft,
-    _Request,
-    _round_record,
-    _set_rotating,
-    _source_guard,
-    _tap_set,
+    Request,
+    draft_round,
     generation_stream,
     refeed,
+    round_record,
+    set_rotating,
+    source_confidence,
+    source_guard,
     spec_generate,
+    tap_set,
 )
 from engine.hooks import NO_OBSERVER
 from engine.pipeline import WalkResult
 from engine.rollback import (
     RECURRENT_MIXERS,
     CacheRollback,
-    _recording_mixer,
-    _recording_projection,
-    _serving_projection,
+    recording_mixer,
+    recording_projection,
+    serving_projection,
 )
 from engine.sampler import margin_array, margins_list, token_ids
 from engine.seam import DraftProvider, DraftSource, PrefillMode, TargetView
@@ -231,7 +231,7 @@ class _Row:
         self.rid = spec.rid
         self.rng = RowRng(active=spec.params.sampler.temperature != 0.0)
         with _row_rng(self):
-            self.req = _Request(model, make_prompt_cache(model), spec.prompt_ids, spec.params, spec.on_token)
+            self.req = Request(model, make_prompt_cache(model), spec.prompt_ids, spec.params, spec.on_token)
         self.source: DraftSource | None = None
         self.pending: list[int] = []
         self.feed: list[int] = []
@@ -412,10 +412,10 @@ class _Batch:
                     raise RuntimeError(f"batched rollback: layer {i} {type(c).__name__} has no recurrent mixer")
                 rec = _RecurrentRound(i, c, mixer)
                 swapped.append((mixer, type(mixer)))
-                mixer.__class__ = _recording_mixer(type(mixer), rec)  # type: ignore[arg-type]
+                mixer.__class__ = recording_mixer(type(mixer), rec)  # type: ignore[arg-type]
                 for name, mod in rec.projections.items():
                     swapped.append((mod, type(mod)))
-                    mod.__class__ = _recording_projection(type(mod), rec, name)  # type: ignore[arg-type]
+                    mod.__class__ = recording_projection(type(mod), rec, name)  # type: ignore[arg-type]
                 self._recurrent.append({"rec": rec})
             return self.model(inputs, cache=self.caches)
         finally:
@@ -566,7 +566,7 @@ class _RecurrentRound:
             try:
                 for name, mod in self.projections.items():
                     swapped.append((mod, type(mod)))
-                    mod.__class__ = _serving_projection(type(mod), served[name])
+                    mod.__class__ = serving_projection(type(mod), served[name])
                 mask = self.mask[b : b + 1, ..., :keep] if self.mask is not None else None
                 self.mixer(self.inputs[b : b + 1, :keep], mask, tmp)
             finally:
@@ -697,8 +697,8 @@ def _start(row: _Row, model: Any) -> str | None:
         row.lane = "serial"
         return reason
     if params.rotating != "guard":
-        _set_rotating(source, params.rotating)  # the source's own rotating caches (a drafter's)
-    assert not _tap_set(source, len(model.layers))
+        set_rotating(source, params.rotating)  # the source's own rotating caches (a drafter's)
+    assert not tap_set(source, len(model.layers))
     row.source = source
     mode: PrefillMode = params.prefill or source.prefill_mode
     drained = req.drained(mode)
@@ -736,7 +736,7 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
         assert source is not None
         tr0 = time.perf_counter()
         n = min(req.params.gamma, req.stream.left)
-        guard = _ring_guard(batch, row, n) or _source_guard(source, row.feed, n)
+        guard = _ring_guard(batch, row, n) or source_guard(source, row.feed, n)
         if guard is not None:
             # the serial run stops speculating here: the row leaves for the serial lane
             req.caches = batch.extract(row)
@@ -747,13 +747,13 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
             left.append({"row": row.rid, "why": f"serial: {guard.split(':')[0]}"})
             continue
         with _row_rng(row):
-            drafts, drafts_arr = _draft(req, source, row.feed, n, None, NO_OBSERVER, ())
+            drafts, drafts_arr = draft_round(req, source, row.feed, n, None, NO_OBSERVER, ())
         d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
         if d > n:
             raise RuntimeError(f"row {row.rid}: draft source returned {d} tokens, more than n={n}")
         head = mx.array(row.pending, mx.uint32)
         tail = mx.array(drafts, mx.uint32) if drafts_arr is None else drafts_arr.astype(mx.uint32)
-        plans.append(_Plan(row, drafts, drafts_arr, d, mx.concatenate([head, tail]), _confidence(source, d), tr0))
+        plans.append(_Plan(row, drafts, drafts_arr, d, mx.concatenate([head, tail]), source_confidence(source, d), tr0))
     batch.compact()
     if not plans:
         return [], 0
@@ -802,7 +802,7 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
         req.counters.record_round(p.d, k)
         if req.params.cache_digests:
             req.caches = batch.extract(row)
-        rec = _round_record(req, row.source, row.round_index, row.feed, p.drafts, window, walk, margins,
+        rec = round_record(req, row.source, row.round_index, row.feed, p.drafts, window, walk, margins,
                             p.confidence, p.tr0)
         neighbours = [r for r in rids if r != row.rid]
         rec["batch"] = {"row": row.rid, "step": step, "slot": b, "width": width, "neighbours": neighbours}

@@ -154,7 +154,7 @@ def _digest(params: GenerationParams, caches: list[Any]) -> dict[str, Any] | Non
     return cache_ops.cache_digest(caches) if params.cache_digests else None
 
 
-class _Request:
+class Request:
     """Per-request state shared by every lane: the sampling pipeline, stream, counters, records."""
 
     def __init__(
@@ -348,7 +348,7 @@ def _forward(
     return logits, TapContext(tokens=list(tokens), hidden={i: h[0] for i, h in captured.items()})
 
 
-def _tap_set(source: DraftSource, num_layers: int) -> tuple[int, ...]:
+def tap_set(source: DraftSource, num_layers: int) -> tuple[int, ...]:
     taps = tuple(source.tap_layers)
     if source.wants_anchor_hidden and (num_layers - 1) not in taps and -1 not in taps:
         taps = (*taps, num_layers - 1)
@@ -395,7 +395,7 @@ def spec_generate(
     observer = NO_OBSERVER if observer is None else observer
     reuse = NO_REUSE if reuse is None else reuse
     caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
-    req = _Request(target_model, caches, prompt_ids, params, on_token)
+    req = Request(target_model, caches, prompt_ids, params, on_token)
     ahead = target_caches is None  # plain fallbacks may look one step ahead on caches they own
     plan = CacheRollback(target_model, caches, rotating=params.rotating)
     if not plan.capable:
@@ -408,7 +408,7 @@ def spec_generate(
     source = provider.open(req.sampler, TargetView(model=target_model, caches=caches))
     source_skip = reuse.open_source(source)
     if params.rotating != "guard":
-        _set_rotating(source, params.rotating)
+        set_rotating(source, params.rotating)
     if req.kv is not None and not _set_kv_quantization(source, req.kv):
         # §6: quantized KV wins over speculation for a source that reads the target's state.
         why = (f"quantized-kv: kv_bits {req.kv.bits}: the {type(source).__name__} source reads the "
@@ -416,7 +416,7 @@ def spec_generate(
                "speculation (§6)")
         return _plain_instead(req, reuse, params.prefill or source.prefill_mode, "quantized-kv", why, ahead)
     n_layers = len(target_model.layers)
-    taps = _tap_set(source, n_layers)
+    taps = tap_set(source, n_layers)
     mode: PrefillMode = params.prefill or source.prefill_mode
 
     # Prefill: the drafter first, then the target (mlx-lm order); a tapped
@@ -446,15 +446,15 @@ def spec_generate(
     while not stream.done:
         tr0 = time.perf_counter()
         n = req.kv_cap(min(params.gamma, stream.left))
-        guard = plan.ring_guard(n) or _source_guard(source, feed, n)
+        guard = plan.ring_guard(n) or source_guard(source, feed, n)
         if guard is not None:
             req.plain_loop(pending[-1], guard.split(":")[0], guard, ahead=ahead)
             break
-        drafts, drafts_arr = _draft(req, source, feed, n, anchor, observer, taps)
+        drafts, drafts_arr = draft_round(req, source, feed, n, anchor, observer, taps)
         d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
         if d > n:
             raise RuntimeError(f"draft source returned {d} tokens, more than n={n}")
-        confidence = _confidence(source, d)
+        confidence = source_confidence(source, d)
         window = pending + drafts
         observer.before_verify(round_index, window, caches)
         with plan.round():  # ONE target forward over [pending, *drafts]
@@ -484,7 +484,7 @@ def spec_generate(
         source.commit(d, k, ctx, verified, drafts[:k])
         req.counters.record_round(d, k)
         reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
-        req.records.append(_round_record(req, source, round_index, feed, drafts, window, walk, margins,
+        req.records.append(round_record(req, source, round_index, feed, drafts, window, walk, margins,
                                          confidence, tr0))
         round_index += 1
         if stream.done:
@@ -496,7 +496,7 @@ def spec_generate(
     return req.result(speculative=True)
 
 
-def _plain_instead(req: _Request, reuse: Reuse, mode: PrefillMode, reason: str, detail: str | None,
+def _plain_instead(req: Request, reuse: Reuse, mode: PrefillMode, reason: str, detail: str | None,
                    ahead: bool) -> GenerationResult:
     """A speculative request that does not speculate: plain decode, ``reason`` on every record."""
     new = req.drained(mode)[reuse.target_prefix:]
@@ -506,7 +506,7 @@ def _plain_instead(req: _Request, reuse: Reuse, mode: PrefillMode, reason: str, 
     return req.result(speculative=True)
 
 
-def _draft(req: _Request, source: DraftSource, feed: list[int], n: int, anchor: mx.array | None,
+def draft_round(req: Request, source: DraftSource, feed: list[int], n: int, anchor: mx.array | None,
            observer: RoundObserver, taps: tuple[int, ...]) -> tuple[list[int], mx.array | None]:
     """The source's drafts for this round: host ids, or a lazy device array kept until the
     verify's one sync (mlx-lm) where the source offers one (:func:`_lazy_drafts`)."""
@@ -517,7 +517,7 @@ def _draft(req: _Request, source: DraftSource, feed: list[int], n: int, anchor: 
         return [int(t) for t in source.draft(list(feed), n, len(req.stream.output), anchor)], None
 
 
-def _round_record(req: _Request, source: DraftSource, index: int, feed: list[int], drafts: list[int],
+def round_record(req: Request, source: DraftSource, index: int, feed: list[int], drafts: list[int],
                   window: list[int], walk: WalkResult, margins: list[float], confidence: list[float] | None,
                   tr0: float) -> dict[str, Any]:
     params = req.params
@@ -563,7 +563,7 @@ def _lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, 
     return hook
 
 
-def _confidence(source: DraftSource, d: int) -> list[float] | None:
+def source_confidence(source: DraftSource, d: int) -> list[float] | None:
     """Per-position draft confidence of the last ``draft()`` call, where the source has one.
 
     Optional hook: a source sets ``last_confidence`` (one float per proposed
@@ -573,7 +573,7 @@ def _confidence(source: DraftSource, d: int) -> list[float] | None:
     return None if conf is None else [float(c) for c in conf]
 
 
-def _set_rotating(source: DraftSource, mode: str) -> None:
+def set_rotating(source: DraftSource, mode: str) -> None:
     """Tell a source with rotating drafter caches how to roll them back (optional hook)."""
     hook = getattr(source, "set_rotating", None)
     if hook is not None:
@@ -589,7 +589,7 @@ def _set_kv_quantization(source: DraftSource, q: cache_ops.KVQuantization) -> bo
     return True
 
 
-def _source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:
+def source_guard(source: DraftSource, feed: list[int], n: int) -> str | None:
     """A source that cannot roll back a round of ``n`` drafts says why (optional hook)."""
     guard = getattr(source, "rollback_guard", None)
     return guard(feed, n) if guard is not None else None
@@ -661,7 +661,7 @@ def plain_generate(
 
     reuse = NO_REUSE if reuse is None else reuse
     caches = target_caches if target_caches is not None else make_prompt_cache(target_model)
-    req = _Request(target_model, caches, prompt_ids, params, on_token)
+    req = Request(target_model, caches, prompt_ids, params, on_token)
     mode: PrefillMode = params.prefill or "tail-split"
     new = req.drained(mode)[reuse.target_prefix:]
     last = req.prefill(new, params.prefill_step_size, PLAIN_PREFILL_STEP)

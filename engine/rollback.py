@@ -352,10 +352,10 @@ class CacheRollback:
                 r.snapshot = (list(c.cache), c.lengths, c.left_padding)
                 r.recorded = {}
                 swapped.append((r.mixer, type(r.mixer)))
-                r.mixer.__class__ = _recording_mixer(type(r.mixer), r)
+                r.mixer.__class__ = recording_mixer(type(r.mixer), r)
                 for name, mod in r.projections.items():
                     swapped.append((mod, type(mod)))
-                    mod.__class__ = _recording_projection(type(mod), r, name)
+                    mod.__class__ = recording_projection(type(mod), r, name)
             yield
         finally:
             for ring in self.rings.values():
@@ -391,7 +391,7 @@ class CacheRollback:
         try:
             for name, mod in r.projections.items():
                 swapped.append((mod, type(mod)))
-                mod.__class__ = _serving_projection(type(mod), served[name])
+                mod.__class__ = serving_projection(type(mod), served[name])
             mask = r.mask[..., :keep] if r.mask is not None else None
             r.mixer(r.inputs[:, :keep], mask, c)
         finally:
@@ -400,7 +400,7 @@ class CacheRollback:
         mx.eval([a for a in c.cache if a is not None])
 
 
-def _recording_mixer(base: type, r: _Recurrent) -> type:
+def recording_mixer(base: type, r: _Recurrent) -> type:
     def __call__(self: Any, inputs: Any, mask: Any = None, cache: Any = None) -> Any:
         r.inputs, r.mask = inputs, mask
         return base.__call__(self, inputs, mask, cache)
@@ -408,7 +408,7 @@ def _recording_mixer(base: type, r: _Recurrent) -> type:
     return type(f"Recording{base.__name__}", (base,), {"__call__": __call__})
 
 
-def _recording_projection(base: type, r: _Recurrent, name: str) -> type:
+def recording_projection(base: type, r: _Recurrent, name: str) -> type:
     def __call__(self: Any, x: Any) -> Any:
         out = base.__call__(self, x)
         r.recorded[name] = out
@@ -417,7 +417,7 @@ def _recording_projection(base: type, r: _Recurrent, name: str) -> type:
     return type(f"Recording{base.__name__}", (base,), {"__call__": __call__})
 
 
-def _serving_projection(base: type, value: Any) -> type:
+def serving_projection(base: type, value: Any) -> type:
     def __call__(self: Any, x: Any) -> Any:
         return value
 

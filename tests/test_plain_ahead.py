@@ -1,4 +1,4 @@
-"""Plain decode one step ahead (``engine.executor._Request.plain_loop(ahead=True)``).
+"""Plain decode one step ahead (``engine.executor.Request.plain_loop(ahead=True)``).
 
 mlx-lm 0.32 ``generate.py`` ``generate_step`` queues step t+1's forward on step
 t's still-lazy sample (``mx.async_eval``) before it reads step t back; the
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import zoo
-from engine.executor import GenerationParams, _Request, plain_generate, spec_generate
+from engine.executor import GenerationParams, Request, plain_generate, spec_generate
 from engine.sampler import SamplerParams
 from engine.sources.two_model import TwoModelProvider
 
@@ -46,13 +46,13 @@ def first_record_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) ->
 def queued(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts look-ahead steps, so a test cannot pass without taking the path."""
     calls: list[int] = []
-    orig = _Request._queue_next
+    orig = Request._queue_next
 
-    def spy(self: _Request, y: Any) -> Any:
+    def spy(self: Request, y: Any) -> Any:
         calls.append(1)
         return orig(self, y)
 
-    monkeypatch.setattr(_Request, "_queue_next", spy)
+    monkeypatch.setattr(Request, "_queue_next", spy)
     return calls
 
 
@@ -105,12 +105,12 @@ def test_spec_fallback_after_ring_wrap_ahead(queued: list[int]) -> None:
 
 
 def test_planted_wrong_lookahead_token_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    orig = _Request._queue_next
+    orig = Request._queue_next
 
-    def planted(self: _Request, y: Any) -> Any:
+    def planted(self: Request, y: Any) -> Any:
         return orig(self, (y + 1) % 256)  # feeds another id than the sample
 
-    monkeypatch.setattr(_Request, "_queue_next", planted)
+    monkeypatch.setattr(Request, "_queue_next", planted)
     serial, ahead = _plain_pair("llama", "greedy")
     msg = first_record_difference(serial.records, ahead.records)
     assert msg is not None and msg.startswith("record 2 (plain) field ")

@@ -172,7 +172,7 @@ def test_mlx_lm_order_of_conversion_is_caught(loaded: tuple[Any, Any], monkeypat
     from engine.rollback import CacheRollback
 
     real = CacheRollback.rollback
-    monkeypatch.setattr(ex._Request, "kv_cap", lambda self, n: n)
+    monkeypatch.setattr(ex.Request, "kv_cap", lambda self, n: n)
 
     def convert_first(self: CacheRollback, d: int, k: int) -> None:
         from engine import caches as cache_ops
