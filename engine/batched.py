@@ -79,7 +79,7 @@ exact rotating rollback, target caches that are not KV/rotating (keep 0)/``Array
 or a target that cannot roll back (``spec_generate`` then decodes plainly).
 
 Every row's result and records are those of ``spec_generate`` on the same request alone:
-``tests/test_batched.py`` and ``conformance/test_batched.py`` compare them record for record.
+``tests/test_batched.py`` and ``conformance/test_batched_vs_serial.py`` compare them record for record.
 """
 
 from __future__ import annotations
