@@ -453,6 +453,21 @@ def writable_dir(text: str) -> Path:
     return p
 
 
+writable_dir.output = "dir"  # type: ignore[attr-defined]  # a writing flag (specparity.outdir.WRITERS)
+
+
+def report_dir(text: str) -> Path:
+    """``report DIR``: an existing, readable and writable directory the report is written into
+    (beside the traces it holds; ``specparity.outdir.add_outputs``)."""
+    p = existing_dir(text)
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise _err(f"{text}: not writable (permission denied); the report is written into it")
+    return p
+
+
+report_dir.output = "beside"  # type: ignore[attr-defined]
+
+
 def writable_file(text: str) -> Path:
     """An output file path whose directory is (or can be made) writable; not a directory."""
     p = user_path(text)
@@ -523,6 +538,7 @@ def output_file(ours: Callable[[Path], bool], what: str) -> Callable[[str], Path
         return p
 
     parse.__name__ = f"{what} file"
+    parse.output = "file"  # type: ignore[attr-defined]  # a writing flag (specparity.outdir.WRITERS)
     return parse
 
 

@@ -78,6 +78,18 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from specparity.outdir import claim_output_file
+
+    with contextlib.ExitStack() as stack:
+        if args.trace is not None:  # locked and checked ours before any model loads
+            stack.enter_context(claim_output_file(args.trace, "specparity generate", flag="--trace",
+                                                  what="trace", ours=a.is_trace))
+        return _generate(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
     from specparity.devices import use_device
 
     use_device(args.device)
@@ -145,7 +157,6 @@ def main(args: argparse.Namespace) -> int:
         draft = load_model(str(dpath)) if dpath is not None and src.kind is not None and src.kind.loads_model else None
         header = case_header(get("engine").runner_info(), case, ids, tpath=tpath, dpath=dpath, target=target,
                              draft=draft, prefill=src.prefill)
-        args.trace.parent.mkdir(parents=True, exist_ok=True)
         write_trace(args.trace, [header, *result.records, result.footer()])
         print(f"trace written to {args.trace}", file=sys.stderr)
     return 0

@@ -235,7 +235,12 @@ def _sessions(args: argparse.Namespace) -> int:
     else:
         cases = cases_from_args(args)
     check_kv_models(cases)
-    return main_sessions(cases, args.out, quiet=args.quiet, names=names)
+    from specparity.outdir import claim_output_dir
+
+    # a run: --out owned as `run` owns it (locked, a folder of someone else's files refused, an
+    # earlier run set aside until this one completes, every file listed before it is written)
+    with claim_output_dir(args.out, "specparity run --sessions"):
+        return main_sessions(cases, args.out, quiet=args.quiet, names=names)
 
 
 def _suite_sessions(path: Path) -> list[str] | None:
