@@ -286,6 +286,7 @@ def source(text: str) -> str:
 _INT_PARSERS = ("positive_int", "nonneg_int", "seed", "max_tokens", "gamma", "kv_bits", "kv_group_size")
 _FLOAT_PARSERS = ("finite_float", "nonneg_float", "probability")
 _INT_LIST_PARSERS = ("positive_int_list", "token_id_list", "gamma_list")
+_OBJECT_PARSERS = ("conventions_block",)
 
 
 def check_value(parse: Callable[[str], Any], value: Any, where: str) -> Any:
@@ -300,6 +301,11 @@ def check_value(parse: Callable[[str], Any], value: Any, where: str) -> Any:
         UsageError: ``"<where>: <the flag's message>"``.
     """
     name = getattr(parse, "__name__", "")
+    if name in _OBJECT_PARSERS:  # a JSON object (a header block): the parser checks its shape
+        try:
+            return parse(value)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"{where}: {exc}") from None
     if name in _INT_LIST_PARSERS:
         if not isinstance(value, list | tuple) or not all(_is_int(x) for x in value):
             raise UsageError(f"{where}: expected a non-empty list of integers, got {value!r}")
@@ -644,6 +650,43 @@ def reasoning_end(text: str) -> str:
         raise _err(f"--reasoning-end: expected a non-empty marker text of at most 256 characters "
                    f"without NUL, got {text[:40]!r}")
     return text
+
+
+def mtp_conventions(text: str) -> str:
+    """``--mtp-conventions NAME=VALUE,...``: each name a convention of
+    ``engine.sources.native_mtp.Conventions``, given once (a repeated name is refused, never
+    "last wins"), its value one of that convention's."""
+    from engine.sources.native_mtp import Conventions
+
+    items = [kv.strip() for kv in str(text).split(",")]
+    if not str(text).strip() or any(not kv for kv in items):
+        raise _err(f"expected NAME=VALUE[,NAME=VALUE...], got {text!r} (an empty item)")
+    bad = [kv for kv in items if "=" not in kv or not kv.split("=", 1)[1].strip()]
+    if bad:
+        raise _err(f"{bad[0]!r}: expected NAME=VALUE (e.g. hidden=pre-norm)")
+    names = [kv.split("=", 1)[0].strip().replace("-", "_") for kv in items]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise _err(f"{', '.join(dup)} given more than once in {text!r}; give each convention once")
+    try:
+        Conventions.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise _err(str(exc)) from None
+    return str(text)
+
+
+def conventions_block(value: Any) -> dict[str, Any]:
+    """A trace header's ``params.mtp_conventions`` object, checked as ``--mtp-conventions`` is:
+    every key a known convention, every value one of its choices (native JSON types)."""
+    from engine.sources.native_mtp import Conventions
+
+    if not isinstance(value, dict):
+        raise _err(f"expected an object of conventions, got {value!r}")
+    try:
+        Conventions.parse(value)
+    except (TypeError, ValueError) as exc:
+        raise _err(str(exc)) from None
+    return value
 
 
 def grammar_ref(text: str) -> str:

@@ -73,7 +73,11 @@ def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: 
     raw = str(ref.get("path") or "")
     if not raw:
         raise GradeError(f"{trace_path}: header {what}.path is empty")
-    cands = [Path(raw).expanduser(), trace_path.parent / raw, root / raw]
+    try:
+        first = Path(raw).expanduser()
+    except RuntimeError:  # ~nosuchuser (header_problems refuses it first)
+        raise GradeError(f"{trace_path}: header {what}.path {raw!r}: no such user") from None
+    cands = [first, trace_path.parent / raw, root / raw]
     if raw.startswith("zoo/"):
         import zoo
 
@@ -299,11 +303,62 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
                    ("params.quantized_kv_start", args.nonneg_int, p.get("quantized_kv_start", 5000))]
     if p.get("rotating", "guard") not in ("guard", "exact"):
         out.append(("header.params.rotating", f"expected \"guard\" or \"exact\", got {p['rotating']!r}"))
+    # the rest of what a re-run reads, through the validators of the flags that set it
+    if p.get("min_tokens") is not None:
+        checks.append(("params.min_tokens", args.nonneg_int, p["min_tokens"]))
+    if p.get("rng") is not None:
+        checks.append(("params.rng", args.rng_mode, p["rng"]))
+    if p.get("min_p") is not None:
+        checks.append(("params.min_p", args.probability, p["min_p"]))
+    if p.get("confidence_threshold") is not None:
+        checks.append(("params.confidence_threshold", args.finite_float, p["confidence_threshold"]))
+    if p.get("mtp_conventions") is not None:
+        checks.append(("params.mtp_conventions", args.conventions_block, p["mtp_conventions"]))
+    for i, seq in enumerate(p.get("stop_sequences") or ()):
+        checks.append((f"params.stop_sequences[{i}]", args.token_id_list, seq))
+    out += _grammar_problems(p.get("grammar"))
+    if p.get("logits_processors") is not None:
+        from engine.pipeline import processors_from_block
+
+        try:  # the validator a suite's `processors` and the processor flags' values go through
+            processors_from_block(p["logits_processors"])
+        except (TypeError, ValueError) as exc:
+            out.append(("header.params.logits_processors", str(exc)))
+    for role in ("target", "drafter"):
+        ref = header.get(role)
+        if isinstance(ref, dict) and isinstance(ref.get("path"), str) and ref["path"]:
+            checks.append((f"{role}.path", args.user_path, ref["path"]))
+    prompt_id = (header.get("prompt") or {}).get("id")
+    if prompt_id is not None and not isinstance(prompt_id, str | int):
+        out.append(("header.prompt.id", f"expected a string, got {prompt_id!r}"))
     for fld, parse, value in checks:
         try:
             args.check_value(parse, value, "")
         except args.UsageError as exc:
             out.append((f"header.{fld}", str(exc).removeprefix(": ")))
+    return out
+
+
+def _grammar_problems(block: Any) -> list[tuple[str, str]]:
+    """``params.grammar`` checked as ``--grammar``/``--reasoning-end`` check theirs."""
+    from specparity import args
+
+    if block is None:
+        return []
+    if not isinstance(block, dict):
+        return [("header.params.grammar", f"expected an object (kind, name, text, sha256), got {block!r}")]
+    out: list[tuple[str, str]] = []
+    if block.get("kind") not in ("json", "regex", "lark"):
+        out.append(("header.params.grammar.kind", f"expected \"json\", \"regex\" or \"lark\", got "
+                                                  f"{block.get('kind')!r}"))
+    for key in ("name", "text", "sha256"):
+        if block.get(key) is not None and not isinstance(block[key], str):
+            out.append((f"header.params.grammar.{key}", f"expected a string, got {block[key]!r}"))
+    if block.get("reasoning_end") is not None:
+        try:
+            args.check_value(args.reasoning_end, block["reasoning_end"], "")
+        except args.UsageError as exc:
+            out.append(("header.params.grammar.reasoning_end", str(exc).removeprefix(": ")))
     return out
 
 

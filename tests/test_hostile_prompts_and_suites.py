@@ -137,3 +137,33 @@ def test_suite_values_go_through_the_flag_validators(tmp_path: Path,
                     disagree.append((key, raw, text[-200:], flag_text[-200:]))
     print(f"suite sweep: {tried} suites")
     assert not disagree, disagree
+
+
+@pytest.mark.parametrize("content,must", [
+    (b"hello\x00world\nsecond\n", ["nul.txt:1", "NUL byte", "character 6"]),
+    (b'{"id": "a", "text": "he\\u0000llo"}\n', ["nul.txt:1", "prompt 'a'", "NUL byte"]),
+    (b'[{"id": "b", "text": "x\\u0000"}]', ["item 1", "prompt 'b'", "NUL byte"]),
+    (b'{"id": "a\\u0000b", "text": "hello"}\n', ["nul.txt:1", "'id'", "NUL"]),
+], ids=["text line", "JSONL text", "JSON array text", "JSONL id"])
+def test_nul_in_a_prompts_file_is_named(tmp_path: Path, content: bytes, must: list[str],
+                                        capsys: pytest.CaptureFixture[str],
+                                        captured: list[dict[str, Any]]) -> None:
+    """Before: a NUL in a prompt's text reached the tokenizer (or was refused without naming it)."""
+    f = tmp_path / "nul.txt"
+    f.write_bytes(content)
+    rc, _, err = cli(["run", "--target", "llama", "--draft", "twin", "--prompts-file", f], capsys)
+    refused(rc, err, *must)
+    assert not captured
+
+
+@pytest.mark.parametrize("processors", ["rpnanc20", "ppinf", "fp-infc4", "lb5=nan", "lb5=inf,6=1"])
+def test_suite_non_finite_processor_values_are_refused(tmp_path: Path, processors: str,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      captured: list[dict[str, Any]]) -> None:
+    """Before: a suite's ``processors = "rpnanc20"`` reached the model's logits."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(f'sampling = [{{temperature = 0.0, processors = "{processors}"}}]\n'
+                     '[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    rc, _, err = cli(["run", "--suite", suite], capsys)
+    refused(rc, err, "processors", "finite")
+    assert not captured

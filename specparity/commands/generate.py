@@ -40,7 +40,7 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="deepspec/dspark: prune the block at the first position whose confidence is "
                         "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "
                         "calibrated thresholds)")
-    g.add_argument("--mtp-conventions", default=None, metavar="NAME=VALUE,...",
+    g.add_argument("--mtp-conventions", type=a.mtp_conventions, default=None, metavar="NAME=VALUE,...",
                    help="native-mtp: conventions over the checkpoint family's defaults, e.g. "
                         "hidden=pre-norm,concat=h;e,position_base=1,mask_pos0=false,depth=chain,"
                         "chain_hidden=pre-norm,trim=rebuild (recorded in the trace header)")
