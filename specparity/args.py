@@ -549,16 +549,17 @@ def output_file(ours: Callable[[Path], bool], what: str) -> Callable[[str], Path
 
 
 def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
-    """A local model directory whose ``config.json`` parses and whose safetensors are whole.
+    """A local model directory whose ``config.json`` parses and whose safetensors are whole
+    (``engine.models.check_model_dir``, with the flag's name on the line).
 
-    Reads only the safetensors headers (8-byte length + JSON), so a truncated
-    download or a corrupt file is one clear line here instead of a loader
-    traceback (or a segfault) later.
+    Reads only the safetensors headers (8-byte length + JSON; ``engine.models.check_weights``,
+    the check every loader path runs), so a truncated download, a corrupt or lying header, a
+    missing shard or a config beyond its weights is one clear line here naming the file and
+    the field, instead of a loader traceback (or a segfault, or minutes building) later.
 
     Raises:
         UsageError: naming the flag, the file and what is wrong with it.
     """
-    import json
 
     p = Path(path)
     if str(p).startswith("~"):
@@ -570,59 +571,19 @@ def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
     if not p.is_dir():
         raise UsageError(f"{flag} {p}: " + ("not a directory" if p.exists() else "no such directory"))
     cfg = p / "config.json"
-    if not cfg.exists():
+    if not (cfg.exists() or cfg.is_symlink()):
         raise UsageError(f"{flag} {p}: no config.json (not an mlx-lm model directory)")
-    from engine.models import ModelLoadError, check_model_files
+    from engine.models import ModelLoadError
+    from engine.models import check_model_dir as check
 
-    try:
-        check_model_files(p)  # FIFOs, devices, oversized configs: refused before any open()
+    try:  # the one check every loader path runs: files, config, headers, config vs weights
+        check(p)
     except ModelLoadError as exc:
-        raise UsageError(f"{flag} {exc}") from None
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UsageError(f"{flag} {cfg}: unreadable config.json ({exc}); re-download or rebuild the model") from None
-    from engine.models import check_config
-
-    try:
-        check_config(data, cfg)
-    except ModelLoadError as exc:
-        raise UsageError(f"{flag} {exc}") from None
-    for f in sorted(p.glob("*.safetensors")):
-        _check_safetensors(f, flag)
+        text = str(exc)
+        if text.startswith(f"{cfg}: unreadable"):
+            text += "; re-download or rebuild the model"
+        raise UsageError(f"{flag} {text}") from None
     return p
-
-
-def _check_safetensors(f: Path, flag: str) -> None:
-    import json
-
-    fix = "an incomplete download or a corrupt file; re-download or rebuild it"
-    try:
-        size = f.stat().st_size
-        with open(f, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise UsageError(f"{flag} {f}: truncated safetensors file ({size} bytes): {fix}")
-            n = int.from_bytes(head, "little")
-            if n > min(size - 8, 100 << 20):
-                raise UsageError(f"{flag} {f}: safetensors header length {n} exceeds the file: {fix}")
-            header = json.loads(fh.read(n))
-    except OSError as exc:
-        raise UsageError(f"{flag} {f}: cannot read ({exc.strerror})") from None
-    except (ValueError, RecursionError):
-        raise UsageError(f"{flag} {f}: unreadable safetensors header: {fix}") from None
-    if not isinstance(header, dict):
-        raise UsageError(f"{flag} {f}: unreadable safetensors header: {fix}")
-    end = 0
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        offs = t.get("data_offsets") if isinstance(t, dict) else None
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)):
-            raise UsageError(f"{flag} {f}: tensor {name!r} has no valid data_offsets: {fix}")
-        end = max(end, offs[1])
-    if 8 + n + end > size:
-        raise UsageError(f"{flag} {f}: truncated ({size} bytes, tensors need {8 + n + end}): {fix}")
 
 
 def model_dir(text: str) -> str:
@@ -676,14 +637,22 @@ def mtp_conventions(text: str) -> str:
 
 
 def conventions_block(value: Any) -> dict[str, Any]:
-    """A trace header's ``params.mtp_conventions`` object, checked as ``--mtp-conventions`` is:
-    every key a known convention, every value one of its choices (native JSON types)."""
-    from engine.sources.native_mtp import Conventions
+    """A trace header's ``params.mtp_conventions`` object (``engine.sources.native_mtp.describe``),
+    checked as ``--mtp-conventions`` is: every convention known, each value one of its choices
+    (native JSON types), plus the checkpoint's ``family``, ``layout`` and ``depth_layers``."""
+    from engine.sources.native_mtp import FAMILY_DEFAULTS, Conventions
 
     if not isinstance(value, dict):
         raise _err(f"expected an object of conventions, got {value!r}")
+    described = {"family": tuple(FAMILY_DEFAULTS), "layout": ("layers", "mtp")}
+    for key, allowed in described.items():
+        if key in value and value[key] not in allowed:
+            raise _err(f"{key} {value[key]!r}; valid: {', '.join(allowed)}")
+    depth = value.get("depth_layers")
+    if depth is not None and (not _is_int(depth) or depth < 1 or depth > 64):
+        raise _err(f"depth_layers must be an integer in [1, 64], got {depth!r}")
     try:
-        Conventions.parse(value)
+        Conventions.parse({k: v for k, v in value.items() if k not in (*described, "depth_layers")})
     except (TypeError, ValueError) as exc:
         raise _err(str(exc)) from None
     return value
