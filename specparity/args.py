@@ -658,6 +658,12 @@ def conventions_block(value: Any) -> dict[str, Any]:
     return value
 
 
+MAX_GRAMMAR_BYTES = 1 << 20
+"""A ``--grammar`` file above this is refused up front: the header of every trace made under
+it carries its text (``zoo.grammars``), and the trace validator refuses lines past
+``traces.io.line_limit()`` (4 MiB), escaping included."""
+
+
 def grammar_ref(text: str) -> str:
     """``--grammar``: a zoo grammar name, or a readable ``.json``/``.regex``/``.lark`` file that
     compiles as that kind of grammar text (resolved to an absolute path); else one line, exit 2."""
@@ -666,6 +672,11 @@ def grammar_ref(text: str) -> str:
     if text in GRAMMARS:
         return text
     p = readable_file(text)
+    size = p.stat().st_size
+    if size > MAX_GRAMMAR_BYTES:
+        raise _err(f"{text}: {size / (1 << 20):.1f} MiB; a grammar may be at most "
+                   f"{MAX_GRAMMAR_BYTES >> 20} MiB (every trace header carries its text so grade can "
+                   "re-run it, and a trace line is at most 4 MiB)")
     try:
         spec(str(p))
     except ValueError as exc:  # engine.grammar.GrammarError: suffix, unreadable, not a JSON object

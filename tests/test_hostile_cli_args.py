@@ -495,3 +495,15 @@ def test_fill_cases_take_the_run_sampling_flags(capsys: pytest.CaptureFixture[st
             "--seed": (["--temps", "0,0.5"], ["--temps", "0,0.5", "--seed", "4"]),
             "--max-tokens": ([], ["--max-tokens", "6"])}.items():
         assert fill(without) != fill(given), f"{flag} does not reach the fill cases"
+
+
+def test_generate_refuses_a_kv_group_size_before_generating(zoo_pair: tuple[Path, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``generate`` streamed tokens up to --quantized-kv-start, then failed (``run``
+    refused the same case up front)."""
+    trace = tmp_path / "t.jsonl"
+    for cmd in (["generate"], ["record", "--runner", "mlx_lm"]):
+        rc, out, err = cli([*cmd, "--target", zoo_pair[0], "--prompt-ids", "5,6", "-n", "8", "--kv-bits", "4",
+                            "--kv-group-size", "64", "--quantized-kv-start", "3", "--trace", trace], capsys)
+        refused(rc, err, "--kv-group-size 64", "head dim 16")
+        assert out == "" and not trace.exists()

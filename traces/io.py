@@ -248,6 +248,9 @@ class TraceWriter:
         if self._saw_footer:
             raise ValueError(f"{rtype!r} record written after the footer")
         line = dumps_record(record)
+        if len(line.encode("utf-8")) > line_limit():  # never a trace the validator would refuse
+            raise ValueError(f"{rtype} record of {len(line.encode('utf-8'))} bytes is longer than a "
+                             f"trace line may be ({line_limit()} bytes; SPECPARITY_MAX_LINE_BYTES)")
         self._fh.write(line)
         self._fh.write("\n")
         self._count += 1

@@ -108,6 +108,11 @@ def _generate(args: argparse.Namespace) -> int:
     # The case (ids checked against the vocabulary and context, unique case id, γ pinned for
     # a block drafter); its drafter opens as every runner's does (open_for_case).
     case = case_from_args(args)
+    from specparity.kv_args import check_kv_models
+
+    # a KV group size the head dim rejects: refused before any token (as run); a grammar that
+    # admits no output is refused by compile_grammar below, also before any token
+    check_kv_models([case])
     target = load_model(str(case.target_path))  # loaded once (case_from_args)
     ids = list(case.prompt_tokens or ())
     eos_ids = tuple(args.eos_ids) if args.eos_ids else target.eos_ids

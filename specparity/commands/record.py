@@ -73,6 +73,11 @@ def main(args: argparse.Namespace) -> int:
     names = runner_names(args.runner)
     use_device(args.device)  # --device comes with generate's flags
     case = case_from_args(args)
+    from specparity.case_args import check_grammars
+    from specparity.kv_args import check_kv_models
+
+    check_kv_models([case])  # before any runner runs, as run and generate refuse it
+    check_grammars([case])  # whichever runner records: a grammar that admits nothing is refused
     runners: list[str] = []
     if names == ["all"]:  # every per-case runner usable here that implements the case
         for name, r in registry.all_runners().items():

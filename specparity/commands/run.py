@@ -199,6 +199,9 @@ def main(args: argparse.Namespace) -> int:
         return _sessions(args)
     cases = cases_from_args(args)
     check_kv_models(cases)
+    from specparity.case_args import check_grammars
+
+    check_grammars(cases)
     fill = None  # the whole zoo matrix also runs the fill cases (§7; zoo/fill.py)
     if args.suite is None and args.target is None and not args.targets and not args.drafters:
         from dataclasses import replace
