@@ -55,6 +55,8 @@ FLAG_CASES: list[tuple[list[str], str]] = [
     (["audit", "--gamma", "-2"], "--gamma"),
     (["run", "--temps", "5,,6"], "empty item"),
     (["diff", "a", "b", "--eps", "nan"], "--eps"),
+    (["record", "--runner", "engine", "--target", str(zoo.pair("llama", "twin")[0]), "--prompt-ids", "5",
+      "--trace", "t.jsonl", "--out", "d"], "--trace FILE and --out DIR"),
 ]
 
 

@@ -71,6 +71,8 @@ def main(args: argparse.Namespace) -> int:
     from specparity.runners import registry
 
     names = runner_names(args.runner)
+    if args.trace is not None and args.out is not None:  # honoured or refused, never ignored
+        raise ValueError("--trace FILE and --out DIR both say where the trace goes: give one of them")
     use_device(args.device)  # --device comes with generate's flags
     case = case_from_args(args)
     from specparity.case_args import check_grammars
