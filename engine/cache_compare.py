@@ -370,7 +370,7 @@ def judge_flip(target: Any, drafter: Any, warm: Trace, cold: Trace, flip: Flip,
     does not replay to its recorded margins.
     """
     from engine.witness import (
-        CALIBRATION_TOL,
+        calibration_tol,
         evaluate_draft_path,
         evaluate_path,
         header_pipeline,
@@ -392,7 +392,7 @@ def judge_flip(target: Any, drafter: Any, warm: Trace, cold: Trace, flip: Flip,
         pb = evaluate_path(target, cold, flip.b, "cold", pipeline)
         what = "path"
         for p in (pa, pb):
-            if p.calibration is not None and p.calibration > CALIBRATION_TOL:
+            if p.calibration is not None and p.calibration > calibration_tol():
                 raise WitnessDeclined(f"the {p.label.split()[0]} run's first record does not replay here "
                                       f"(margins differ by {p.calibration:.3g} of the top logit)")
         if prefix_of(warm, flip.a) != prefix_of(cold, flip.b):

@@ -222,6 +222,21 @@ class Grammar:
         return cls(spec, ll_tokenizer(hf_tokenizer, vocab_size, eos_ids), vocab_size, eos_ids,
                    marker_ids(hf_tokenizer, reasoning_end))
 
+    def empty_language(self) -> str | None:
+        """Why the grammar admits no output at all on this tokenizer (None: it admits some): its
+        first constrained position allows no token, or only the end of the output (an EOS
+        id), so a constrained run would "succeed" with an empty output."""
+        m = self.matcher()
+        m.reasoning = False  # the grammar's own first position (after any reasoning marker)
+        allowed = m.allowed()
+        if not allowed.any():
+            return "its first position allows no token of this tokenizer"
+        content = allowed.copy()
+        content[[t for t in self.eos_ids if 0 <= t < content.size]] = False
+        if not content.any():
+            return "its first position allows only the end of the output (an EOS id): the empty output"
+        return None
+
     def matcher(self) -> GrammarMatcher:
         import llguidance
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -70,6 +71,18 @@ def check_config(data: Any, where: str | os.PathLike[str]) -> dict[str, Any]:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
                                   or v != v or v in (float("inf"), float("-inf"))):
                 raise ModelLoadError(f"{where}: '{prefix}{key}' must be a finite number, got {v!r}")
+        for key in ("quantization", "quantization_config"):
+            q = cfg.get(key)
+            if q is not None and not isinstance(q, dict):
+                raise ModelLoadError(f"{where}: '{prefix}{key}' must be an object (e.g. {{\"group_size\": 64, "
+                                     f"\"bits\": 4}}), got {q!r}")
+        q = cfg.get("quantization")
+        if isinstance(q, dict):  # mlx-lm reads quantization["group_size"] and ["bits"]
+            for key in ("group_size", "bits"):
+                v = q.get(key)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ModelLoadError(f"{where}: '{prefix}quantization.{key}' must be a positive "
+                                         f"integer, got {v!r}")
         eos = cfg.get("eos_token_id")
         if eos is not None and not (
                 (isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0)
@@ -81,24 +94,105 @@ def check_config(data: Any, where: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def check_model_dir(path: str | os.PathLike[str]) -> Path:
-    """A local model directory: ``config.json`` (checked by :func:`check_config`) + safetensors."""
+    """A local model directory, checked before MLX sees any of it: ``config.json``
+    (:func:`check_config`), every weights file's header (``traces.digest.safetensors_header``)
+    and the config against the weights (:func:`check_weights`). The one check on every loader
+    path (:func:`load`, ``specparity.args.check_model_dir`` for the flags)."""
     import json
 
-    p = Path(path).expanduser()
+    try:
+        p = Path(path).expanduser()
+    except RuntimeError:
+        raise ModelLoadError(f"model path {str(path)!r}: cannot expand "
+                             f"{str(path).split('/', 1)[0]!r}: no such user") from None
     if not p.is_dir():
         raise ModelLoadError(f"model path {str(p)!r} is not a local directory (nothing is downloaded)")
     cfg = p / "config.json"
+    if cfg.is_symlink() and not cfg.exists():
+        raise ModelLoadError(f"{cfg}: a symbolic link to nothing (or a link loop); give the real "
+                             "config.json")
     if not cfg.exists():
         raise ModelLoadError(f"{p}: no config.json; expected an mlx-lm model directory")
     check_model_files(p)  # FIFOs, devices, oversized configs: refused before any open()
     try:
         data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise ModelLoadError(f"{cfg}: unreadable config.json (JSON nested too deeply)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ModelLoadError(f"{cfg}: unreadable config.json ({exc})") from None
     check_config(data, cfg)
     if not list(p.glob("model*.safetensors")):
         raise ModelLoadError(f"{p}: no model*.safetensors; mlx-lm needs safetensors weights")
+    check_weights(p, data)
     return p
+
+
+INDEX = "model.safetensors.index.json"
+_LAYER = re.compile(r"^(?:language_model\.)?(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")
+_EMBED = re.compile(r"^(?:language_model\.)?(?:model\.)?(?:language_model\.)?embed_tokens\.weight$")
+_NORM = re.compile(r"^(?:language_model\.)?(?:model\.)?(?:language_model\.)?norm\.weight$")
+
+
+def check_weights(path: str | os.PathLike[str], config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The weights of model dir ``path`` checked against their own headers and ``config``.
+
+    Before MLX builds anything: every ``*.safetensors`` header describes its file
+    (``traces.digest.safetensors_header``: offsets vs shape and dtype, no negative offsets or
+    shapes, known dtypes); every shard ``model.safetensors.index.json`` names exists; and the
+    config does not describe a model beyond its weights (mlx-lm builds the model from the
+    config first: a ``num_hidden_layers`` of a million builds for minutes, a ``vocab_size`` of
+    10^9 allocates an embedding that cannot fit, before the load finds the mismatch):
+    ``num_hidden_layers`` at most the layers the weights hold (``layers.N.``), ``vocab_size``
+    at most the embedding's rows, ``hidden_size`` at most the final norm's width. Each refusal
+    names the file and the field. Returns the tensor entries by name.
+    """
+    import json
+
+    from traces.digest import WeightsError, safetensors_header
+    from traces.io import InputFileError, regular_file
+
+    p = Path(path)
+    index = p / INDEX
+    if index.exists() or index.is_symlink():
+        try:
+            doc = json.loads(regular_file(index).read_text(encoding="utf-8"))
+        except (InputFileError, OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise ModelLoadError(f"{index}: unreadable index ({exc})") from None
+        wm = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise ModelLoadError(f"{index}: 'weight_map' must be an object of tensor name -> shard file")
+        for shard in sorted(set(wm.values())):
+            if "/" in shard or "\\" in shard or shard in ("", ".", ".."):
+                raise ModelLoadError(f"{index}: weight_map names shard {shard!r}, not a file name in {p}")
+            if not (p / shard).is_file():
+                raise ModelLoadError(f"{index}: weight_map names shard {shard!r}, which {p} lacks (an "
+                                     "incomplete download); re-download it")
+    tensors: dict[str, dict[str, Any]] = {}
+    for f in sorted(p.glob("*.safetensors")):
+        try:
+            tensors.update(safetensors_header(f))
+        except WeightsError as exc:
+            raise ModelLoadError(str(exc)) from None
+    cfg_path = p / "config.json"
+    layers = {int(m.group(1)) for n in tensors for m in [_LAYER.search(n)] if m}
+    embed = next((t for n, t in sorted(tensors.items()) if _EMBED.match(n) and len(t["shape"]) == 2), None)
+    norm = next((t for n, t in sorted(tensors.items()) if _NORM.match(n) and len(t["shape"]) == 1), None)
+    nested = config.get("text_config")
+    for cfg, prefix in ((config, ""), (nested if isinstance(nested, dict) else {}, "text_config.")):
+        n = cfg.get("num_hidden_layers")
+        # (a head's directory, e.g. an MTP head with its target's config, holds no embedding)
+        if isinstance(n, int) and layers and embed is not None and n > max(layers) + 1:
+            raise ModelLoadError(f"{cfg_path}: '{prefix}num_hidden_layers' is {n}, the weights hold "
+                                 f"{max(layers) + 1} layer(s): the config does not describe these weights")
+        v = cfg.get("vocab_size")
+        if isinstance(v, int) and embed is not None and v > embed["shape"][0]:
+            raise ModelLoadError(f"{cfg_path}: '{prefix}vocab_size' is {v}, the embedding holds "
+                                 f"{embed['shape'][0]} rows: the config does not describe these weights")
+        h = cfg.get("hidden_size")
+        if isinstance(h, int) and norm is not None and h > norm["shape"][0]:
+            raise ModelLoadError(f"{cfg_path}: '{prefix}hidden_size' is {h}, the final norm is "
+                                 f"{norm['shape'][0]} wide: the config does not describe these weights")
+    return tensors
 
 
 # What mlx-lm / transformers open in a model dir: config, tokenizer and weight files.
@@ -123,14 +217,66 @@ def check_model_files(path: str | os.PathLike[str]) -> None:
                 raise ModelLoadError(str(exc)) from None
 
 
+def native_mtp_layers(config: dict[str, Any], tensors: dict[str, Any]) -> tuple[str, ...]:
+    """The ``model.layers.{i}.`` prefixes of a checkpoint's native MTP layers: indices at or past
+    ``num_hidden_layers`` (GLM-4.x / DeepSeek-V3 layout, ``engine.sources.native_mtp``)."""
+    n = config.get("num_hidden_layers")
+    if not isinstance(n, int):
+        return ()
+    extra = sorted({int(m.group(1)) for k in tensors for m in [re.match(r"^model\.layers\.(\d+)\.", k)]
+                    if m and int(m.group(1)) >= n})
+    return tuple(f"model.layers.{i}." for i in extra)
+
+
 def load(path: str | os.PathLike[str]) -> LoadedModel:
-    """Load a local mlx-lm model directory (offline)."""
+    """Load a local mlx-lm model directory (offline), checked first (:func:`check_model_dir`).
+
+    A checkpoint carrying native MTP layers (``model.layers.{N+j}``, :func:`native_mtp_layers`)
+    is loaded as its trunk: those tensors are dropped before mlx-lm's own ``sanitize`` and its
+    strict load (mlx-lm 0.32.2 ``glm4_moe.py`` ``Model.sanitize`` drops ``model.layers.{N}``
+    itself, but ``deepseek_v3.py`` drops only ``model.layers.61``, so a DeepSeek-V3 checkpoint
+    of another depth failed with "Received ... parameters not in model"). The MTP source reads
+    the layers from the checkpoint itself (``engine.sources.native_mtp``); this is the same
+    trunk the zoo's stripped ``deepseek-mtp-plain`` holds, for any user's checkpoint.
+    """
     p = check_model_dir(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from mlx_lm.utils import load as mlx_load
+    import json
 
-    loaded = mlx_load(str(p))
-    model, tokenizer = loaded[0], loaded[1]
+    config = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    from traces.digest import safetensors_header
+
+    drop = native_mtp_layers(config, {k: None for f in sorted(p.glob("*.safetensors"))
+                                      for k in safetensors_header(f)})
+    if not drop:
+        from mlx_lm.utils import load as mlx_load
+
+        loaded = mlx_load(str(p))
+        return LoadedModel(path=p, model=loaded[0], tokenizer=loaded[1])
+    from mlx_lm.utils import _get_classes, load_model, load_tokenizer
+
+    def classes(config: dict[str, Any]) -> tuple[Any, Any]:
+        model_cls, args_cls = _get_classes(config=config)
+
+        def build(args: Any) -> Any:  # the family's own class; only this instance's sanitize wrapped
+            model = model_cls(args)
+            own = getattr(model, "sanitize", None)
+
+            def sanitize(weights: dict[str, Any]) -> dict[str, Any]:
+                kept = {k: v for k, v in weights.items() if not k.startswith(drop)}
+                return own(kept) if own is not None else kept
+
+            object.__setattr__(model, "sanitize", sanitize)
+            return model
+
+        return build, args_cls
+
+    model, cfg = load_model(p, get_model_classes=classes)
+    try:
+        object.__delattr__(model, "sanitize")
+    except AttributeError:
+        pass
+    tokenizer = load_tokenizer(p, None, eos_token_ids=cfg.get("eos_token_id", None))
     return LoadedModel(path=p, model=model, tokenizer=tokenizer)
 
 

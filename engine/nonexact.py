@@ -38,7 +38,6 @@ model loader to wrap every model it loads (:func:`from_env`).
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 import mlx.core as mx
@@ -141,15 +140,12 @@ def exact(model: Any) -> Any:
 
 
 def from_env(model: Any) -> Any:
-    """Wrap ``model`` when ``SPECPARITY_EMULATE_NONEXACT=SCALE[:SEED[:KV_SCALE]]`` is set."""
-    value = os.environ.get(ENV, "").strip()
-    if not value:
+    """Wrap ``model`` when ``SPECPARITY_EMULATE_NONEXACT=SCALE[:SEED[:KV_SCALE]]`` is set
+    (parsed by ``traces.env``: a malformed value is one line naming the variable)."""
+    from traces import env
+
+    parsed = env.get(ENV)
+    if parsed is None:
         return model
-    scale_s, _, rest = value.partition(":")
-    seed_s, _, kv_s = rest.partition(":")
-    try:
-        scale, seed, kv = float(scale_s), int(seed_s or 0), float(kv_s or 0)
-    except ValueError:
-        raise ValueError(f"{ENV}={value!r}: expected SCALE[:SEED[:KV_SCALE]], e.g. 0.01, 0.01:7 or "
-                         "0.01:7:0.001") from None
+    scale, seed, kv = parsed
     return emulate_nonexact(model, scale, seed, kv)

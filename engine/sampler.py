@@ -58,6 +58,13 @@ class ProcessorParams:
     history_prompt: str = "full"
 
     def __post_init__(self) -> None:
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if v is not None and not math.isfinite(v):  # nan/inf would reach the model's logits
+                raise ValueError(f"{name} must be a finite number, got {v}")
+        bias = [v for _, v in self.logit_bias]
+        if not all(math.isfinite(v) for v in bias):
+            raise ValueError(f"logit_bias values must be finite numbers, got {bias}")
         if self.repetition_penalty is not None and self.repetition_penalty < 0:
             raise ValueError(f"repetition_penalty must be >= 0, got {self.repetition_penalty}")
         for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):

@@ -57,7 +57,6 @@ such.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -101,7 +100,14 @@ __all__ = [
 # measured 0 on the CPU (engine and mlx-lm traces); GPU arithmetic differences are ~1e-4..1e-3.
 # SPECPARITY_WITNESS_TOL overrides it (e.g. on a backend whose kernels are not run-to-run
 # deterministic; the message of a declined witness says by how much the replay missed).
-CALIBRATION_TOL = float(os.environ.get("SPECPARITY_WITNESS_TOL", "1e-6"))
+CALIBRATION_TOL = 1e-6
+
+
+def calibration_tol() -> float:
+    """``SPECPARITY_WITNESS_TOL`` (``traces.env``; malformed: one line naming it) or :data:`CALIBRATION_TOL`."""
+    from traces import env
+
+    return float(env.get("SPECPARITY_WITNESS_TOL", CALIBRATION_TOL))
 
 ModelResolver = Callable[[dict[str, Any]], Any]
 """``resolve(trace_header) -> target model`` (an mlx-lm ``nn.Module``) or ``None``."""
@@ -625,7 +631,7 @@ def witness_flip(model: Any, a: Trace, b: Trace, flip: Flip,
     pa = evaluate_path(model, a, flip.a, "a", pipeline)
     pb = evaluate_path(model, b, flip.b, "b", pipeline)
     for p, t in ((pa, a), (pb, b)):
-        if p.calibration is not None and p.calibration > CALIBRATION_TOL:
+        if p.calibration is not None and p.calibration > calibration_tol():
             raise WitnessDeclined(
                 f"run {p.label.split()[0]}'s first record does not replay here (margins differ by "
                 f"{p.calibration:.3g} of the top logit): it ran on other arithmetic ({_platform(t)}, "
@@ -824,7 +830,7 @@ class VerifyPath:
                 "reference's verify path, invisible on a bit-exact backend)")
 
 
-def verify_path(model: Any, trace: Trace, max_rounds: int = 3, tol: float = CALIBRATION_TOL) -> VerifyPath:
+def verify_path(model: Any, trace: Trace, max_rounds: int = 3, tol: float | None = None) -> VerifyPath:
     """Replay ``trace``'s prefill and its first rounds that verified a draft, computing each
     window both ways on the same prefix — ONE batched forward over the window, and one
     one-token forward per window position — and say which the recorded margins match.
@@ -832,6 +838,7 @@ def verify_path(model: Any, trace: Trace, max_rounds: int = 3, tol: float = CALI
     Only rounds before the first rollback that dropped positions are judged (until then the
     cache holds the same bytes whichever path the run used); at most ``max_rounds`` of them.
     """
+    tol = calibration_tol() if tol is None else tol
     caches = _new_caches(model)
     kv = _kv(trace)
     _prefill(model, trace, caches)

@@ -104,11 +104,11 @@ def run_state(run_dir: Path) -> tuple[str, str]:
 
 
 def _load_json(path: Path, what: str) -> Any:
-    from traces.io import MAX_LINE_BYTES, regular_file
+    from traces.io import line_limit, regular_file
 
     try:
         # regular files of bounded size only: a FIFO named comparisons.json would block read_text
-        return json.loads(regular_file(path, max_bytes=64 * MAX_LINE_BYTES)
+        return json.loads(regular_file(path, max_bytes=64 * line_limit())
                           .read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{path}: not a valid {what} ({exc.__class__.__name__}: "

@@ -286,6 +286,7 @@ def source(text: str) -> str:
 _INT_PARSERS = ("positive_int", "nonneg_int", "seed", "max_tokens", "gamma", "kv_bits", "kv_group_size")
 _FLOAT_PARSERS = ("finite_float", "nonneg_float", "probability")
 _INT_LIST_PARSERS = ("positive_int_list", "token_id_list", "gamma_list")
+_OBJECT_PARSERS = ("conventions_block",)
 
 
 def check_value(parse: Callable[[str], Any], value: Any, where: str) -> Any:
@@ -300,6 +301,11 @@ def check_value(parse: Callable[[str], Any], value: Any, where: str) -> Any:
         UsageError: ``"<where>: <the flag's message>"``.
     """
     name = getattr(parse, "__name__", "")
+    if name in _OBJECT_PARSERS:  # a JSON object (a header block): the parser checks its shape
+        try:
+            return parse(value)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"{where}: {exc}") from None
     if name in _INT_LIST_PARSERS:
         if not isinstance(value, list | tuple) or not all(_is_int(x) for x in value):
             raise UsageError(f"{where}: expected a non-empty list of integers, got {value!r}")
@@ -453,6 +459,21 @@ def writable_dir(text: str) -> Path:
     return p
 
 
+writable_dir.output = "dir"  # type: ignore[attr-defined]  # a writing flag (specparity.outdir.WRITERS)
+
+
+def report_dir(text: str) -> Path:
+    """``report DIR``: an existing, readable and writable directory the report is written into
+    (beside the traces it holds; ``specparity.outdir.add_outputs``)."""
+    p = existing_dir(text)
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise _err(f"{text}: not writable (permission denied); the report is written into it")
+    return p
+
+
+report_dir.output = "beside"  # type: ignore[attr-defined]
+
+
 def writable_file(text: str) -> Path:
     """An output file path whose directory is (or can be made) writable; not a directory."""
     p = user_path(text)
@@ -523,20 +544,22 @@ def output_file(ours: Callable[[Path], bool], what: str) -> Callable[[str], Path
         return p
 
     parse.__name__ = f"{what} file"
+    parse.output = "file"  # type: ignore[attr-defined]  # a writing flag (specparity.outdir.WRITERS)
     return parse
 
 
 def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
-    """A local model directory whose ``config.json`` parses and whose safetensors are whole.
+    """A local model directory whose ``config.json`` parses and whose safetensors are whole
+    (``engine.models.check_model_dir``, with the flag's name on the line).
 
-    Reads only the safetensors headers (8-byte length + JSON), so a truncated
-    download or a corrupt file is one clear line here instead of a loader
-    traceback (or a segfault) later.
+    Reads only the safetensors headers (8-byte length + JSON; ``engine.models.check_weights``,
+    the check every loader path runs), so a truncated download, a corrupt or lying header, a
+    missing shard or a config beyond its weights is one clear line here naming the file and
+    the field, instead of a loader traceback (or a segfault, or minutes building) later.
 
     Raises:
         UsageError: naming the flag, the file and what is wrong with it.
     """
-    import json
 
     p = Path(path)
     if str(p).startswith("~"):
@@ -548,59 +571,19 @@ def check_model_dir(path: str | os.PathLike[str], flag: str = "model") -> Path:
     if not p.is_dir():
         raise UsageError(f"{flag} {p}: " + ("not a directory" if p.exists() else "no such directory"))
     cfg = p / "config.json"
-    if not cfg.exists():
+    if not (cfg.exists() or cfg.is_symlink()):
         raise UsageError(f"{flag} {p}: no config.json (not an mlx-lm model directory)")
-    from engine.models import ModelLoadError, check_model_files
+    from engine.models import ModelLoadError
+    from engine.models import check_model_dir as check
 
-    try:
-        check_model_files(p)  # FIFOs, devices, oversized configs: refused before any open()
+    try:  # the one check every loader path runs: files, config, headers, config vs weights
+        check(p)
     except ModelLoadError as exc:
-        raise UsageError(f"{flag} {exc}") from None
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UsageError(f"{flag} {cfg}: unreadable config.json ({exc}); re-download or rebuild the model") from None
-    from engine.models import check_config
-
-    try:
-        check_config(data, cfg)
-    except ModelLoadError as exc:
-        raise UsageError(f"{flag} {exc}") from None
-    for f in sorted(p.glob("*.safetensors")):
-        _check_safetensors(f, flag)
+        text = str(exc)
+        if text.startswith(f"{cfg}: unreadable"):
+            text += "; re-download or rebuild the model"
+        raise UsageError(f"{flag} {text}") from None
     return p
-
-
-def _check_safetensors(f: Path, flag: str) -> None:
-    import json
-
-    fix = "an incomplete download or a corrupt file; re-download or rebuild it"
-    try:
-        size = f.stat().st_size
-        with open(f, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise UsageError(f"{flag} {f}: truncated safetensors file ({size} bytes): {fix}")
-            n = int.from_bytes(head, "little")
-            if n > min(size - 8, 100 << 20):
-                raise UsageError(f"{flag} {f}: safetensors header length {n} exceeds the file: {fix}")
-            header = json.loads(fh.read(n))
-    except OSError as exc:
-        raise UsageError(f"{flag} {f}: cannot read ({exc.strerror})") from None
-    except (ValueError, RecursionError):
-        raise UsageError(f"{flag} {f}: unreadable safetensors header: {fix}") from None
-    if not isinstance(header, dict):
-        raise UsageError(f"{flag} {f}: unreadable safetensors header: {fix}")
-    end = 0
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        offs = t.get("data_offsets") if isinstance(t, dict) else None
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)):
-            raise UsageError(f"{flag} {f}: tensor {name!r} has no valid data_offsets: {fix}")
-        end = max(end, offs[1])
-    if 8 + n + end > size:
-        raise UsageError(f"{flag} {f}: truncated ({size} bytes, tensors need {8 + n + end}): {fix}")
 
 
 def model_dir(text: str) -> str:
@@ -630,6 +613,57 @@ def reasoning_end(text: str) -> str:
     return text
 
 
+def mtp_conventions(text: str) -> str:
+    """``--mtp-conventions NAME=VALUE,...``: each name a convention of
+    ``engine.sources.native_mtp.Conventions``, given once (a repeated name is refused, never
+    "last wins"), its value one of that convention's."""
+    from engine.sources.native_mtp import Conventions
+
+    items = [kv.strip() for kv in str(text).split(",")]
+    if not str(text).strip() or any(not kv for kv in items):
+        raise _err(f"expected NAME=VALUE[,NAME=VALUE...], got {text!r} (an empty item)")
+    bad = [kv for kv in items if "=" not in kv or not kv.split("=", 1)[1].strip()]
+    if bad:
+        raise _err(f"{bad[0]!r}: expected NAME=VALUE (e.g. hidden=pre-norm)")
+    names = [kv.split("=", 1)[0].strip().replace("-", "_") for kv in items]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise _err(f"{', '.join(dup)} given more than once in {text!r}; give each convention once")
+    try:
+        Conventions.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise _err(str(exc)) from None
+    return str(text)
+
+
+def conventions_block(value: Any) -> dict[str, Any]:
+    """A trace header's ``params.mtp_conventions`` object (``engine.sources.native_mtp.describe``),
+    checked as ``--mtp-conventions`` is: every convention known, each value one of its choices
+    (native JSON types), plus the checkpoint's ``family``, ``layout`` and ``depth_layers``."""
+    from engine.sources.native_mtp import FAMILY_DEFAULTS, Conventions
+
+    if not isinstance(value, dict):
+        raise _err(f"expected an object of conventions, got {value!r}")
+    described = {"family": tuple(FAMILY_DEFAULTS), "layout": ("layers", "mtp")}
+    for key, allowed in described.items():
+        if key in value and value[key] not in allowed:
+            raise _err(f"{key} {value[key]!r}; valid: {', '.join(allowed)}")
+    depth = value.get("depth_layers")
+    if depth is not None and (not _is_int(depth) or depth < 1 or depth > 64):
+        raise _err(f"depth_layers must be an integer in [1, 64], got {depth!r}")
+    try:
+        Conventions.parse({k: v for k, v in value.items() if k not in (*described, "depth_layers")})
+    except (TypeError, ValueError) as exc:
+        raise _err(str(exc)) from None
+    return value
+
+
+MAX_GRAMMAR_BYTES = 1 << 20
+"""A ``--grammar`` file above this is refused up front: the header of every trace made under
+it carries its text (``zoo.grammars``), and the trace validator refuses lines past
+``traces.io.line_limit()`` (4 MiB), escaping included."""
+
+
 def grammar_ref(text: str) -> str:
     """``--grammar``: a zoo grammar name, or a readable ``.json``/``.regex``/``.lark`` file that
     compiles as that kind of grammar text (resolved to an absolute path); else one line, exit 2."""
@@ -638,6 +672,11 @@ def grammar_ref(text: str) -> str:
     if text in GRAMMARS:
         return text
     p = readable_file(text)
+    size = p.stat().st_size
+    if size > MAX_GRAMMAR_BYTES:
+        raise _err(f"{text}: {size / (1 << 20):.1f} MiB; a grammar may be at most "
+                   f"{MAX_GRAMMAR_BYTES >> 20} MiB (every trace header carries its text so grade can "
+                   "re-run it, and a trace line is at most 4 MiB)")
     try:
         spec(str(p))
     except ValueError as exc:  # engine.grammar.GrammarError: suffix, unreadable, not a JSON object

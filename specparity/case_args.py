@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,22 @@ def case_from_args(args: argparse.Namespace) -> Any:
     )
 
 
+def check_grammars(cases: Sequence[Any]) -> None:
+    """Each (grammar, target) of ``cases`` compiled once before anything runs
+    (``specparity.runners.engine.compile_grammar``): a grammar the target's tokenizer cannot
+    compile, or one that admits no output, is one line (exit 2) here, not an error (or an empty
+    "success") in the middle of the run."""
+    from specparity.runners import case_paths, load_model
+    from specparity.runners.engine import compile_grammar
+
+    seen: set[tuple[str, str, str]] = set()
+    for c in cases:
+        if not c.grammar:
+            continue
+        tpath, _ = case_paths(c)
+        key = (c.grammar, getattr(c, "reasoning_end", ""), str(tpath))
+        if key in seen:
+            continue
+        seen.add(key)
+        target = load_model(str(tpath))
+        compile_grammar(c.grammar, target, tuple(c.eos_ids or target.eos_ids), key[1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -169,8 +168,9 @@ DISK_CACHE_MIN_BYTES = 64 << 20
 
 def digest_cache_dir() -> Path:
     """``$SPECPARITY_CACHE_DIR/digests`` (default ``~/.cache/specparity/digests``)."""
-    root = os.environ.get("SPECPARITY_CACHE_DIR") or Path.home() / ".cache" / "specparity"
-    return Path(root).expanduser() / "digests"
+    from traces import env
+
+    return Path(env.get("SPECPARITY_CACHE_DIR", Path.home() / ".cache" / "specparity")) / "digests"
 
 
 def cached_weights_digest(path: str | Path) -> str:

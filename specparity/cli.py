@@ -64,9 +64,19 @@ def _os_error(exc: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from traces import env
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("SPECPARITY_DEBUG") == "1"
+    debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
+    try:  # every SPECPARITY_* variable that is set, parsed before anything reads it (traces.env)
+        debug = debug or bool(env.get("SPECPARITY_DEBUG"))
+        env.check_all()
+    except env.EnvError as exc:
+        if debug:
+            raise
+        print(f"specparity: error: {exc}", file=sys.stderr)
+        return 2
     for i, arg in enumerate(argv):
         try:
             arg.encode("utf-8")

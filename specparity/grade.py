@@ -66,6 +66,45 @@ class Graded:
     def case_id(self) -> str:
         return self.key or str(self.trace.header["case_id"])
 
+    @property
+    def warm(self) -> bool:
+        """A warm prompt-cache request (``run --sessions``): its prefill reused a saved prefix."""
+        return reused_prefix(self.trace) > 0
+
+
+def reused_prefix(trace: Trace) -> int:
+    """Tokens a trace's prefill took from a saved prompt cache (its ``prompt_cache`` block;
+    0 for a cold request or a trace without one)."""
+    block = (trace.prefill or {}).get("prompt_cache")
+    if not isinstance(block, dict):
+        return 0
+    return max(int(block.get("target_reused") or 0), int(block.get("drafter_reused") or 0))
+
+
+def warm_as_cold(warm: Trace, cold: Trace, exact: bool = True) -> tuple[Trace, Trace]:
+    """The warm-vs-cold rules (``specparity.sessions.compare_records``): a warm request's prefill
+    legitimately prefills only the suffix (``target_tokens``/``drafter_tokens``) and says what it
+    reused (``prompt_cache``); everything else — every round, the cache digests after the prefill
+    and after each round, the footer — must equal the cold run's. Where the backend is not
+    bit-exact the arithmetic fields are left out (``engine.cache_compare.ARITHMETIC_FIELDS``)."""
+    from engine.cache_compare import ARITHMETIC_FIELDS
+
+    skip = set() if exact else set(ARITHMETIC_FIELDS)
+    like = cold.prefill or {}
+
+    def norm(t: Trace) -> Trace:
+        recs = []
+        for r in t.records():
+            r = {k: v for k, v in r.items() if k not in skip}
+            if r["type"] == "prefill":
+                r.pop("prompt_cache", None)
+                for k in ("target_tokens", "drafter_tokens"):
+                    r[k] = like.get(k)
+            recs.append(r)
+        return Trace.from_records(recs)
+
+    return norm(warm), norm(cold)
+
 
 def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: str) -> Path | None:
     if ref is None:
@@ -73,7 +112,11 @@ def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: 
     raw = str(ref.get("path") or "")
     if not raw:
         raise GradeError(f"{trace_path}: header {what}.path is empty")
-    cands = [Path(raw).expanduser(), trace_path.parent / raw, root / raw]
+    try:
+        first = Path(raw).expanduser()
+    except RuntimeError:  # ~nosuchuser (header_problems refuses it first)
+        raise GradeError(f"{trace_path}: header {what}.path {raw!r}: no such user") from None
+    cands = [first, trace_path.parent / raw, root / raw]
     if raw.startswith("zoo/"):
         import zoo
 
@@ -299,11 +342,62 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
                    ("params.quantized_kv_start", args.nonneg_int, p.get("quantized_kv_start", 5000))]
     if p.get("rotating", "guard") not in ("guard", "exact"):
         out.append(("header.params.rotating", f"expected \"guard\" or \"exact\", got {p['rotating']!r}"))
+    # the rest of what a re-run reads, through the validators of the flags that set it
+    if p.get("min_tokens") is not None:
+        checks.append(("params.min_tokens", args.nonneg_int, p["min_tokens"]))
+    if p.get("rng") is not None:
+        checks.append(("params.rng", args.rng_mode, p["rng"]))
+    if p.get("min_p") is not None:
+        checks.append(("params.min_p", args.probability, p["min_p"]))
+    if p.get("confidence_threshold") is not None:
+        checks.append(("params.confidence_threshold", args.finite_float, p["confidence_threshold"]))
+    if p.get("mtp_conventions") is not None:
+        checks.append(("params.mtp_conventions", args.conventions_block, p["mtp_conventions"]))
+    for i, seq in enumerate(p.get("stop_sequences") or ()):
+        checks.append((f"params.stop_sequences[{i}]", args.token_id_list, seq))
+    out += _grammar_problems(p.get("grammar"))
+    if p.get("logits_processors") is not None:
+        from engine.pipeline import processors_from_block
+
+        try:  # the validator a suite's `processors` and the processor flags' values go through
+            processors_from_block(p["logits_processors"])
+        except (TypeError, ValueError) as exc:
+            out.append(("header.params.logits_processors", str(exc)))
+    for role in ("target", "drafter"):
+        ref = header.get(role)
+        if isinstance(ref, dict) and isinstance(ref.get("path"), str) and ref["path"]:
+            checks.append((f"{role}.path", args.user_path, ref["path"]))
+    prompt_id = (header.get("prompt") or {}).get("id")
+    if prompt_id is not None and not isinstance(prompt_id, str | int):
+        out.append(("header.prompt.id", f"expected a string, got {prompt_id!r}"))
     for fld, parse, value in checks:
         try:
             args.check_value(parse, value, "")
         except args.UsageError as exc:
             out.append((f"header.{fld}", str(exc).removeprefix(": ")))
+    return out
+
+
+def _grammar_problems(block: Any) -> list[tuple[str, str]]:
+    """``params.grammar`` checked as ``--grammar``/``--reasoning-end`` check theirs."""
+    from specparity import args
+
+    if block is None:
+        return []
+    if not isinstance(block, dict):
+        return [("header.params.grammar", f"expected an object (kind, name, text, sha256), got {block!r}")]
+    out: list[tuple[str, str]] = []
+    if block.get("kind") not in ("json", "regex", "lark"):
+        out.append(("header.params.grammar.kind", f"expected \"json\", \"regex\" or \"lark\", got "
+                                                  f"{block.get('kind')!r}"))
+    for key in ("name", "text", "sha256"):
+        if block.get(key) is not None and not isinstance(block[key], str):
+            out.append((f"header.params.grammar.{key}", f"expected a string, got {block[key]!r}"))
+    if block.get("reasoning_end") is not None:
+        try:
+            args.check_value(args.reasoning_end, block["reasoning_end"], "")
+        except args.UsageError as exc:
+            out.append(("header.params.grammar.reasoning_end", str(exc).removeprefix(": ")))
     return out
 
 
@@ -393,6 +487,9 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
     by_job: dict[tuple[str, str], list[str]] = {}  # (runner, our case id) -> graded keys
     jobs: list[Job] = []
     for g in graded:
+        if g.warm:  # its cold re-run: compared with it by the warm-vs-cold rules, and with the references
+            jobs.append(("engine", g.case))
+            by_job.setdefault(("engine", g.case.case_id), []).append(f"{g.case_id}#cold")
         if g.case.drafter is not None:
             jobs.append(("engine", g.case.plain()))
             by_job.setdefault(("engine", g.case.plain().case_id), []).append(f"{g.case_id}#plain")
@@ -410,12 +507,13 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
             if kind == "refused":
                 refusals[(runner, cid)] = ReferenceRefused(runner, cid, payload)
                 continue
-            key = "plain" if cid.endswith("#plain") else runner
+            key = "plain" if cid.endswith("#plain") else COLD if cid.endswith("#cold") else runner
             if kind == "unsupported":  # the backend lacks an op: that comparison's verdict (issue 31)
                 result.unsupported[(key, cid)] = payload
                 continue
-            records = _relabel(payload, cid.removesuffix("#plain"))
-            path = track(out / "traces" / key / f"{_stem(cid.removesuffix('#plain'))}.jsonl")
+            bare = cid.removesuffix("#plain").removesuffix("#cold")
+            records = _relabel(payload, bare)
+            path = track(out / "traces" / key / f"{_stem(bare)}.jsonl")
             write_trace(path, records)
             result.traces[(key, cid)] = path
             traces[(key, cid)] = Trace.from_records(records)
@@ -431,6 +529,14 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
     witness = numerics_witness()  # judges a flip by replaying each run's path (engine/witness.py)
     for g in graded:
         eng = g.trace
+        if g.warm:
+            if (COLD, f"{g.case_id}#cold") in result.unsupported:
+                result.comparisons.append(unsupported_comparison(
+                    "warm-vs-cold", g.case_id, ["engine"], result.unsupported[(COLD, f"{g.case_id}#cold")]))
+                continue
+            cold = traces[(COLD, f"{g.case_id}#cold")]
+            result.comparisons.append(_warm_comparison(g, cold, witness))
+            eng = cold  # the references judge the cold run the warm one was found equal to
         for oracle in oracles:
             if not runner_supports(oracle, g.case):
                 continue
@@ -451,10 +557,32 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
         elif not any(runner_supports(o, g.case) for o in oracles):
             result.comparisons.append(not_compared(g.case, g.case_id))
     # the report reads OUT/traces/<runner>/: the plain re-runs are plain-mode traces
-    report_traces = {(k[0], k[1].removesuffix("#plain")): v for k, v in traces.items()}
+    report_traces = {(k[0], k[1].removesuffix("#plain").removesuffix("#cold")): v
+                     for k, v in traces.items()}
     result.wall_s = time.perf_counter() - t0
     finish(result, report_traces)
     return result
+
+
+COLD = "engine-cold"
+"""Where a warm trace's cold re-run goes (``OUT/traces/engine-cold/``)."""
+
+
+def _warm_comparison(g: Graded, cold: Trace, witness: Any) -> Comparison:
+    """``warm-vs-cold``: a warm prompt-cache trace against its cold re-run, by the warm-vs-cold
+    rules (:func:`warm_as_cold`); a flip the witness calls arithmetic is ``numerics`` (reported,
+    not failed, as the sessions report it off a bit-exact backend), anything else ``logic``."""
+    from engine.backend import arithmetic
+    from specparity.runners import case_paths, load_model
+
+    tpath, _ = case_paths(g.case)
+    exact = arithmetic(load_model(str(tpath)).model, None).exact
+    warm, c = warm_as_cold(g.trace, cold, exact=exact)
+    d = diff_traces(warm, c, level="round", witness=witness)
+    status = "numerics" if d is not None and d.klass == "numerics" else None
+    detail = (f"warm prompt-cache request (reused {reused_prefix(g.trace)} prompt tokens) vs its cold "
+              "re-run; the references are compared with the cold run")
+    return Comparison("warm-vs-cold", g.case_id, "round", d, status=status, detail=detail)
 
 
 def grade_main(args: argparse.Namespace) -> int:

@@ -20,9 +20,16 @@
     removed only once the new run completes. The last *finished* run is never
     lost: an unfinished run's files are dropped rather than replace a finished
     run already kept there.
-  * :func:`add_outputs` (``bench``, ``ab``, ``report``, ``regen --report``,
-    ``record --out``) writes named files into a directory that may hold anything
-    else; a file it would replace must be absent or listed.
+  * :func:`add_outputs` writes named files into a directory, listed as added:
+    with ``own_folder`` (``bench``, ``ab``, ``record --out``, ``regen --report``)
+    the folder is refused like a run's if it holds a file no specparity command
+    wrote; without (``report DIR``, ``grade --engine/--serve --out``: files
+    beside the folder's own) a file it would replace must be absent or listed.
+  * :func:`claim_output_file` owns one file (``--trace FILE``, ``audit --json
+    FILE``): a lock beside it, its content its marker (a trace, an audit JSON).
+
+  Every command that writes uses one of these three (``tests/test_hostile_outdir.py``
+  sweeps every writing flag of the CLI parser: :data:`WRITERS`).
 - Files are published with :func:`traces.io.atomic_write_text` /
   :func:`traces.io.atomic_write_json` (temp file, fsync, rename, mode
   ``0666 & ~umask``): never a 0-byte or partial file under a final name.
@@ -60,11 +67,13 @@ __all__ = [
     "Busy",
     "Claim",
     "DirLock",
+    "WRITERS",
     "add_outputs",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "claim_output_dir",
+    "claim_output_file",
     "claim_run_dir",
     "interrupt_notes",
     "note_interrupt",
@@ -73,12 +82,32 @@ __all__ = [
 ]
 
 LOCK_NAME = ".specparity.lock"
+FILE_LOCK = ".{}.specparity.lock"
+"""The lock of a single output file ``DIR/NAME`` (``--trace``, ``--json``): ``DIR/.NAME.specparity.lock``."""
 JOURNAL = ".specparity-run.files"
 """Append-only list of the files a command is writing (``F rel`` run output, ``A rel`` added)."""
 PREVIOUS = ".previous-run"
 """Where an earlier run's outputs wait until the new run completes (then removed)."""
 PROBE_PREFIX = ".specparity-probe-"
 BOOKKEEPING = frozenset({LOCK_NAME, RUN_MARKER, JOURNAL, PREVIOUS})
+
+WRITERS: dict[str, str] = {
+    "run --out": "run",  # claim_output_dir: run, run --sessions (a whole folder, one run)
+    "grade --out": "run",  # grade DIR: claim_output_dir (--engine/--serve: add_outputs beside)
+    "bench --out": "folder",  # add_outputs(own_folder=True)
+    "ab --out": "folder",
+    "record --out": "folder",
+    "regen --report": "folder",
+    "regen --golden-dir": "goldens",  # DirLock + only goldens and their manifest (commands/regen.py)
+    "report run_dir": "beside",  # add_outputs: report.md/.html/report_files beside the traces
+    "generate --trace": "file",  # claim_output_file
+    "record --trace": "file",
+    "audit --json": "file",
+}
+"""Every flag of the CLI that names where a command writes, and how it owns it (the scopes in
+the module doc). ``tests/test_hostile_outdir.py`` derives the writing flags from the CLI
+parser, checks they are exactly these, and plants a foreign file, a lock and an earlier run
+for each."""
 
 _NOTES: list[str] = []
 _ACTIVE: list[Claim] = []
@@ -134,9 +163,11 @@ class DirLock:
     """Exclusive, non-blocking lock on a directory (``DIR/.specparity.lock``)."""
 
     def __init__(self, directory: Path | str, command: str, *, flag: str = "--out",
-                 what: str = "output directory", run_id: str | None = None) -> None:
+                 what: str = "output directory", run_id: str | None = None,
+                 name: str = LOCK_NAME, shown: Path | None = None) -> None:
         self.directory = Path(directory)
-        self.path = self.directory / LOCK_NAME
+        self.path = self.directory / name
+        self.shown = shown if shown is not None else self.directory  # what the refusal names
         self.command, self.flag, self.what, self.run_id = command, flag, what, run_id
         self._fd: int | None = None
 
@@ -147,7 +178,7 @@ class DirLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise Busy(f"{self.flag} {self.directory}: another specparity process is writing "
+                raise Busy(f"{self.flag} {self.shown}: another specparity process is writing "
                            f"this {self.what} ({_describe_holder(self.path)}); wait for it to "
                            "finish or choose another directory") from None
             try:
@@ -533,14 +564,20 @@ claim_run_dir = claim_output_dir
 @contextlib.contextmanager
 def add_outputs(path: Path | str, command: str, *, flag: str = "--out",
                 what: str = "output directory", run_output: bool = False,
-                create: bool = True,
+                create: bool = True, own_folder: bool = False,
                 recognise: Callable[[Path], bool] | None = None) -> Iterator[Claim]:
-    """Write some named files into a directory that may hold anything else (locked).
+    """Write some named files into a directory (locked, listed in its marker).
 
-    Each file goes through :meth:`Claim.track`, which refuses one that exists
-    and that no specparity command wrote; the files are then listed in the
-    directory's marker (as the run's outputs with ``run_output``, e.g. a
-    rebuilt report; else as added outputs that a later run keeps).
+    ``own_folder`` (``bench``, ``ab``, ``record --out``, ``regen --report``: the
+    folder is the command's ``--out``): a folder holding any file no specparity
+    command wrote is refused in one line, as :func:`claim_output_dir` refuses it
+    (a run's folder is ours: the files are added beside the run's and a later run
+    keeps them). Without it (``report DIR``, ``grade --engine/--serve --out``:
+    files written beside what the folder holds), the folder may hold anything.
+    Either way each file goes through :meth:`Claim.track`, which refuses one that
+    exists and that no specparity command wrote; the files are then listed in the
+    directory's marker (as the run's outputs with ``run_output``, e.g. a rebuilt
+    report; else as added outputs that a later run keeps).
     """
     directory = prepare_dir(path, flag) if create else Path(path)
     if not create and not os.access(directory, os.W_OK | os.X_OK):
@@ -548,6 +585,13 @@ def add_outputs(path: Path | str, command: str, *, flag: str = "--out",
     with DirLock(directory, command, flag=flag, what=what):
         marker = _read_marker(directory)
         files, added = _listed(marker, directory)
+        if own_folder:
+            if _legacy(marker):  # an older specparity's run: its outputs recognised by content
+                everything = _foreign(directory, files | added, limit=1 << 62)
+                files |= {rel for rel in everything if run_output(directory, rel)}
+            foreign = _foreign(directory, files | added)
+            if foreign:
+                _refuse_foreign(directory, flag, foreign)
         new = marker is None
         if marker is None:
             marker = {"command": command, "state": "outputs", "files": [], "added": []}
@@ -565,6 +609,53 @@ def add_outputs(path: Path | str, command: str, *, flag: str = "--out",
                         (directory / JOURNAL).unlink(missing_ok=True)  # nothing of ours here
                     else:
                         claim.finish(None)
+
+
+def refuse_unowned_file(path: Path, flag: str, what: str, ours: Callable[[Path], bool]) -> None:
+    """One line (exit 2) if ``path`` is a non-empty regular file (a symlink's target counts)
+    that ``ours`` does not recognise as a ``what`` specparity wrote."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_size > 0 and not ours(path):
+        raise UsageError(f"{flag} {path}: exists and is not a {what} written by specparity; refusing "
+                         "to overwrite it: give a new file name")
+
+
+@contextlib.contextmanager
+def claim_output_file(path: Path | str, command: str, *, flag: str, what: str,
+                      ours: Callable[[Path], bool]) -> Iterator[Path]:
+    """Own one output file (``generate``/``record --trace FILE``, ``audit --json FILE``).
+
+    The same rules as a directory's, for one file: its lock is
+    ``DIR/.NAME.specparity.lock`` (:data:`FILE_LOCK`; a second writer of the same
+    file is refused naming the holder), its ownership marker is its own content (a
+    trace header, an audit's ``"kind": "audit"``): an existing file that is not
+    recognisably ours is refused in one line before any work and again when the
+    lock is taken (it may have appeared since), never overwritten. A symlink's
+    target is what is replaced (the link is kept); a device or FIFO
+    (``/dev/null``, ``/dev/stdout``) is written in place, with no lock.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise UsageError(f"{flag} {p}: cannot access ({exc.strerror})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{flag} {p}: is a directory; give a file path")
+        yield p  # a device or FIFO: written in place
+        return
+    real = p.resolve() if p.is_symlink() else p
+    refuse_unowned_file(p, flag, what, ours)
+    parent = real.parent  # writable: checked by the flag's type (specparity.args.writable_file)
+    parent.mkdir(parents=True, exist_ok=True)
+    with DirLock(parent, command, flag=flag, what=what, name=FILE_LOCK.format(real.name), shown=p):
+        refuse_unowned_file(p, flag, what, ours)
+        yield p
 
 
 def lock_dir(path: Path | str, command: str, *, flag: str, what: str) -> DirLock:

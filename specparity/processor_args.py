@@ -13,15 +13,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specparity.args import nonneg_int, positive_int, rng_mode
+from specparity.args import finite_float, nonneg_int, positive_int, rng_mode
 
 
 def _bias(text: str) -> tuple[tuple[int, float], ...]:
     try:
         pairs = [p.split("=") for p in text.split(",") if p.strip()]
-        out = tuple((int(t), float(v)) for t, v in pairs)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ID=BIAS[,ID=BIAS...], got {text!r}") from None
+        out = tuple((int(t), finite_float(v)) for t, v in pairs)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected ID=BIAS[,ID=BIAS...] with finite biases, got "
+                                         f"{text!r}") from None
     if not out:
         raise argparse.ArgumentTypeError(f"expected ID=BIAS[,ID=BIAS...], got {text!r}")
     return out
@@ -30,13 +31,13 @@ def _bias(text: str) -> tuple[tuple[int, float], ...]:
 def add_processor_arguments(g: argparse.ArgumentParser) -> None:
     """Add the processor flags to a command's parser."""
     p = g.add_argument_group("logits processors (mlx-lm make_logits_processors)")
-    p.add_argument("--repetition-penalty", type=float, default=None,
+    p.add_argument("--repetition-penalty", type=finite_float, default=None,
                    help="sign-aware multiplicative penalty on tokens in the last --repetition-context-size")
     p.add_argument("--repetition-context-size", type=positive_int, default=20)
-    p.add_argument("--presence-penalty", type=float, default=None,
+    p.add_argument("--presence-penalty", type=finite_float, default=None,
                    help="subtracted once from tokens present in the last --presence-context-size")
     p.add_argument("--presence-context-size", type=positive_int, default=20)
-    p.add_argument("--frequency-penalty", type=float, default=None,
+    p.add_argument("--frequency-penalty", type=finite_float, default=None,
                    help="subtracted per occurrence in the last --frequency-context-size")
     p.add_argument("--frequency-context-size", type=positive_int, default=20)
     p.add_argument("--logit-bias", type=_bias, default=(), metavar="ID=BIAS[,ID=BIAS...]",

@@ -11,7 +11,6 @@ interface as tqdm, so callers do not care which one they got.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, TextIO
@@ -32,8 +31,9 @@ class PlainProgress:
                  interval: float | None = None) -> None:
         self.total, self.desc, self.unit = total, desc, unit
         self.file = file if file is not None else sys.stderr
-        env = os.environ.get("SPECPARITY_PROGRESS_INTERVAL")
-        self.interval = interval if interval is not None else float(env) if env else 20.0
+        from traces import env
+
+        self.interval = interval if interval is not None else float(env.get("SPECPARITY_PROGRESS_INTERVAL"))
         self.n = 0
         self.t0 = self.last = time.monotonic()
         self._line()
@@ -81,7 +81,9 @@ class _Silent:
 def progress(total: int, desc: str, unit: str = "item", *, file: TextIO | None = None) -> Any:
     """A progress reporter for ``total`` units: tqdm on a TTY, plain lines otherwise."""
     stream = file if file is not None else sys.stderr
-    if os.environ.get("SPECPARITY_PROGRESS", "1") == "0":
+    from traces import env
+
+    if not env.get("SPECPARITY_PROGRESS"):
         return _Silent()
     isatty = getattr(stream, "isatty", lambda: False)
     if isatty():

@@ -88,7 +88,8 @@ def read_prompts_file(path: str | Path) -> list[Prompt]:
             if line.strip():
                 out.append(_jsonl_prompt(f"{p}:{n}", line))
     else:
-        out = [Prompt(f"line-{n}", text=line) for n, line in enumerate(lines, 1) if line.strip()]
+        out = [Prompt(f"line-{n}", text=_no_nul(f"{p}:{n}", line)) for n, line in enumerate(lines, 1)
+               if line.strip()]
     seen: dict[str, int] = {}
     for i, pr in enumerate(out):
         if pr.id in seen:
@@ -122,6 +123,16 @@ def _jsonl_prompt(where: str, line: str) -> Prompt:
     return _prompt_object(where, obj)
 
 
+def _no_nul(where: str, text: str) -> str:
+    """``text``, refused in one line naming the place if it holds a NUL (a binary file read as
+    text, or a NUL a tokenizer would encode as a control token)."""
+    i = text.find("\x00")
+    if i >= 0:
+        raise PromptError(f"{where}: a NUL byte (\\x00) at character {i + 1}; prompts are text: remove "
+                          "it (or give the prompt as token_ids)")
+    return text
+
+
 def _prompt_object(where: str, obj: Any) -> Prompt:
     if not isinstance(obj, dict):
         raise PromptError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -129,15 +140,15 @@ def _prompt_object(where: str, obj: Any) -> Prompt:
     if extra:
         raise PromptError(f"{where}: unknown key(s) {sorted(extra)}; expected id and text or token_ids")
     pid = obj.get("id")
-    if not isinstance(pid, str) or not pid or any(c in pid for c in "/\\\n") or pid in (".", ".."):
-        raise PromptError(f"{where}: 'id' must be a non-empty string without '/', got {pid!r}")
+    if not isinstance(pid, str) or not pid or any(c in pid for c in "/\\\n\x00") or pid in (".", ".."):
+        raise PromptError(f"{where}: 'id' must be a non-empty string without '/' or NUL, got {pid!r}")
     has_text, has_ids = "text" in obj, "token_ids" in obj
     if has_text == has_ids:
         raise PromptError(f"{where}: give exactly one of 'text' or 'token_ids'")
     if has_text:
         if not isinstance(obj["text"], str) or not obj["text"]:
             raise PromptError(f"{where}: 'text' must be a non-empty string")
-        return Prompt(pid, text=obj["text"])
+        return Prompt(pid, text=_no_nul(f"{where}: prompt {pid!r}", obj["text"]))
     ids = obj["token_ids"]
     if (not isinstance(ids, list) or not ids
             or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):

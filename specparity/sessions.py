@@ -485,9 +485,10 @@ def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]
             tokenizer_sha256=zoo.tokenizer_digest() if c.on_zoo else tokenizer_digest(tpath),
             params=case_params(c, p.prefill),  # None: the kind's own convention, as the run's
             prompt_id=c.prompt_id, prompt_ids=prompt, eos_ids=list(p.eos_ids))
-        where = trace_dir / _label(case).replace("/", "__") / name
-        where.mkdir(parents=True, exist_ok=True)
-        write_trace(where / f"r{i}-{kind}.jsonl", [header, *records])
+        from specparity.outdir import track
+
+        path = track(trace_dir / _label(case).replace("/", "__") / name / f"r{i}-{kind}.jsonl")
+        write_trace(path, [header, *records])
 
     return write
 
@@ -526,6 +527,54 @@ def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = Non
             out.append(run_session(target.model, make, name, ids[0], ids[1:], params, label=label,
                                    on_request=writer, plain=plain))
     return out
+
+
+def request_reach(kinds: Sequence[str], first_len: int, max_tokens: int) -> list[int]:
+    """Per request of a session: the most tokens its prompt plus its budget can take (each
+    request's budget is ``max_tokens + i``, :func:`run_session`; a follow-up's prompt holds the
+    earlier prompt, all its output and a turn of :data:`TURN_TOKENS`)."""
+    length, out = first_len, []
+    for i, kind in enumerate(kinds):
+        if i:
+            prev_out = max_tokens + i - 1
+            length = {"follow-up": length + prev_out + TURN_TOKENS, "continue": length + prev_out,
+                      "regenerate": length, "prefix": max(2, length * 2 // 3),
+                      "shared-prefix": max(1, length // 2) + TURN_TOKENS}[kind]
+        out.append(length + max_tokens + i)
+    return out
+
+
+def check_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) -> None:
+    """Refuse (one line, before any model loads) what the sessions cannot honour: a grammar
+    (a constrained request's grammar state is not part of a saved prompt cache) and a session
+    whose follow-ups could run past the target's context (each follow-up's prompt holds the
+    earlier outputs: :func:`request_reach`)."""
+    from specparity.prompts import _config, model_limits
+    from specparity.runners import case_paths
+
+    if any(c.grammar for c in cases):
+        raise ValueError("--sessions: prompt-cache sessions do not run grammar-constrained requests "
+                         "(the grammar state is not saved with the cache): drop --grammar (or the "
+                         "suite's grammar)")
+    groups: dict[tuple[Any, ...], list[Case]] = {}
+    for c in cases:
+        if c.drafter is not None:
+            groups.setdefault(_group_key(c), []).append(c)
+    for group in groups.values():
+        c0 = group[0]
+        _, ctx = model_limits(_config(case_paths(c0)[0]))
+        if ctx is None:
+            continue
+        first = len(_prompt_ids(c0))
+        for name in names or SESSIONS:
+            reach = request_reach(SESSIONS[name], first, c0.max_tokens)
+            i = next((j for j, r in enumerate(reach) if r > ctx), None)
+            if i is not None:
+                raise ValueError(
+                    f"--sessions: session {name!r} of {_label(c0)}: request {i} ({SESSIONS[name][i]}) can "
+                    f"reach {reach[i]} tokens (a {first}-token first prompt, then the earlier outputs and "
+                    f"turns, --max-tokens {c0.max_tokens} + {i}), past the target's context of {ctx}: "
+                    "lower --max-tokens or use a shorter prompt")
 
 
 def _prompt_ids(c: Case) -> list[int]:
@@ -819,8 +868,10 @@ def write(out_dir: Path, verdicts: Sequence[SessionVerdict],
             "reference": list(reference)}
     if any(v.plain is not None for v in verdicts):
         data["paired"] = paired_summary(verdicts)
-    atomic_write_text(out_dir / "sessions.json", json.dumps(data, indent=1) + "\n")
-    atomic_write_text(out_dir / "sessions.md", text)
+    from specparity.outdir import track  # listed in --out's marker before it is written
+
+    atomic_write_text(track(out_dir / "sessions.json"), json.dumps(data, indent=1) + "\n")
+    atomic_write_text(track(out_dir / "sessions.md"), text)
     return text
 
 
@@ -859,7 +910,8 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
                                                                  for v in verdicts) else 1
 
 
-__all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "compare_records", "main_sessions",
+__all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "check_sessions", "compare_records",
+           "main_sessions", "request_reach",
            "next_prompt", "paired_ratio", "paired_summary", "reference_sessions", "run_session",
            "sessions_from_cases", "summary", "ttft_cells", "zoo_session_cases"]
 

@@ -11,7 +11,8 @@ Where each class is planted: command lines ``test_hostile_cli_args.py``; prompts
 suites ``test_hostile_prompts_and_suites.py``; model directories ``test_hostile_model_dirs.py``;
 traces and run folders ``test_hostile_traces.py``; output destinations
 ``test_hostile_outdir.py``; a full disk and signals ``test_hostile_interrupts.py``; the
-environment ``test_hostile_env.py``. The runtime sweeps (every flag of every command, every
+environment ``test_hostile_env.py``; the harness's own outputs as input
+``test_hostile_own_outputs.py``. The runtime sweeps (every flag of every command, every
 ``run`` flag, every suite key) count their inputs as they run.
 """
 
@@ -166,3 +167,85 @@ def test_output_safety_catalogue_counts() -> None:
     counts = {k: len(v) for k, v in OUTPUT_SAFETY.items()}
     print("output safety:", counts, "total", sum(counts.values()))
     assert sum(counts.values()) >= 50, counts
+
+
+# Round three (issue 35): the new surfaces (sessions, grammar, checkpoint headers, the
+# environment) and the harness's own outputs as input.
+ROUND_THREE: dict[str, list[str]] = {
+    "every writer owns its destination (test_hostile_outdir.py, the sweep from the CLI parser)": [
+        "a writing flag without an output type fails the sweep", "run --sessions --out DIR with a user's file",
+        "run --sessions into a finished run's folder: set aside, every file listed, the next run takes it",
+        "x each writer (run, run --sessions x2, grade, bench, ab, record --out, regen --report, "
+        "regen --golden-dir, report, generate --trace, record --trace, audit --json): a foreign file, "
+        "a held lock, its files listed after, a plain run into the folder after",
+    ],
+    "header params through the flags' validators (test_hostile_traces.py)": [
+        "mtp_conventions bad value", "mtp_conventions unknown name", "mtp_conventions a string",
+        "grammar.reasoning_end empty", "grammar.reasoning_end 300 chars", "grammar.kind unknown",
+        "grammar a list", "min_tokens -1", "min_tokens a string", "rng unknown", "min_p 2",
+        "confidence_threshold a string", "logits_processors negative", "logits_processors bias inf",
+        "stop_sequences negative id", "target.path ~nosuchuser", "grade FILE (exit 2)",
+        "grade a missing folder", "grade ~nosuchuser",
+    ],
+    "checkpoints that lie (test_hostile_model_dirs.py)": [
+        "offsets disagree with the shape", "negative offset", "negative shape", "unknown dtype",
+        "offsets not a pair", "overlapping tensors", "quantization a string", "quantization a list",
+        "quantization.bits 0", "quantization without group_size", "quantization_config a number",
+        "vocab_size 10^9", "hidden_size 10^6", "num_hidden_layers 10^6 (refused at once)",
+        "a shard the index names but the folder lacks", "an index shard outside the folder",
+        "config.json a symlink loop", "config.json a dangling symlink", "config.json nested 100000 deep",
+        "a DeepSeek-style native-MTP checkpoint as the user's own target (loads as its trunk)",
+    ],
+    "the environment (test_hostile_env.py)": [
+        "every declared SPECPARITY_* variable malformed (counted at run time)",
+        "SPECPARITY_ZOO_DIR ~nosuchuser", "SPECPARITY_ZOO_DIR a file / under a file",
+        "SPECPARITY_PROGRESS_INTERVAL inf / -1", "SPECPARITY_MAX_LINE_BYTES 0 / 1e9",
+        "SPECPARITY_EMULATE_NONEXACT nan / -0.1", "no SPECPARITY_* read outside traces/env.py",
+    ],
+    "flags honoured in every mode or refused (test_hostile_cli_args.py)": [
+        "every run flag on the zoo --sessions and user --sessions paths",
+        "run --sessions --grammar", "a sessions suite with a grammar",
+        "run --sessions follow-ups past the context (zoo, and a 1500-token prompt)",
+        "run --sessions --max-cases on the zoo", "--seed, --temps, --max-tokens reach the fill cases",
+        "--mtp-conventions a name twice", "--mtp-conventions an empty item", "--mtp-conventions unknown name",
+        "--repetition-penalty nan", "--presence-penalty inf", "--logit-bias 5=nan", "diff --eps nan",
+        "generate/record --kv-group-size the head dim rejects (before any token)",
+    ],
+    "input files (test_hostile_prompts_and_suites.py)": [
+        "NUL in a text line", "NUL in a JSONL text", "NUL in a JSON array text", "NUL in a prompt id",
+        "suite processors rpnanc20 / ppinf / fp-infc4 / lb5=nan / lb5=inf,6=1",
+        "a 5 MB grammar (generate, suite)", "a trace line past the validator's limit (writer)",
+        "a grammar admitting only the empty output (generate, run, record)",
+    ],
+    "the harness's own outputs (test_hostile_own_outputs.py)": [
+        "run engine spec / plain", "generate two-model / plain / ngram / sampled / processors / "
+        "min-tokens+rng / grammar / kv / native-mtp (own target) / conventions / dspark / mtp head",
+        "record --runner mlx_lm", "run --sessions warm and cold traces", "a warm trace's prefill digest tampered",
+        "a warm trace's round tampered", "no fill traces written",
+    ],
+}
+
+
+def test_round_three_catalogue_counts() -> None:
+    counts = {k: len(v) for k, v in ROUND_THREE.items()}
+    print("round three:", counts, "total", sum(counts.values()))
+    assert sum(counts.values()) >= 75, counts
+
+
+def test_robustness_doc_names_tests_that_exist() -> None:
+    """docs/robustness.md's promise table names its tests as ``module::test``: each exists."""
+    import re
+
+    from tests.helpers import ROOT
+
+    doc = (ROOT / "docs" / "robustness.md").read_text(encoding="utf-8")
+    table = doc[doc.index("## Promises per command"):]
+    named = set(re.findall(r"`(\w+)::(test_\w+)`", table))
+    assert len(named) >= 30, named
+    missing = []
+    for module, test in sorted(named):
+        text = (ROOT / "tests" / f"test_hostile_{module}.py").read_text(encoding="utf-8")
+        if f"def {test}(" not in text:
+            missing.append(f"{module}::{test}")
+    assert not missing, missing
+    assert "outdir::sweep" in table

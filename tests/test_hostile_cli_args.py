@@ -54,6 +54,9 @@ FLAG_CASES: list[tuple[list[str], str]] = [
      "--seed"),
     (["audit", "--gamma", "-2"], "--gamma"),
     (["run", "--temps", "5,,6"], "empty item"),
+    (["diff", "a", "b", "--eps", "nan"], "--eps"),
+    (["record", "--runner", "engine", "--target", str(zoo.pair("llama", "twin")[0]), "--prompt-ids", "5",
+      "--trace", "t.jsonl", "--out", "d"], "--trace FILE and --out DIR"),
 ]
 
 
@@ -73,6 +76,14 @@ GEN_FLAGS = [
     (["--prompt-ids", "5,6", "--temp", "nan"], ""),
     (["--prompt-ids", "5,6", "--top-p", "nan"], ""),
     (["--prompt-ids", "5,5000"], "5000"),
+    # issue 35: repeated conventions ("last wins") and non-finite processor values
+    (["--prompt-ids", "5,6", "--mtp-conventions", "hidden=pre-norm,hidden=post-norm"],
+     "hidden given more than once"),
+    (["--prompt-ids", "5,6", "--mtp-conventions", "depth=chain,,trim=rebuild"], "--mtp-conventions"),
+    (["--prompt-ids", "5,6", "--mtp-conventions", "warp=9"], "unknown convention"),
+    (["--prompt-ids", "5,6", "--repetition-penalty", "nan"], "--repetition-penalty"),
+    (["--prompt-ids", "5,6", "--presence-penalty", "inf"], "--presence-penalty"),
+    (["--prompt-ids", "5,6", "--logit-bias", "5=nan"], "--logit-bias"),
 ]
 
 
@@ -292,10 +303,14 @@ def test_every_run_flag_is_honoured_or_refused(zoo_pair: tuple[Path, Path], tmp_
     suite.write_text('gammas = [1]\n[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
     subst = {"OUT2": str(tmp_path / "out2"), "TARGET": str(zoo.model_dir("qwen3")),
              "DRAFT": str(zoo.model_dir("llama-small")), "PROMPTS": str(prompts2), "SUITE": str(suite)}
+    user = ["--target", str(zoo_pair[0]), "--draft", str(zoo_pair[1]), "--prompts-file", str(prompts),
+            "--gammas", "1"]
     paths = {
         "zoo": ["--targets", "llama", "--drafters", "twin", "--prompts", "1", "--gammas", "1"],
-        "user": ["--target", str(zoo_pair[0]), "--draft", str(zoo_pair[1]), "--prompts-file", str(prompts),
-                 "--gammas", "1"],
+        "user": user,
+        # the prompt-cache sessions (issue 35: --grammar was dropped there, --max-tokens ran past the context)
+        "zoo --sessions": ["--sessions", "--targets", "llama"],
+        "user --sessions": [*user, "--sessions"],
     }
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     flags = [a for a in sub.choices["run"]._actions if a.option_strings]
@@ -323,6 +338,8 @@ def test_every_run_flag_is_honoured_or_refused(zoo_pair: tuple[Path, Path], tmp_
         for flag, values in RUN_FLAG_VALUES.items():
             job0 = call([*base, *CONDITIONAL[flag]])[2] if flag in CONDITIONAL else plain_job0
             for value in values or [None]:
+                if value is None and flag in base:
+                    continue  # the path's own mode switch (--sessions)
                 argv = [*base, *CONDITIONAL.get(flag, [])]
                 if flag in argv:  # replace the baseline's value
                     i = argv.index(flag)
@@ -421,3 +438,74 @@ def test_seed_and_home_paths_are_one_line(zoo_pair: tuple[Path, Path], argv: lis
     assert rc == 2, err
     one_error(err, flag)
     assert not Path("~nosuchuser-23").exists(), "no literal '~user' directory created"
+
+
+def test_sessions_refuse_what_they_cannot_honour(zoo_pair: tuple[Path, Path], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 captured: list[dict[str, Any]]) -> None:
+    """Before: ``run --sessions`` dropped ``--grammar`` without a word and ran follow-ups past the
+    target's context (each follow-up's prompt holds the earlier outputs)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [5, 6, 7]}\n')
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"id": "long", "token_ids": [' + ",".join(["5"] * 1500) + "]}\n")
+    suite = tmp_path / "s.toml"
+    suite.write_text('sessions = true\ngrammar = "lark-list"\n[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    user = ["--target", zoo_pair[0], "--draft", zoo_pair[1], "--gammas", "1"]
+    for argv, must in (
+            ([*user, "--prompts-file", prompts, "--grammar", "lark-list"], ["--sessions", "--grammar"]),
+            (["--suite", suite], ["--sessions", "grammar"]),
+            (["--targets", "llama", "--max-tokens", "1000"], ["multi-turn", "context of 2048", "--max-tokens"]),
+            ([*user, "--prompts-file", long, "--max-tokens", "200"], ["1500-token", "context of 2048"])):
+        rc, _, err = cli(["run", "--sessions", *argv, "--out", tmp_path / "o"], capsys)
+        refused(rc, err, *must)
+    assert not captured and not (tmp_path / "o").exists()
+
+
+def test_sessions_context_bound_is_the_worst_case() -> None:
+    """The bound is what the requests can take: the prompt plus every earlier output and turn."""
+    from specparity.sessions import SESSIONS, TURN_TOKENS, request_reach
+
+    reach = request_reach(SESSIONS["multi-turn"], 10, 4)
+    assert reach == [10 + 4, 10 + 4 + TURN_TOKENS + 5, 10 + 4 + TURN_TOKENS + 5 + TURN_TOKENS + 6]
+    assert request_reach(SESSIONS["prefix"], 30, 4)[1] == 20 + 5
+
+
+# What the zoo matrix's fill cases (zoo/fill.py, §7) take of the run's flags, and why the others
+# do not apply to them: the fill cases are their own requests, on the fill zoo's own models and
+# prompts, greedy (an identity comparison with plain decode) or sampled at --temps (the §7
+# behaviour-policy report, never compared token for token).
+FILL_FLAGS = {"--temps": "0,0.5", "--seed": "4", "--max-tokens": "6"}
+
+
+def test_fill_cases_take_the_run_sampling_flags(capsys: pytest.CaptureFixture[str],
+                                               captured: list[dict[str, Any]]) -> None:
+    """Before: ``--seed`` was not applied to the fill cases."""
+    args = [a for kv in FILL_FLAGS.items() for a in kv]
+    rc, _, err = cli(["run", *args], capsys)
+    assert rc == 1 and "JobStarted" in err, err
+    fill = captured[0]["fill_cases"]
+    assert fill and {c.temperature for c in fill} == {0.0, 0.5}
+    assert {c.seed for c in fill} == {4} and {c.max_tokens for c in fill} == {6}
+    def fill(argv: list[str]) -> list[Any]:
+        captured.clear()
+        cli(["run", *argv], capsys)
+        return list(captured[0]["fill_cases"])
+
+    for flag, (without, given) in {  # each flag alone, over a baseline it can apply to
+            "--temps": ([], ["--temps", "0,0.5"]),
+            "--seed": (["--temps", "0,0.5"], ["--temps", "0,0.5", "--seed", "4"]),
+            "--max-tokens": ([], ["--max-tokens", "6"])}.items():
+        assert fill(without) != fill(given), f"{flag} does not reach the fill cases"
+
+
+def test_generate_refuses_a_kv_group_size_before_generating(zoo_pair: tuple[Path, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``generate`` streamed tokens up to --quantized-kv-start, then failed (``run``
+    refused the same case up front)."""
+    trace = tmp_path / "t.jsonl"
+    for cmd in (["generate"], ["record", "--runner", "mlx_lm"]):
+        rc, out, err = cli([*cmd, "--target", zoo_pair[0], "--prompt-ids", "5,6", "-n", "8", "--kv-bits", "4",
+                            "--kv-group-size", "64", "--quantized-kv-start", "3", "--trace", trace], capsys)
+        refused(rc, err, "--kv-group-size 64", "head dim 16")
+        assert out == "" and not trace.exists()

@@ -245,21 +245,26 @@ def _a_subject() -> str:
     return next(iter(SUBJECTS))
 
 
-@pytest.mark.parametrize("argv,name", [
-    (["bench", "--out", "{d}"], "bench.json"),
-    (["grade", "--engine", "{subject}", "--out", "{d}"], "{subject}.json"),
-    (["grade", "--engine", "{subject}", "--out", "{d}"], "scoreboard.md"),
-    (["grade", "--serve", "fake", "--model", "llama", "--out", "{d}"], "scoreboard.html"),
+FOLDER = "no specparity command wrote"  # an --out the command owns: the folder is refused
+BESIDE = "not written by specparity"  # files written beside others: the one file is refused
+
+
+@pytest.mark.parametrize("argv,name,msg", [
+    (["bench", "--out", "{d}"], "bench.json", FOLDER),
+    (["grade", "--engine", "{subject}", "--out", "{d}"], "{subject}.json", BESIDE),
+    (["grade", "--engine", "{subject}", "--out", "{d}"], "scoreboard.md", BESIDE),
+    (["grade", "--serve", "fake", "--model", "llama", "--out", "{d}"], "scoreboard.html", BESIDE),
     (["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
-     "manifest.json"),
+     "manifest.json", "not goldens"),
     (["regen", "--case", "nothing-matches", "--golden-dir", "{d}", "--report", "{d}/rep"],
-     "engine/.x.tmp"),
-    (["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"], "ab.md"),
-    (["regen", "--case", "nothing-matches", "--report", "{d}"], "drift.md"),
+     "engine/.x.tmp", "not goldens"),
+    (["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"], "ab.md",
+     FOLDER),
+    (["regen", "--case", "nothing-matches", "--report", "{d}"], "drift.md", FOLDER),
 ], ids=["bench", "grade --engine NAME.json", "grade --engine scoreboard.md",
          "grade --serve scoreboard.html",
          "regen --golden-dir manifest.json", "regen --golden-dir .x.tmp", "ab", "regen --report"])
-def test_named_outputs_never_overwrite_user_files(tmp_path: Path, argv: list[str], name: str,
+def test_named_outputs_never_overwrite_user_files(tmp_path: Path, argv: list[str], name: str, msg: str,
                                                   capsys: pytest.CaptureFixture[str],
                                                   no_jobs: None) -> None:
     d = tmp_path / "out"
@@ -268,7 +273,7 @@ def test_named_outputs_never_overwrite_user_files(tmp_path: Path, argv: list[str
     rc, out, err = cli([a.replace("{d}", str(d)).replace("{subject}", _a_subject())
                         for a in argv], capsys)
     assert rc == 2, err
-    one_error(err, name, "not written by specparity" if "--golden-dir" not in argv else "not goldens")
+    one_error(err, name, msg)
     assert snapshot(d) == before
     assert not (d / ".specparity.lock").exists(), "lock released"
 
@@ -287,7 +292,7 @@ def test_record_out_never_overwrites_user_files(zoo_pair: tuple[Path, Path], tmp
     before = snapshot(user)
     rc, _, err = cli([*argv[:-1], user], capsys)
     assert rc == 2, err
-    one_error(err, trace.name, "not written by specparity")
+    one_error(err, trace.name, FOLDER)
     assert snapshot(user) == before
 
 
@@ -353,3 +358,216 @@ def test_files_added_to_a_run_dir_survive_the_next_run(tiny_run: Path, tmp_path:
     assert rc == 0, err
     assert (d / "ab.md").read_text() == "# A/B\n"
     assert "ab.md" in json.loads((d / ".specparity-run.json").read_text())["added"]
+
+
+# ------------------------------------------------------------------ every writer, from the parser
+
+NOT_WRITERS = {"grade dir": "the traces it grades (read, never written)", "regen --accept": "a switch"}
+"""Flags whose name looks like an output but that write nothing (the sweep's only exceptions)."""
+_OUTPUTISH = r"out|report|json|trace|golden|dump|save|write|dir"
+_SCOPES = {"dir": ("run", "folder", "goldens"), "file": ("file",), "beside": ("beside",)}
+
+
+def writing_flags() -> dict[str, str]:
+    """``"command flag"`` -> its type's output kind (``dir``/``file``/``beside``) for every flag
+    of the CLI parser that names where a command writes; ``UNDECLARED`` for a flag whose name
+    says output but whose type is not one of ``specparity.args``' output types."""
+    import argparse
+    import re
+
+    from specparity.cli import build_parser
+
+    found: dict[str, str] = {}
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> None:
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, [*prefix, name])
+                continue
+            if isinstance(a, argparse._HelpAction):
+                continue
+            key = " ".join([*prefix, a.option_strings[-1] if a.option_strings else a.dest])
+            kind = getattr(a.type, "output", None)
+            if kind is not None:
+                found[key] = kind
+            elif re.search(_OUTPUTISH, f"{' '.join(a.option_strings)} {a.dest}", re.I) \
+                    and key not in NOT_WRITERS:
+                found[key] = "UNDECLARED"
+
+    walk(build_parser(), [])
+    return found
+
+
+def test_every_writing_flag_uses_the_ownership_mechanism() -> None:
+    """A new flag that writes must take one of the output types and be declared in
+    ``specparity.outdir.WRITERS`` (then the sweeps below plant its inputs)."""
+    from specparity.outdir import WRITERS
+
+    found = writing_flags()
+    undeclared = sorted(k for k, v in found.items() if v == "UNDECLARED")
+    assert not undeclared, f"{undeclared}: give these an output type (specparity.args) or list them in NOT_WRITERS"
+    assert set(found) == set(WRITERS), (sorted(set(found) ^ set(WRITERS)))
+    for key, kind in found.items():
+        assert WRITERS[key] in _SCOPES[kind], (key, kind, WRITERS[key])
+    assert set(SWEEP_WRITERS) == set(WRITERS), sorted(set(WRITERS) - set(SWEEP_WRITERS))
+
+
+SESSIONS_SUITE = """sessions = ["prefix"]
+gammas = [2]
+max_tokens = 4
+zoo_prompts = 2
+[[pair]]
+target = "llama"
+drafter = "twin"
+"""
+
+
+def sweep(zoo_pair: tuple[Path, Path], tiny_run: Path, tmp: Path) -> list[tuple[str, str, list[Any]]]:
+    """``(writer, id, argv)``: every writing flag in every mode, small and fast; ``{d}`` the
+    destination (a folder, or a file for the ``file`` writers)."""
+    t = zoo_pair[0]
+    suite = tmp / "sessions.toml"
+    suite.write_text(SESSIONS_SUITE)
+    gen = ["--target", t, "--prompt-ids", "5,6", "-n", "4"]
+    return [
+        ("run --out", "run", [*RUN_TINY, "--out", "{d}"]),
+        ("run --out", "run --sessions (suite)", ["run", "--suite", suite, "--out", "{d}"]),
+        ("run --out", "run --sessions (zoo)", ["run", "--sessions", "--targets", "llama", "--max-tokens",
+                                               "4", "--out", "{d}"]),
+        ("grade --out", "grade", ["grade", tiny_run / "traces" / "engine", "--runners", "", "--out", "{d}"]),
+        ("bench --out", "bench", ["bench", "--prompts", "1", "--repeats", "1", "--max-tokens", "4",
+                                  "--out", "{d}"]),
+        ("ab --out", "ab", ["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin",
+                            "--prompts", "2", "--allow-small", "--max-tokens", "4", "--out", "{d}"]),
+        ("record --out", "record --out", ["record", "--runner", "engine", *gen, "--out", "{d}"]),
+        ("regen --report", "regen --report", ["regen", "--case", "nothing-matches", "--report", "{d}"]),
+        ("regen --golden-dir", "regen --golden-dir", ["regen", "--case", "nothing-matches", "--golden-dir",
+                                                      "{d}", "--report", tmp / "drift"]),
+        ("report run_dir", "report", ["report", "{d}"]),
+        ("generate --trace", "generate --trace", ["generate", *gen, "--trace", "{d}"]),
+        ("record --trace", "record --trace", ["record", "--runner", "engine", *gen, "--trace", "{d}"]),
+        ("audit --json", "audit --json", ["audit", "--targets", "llama", "--prompts", "1", "--max-tokens",
+                                          "4", "--json", "{d}"]),
+    ]
+
+
+SWEEP_WRITERS = ("run --out", "grade --out", "bench --out", "ab --out", "record --out", "regen --report",
+                 "regen --golden-dir", "report run_dir", "generate --trace", "record --trace",
+                 "audit --json")
+SWEEP_IDS = ["run", "run --sessions (suite)", "run --sessions (zoo)", "grade", "bench", "ab", "record --out",
+             "regen --report", "regen --golden-dir", "report", "generate --trace", "record --trace",
+             "audit --json"]
+
+
+def _argv(argv: list[Any], d: Path) -> list[str]:
+    return [str(a).replace("{d}", str(d)) for a in argv]
+
+
+def _variant(zoo_pair: tuple[Path, Path], tiny_run: Path, tmp: Path, which: str) -> tuple[str, list[Any]]:
+    (writer, argv), = [(w, a) for w, i, a in sweep(zoo_pair, tiny_run, tmp) if i == which]
+    return writer, argv
+
+
+@pytest.mark.parametrize("which", SWEEP_IDS)
+def test_sweep_a_foreign_file_is_refused(which: str, zoo_pair: tuple[Path, Path], tiny_run: Path,
+                                         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every writer: a destination holding a file no specparity command wrote is one line, exit 2,
+    every byte kept, no lock left (a folder the command owns: any file; files written beside
+    others (report): the file it would replace; one file: that file)."""
+    from specparity.outdir import WRITERS
+
+    writer, argv = _variant(zoo_pair, tiny_run, tmp_path, which)
+    scope = WRITERS[writer]
+    if scope == "file":
+        d = tmp_path / "mine.out"
+        d.write_text("a user's own file\n")
+        rc, out, err = cli(_argv(argv, d), capsys)
+        assert rc == 2, err
+        one_error(err, str(d), "refusing to overwrite")
+        assert d.read_text() == "a user's own file\n" and out == ""
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
+        return
+    d = tmp_path / "dest"
+    if scope == "beside":  # report DIR: a folder of traces with a user's report.md
+        d.mkdir()
+        shutil.copy(engine_trace(tiny_run, "spec"), d / "t.jsonl")
+        before = user_dir(d, ["report.md"])
+        must = ["report.md", "not written by specparity"]
+    else:
+        before = user_dir(d, ["notes.txt"])
+        must = ["notes.txt", "not goldens" if scope == "goldens" else "no specparity command wrote"]
+    rc, out, err = cli(_argv(argv, d), capsys)
+    assert rc == 2, err
+    one_error(err, *must)
+    assert snapshot(d) == before
+    assert not (d / ".specparity.lock").exists() and not (d / ".specparity-run.json").exists()
+
+
+@pytest.mark.parametrize("which", SWEEP_IDS)
+def test_sweep_a_locked_destination_is_refused(which: str, zoo_pair: tuple[Path, Path], tiny_run: Path,
+                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every writer: a destination another specparity process is writing is one line naming the
+    holder, exit 2, nothing written."""
+    from specparity.outdir import FILE_LOCK, WRITERS, DirLock
+
+    writer, argv = _variant(zoo_pair, tiny_run, tmp_path, which)
+    if WRITERS[writer] == "file":
+        d = tmp_path / "out" / "x.out"
+        d.parent.mkdir()
+        lock = DirLock(d.parent, "the other writer", name=FILE_LOCK.format(d.name), shown=d)
+    else:
+        d = tmp_path / "dest"
+        d.mkdir()
+        if WRITERS[writer] == "beside":
+            shutil.copy(engine_trace(tiny_run, "spec"), d / "t.jsonl")
+        lock = DirLock(d, "the other writer")
+    with lock:
+        before = snapshot(d.parent if WRITERS[writer] == "file" else d)
+        rc, out, err = cli(_argv(argv, d), capsys)
+        after = snapshot(d.parent if WRITERS[writer] == "file" else d)
+    assert rc == 2, err
+    one_error(err, str(d), "another specparity process", "the other writer")
+    assert after == before
+
+
+@pytest.mark.parametrize("which", [i for i in SWEEP_IDS if i not in ("run --sessions (zoo)",)])
+def test_sweep_written_files_are_listed_and_a_run_takes_the_folder_after(
+        which: str, zoo_pair: tuple[Path, Path], tiny_run: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every writer, into a new destination and into a finished run's folder: it succeeds, every
+    file it leaves is listed in the folder's marker (a single file is recognisably ours), and a
+    plain ``run --out`` into the same folder afterwards takes it (the files other commands added
+    kept, a run's set aside) — never 'files no specparity command wrote'."""
+    from specparity.outdir import WRITERS, _listed, _read_marker
+
+    writer, argv = _variant(zoo_pair, tiny_run, tmp_path, which)
+    scope = WRITERS[writer]
+    if scope == "file":
+        d = tmp_path / "f" / "x.out"
+        for _ in range(2):  # the second replaces our own file
+            rc, _, err = cli(_argv(argv, d), capsys)
+            assert rc == 0, err
+        assert_whole_files(d.parent)
+        assert [p.name for p in d.parent.iterdir()] == ["x.out"], "no lock or temp file left"
+        return
+    if scope == "goldens":
+        pytest.skip("regen --golden-dir writes goldens (own rules: tests/test_regen.py)")
+    for fresh in (True, False):
+        d = tmp_path / ("new" if fresh else "run")
+        if scope == "beside" or not fresh:
+            copy_run(tiny_run, d)
+        rc, _, err = cli(_argv(argv, d), capsys)
+        assert rc in (0, 1), err  # report: 1 is a verdict (INCOMPLETE folder), not a refusal
+        assert "error:" not in err, err
+        files, added = _listed(_read_marker(d), d)
+        on_disk = {p.relative_to(d).as_posix() for p in d.rglob("*")
+                   if p.is_file() and not p.relative_to(d).as_posix().startswith(".")}
+        assert on_disk <= files | added, f"unlisted: {sorted(on_disk - files - added)}"
+        assert not (d / ".specparity.lock").exists()
+        assert_whole_files(d)
+        rc, _, err = cli([*RUN_TINY, "--out", d], capsys)
+        assert rc == 0, err
+        for rel in added:
+            assert (d / rel).exists(), f"{rel}, added by {which}, was not kept by the next run"

@@ -137,3 +137,89 @@ def test_suite_values_go_through_the_flag_validators(tmp_path: Path,
                     disagree.append((key, raw, text[-200:], flag_text[-200:]))
     print(f"suite sweep: {tried} suites")
     assert not disagree, disagree
+
+
+@pytest.mark.parametrize("content,must", [
+    (b"hello\x00world\nsecond\n", ["nul.txt:1", "NUL byte", "character 6"]),
+    (b'{"id": "a", "text": "he\\u0000llo"}\n', ["nul.txt:1", "prompt 'a'", "NUL byte"]),
+    (b'[{"id": "b", "text": "x\\u0000"}]', ["item 1", "prompt 'b'", "NUL byte"]),
+    (b'{"id": "a\\u0000b", "text": "hello"}\n', ["nul.txt:1", "'id'", "NUL"]),
+], ids=["text line", "JSONL text", "JSON array text", "JSONL id"])
+def test_nul_in_a_prompts_file_is_named(tmp_path: Path, content: bytes, must: list[str],
+                                        capsys: pytest.CaptureFixture[str],
+                                        captured: list[dict[str, Any]]) -> None:
+    """Before: a NUL in a prompt's text reached the tokenizer (or was refused without naming it)."""
+    f = tmp_path / "nul.txt"
+    f.write_bytes(content)
+    rc, _, err = cli(["run", "--target", "llama", "--draft", "twin", "--prompts-file", f], capsys)
+    refused(rc, err, *must)
+    assert not captured
+
+
+@pytest.mark.parametrize("processors", ["rpnanc20", "ppinf", "fp-infc4", "lb5=nan", "lb5=inf,6=1"])
+def test_suite_non_finite_processor_values_are_refused(tmp_path: Path, processors: str,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      captured: list[dict[str, Any]]) -> None:
+    """Before: a suite's ``processors = "rpnanc20"`` reached the model's logits."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(f'sampling = [{{temperature = 0.0, processors = "{processors}"}}]\n'
+                     '[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    rc, _, err = cli(["run", "--suite", suite], capsys)
+    refused(rc, err, "processors", "finite")
+    assert not captured
+
+
+# ---------------------------------------------------------------------------- grammar files
+
+
+def test_a_grammar_too_big_for_a_trace_header_is_refused_up_front(
+        zoo_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        captured: list[dict[str, Any]]) -> None:
+    """Before: a 5 MB grammar ran, and its traces (whose header carries the grammar's text) were
+    refused by the tool's own validator at the report step."""
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"type": "string", "pattern": "^(" + "|".join(
+        f"w{i}" for i in range(700_000)) + ")$"}))
+    trace = tmp_path / "t.jsonl"
+    rc, out, err = cli(["generate", "--target", zoo_pair[0], "--prompt-ids", "5,6", "-n", "4",
+                        "--grammar", big, "--trace", trace], capsys)
+    refused(rc, err, "--grammar", "big.json", "at most 1 MiB")
+    assert not trace.exists() and out == ""
+    suite = tmp_path / "s.toml"
+    suite.write_text(f'grammar = "{big}"\n[[pair]]\ntarget = "llama"\ndrafter = "twin"\n')
+    rc, _, err = cli(["run", "--suite", suite], capsys)
+    refused(rc, err, "grammar", "at most 1 MiB")
+    assert not captured
+
+
+def test_the_trace_writer_never_writes_a_line_the_validator_refuses(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from traces import io
+    from traces.validate import validate_file
+
+    monkeypatch.setenv("SPECPARITY_MAX_LINE_BYTES", str(64 << 10))
+    header = {"type": "header", "schema_version": 1, "note": "x" * (80 << 10)}
+    with pytest.raises(ValueError, match="longer than a trace line may be"):
+        io.write_trace(tmp_path / "t.jsonl", [header])
+    assert not (tmp_path / "t.jsonl").exists() and not list(tmp_path.iterdir())
+    assert validate_file  # the limit both use: traces.io.line_limit()
+
+
+@pytest.mark.parametrize("regex", ["x{0}", "(|)"], ids=["x{0}", "empty alternation"])
+def test_a_grammar_that_admits_no_output_is_refused(zoo_pair: tuple[Path, Path], tmp_path: Path, regex: str,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    captured: list[dict[str, Any]]) -> None:
+    """Before: it "succeeded" with an empty output (exit 0, a trace of one EOS)."""
+    g = tmp_path / "nothing.regex"
+    g.write_text(regex)
+    trace = tmp_path / "t.jsonl"
+    rc, out, err = cli(["generate", "--target", zoo_pair[0], "--prompt-ids", "5,6", "-n", "4",
+                        "--grammar", g, "--trace", trace], capsys)
+    refused(rc, err, "nothing.regex", "admits no output")
+    assert not trace.exists() and out == ""
+    rc, _, err = cli(["run", "--targets", "llama", "--drafters", "twin", "--grammar", g], capsys)
+    refused(rc, err, "nothing.regex", "admits no output")
+    rc, _, err = cli(["record", "--runner", "engine", "--target", zoo_pair[0], "--prompt-ids", "5,6", "-n",
+                      "4", "--grammar", g, "--trace", trace], capsys)
+    assert rc in (1, 2) and "admits no output" in err and not trace.exists(), err
+    assert not captured

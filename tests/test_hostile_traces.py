@@ -274,6 +274,36 @@ HEADER_PLANTS: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
     ("seed 2^70", lambda h: h["params"].update(seed=2**70), "spec", "header.params.seed"),
     ("max_tokens 0", lambda h: h["params"].update(max_tokens=0), "spec", "header.params.max_tokens"),
     ("top_k 2^40", lambda h: h["params"].update(top_k=2**40), "spec", "header.params.top_k"),
+    # every other header param a re-run reads, through its flag's validator (issue 35)
+    ("mtp_conventions bad value", lambda h: h["params"].update(mtp_conventions={"hidden": "sideways"}),
+     "spec", "header.params.mtp_conventions"),
+    ("mtp_conventions unknown name", lambda h: h["params"].update(mtp_conventions={"warp": 1}),
+     "spec", "header.params.mtp_conventions"),
+    ("mtp_conventions a string", lambda h: h["params"].update(mtp_conventions="hidden=pre-norm"),
+     "spec", "header.params.mtp_conventions"),
+    ("grammar.reasoning_end empty", lambda h: h["params"].update(grammar={
+        "kind": "regex", "name": "g", "text": "a+", "sha256": "0" * 64, "reasoning_end": ""}),
+     "spec", "header.params.grammar.reasoning_end"),
+    ("grammar.reasoning_end 300 chars", lambda h: h["params"].update(grammar={
+        "kind": "regex", "name": "g", "text": "a+", "sha256": "0" * 64, "reasoning_end": "x" * 300}),
+     "spec", "header.params.grammar.reasoning_end"),
+    ("grammar.kind unknown", lambda h: h["params"].update(grammar={
+        "kind": "ebnf", "name": "g", "text": "a", "sha256": "0" * 64}), "spec", "header.params.grammar.kind"),
+    ("grammar a list", lambda h: h["params"].update(grammar=["a+"]), "spec", "header.params.grammar"),
+    ("min_tokens -1", lambda h: h["params"].update(min_tokens=-1), "spec", "header.params.min_tokens"),
+    ("min_tokens a string", lambda h: h["params"].update(min_tokens="8"), "spec", "header.params.min_tokens"),
+    ("rng unknown", lambda h: h["params"].update(rng="chaos"), "spec", "header.params.rng"),
+    ("min_p 2", lambda h: h["params"].update(min_p=2), "spec", "header.params.min_p"),
+    ("confidence_threshold a string", lambda h: h["params"].update(confidence_threshold="high"), "spec",
+     "header.params.confidence_threshold"),
+    ("logits_processors negative", lambda h: h["params"].update(logits_processors={
+        "repetition_penalty": -1.0}), "spec", "header.params.logits_processors"),
+    ("logits_processors bias huge", lambda h: h["params"].update(logits_processors={
+        "logit_bias": [[5, float("inf")]]}), "spec", "header.params.logits_processors"),
+    ("stop_sequences negative id", lambda h: h["params"].update(stop_sequences=[[5, -1]]), "spec",
+     "header.params.stop_sequences[0]"),
+    ("target.path ~nosuchuser", lambda h: h["target"].update(path="~nosuchuser-xyz/model"), "spec",
+     "header.target.path"),
 ]
 
 
@@ -412,3 +442,15 @@ def test_writer_accepts_numpy_and_mlx_integers() -> None:
     assert recs[1]["window"] == [2, 3] and recs[0]["prompt"]["token_ids"] == [1, 2]
     assert all(type(t) is int for t in recs[1]["feed"] + recs[1]["samples"])
     assert validate_records(enumerate(json.loads(json.dumps(r)) for r in recs)) == []
+
+
+def test_grade_a_file_is_a_usage_error(tiny_run: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``grade FILE`` (a trace, not a folder) exited 1, as a failed grade would."""
+    trace = engine_trace(tiny_run, "spec")
+    for arg, must in ((trace, "not a directory"), (tmp_path / "nope", "no such directory"),
+                      ("~nosuchuser-xyz/traces", "no such user")):
+        rc, out, err = cli(["grade", arg, "--out", tmp_path / "g"], capsys)
+        assert rc == 2, err
+        one_error(err, must)
+        assert out == "" and not (tmp_path / "g").exists()

@@ -22,7 +22,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["array_bytes", "cache_digest", "layer_digest", "live_state", "weight_files", "weights_digest"]
+__all__ = ["SAFETENSORS_DTYPES", "WeightsError", "array_bytes", "cache_digest", "layer_digest", "live_state",
+           "safetensors_header", "weight_files", "weights_digest"]
 
 
 def array_bytes(a: Any) -> tuple[str, tuple[int, ...], bytes]:
@@ -44,8 +45,95 @@ def array_bytes(a: Any) -> tuple[str, tuple[int, ...], bytes]:
     return dtype, shape, raw.tobytes()
 
 
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+                      "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+                      "F64": 8, "I64": 8, "U64": 8, "C64": 8}
+"""Bytes per element of every safetensors dtype (the safetensors format's ``Dtype``; MLX reads these)."""
+MAX_HEADER_BYTES = 100 << 20
+"""A safetensors header longer than this is refused (the format's own limit is 100 MB)."""
+
+
+class WeightsError(ValueError):
+    """A weights file whose header does not describe the file (one line naming file and tensor)."""
+
+
+def safetensors_header(f: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """The tensor entries of a safetensors file's header, checked against each other and the file
+    before anything (MLX's loader) trusts them.
+
+    Format (huggingface/safetensors ``docs`` "Format"): 8 bytes little-endian header length
+    ``N``, ``N`` bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]},
+    "__metadata__": {...}}``, then the data; offsets are relative to the data. Refused (one line
+    naming the file and the tensor): a header past the file, not a JSON object, an entry without
+    a known ``dtype`` (:data:`SAFETENSORS_DTYPES`), a ``shape`` that is not a list of integers
+    >= 0, ``data_offsets`` that are not ``0 <= begin <= end``, a byte length that is not
+    ``prod(shape) * itemsize``, data past the end of the file, overlapping tensors.
+    """
+    p = Path(f)
+    fix = "an incomplete download or a corrupt file; re-download or rebuild it"
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise WeightsError(f"{p}: truncated safetensors file ({size} bytes): {fix}")
+            n = int.from_bytes(head, "little")
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                raise WeightsError(f"{p}: safetensors header length {n} exceeds the file: {fix}")
+            header = json.loads(fh.read(n))
+    except OSError as exc:
+        raise WeightsError(f"{p}: cannot read ({exc.strerror})") from None
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, WeightsError):
+            raise
+        raise WeightsError(f"{p}: unreadable safetensors header: {fix}") from None
+    if not isinstance(header, dict):
+        raise WeightsError(f"{p}: unreadable safetensors header (not a JSON object): {fix}")
+    data = size - 8 - n
+    spans = []
+    out: dict[str, dict[str, Any]] = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{p}: tensor {name!r}"
+        if not isinstance(t, dict):
+            raise WeightsError(f"{where}: not an object: {fix}")
+        dtype, shape, offs = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise WeightsError(f"{where}: unknown dtype {dtype!r} (known: {', '.join(SAFETENSORS_DTYPES)})")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                for d in shape)):
+            raise WeightsError(f"{where}: shape {shape!r} is not a list of integers >= 0: {fix}")
+        if not (isinstance(offs, list) and len(offs) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+            raise WeightsError(f"{where}: no valid data_offsets ({offs!r}): {fix}")
+        begin, end = offs
+        if not 0 <= begin <= end:
+            raise WeightsError(f"{where}: data_offsets {offs} are not 0 <= begin <= end: {fix}")
+        count = 1
+        for d in shape:
+            count *= d
+        want = count * SAFETENSORS_DTYPES[dtype]
+        if end - begin != want:
+            raise WeightsError(f"{where}: data_offsets {offs} hold {end - begin} bytes, its shape {shape} "
+                               f"of {dtype} needs {want}: {fix}")
+        if end > data:
+            raise WeightsError(f"{p}: truncated ({size} bytes, tensors need {8 + n + end}): {fix}")
+        spans.append((begin, end, name))
+        out[name] = t
+    reach, owner = 0, ""
+    for begin, end, name in sorted(spans):
+        if end > begin and begin < reach:
+            raise WeightsError(f"{p}: tensors {owner!r} and {name!r} overlap (bytes {begin}..{min(reach, end)} "
+                               f"of the data): {fix}")
+        if end > reach:
+            reach, owner = end, name
+    return out
+
+
 def weight_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The ``*.safetensors`` regular files of a model dir (or ``[path]`` for one file), sorted.
+    """The ``*.safetensors`` regular files of a model dir (or ``[path]`` for one file), sorted,
+    each header checked against its file (:func:`safetensors_header`).
 
     Only regular files: a FIFO or a device named ``*.safetensors`` would block
     or never end a read, so it is refused with a one-line ``ValueError``.
@@ -55,6 +143,7 @@ def weight_files(path: str | os.PathLike[str]) -> list[Path]:
     for f in files:
         if not f.is_file():
             raise ValueError(f"{f}: not a regular file (a weights file must be one)")
+        safetensors_header(f)  # before mx.load trusts its offsets
     return files
 
 

@@ -63,8 +63,17 @@ RECORD_TYPES = frozenset({"header", "prefill", "round", "plain", "footer"})
 Record = dict[str, Any]
 """One decoded trace line."""
 
-MAX_LINE_BYTES = int(os.environ.get("SPECPARITY_MAX_LINE_BYTES", 4 << 20))
-"""Longest trace line read (bytes). A header with a 100k-token prompt is < 1 MiB."""
+MAX_LINE_BYTES = 4 << 20
+"""Longest trace line read (bytes) unless ``SPECPARITY_MAX_LINE_BYTES`` says otherwise
+(:func:`line_limit`). A header with a 100k-token prompt is < 1 MiB."""
+
+
+def line_limit() -> int:
+    """The longest trace line read: ``SPECPARITY_MAX_LINE_BYTES`` (``traces.env``) or
+    :data:`MAX_LINE_BYTES`."""
+    from traces import env
+
+    return int(env.get("SPECPARITY_MAX_LINE_BYTES", MAX_LINE_BYTES))
 
 
 MAX_INPUT_BYTES = 256 << 20
@@ -239,6 +248,9 @@ class TraceWriter:
         if self._saw_footer:
             raise ValueError(f"{rtype!r} record written after the footer")
         line = dumps_record(record)
+        if len(line.encode("utf-8")) > line_limit():  # never a trace the validator would refuse
+            raise ValueError(f"{rtype} record of {len(line.encode('utf-8'))} bytes is longer than a "
+                             f"trace line may be ({line_limit()} bytes; SPECPARITY_MAX_LINE_BYTES)")
         self._fh.write(line)
         self._fh.write("\n")
         self._count += 1
@@ -383,7 +395,7 @@ def iter_lines(path: str | os.PathLike[str], *,
             not UTF-8. The file is never read past the offending line.
         OSError: If the file cannot be opened.
     """
-    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    limit = line_limit() if max_line_bytes is None else max_line_bytes
     if not stat.S_ISREG(os.stat(path).st_mode):  # before open(): a FIFO would block there
         raise TraceFormatError(path, None, "not a regular file (a device, FIFO or directory); "
                                            "give a trace file")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -188,8 +187,10 @@ def manifest() -> dict[str, Any]:
 
 def cache_root() -> Path:
     """``$SPECPARITY_ZOO_DIR`` or ``~/.cache/specparity/zoo``."""
-    env = os.environ.get("SPECPARITY_ZOO_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specparity" / "zoo"
+    from traces import env
+
+    root = env.get("SPECPARITY_ZOO_DIR")  # a file, ~nosuchuser: one line naming the variable
+    return root if root is not None else Path.home() / ".cache" / "specparity" / "zoo"
 
 
 def clear_verification_cache() -> None:

@@ -170,7 +170,6 @@ def ref_from_header(block: dict[str, Any]) -> str:
     so ``grade`` re-runs the case with the grammar the trace was made under.
     """
     import hashlib
-    import os
 
     from engine.grammar import GrammarError, GrammarSpec
 
@@ -182,8 +181,10 @@ def ref_from_header(block: dict[str, Any]) -> str:
     g = GrammarSpec(str(kind), text, name)
     if g.digest != block.get("sha256"):
         raise GrammarError(f"trace header params.grammar {name!r}: its text does not match its sha256")
-    root = Path(os.environ.get("SPECPARITY_CACHE_DIR") or Path.home() / ".cache" / "specparity")
-    path = root.expanduser() / "grammars" / hashlib.sha256(g.digest.encode()).hexdigest()[:16] / (
+    from traces import env
+
+    root = env.get("SPECPARITY_CACHE_DIR", Path.home() / ".cache" / "specparity")
+    path = root / "grammars" / hashlib.sha256(g.digest.encode()).hexdigest()[:16] / (
         "".join(c if c.isalnum() or c in "-_." else "_" for c in name) + _SUFFIX[str(kind)])
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     from specparity.ab import run_ab, write_ab
     from specparity.outdir import add_outputs
 
-    with add_outputs(args.out, "specparity ab", flag="--out") as claim:
+    with add_outputs(args.out, "specparity ab", flag="--out", own_folder=True) as claim:
         for name in ("ab.json", "ab.md"):  # refused before measuring if not ours
             claim.check(args.out / name)
         def progress(i: int, n: int) -> None:

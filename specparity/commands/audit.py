@@ -119,6 +119,18 @@ def target_figures(name: str, audit: Any) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from specparity.outdir import claim_output_file
+
+    with contextlib.ExitStack() as stack:
+        if args.json is not None:  # locked and checked ours before anything is measured
+            stack.enter_context(claim_output_file(args.json, "specparity audit", flag="--json",
+                                                  what="audit JSON", ours=_is_audit_json))
+        return _audit(args)
+
+
+def _audit(args: argparse.Namespace) -> int:
     from engine.audit import ARITHMETIC_FACTOR, SerialReplayAudit
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.two_model import TwoModelProvider
@@ -172,7 +184,6 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         from traces.io import atomic_write_json
 
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.json, {"kind": "audit", "device": device, "gamma": args.gamma,
                                       "prompts": args.prompts, "max_tokens": args.max_tokens,
                                       "factor": ARITHMETIC_FACTOR, "targets": figures},

@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
             log(f"bench: block {done}/{total}")
 
     log(f"bench: device {device}")
-    with add_outputs(args.out, "specparity bench", flag="--out") as claim:
+    with add_outputs(args.out, "specparity bench", flag="--out", own_folder=True) as claim:
         for name in ("bench.json", "bench.md"):  # refused before measuring if not ours
             claim.check(args.out / name)
         res = run_bench(args.target, args.drafter, gamma=args.gamma, gammas=args.gammas,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from specparity.args import nonneg_float
+
 NAME = "diff"
 HELP = "first divergence between two traces"
 
@@ -12,7 +14,7 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("a")
     d.add_argument("b")
     d.add_argument("--level", choices=("round", "tokens", "acceptance"), default="round")
-    d.add_argument("--eps", type=float, default=None)
+    d.add_argument("--eps", type=nonneg_float, default=None)
     d.add_argument("--no-witness", action="store_true",
                    help="classify a flip by --eps only, even when the traces' target model is local")
 

@@ -40,7 +40,7 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
                    help="deepspec/dspark: prune the block at the first position whose confidence is "
                         "below this (deepspec default 0 = whole block; dspark default: the checkpoint's "
                         "calibrated thresholds)")
-    g.add_argument("--mtp-conventions", default=None, metavar="NAME=VALUE,...",
+    g.add_argument("--mtp-conventions", type=a.mtp_conventions, default=None, metavar="NAME=VALUE,...",
                    help="native-mtp: conventions over the checkpoint family's defaults, e.g. "
                         "hidden=pre-norm,concat=h;e,position_base=1,mask_pos0=false,depth=chain,"
                         "chain_hidden=pre-norm,trim=rebuild (recorded in the trace header)")
@@ -78,6 +78,18 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from specparity.outdir import claim_output_file
+
+    with contextlib.ExitStack() as stack:
+        if args.trace is not None:  # locked and checked ours before any model loads
+            stack.enter_context(claim_output_file(args.trace, "specparity generate", flag="--trace",
+                                                  what="trace", ours=a.is_trace))
+        return _generate(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
     from specparity.devices import use_device
 
     use_device(args.device)
@@ -96,6 +108,11 @@ def main(args: argparse.Namespace) -> int:
     # The case (ids checked against the vocabulary and context, unique case id, γ pinned for
     # a block drafter); its drafter opens as every runner's does (open_for_case).
     case = case_from_args(args)
+    from specparity.kv_args import check_kv_models
+
+    # a KV group size the head dim rejects: refused before any token (as run); a grammar that
+    # admits no output is refused by compile_grammar below, also before any token
+    check_kv_models([case])
     target = load_model(str(case.target_path))  # loaded once (case_from_args)
     ids = list(case.prompt_tokens or ())
     eos_ids = tuple(args.eos_ids) if args.eos_ids else target.eos_ids
@@ -145,7 +162,6 @@ def main(args: argparse.Namespace) -> int:
         draft = load_model(str(dpath)) if dpath is not None and src.kind is not None and src.kind.loads_model else None
         header = case_header(get("engine").runner_info(), case, ids, tpath=tpath, dpath=dpath, target=target,
                              draft=draft, prefill=src.prefill)
-        args.trace.parent.mkdir(parents=True, exist_ok=True)
         write_trace(args.trace, [header, *result.records, result.footer()])
         print(f"trace written to {args.trace}", file=sys.stderr)
     return 0

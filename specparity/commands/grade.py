@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from specparity.args import nonneg_int, runner_list, writable_dir
+from specparity.args import existing_dir, nonneg_int, runner_list, writable_dir
 
 NAME = "grade"
 HELP = "grade a folder of traces from any engine (or --engine NAME) against plain decode and the references"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", type=Path, nargs="?", default=None,
+    p.add_argument("dir", type=existing_dir, nargs="?", default=None,
                    help="folder of engine traces (*.jsonl, searched recursively)")
     p.add_argument("--engine", default=None, metavar="NAME",
                    help="run the registered third-party engine NAME on the cases and grade it "

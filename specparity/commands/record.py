@@ -71,8 +71,15 @@ def main(args: argparse.Namespace) -> int:
     from specparity.runners import registry
 
     names = runner_names(args.runner)
+    if args.trace is not None and args.out is not None:  # honoured or refused, never ignored
+        raise ValueError("--trace FILE and --out DIR both say where the trace goes: give one of them")
     use_device(args.device)  # --device comes with generate's flags
     case = case_from_args(args)
+    from specparity.case_args import check_grammars
+    from specparity.kv_args import check_kv_models
+
+    check_kv_models([case])  # before any runner runs, as run and generate refuse it
+    check_grammars([case])  # whichever runner records: a grammar that admits nothing is refused
     runners: list[str] = []
     if names == ["all"]:  # every per-case runner usable here that implements the case
         for name, r in registry.all_runners().items():
@@ -95,13 +102,17 @@ def main(args: argparse.Namespace) -> int:
     if args.trace is not None and len(runners) > 1:
         raise ValueError("--trace names one file; with several runners use --out DIR")
     out = args.out if args.out is not None else Path("runs/record")
+    from specparity.args import is_trace
+    from specparity.outdir import add_outputs, claim_output_file
+
     with contextlib.ExitStack() as stack:
         claim = None
         if args.trace is None:
-            from specparity.args import is_trace
-            from specparity.outdir import add_outputs
-
-            claim = stack.enter_context(add_outputs(out, "specparity record", recognise=is_trace))
+            claim = stack.enter_context(add_outputs(out, "specparity record", own_folder=True,
+                                                    recognise=is_trace))
+        else:
+            stack.enter_context(claim_output_file(args.trace, "specparity record", flag="--trace",
+                                                  what="trace", ours=is_trace))
         return _record(args, case, runners, out, claim)
 
 
@@ -117,7 +128,6 @@ def _record(args: argparse.Namespace, case: Any, runners: list[str], out: Path, 
             failed += 1
             continue
         path = args.trace if args.trace is not None else claim.track(out / r / f"{case.file_stem}.jsonl")
-        path.parent.mkdir(parents=True, exist_ok=True)
         write_trace(path, payload)
         footer = payload[-1]
         print(f"{r}: {case.case_id}: {footer['usage']['generation_tokens']} tokens, "

@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.golden_dir is not None:
         _check_golden_dir(args.golden_dir)
-    with add_outputs(args.report, "specparity regen", flag="--report") as claim:
+    with add_outputs(args.report, "specparity regen", flag="--report", own_folder=True) as claim:
         for name in ("drift.json", "drift.md"):  # refused before any golden is regenerated
             claim.check(args.report / name)
         return _regen(args, claim)

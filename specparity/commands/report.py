@@ -14,14 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity.args import existing_dir
+from specparity.args import report_dir
 
 NAME = "report"
 HELP = "write DIR/report.md and report.html from a run's (or any folder's) traces"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=existing_dir, help="a `specparity run` output directory or a folder of traces")
+    p.add_argument("run_dir", type=report_dir, help="a `specparity run` output directory or a folder of traces")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -199,11 +199,18 @@ def main(args: argparse.Namespace) -> int:
         return _sessions(args)
     cases = cases_from_args(args)
     check_kv_models(cases)
+    from specparity.case_args import check_grammars
+
+    check_grammars(cases)
     fill = None  # the whole zoo matrix also runs the fill cases (§7; zoo/fill.py)
     if args.suite is None and args.target is None and not args.targets and not args.drafters:
+        from dataclasses import replace
+
         from specparity.run import fill_cases
 
-        fill = fill_cases(tuple(s.temperature for s in _sampling(args)), args.max_tokens or 48)
+        # the fill cases' requests take the run's sampling flags: --temps, --max-tokens, --seed
+        fill = [replace(c, seed=args.seed or 0)
+                for c in fill_cases(tuple(s.temperature for s in _sampling(args)), args.max_tokens or 48)]
     result = run(
         args.out, runners=args.runners, cases=cases, max_cases=args.max_cases,
         workers=args.workers, ray_address=args.ray, progress=not args.quiet, fill_cases=fill,
@@ -232,10 +239,21 @@ def _sessions(args: argparse.Namespace) -> int:
                              f"--targets and --max-tokens select from it; {', '.join(extra)} need "
                              "--target or --suite")
         cases = zoo_session_cases(targets=args.targets, max_tokens=args.max_tokens or 16)
+        from specparity.suite import check_case_count
+
+        check_case_count(len(cases), args.max_cases)  # --max-cases bounds the session matrix too
     else:
         cases = cases_from_args(args)
     check_kv_models(cases)
-    return main_sessions(cases, args.out, quiet=args.quiet, names=names)
+    from specparity.sessions import check_sessions
+
+    check_sessions(cases, names)  # a grammar, follow-ups past the context: refused before any work
+    from specparity.outdir import claim_output_dir
+
+    # a run: --out owned as `run` owns it (locked, a folder of someone else's files refused, an
+    # earlier run set aside until this one completes, every file listed before it is written)
+    with claim_output_dir(args.out, "specparity run --sessions"):
+        return main_sessions(cases, args.out, quiet=args.quiet, names=names)
 
 
 def _suite_sessions(path: Path) -> list[str] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from specparity.runners.registry import CaseRun, Runner, sources
@@ -39,11 +40,16 @@ def compile_grammar(ref: str, target: Any, eos_ids: tuple[int, ...], reasoning_e
     """A case's grammar (zoo name or file) compiled against the target's tokenizer and vocabulary
     (engine.grammar.Grammar); the EOS ids are the ones its mask allows at the end; a
     reasoning-end marker text is encoded with the target tokenizer."""
-    from engine.grammar import Grammar, model_vocab_size
+    from engine.grammar import Grammar, GrammarError, model_vocab_size
     from zoo.grammars import spec
 
-    return Grammar.for_tokenizer(spec(ref), target.tokenizer, model_vocab_size(target.model), eos_ids,
-                                 reasoning_end)
+    g = Grammar.for_tokenizer(spec(ref), target.tokenizer, model_vocab_size(target.model), eos_ids,
+                              reasoning_end)
+    why = g.empty_language()  # never a run that "succeeds" with an empty output
+    if why is not None:
+        raise GrammarError(f"--grammar {ref}: admits no output on {Path(str(target.path)).name}'s "
+                           f"tokenizer: {why}; check the grammar")
+    return g
 
 
 class EveryKind(Mapping[str, frozenset[str]]):
