@@ -37,7 +37,6 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import json
-import os
 import re
 import socket
 import threading
@@ -45,6 +44,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
+
+from traces import env
 
 __all__ = ["HttpClient", "Limits", "ServerDown", "ServerError", "UsageError", "parse_url", "redact"]
 
@@ -183,7 +184,7 @@ class HttpClient:
         self.endpoint = parse_url(url, allow_remote=allow_remote)
         self.allow_remote = allow_remote
         self.limits = limits or Limits()
-        self.api_key = api_key if api_key is not None else os.environ.get("SPECPARITY_SERVER_API_KEY", API_KEY)
+        self.api_key = api_key if api_key is not None else env.get("SPECPARITY_SERVER_API_KEY", API_KEY)
 
     @property
     def url(self) -> str:
