@@ -51,6 +51,10 @@ pytest.importorskip("llguidance")
 
 KV = "llama"
 GAMMAS = (1, 2, 3, 4, 5)
+# γ 1, 3, 5 in the default run (the smallest, a middle and the largest window; every window
+# offset of each); γ 2 and 4 nightly (``-m slow``): the same offsets of other window sizes.
+NIGHTLY = (pytest.mark.slow, pytest.mark.heavy)
+GAMMA_PARAMS = [pytest.param(g, marks=() if g in (1, 3, 5) else NIGHTLY) for g in GAMMAS]
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +156,7 @@ def test_marker_ids_and_case_ids(tokenizer: Any) -> None:
 # ------------------------------------------------------------ identity with plain
 
 
-@pytest.mark.parametrize("gamma", GAMMAS)
+@pytest.mark.parametrize("gamma", GAMMA_PARAMS)
 def test_marker_ending_at_every_window_offset(gamma: int, tokenizer: Any) -> None:
     """The self drafter drafts the target's free picks, so before the marker every draft is
     accepted and emitted position j (tail-split prefill: the first window's head is the last
