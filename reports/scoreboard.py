@@ -29,7 +29,8 @@ CHECK_TITLES = {
 SERVER_TITLES = {
     "identity": "greedy = plain", "stream": "stream = non-stream", "budget": "budget",
     "finish_reason": "finish_reason", "usage": "usage", "eos": "EOS", "stop": "stop strings",
-    "logprobs": "logprobs", "cache": "warm = cold", "concurrency": "batch-mates", "liveness": "health",
+    "logprobs": "logprobs", "cache": "warm = cold", "concurrency": "batch-mates", "seeded": "seeded + batch-mates",
+    "tools": "tool calls spec = plain", "reject": "all drafts rejected", "leak": "no state leak", "liveness": "health",
     "speculation": "speculated",
 }
 
