@@ -23,6 +23,10 @@ off where the server has a flag for it (``ServedEngine.cache_off``; mlx-lm:
 ``cache`` check gets a fresh server of its own with the cache on. So one root
 cause is one cell.
 
+**All drafts rejected.** For a spec arm with a two-model drafter, the ``reject``
+check runs on one more fresh server started with :func:`rejecting_drafter` (the
+drafter with every weight zero: it proposes token 0 each time).
+
 **Attribution.** A spec-arm cell that fails is rerun where it can tell: fails on
 the plain arm too → ``server``; ran with the prompt cache on and passes when
 rerun on a fresh spec server with the cache off → ``cache × speculation``;
