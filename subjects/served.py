@@ -1471,7 +1471,9 @@ def check_reject(ctx: Ctx) -> str:
                               "): the cases above judged plain decode, not rejected drafts")
         if got.accepted > REJECT_MAX_ACCEPT * got.drafted:
             raise CannotGrade(f"{got.accepted:g} of {got.drafted:g} drafts accepted: the drafter was not rejected")
-    return "every draft rejected: exactly plain decode's tokens, no stray id, usage = the tokens"
+    confirmed = ctx.cases[-1].status == "pass"
+    return ("every draft rejected: exactly plain decode's tokens, no stray id, usage = the tokens"
+            + ("" if confirmed else " (the rejection is not confirmed: the server reports no speculation counters)"))
 
 
 def _leak_probes(p: PromptInfo) -> tuple[Request, Request]:

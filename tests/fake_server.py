@@ -62,6 +62,8 @@ check meant to catch it, and only that check):
   rejected window whose drafts are all 0 is taken for padding and its first slot is emitted
   (and counted in usage) before the target's token; only a drafter that proposes nothing but
   0 (the zero-weight drafter of the all-reject arm) gets there;
+- ``reject-usage`` (reject): the drafts of such rejected all-placeholder windows are counted
+  in ``usage.completion_tokens`` (the ids are right);
 - ``logit-bias-leak`` (leak): a request's ``logit_bias`` stays in the sampler and applies to
   every later request that sends none;
 - ``models-500`` (liveness): ``GET /v1/models`` answers 500;
@@ -99,7 +101,7 @@ from typing import Any
 
 BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-label", "usage-reencode", "eos-leak",
         "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "seed-batch",
-        "tool-spec-mangle", "reject-placeholder", "logit-bias-leak", "models-500", "spec-off", "no-template",
+        "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die")
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
                "argument was passed!")
@@ -307,6 +309,7 @@ class FakeEngine:
         params = GenerationParams(max_tokens=budget, gamma=self.num_draft if spec else 0, eos_ids=self.eos,
                                   cache_digests=False, sampler=sampler, seed=seed)
         blocks: list[int] = []  # tokens per streamed delta (under speculation: each round's block)
+        miscounted = 0  # reject-usage: rejected drafts counted as completion tokens
         leak: tuple[int, int] | None = None  # reject-placeholder: (position, the rejected draft id)
         if spec:
             from engine.sources.two_model import TwoModelProvider
@@ -321,9 +324,11 @@ class FakeEngine:
                 if rec.get("type") != "round":
                     continue
                 blocks.append(len(rec["emitted"]))
-                if (self.bug == "reject-placeholder" and leak is None and rec["k_accept"] == 0 and rec["drafts"]
-                        and not any(rec["drafts"])):
-                    leak = (pos, 0)  # an all-placeholder window, rejected: its first slot goes out
+                if rec["k_accept"] == 0 and rec["drafts"] and not any(rec["drafts"]):  # all-placeholder, rejected
+                    if self.bug == "reject-placeholder" and leak is None:
+                        leak = (pos, 0)  # its first slot goes out
+                    if self.bug == "reject-usage":
+                        miscounted += len(rec["drafts"])
                 pos += len(rec["emitted"])
         else:
             res = plain_generate(self.model, run_prompt, params, on_token=on_token)
@@ -338,6 +343,7 @@ class FakeEngine:
         if self.bug == "cache-drop" and cached >= 2 and ids:
             ids = ids[1:]
         n_usage = hit_at[0] if hit_at else len(ids)
+        n_usage += miscounted
         if leak is not None and leak[0] <= len(ids):
             ids.insert(leak[0], leak[1])
             n_usage += 1
