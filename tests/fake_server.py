@@ -644,8 +644,9 @@ class Shared:
     and kept (a model loads in seconds; MLX streams belong to a thread, so the fake cannot share
     the grader's process); each launch resets it through its control route (a fresh server
     state: empty prompt cache, counters and stats, ``bug`` planted, the prompt cache off when
-    asked). ``launches`` records (arm, cache_off) per launch and ``stats`` each launch's stats
-    (``max_inflight``, ``max_batch``). A ``crash-start`` plant fails every launch as a server
+    asked); a launch with another drafter (the all-reject arm's zeroed one) gets its own
+    process. ``launches`` records (arm, cache_off) per launch and ``stats`` each launch's stats
+    (``max_inflight``, ``max_batch``, ``drafted``, ``accepted``). A ``crash-start`` plant fails every launch as a server
     that does not start (the grader's process path is tested with the real subprocess).
     """
 
