@@ -540,11 +540,12 @@ def prompts_from_file(path: str | Path) -> tuple[str, ...]:
     return tuple(out)
 
 
-def rejecting_drafter(draft: str | Path) -> Path:
+def rejecting_drafter(draft: str | Path, root: str | Path | None = None) -> Path:
     """A copy of the drafter ``draft`` with every weight zero: its logits are all 0, so greedy
     drafting proposes token 0 every time and the target rejects (all but) every draft; same
     config, tokenizer and vocabulary, so a server takes it as its ``--draft-model``. Built once
-    per drafter (keyed by its path, weight sizes and times) under the temporary folder."""
+    per drafter (keyed by its path, weight sizes and times) under ``root`` (default: the
+    temporary folder)."""
     import hashlib
 
     import mlx.core as mx
@@ -555,7 +556,7 @@ def rejecting_drafter(draft: str | Path) -> Path:
         raise ValueError(f"{draft}: no *.safetensors weights to zero")
     key = hashlib.sha256("\n".join([str(src)] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}"
                                                    for w in weights]).encode()).hexdigest()[:16]
-    dest = Path(tempfile.gettempdir()) / f"specparity-reject-{src.name}-{key}"
+    dest = Path(root if root is not None else tempfile.gettempdir()) / f"specparity-reject-{src.name}-{key}"
     if (dest / "config.json").is_file():
         return dest
     tmp = Path(tempfile.mkdtemp(prefix=f"specparity-reject-{src.name}-", dir=dest.parent))

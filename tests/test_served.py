@@ -90,7 +90,7 @@ def _grade(fakes, target: Path, draft: Path | None, bug: str | None = None, chec
     ref = engine_reference(str(target))
     launcher = Shared(fakes, str(target), str(draft) if draft else None, bug, deadline=20)
     arms = [("plain", None)] + ([("spec", str(draft))] if draft else [])
-    reject = str(rejecting_drafter(draft)) if draft and "reject" in checks else None
+    reject = str(rejecting_drafter(draft, draft.parent)) if draft and "reject" in checks else None
     results, blame = grade_arms(ref, launcher, arms, checks=checks, log=lambda m: None, reject_draft=reject)
     return results, blame, launcher
 
@@ -302,8 +302,8 @@ def test_the_all_reject_drafter_has_zero_weights_and_applies_to_two_model_spec_a
 
     from specparity.served import grade_arm
 
-    d = rejecting_drafter(pair[1])
-    assert d == rejecting_drafter(pair[1]) and json.loads((d / "config.json").read_text()) == json.loads(
+    d = rejecting_drafter(pair[1], pair[1].parent)
+    assert d == rejecting_drafter(pair[1], pair[1].parent) and d.parent == pair[1].parent and json.loads((d / "config.json").read_text()) == json.loads(
         (pair[1] / "config.json").read_text())
     assert all(float(mx.abs(v).max()) == 0.0 for v in mx.load(str(d / "model.safetensors")).values())
     ref = engine_reference(str(pair[0]))
