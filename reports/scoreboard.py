@@ -29,7 +29,8 @@ CHECK_TITLES = {
 SERVER_TITLES = {
     "identity": "greedy = plain", "stream": "stream = non-stream", "budget": "budget",
     "finish_reason": "finish_reason", "usage": "usage", "eos": "EOS", "stop": "stop strings",
-    "logprobs": "logprobs", "cache": "warm = cold", "concurrency": "batch-mates", "liveness": "health",
+    "logprobs": "logprobs", "cache": "warm = cold", "concurrency": "batch-mates", "seeded": "seeded + batch-mates",
+    "tools": "tool calls spec = plain", "reject": "all drafts rejected", "leak": "no state leak", "liveness": "health",
     "speculation": "speculated",
 }
 
@@ -260,6 +261,133 @@ def render_html(docs: list[dict[str, Any]]) -> str:
     return redact("\n".join(out) + "\n")
 
 
+# ------------------------------------------------------------------ the README's sections
+
+README_SECTIONS = ("engines", "served")
+README_CMD = "python -m reports.scoreboard docs/scoreboard --readme README.md"
+
+
+def readme_marks(name: str) -> tuple[str, str]:
+    """The comments around a generated README section."""
+    return (f"<!-- generated: {name} (from docs/scoreboard by `{README_CMD}`; do not edit) -->",
+            f"<!-- end generated: {name} -->")
+
+
+def _counts(checks: dict[str, Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in checks.values():
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def readme_engines(docs: list[dict[str, Any]]) -> str:
+    """The README's table of in-process engines: one line per result row, its modes and cell counts."""
+    engines = [d for d in docs if not is_server(d)]
+    mlx = sorted({str(d.get("platform", {}).get("mlx")) for d in engines if d.get("platform", {}).get("mlx")})
+    n_modes = sum(len(d.get("modes", {})) for d in engines)
+    where = f"CPU, mlx {mlx[0] if len(mlx) == 1 else f'{mlx[0]}–{mlx[-1]}'}; " if mlx else ""
+    lines = [f"Scoreboard (`docs/scoreboard/scoreboard.md`; {where}{len(engines)} result rows, {n_modes} modes):", "",
+             "| engine | mlx-lm | modes | pass | fail | n/a |", "|---|---|---|---|---|---|"]
+    for d in engines:
+        name = f"{d['engine']} {d.get('version') or ''}".strip()
+        if not d.get("available", True):
+            lines.append(f"| {name} | — | not run: {_md_escape(str(d.get('reason', '')))} | — | — | — |")
+            continue
+        c: dict[str, int] = {}
+        for m in d["modes"].values():
+            for k, v in _counts(m["checks"]).items():
+                c[k] = c.get(k, 0) + v
+        dep = (d.get("deps") or {}).get("mlx-lm")
+        lines.append(f"| {name} | {dep if dep and dep != 'unknown' else '—'} | {', '.join(sorted(d['modes']))} | "
+                     f"{c.get('pass', 0)} | {c.get('fail', 0)} | {c.get('unsupported', 0)} |")
+    return "\n".join(lines)
+
+
+def _cause(attribution: str | None) -> str:
+    """The root cause an attribution names, short: ``server``, ``speculation``, ``cache × speculation``
+    (``server + X`` when some cases fail on the plain arm too and the rest are X's)."""
+    if not attribution:
+        return ""
+    a = attribution
+    mixed = a.startswith("server for ")
+    if mixed and "for the other" in a:
+        a = a.split("for the other", 1)[1].split(": ", 1)[-1]
+    for cause in ("cache × speculation", "speculation", "server", "not attributed"):
+        if a.startswith(cause):
+            return f"server + {cause}" if mixed and cause != "server" else cause
+    return a.split(":", 1)[0].split(" (", 1)[0]  # an older row's wording: its first words
+
+
+def readme_served(docs: list[dict[str, Any]]) -> str:
+    """The README's served-engines section: what is graded, and one line per committed row and arm
+    (cell counts, the failing checks by root cause, or why it could not be graded)."""
+    from subjects.served import SERVER_CHECKS
+
+    servers = [d for d in docs if is_server(d)]
+    titles = ", ".join(SERVER_TITLES[c] for c in SERVER_CHECKS if c in SERVER_TITLES)
+    lines = ["Servers are graded black-box over HTTP (`specparity grade --serve NAME`, `tox -e server-<name>`), "
+             "each without its drafter (arm `plain`) and with it (arm `spec`), against plain greedy decode of the "
+             f"same weights in process, on {len(SERVER_CHECKS)} checks: {titles}. A cell is pass, FAIL (a finding, "
+             "attributed on the spec arm to the server, speculation or cache × speculation), cannot grade (set-up: "
+             "never a finding), not engaged (a spec arm that never speculated) or n/a; how each check judges and what "
+             "each server does: [docs/subjects.md](docs/subjects.md#served-engines-openai-compatible-servers-over-http).",
+             "", f"Committed rows (`docs/scoreboard/server-*.json`, {len(servers)}):", "",
+             "| server | model | arm | pass | FAIL | cannot grade | not engaged | n/a | not graded | findings (root "
+             "cause) or why not graded |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for d in servers:
+        name = f"{d['engine'].removeprefix('server:')} {d.get('version') or ''}".strip()
+        name += " (stale)" if d.get("stale") else ""
+        model = _model_name(d)
+        if not d.get("available", True):
+            lines.append(f"| {name} | {model} | — | | | | | | | not run: {_md_escape(str(d.get('reason', '')))} |")
+            continue
+        for arm, m in d["modes"].items():
+            checks = m["checks"]
+            c = _counts(checks)
+            missing = len([x for x in SERVER_CHECKS if x not in checks])
+            by: dict[str, list[str]] = {}
+            for x in SERVER_CHECKS:
+                r = checks.get(x)
+                if r and r["status"] == "fail":
+                    by.setdefault(_cause(r.get("attribution") or (d.get("blame") or {}).get(x)), []).append(x)
+            why = "; ".join(", ".join(v) + (f" ({k})" if k else "") for k, v in by.items())
+            if not by and not c.get("pass") and c.get("cannot-grade"):
+                first = next(r for r in checks.values() if r["status"] == "cannot-grade")
+                reason = first["detail"].split(":", 1)[0]
+                log = (first.get("log") or "").split(" | ")[0]
+                if len(log) > 100:
+                    log = log[:100].rsplit(" ", 1)[0] + " …"
+                why = f"cannot grade: {reason}" + (f" (`{_md_escape(log)}`)" if log else "")
+            elif not by and c.get("not-engaged"):
+                why = "speculation not engaged"
+            lines.append(f"| {name} | {model} | {arm} | {c.get('pass', 0)} | {c.get('fail', 0)} | "
+                         f"{c.get('cannot-grade', 0)} | {c.get('not-engaged', 0)} | {c.get('unsupported', 0)} | "
+                         f"{missing} | {_md_escape(why) or '—'} |")
+    if any(d.get("stale") for d in servers):
+        lines += ["", "(stale): graded by an older version of the checks, not re-run since (their pins pull torch); "
+                      "`not graded`: checks added after a row was graded (regenerate it with its tox environment)."]
+    elif any(x not in m["checks"] for d in servers for m in d["modes"].values() for x in SERVER_CHECKS):
+        lines += ["", "`not graded`: checks added after a row was graded (regenerate it with its tox environment)."]
+    return "\n".join(lines)
+
+
+def readme_sections(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {"engines": readme_engines(docs), "served": readme_served(docs)}
+
+
+def update_readme(text: str, docs: list[dict[str, Any]]) -> str:
+    """``text`` (the README) with each generated section replaced by its text from ``docs``;
+    ``ValueError`` when a section's markers are missing or out of order."""
+    for name, body in readme_sections(docs).items():
+        begin, end = readme_marks(name)
+        i, j = text.find(begin), text.find(end)
+        if i < 0 or j < i:
+            raise ValueError(f"README: no '{begin}' ... '{end}' markers around the {name} section")
+        text = text[: i + len(begin)] + "\n" + redact(body) + "\n" + text[j:]
+    return text
+
+
 def write_scoreboard(d: Path, track: Callable[[Path], Any] | None = None) -> tuple[Path, Path]:
     """Rewrite ``d/scoreboard.md`` and ``d/scoreboard.html`` from ``d/*.json`` (atomically;
     ``track`` registers each file with its output directory before it is written)."""
@@ -275,12 +403,27 @@ def write_scoreboard(d: Path, track: Callable[[Path], Any] | None = None) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not Path(args[0]).is_dir():
-        print("usage: python -m reports.scoreboard DIR  (DIR holds <engine>.json results)", file=sys.stderr)
+    args = sys.argv[1:] if argv is None else list(argv)
+    readme = None
+    if len(args) == 3 and args[1] == "--readme":
+        readme = Path(args[2])
+        args = args[:1]
+    if len(args) != 1 or not Path(args[0]).is_dir() or (readme is not None and not readme.is_file()):
+        print("usage: python -m reports.scoreboard DIR [--readme README.md]  (DIR holds <engine>.json results; "
+              "--readme rewrites the README's generated sections)", file=sys.stderr)
         return 2
     md, ht = write_scoreboard(Path(args[0]))
     print(f"{md}\n{ht}")
+    if readme is not None:
+        from traces.io import atomic_write_text
+
+        try:
+            new = update_readme(readme.read_text(encoding="utf-8"), load_results(Path(args[0])))
+        except ValueError as exc:
+            print(f"reports.scoreboard: {exc}", file=sys.stderr)
+            return 2
+        atomic_write_text(readme, new)
+        print(readme)
     return 0
 
 

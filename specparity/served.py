@@ -23,6 +23,10 @@ off where the server has a flag for it (``ServedEngine.cache_off``; mlx-lm:
 ``cache`` check gets a fresh server of its own with the cache on. So one root
 cause is one cell.
 
+**All drafts rejected.** For a spec arm with a two-model drafter, the ``reject``
+check runs on one more fresh server started with :func:`rejecting_drafter` (the
+drafter with every weight zero: it proposes token 0 each time).
+
 **Attribution.** A spec-arm cell that fails is rerun where it can tell: fails on
 the plain arm too → ``server``; ran with the prompt cache on and passes when
 rerun on a fresh spec server with the cache off → ``cache × speculation``;
@@ -536,6 +540,40 @@ def prompts_from_file(path: str | Path) -> tuple[str, ...]:
     return tuple(out)
 
 
+def rejecting_drafter(draft: str | Path, root: str | Path | None = None) -> Path:
+    """A copy of the drafter ``draft`` with every weight zero: its logits are all 0, so greedy
+    drafting proposes token 0 every time and the target rejects (all but) every draft; same
+    config, tokenizer and vocabulary, so a server takes it as its ``--draft-model``. Built once
+    per drafter (keyed by its path, weight sizes and times) under ``root`` (default: the
+    temporary folder)."""
+    import hashlib
+
+    import mlx.core as mx
+
+    src = Path(draft).resolve()
+    weights = sorted(src.glob("*.safetensors"))
+    if not weights:
+        raise ValueError(f"{draft}: no *.safetensors weights to zero")
+    key = hashlib.sha256("\n".join([str(src)] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}"
+                                                   for w in weights]).encode()).hexdigest()[:16]
+    dest = Path(root if root is not None else tempfile.gettempdir()) / f"specparity-reject-{src.name}-{key}"
+    if (dest / "config.json").is_file():
+        return dest
+    tmp = Path(tempfile.mkdtemp(prefix=f"specparity-reject-{src.name}-", dir=dest.parent))
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy2(f, tmp / f.name)
+    for w in weights:
+        arrays = mx.load(str(w))
+        mx.save_safetensors(str(tmp / w.name), {k: mx.zeros_like(v) for k, v in arrays.items()},
+                            metadata={"format": "mlx"})
+    try:
+        tmp.rename(dest)
+    except OSError:  # built meanwhile by another process
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 # ------------------------------------------------------------------ grading arms
 
 
@@ -551,34 +589,49 @@ class ArmResult:
 
 
 def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, checks: Sequence[str],
-              plan: Plan, *, restartable: bool = True, log: Callable[[str], None] = _log) -> ArmResult:
+              plan: Plan, *, restartable: bool = True, log: Callable[[str], None] = _log,
+              baseline: dict[str, Any] | None = None, reject_draft: str | None = None) -> ArmResult:
     """One arm: its checks on a fresh server with the cache off (where it can be), then ``cache`` on a
-    fresh server with the cache on, then the ``speculation`` cell from the counters over the arm."""
-    main = [c for c in checks if c not in ("cache", "speculation")]
-    groups: list[tuple[list[str], bool]] = []
+    fresh server with the cache on, then (spec arm) ``reject`` on a fresh server whose drafter is
+    ``reject_draft`` (every draft rejected), then the ``speculation`` cell from the counters over
+    the arm (the rejecting server's counters are its own)."""
+    main = [c for c in checks if c not in ("cache", "speculation", "reject")]
+    groups: list[tuple[list[str], bool, str | None, bool]] = []  # (checks, cache off, drafter, rejecting)
+    cells: dict[str, CellResult] = {}
     if restartable:
         if main:
-            groups.append((main, True))
+            groups.append((main, True, draft, False))
         if "cache" in checks:
-            groups.append((["cache"], False))
+            groups.append((["cache"], False, draft, False))
     else:
-        groups.append(([c for c in checks if c != "speculation"], False))
-    cells: dict[str, CellResult] = {}
+        groups.append(([c for c in checks if c not in ("speculation", "reject")], False, draft, False))
+    if "reject" in checks:
+        if arm == "spec" and reject_draft is not None and restartable:
+            groups.append((["reject"], True, reject_draft, True))
+        else:
+            why = ("plain arm: no drafter" if arm != "spec" else
+                   "a running server's drafter cannot be swapped for a rejecting one (grade it with --serve)"
+                   if not restartable else "the spec arm has no two-model drafter to swap for one whose drafts are "
+                   "all rejected (model-free speculation)")
+            cells["reject"] = CellResult("reject", "unsupported", why)
     cache_state: dict[str, str] = {}
     setup: dict[str, Any] = {"servers": []}
     counters = SpecCounters()
     met_total: SpecCounters | None = None
-    for names, cache_off in groups:
+    for names, cache_off, gdraft, rejecting in groups:
         if not names:
             continue
         try:
-            with launch(arm, draft, cache_off) as srv:
+            with launch(arm, gdraft, cache_off) as srv:
                 setup["servers"].append({"checks": names, "prompt_cache": srv.cache,
-                                         "argv": [_public_arg(a) for a in srv.argv]})
-                m0 = metrics(srv.client)
+                                         "argv": [_public_arg(a) for a in srv.argv]}
+                                        | ({"drafter": "the spec arm's drafter with zero weights (every draft "
+                                                       "rejected)"} if rejecting else {}))
+                m0 = None if rejecting else metrics(srv.client)
                 res = run_checks(srv.client, ref, names, log=lambda m, a=arm: log(f"[{a}] {m}"), plan=plan,
-                                 counters=counters)
-                m1 = metrics(srv.client)
+                                 counters=SpecCounters() if rejecting else counters, arm=arm, baseline=baseline,
+                                 reject=rejecting)
+                m1 = None if rejecting else metrics(srv.client)
                 if m1 is not None:
                     d = m1.minus(m0) if m0 is not None else m1
                     met_total = d if met_total is None else met_total.plus(d)
@@ -593,12 +646,13 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
             log(f"[{arm}] server did not start: {exc} | {exc.log_line}")
             cells.update(_cells(names, "cannot-grade", f"server did not start: {exc}", exc.log_line))
     if "speculation" in checks:
-        started_any = any(not c.detail.startswith("server did not start") for c in cells.values())
+        started_any = any(not c.detail.startswith("server did not start") for c in cells.values()
+                          if c.status != "unsupported")
         total = counters if counters.sources else None
         if met_total is not None:
             total = met_total if total is None else total.plus(met_total)
         if not started_any:
-            first = next(iter(cells.values()))
+            first = next(c for c in cells.values() if c.status != "unsupported")
             cells["speculation"] = CellResult("speculation", "cannot-grade", first.detail, log=first.log)
         else:
             cells["speculation"] = speculation_cell(arm, total)
@@ -607,26 +661,31 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                 if c.status == "pass":
                     c.status = "not-engaged"
                     c.detail = f"passed, but speculation was not engaged (see the speculation cell): {c.detail}"
-    return ArmResult(cells, setup, cache_state)
+    return ArmResult({c: cells[c] for c in checks if c in cells}, setup, cache_state)
 
 
 def grade_arms(ref: Reference, launch: Launcher, arms: Sequence[tuple[str, str | None]], *,
                checks: Sequence[str] = SERVER_CHECKS, plan: Plan | None = None, restartable: bool = True,
-               can_turn_cache_off: bool = True, log: Callable[[str], None] = _log
-               ) -> tuple[dict[str, ArmResult], dict[str, str]]:
-    """Every arm, then the attribution of each failing cell (``{check: why}``, spec arm first)."""
+               can_turn_cache_off: bool = True, log: Callable[[str], None] = _log,
+               reject_draft: str | None = None) -> tuple[dict[str, ArmResult], dict[str, str]]:
+    """Every arm (in order: the plain arm's tool calls are what the spec arm's are compared with),
+    then the attribution of each failing cell (``{check: why}``, spec arm first). ``reject_draft``:
+    a drafter whose drafts are all rejected (:func:`rejecting_drafter`), for the spec arm's ``reject``."""
     plan = plan if plan is not None else make_plan(ref)
     results: dict[str, ArmResult] = {}
+    baseline: dict[str, Any] = {}
     for arm, draft in arms:
         log(f"arm {arm}" + (" (with the drafter)" if draft else ""))
-        results[arm] = grade_arm(ref, launch, arm, draft, checks, plan, restartable=restartable, log=log)
+        results[arm] = grade_arm(ref, launch, arm, draft, checks, plan, restartable=restartable, log=log,
+                                 baseline=baseline, reject_draft=reject_draft)
     blame = attribute(ref, launch, results, dict(arms), plan, restartable=restartable and can_turn_cache_off,
-                      log=log)
+                      log=log, baseline=baseline)
     return results, blame
 
 
 def attribute(ref: Reference, launch: Launcher, results: dict[str, ArmResult], drafts: dict[str, str | None],
-              plan: Plan, *, restartable: bool, log: Callable[[str], None] = _log) -> dict[str, str]:
+              plan: Plan, *, restartable: bool, log: Callable[[str], None] = _log,
+              baseline: dict[str, Any] | None = None) -> dict[str, str]:
     """Which root cause each failing cell has: the server (plain arm too), speculation, or cache × speculation."""
     out: dict[str, str] = {}
     plain = results.get("plain")
@@ -653,6 +712,8 @@ def attribute(ref: Reference, launch: Launcher, results: dict[str, ArmResult], d
             why = "server: fails on the plain arm too"
         elif p is None:
             why = "not attributed: no plain arm to compare with"
+        elif p.status not in ("pass", "fail"):  # the plain arm cannot run it (reject: no drafter): nothing to rerun
+            why = f"speculation: fails with the prompt cache {ran_with}; n/a on the plain arm ({p.detail[:80]})"
         elif ran_with == "off":
             why = "speculation: fails with the prompt cache off, passes on the plain arm"
         elif restartable and ran_with == "on":
@@ -661,7 +722,8 @@ def attribute(ref: Reference, launch: Launcher, results: dict[str, ArmResult], d
                 with launch("spec", drafts.get("spec"), True) as srv:
                     if srv.cache != "off":
                         raise ServeFailed("the prompt cache could not be turned off")
-                    again = run_checks(srv.client, ref, [c], plan=plan, require_hits=False).get(c)
+                    again = run_checks(srv.client, ref, [c], plan=plan, require_hits=False, arm="spec",
+                                       baseline=baseline).get(c)
             except ServeFailed as exc:
                 again = None
                 why = f"speculation (the cache-off rerun could not start: {exc})"
@@ -796,8 +858,13 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
                                       startup_timeout=startup_timeout, env=env, serve_args=serve_args,
                                       warmup=plan.warmup, expect_output=plan.warmup_first is not None)
         restartable = True
+    reject_draft = None
+    spec_draft = dict(arms).get("spec")
+    if "reject" in checks and restartable and ddir is not None and spec_draft == str(ddir):
+        reject_draft = str(rejecting_drafter(ddir))  # a two-model drafter: swap it for one always rejected
+        doc["setup"]["reject_drafter"] = f"{dname} with every weight zero (proposes token 0: every draft rejected)"
     results, blame = grade_arms(ref, launch, arms, checks=checks, plan=plan, restartable=restartable,
-                                can_turn_cache_off=bool(eng and eng.cache_off))
+                                can_turn_cache_off=bool(eng and eng.cache_off), reject_draft=reject_draft)
     env_list = [f"{k}=…" for k in env_keys]
     for arm, d in arms:
         r = results[arm]

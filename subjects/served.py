@@ -60,6 +60,22 @@ other check uses (first words distinct, :func:`make_plan`); the properties:
   ``usage.prompt_tokens`` / ``cached_tokens`` show the hit meant was made;
 - ``concurrency``: requests in flight together (asserted: all sent before any
   answered) each = plain decode;
+- ``seeded``: a seeded sampled request (temperature 1, ``seed``) with batch-mates in
+  flight together (asserted, 3 bursts) draws what it draws alone (server against
+  itself; cannot-grade when the seed is not reproducible alone, when temperature is
+  ignored, or when its logprobs show batch-mates moved the computation itself, which
+  is ``concurrency``'s finding);
+- ``tools``: the tool calls a server parses (chat ``tools``; streamed deltas
+  reassembled) under speculation = without (the plain arm's, request for request);
+  on the plain arm streamed = non-streamed; n/a where the model has no chat template
+  or the server parses no tool call;
+- ``reject``: on a server started with the spec arm's drafter zeroed (it proposes
+  token 0 every time: every draft rejected, confirmed by the server's counters),
+  exactly plain decode's tokens, no stray or placeholder id, usage = those tokens;
+  n/a on the plain arm and for model-free speculation;
+- ``leak``: the same request (greedy with logprobs; and seeded) as the fresh server's
+  first request = after every other check's requests and unrelated ones with
+  ``logit_bias``, a seed, a stop, a stream, a chat and a long prompt;
 - ``liveness``: ``/health`` (or ``/v1/models``) answers, and ``/v1/models``;
 - ``speculation``: the spec arm drafted tokens (the server's ``/metrics``
   counters, or draft/accept counters in ``usage``/``timings``); 0 drafted =
@@ -87,7 +103,7 @@ __all__ = ["SERVER_CHECKS", "CellResult", "HttpClient", "Reference", "Request", 
            "SpecCounters", "make_plan", "run_checks", "send"]
 
 SERVER_CHECKS = ("identity", "stream", "budget", "finish_reason", "usage", "eos", "stop", "logprobs", "cache",
-                 "concurrency", "liveness", "speculation")
+                 "concurrency", "seeded", "tools", "reject", "leak", "liveness", "speculation")
 STATUSES = ("pass", "fail", "cannot-grade", "unsupported", "not-engaged")
 BUDGETS = (1, 2, 5, 9, 17, 33)
 MAX_BUDGET = max(BUDGETS)
@@ -95,6 +111,11 @@ LOGPROB_ATOL = 1e-3
 LOGPROB_RTOL = 2.0**-7  # one bf16 ulp, relative: a bf16 logprob rounds within half of it
 TOP_K = 5
 CONCURRENT = 4
+SEED = 1234  # the seeded requests' seed (temperature SEED_TEMPERATURE)
+SEED_TEMPERATURE = 1.0
+SEED_BURSTS = 3  # the seeded request sent with its batch-mates this many times
+TOOL = "lookup"  # the one function the tool-call requests offer
+REJECT_MAX_ACCEPT = 0.1  # the all-reject arm: more than this share of drafts accepted is not "all rejected"
 
 Client = HttpClient  # the name older callers use
 
@@ -117,6 +138,10 @@ class Request:
     logprobs: bool = False
     top_logprobs: int = 0
     tag: str = ""
+    temperature: float = 0.0
+    seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    tools: tuple[str, ...] = ()  # function names offered (chat: OpenAI ``tools``)
 
     @property
     def path(self) -> str:
@@ -127,8 +152,14 @@ class Request:
         return isinstance(self.prompt, tuple)
 
     def body(self, legacy_logprobs: bool = False) -> dict[str, Any]:
-        b: dict[str, Any] = {"model": "default_model", "max_tokens": self.max_tokens, "temperature": 0.0,
-                             "stream": self.stream}
+        b: dict[str, Any] = {"model": "default_model", "max_tokens": self.max_tokens,
+                             "temperature": self.temperature, "stream": self.stream}
+        if self.seed is not None:
+            b["seed"] = self.seed
+        if self.logit_bias:
+            b["logit_bias"] = {str(t): v for t, v in self.logit_bias}
+        if self.tools:
+            b["tools"] = [tool_schema(n) for n in self.tools]
         if self.chat:
             b["messages"] = [{"role": "user", "content": self.prompt}]
         else:
@@ -157,6 +188,14 @@ class Request:
             opts.append("logprobs")
         if self.top_logprobs:
             opts.append(f"top_logprobs={self.top_logprobs}")
+        if self.temperature:
+            opts.append(f"temperature={self.temperature:g}")
+        if self.seed is not None:
+            opts.append(f"seed={self.seed}")
+        if self.logit_bias:
+            opts.append("logit_bias={" + ", ".join(f"{t}: {v:g}" for t, v in self.logit_bias) + "}")
+        if self.tools:
+            opts.append(f"tools={list(self.tools)!r}")
         if isinstance(self.prompt, tuple):
             ids = list(self.prompt)
             short = f"ids {ids}" if len(ids) <= 12 else f"ids [{', '.join(map(str, ids[:10]))}, …] ({len(ids)})"
@@ -164,6 +203,13 @@ class Request:
             short = repr(self.prompt if len(self.prompt) <= 40 else self.prompt[:37] + "...")
         tag = f"{self.tag}: " if self.tag else ""
         return f"{tag}POST {self.path} {short} " + " ".join(opts)
+
+
+def tool_schema(name: str) -> dict[str, Any]:
+    """The OpenAI ``tools`` entry of one function taking one string argument ``text``."""
+    return {"type": "function", "function": {
+        "name": name, "description": "Look the text up.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
 
 
 @dataclass
@@ -182,6 +228,7 @@ class Reply:
     logprobs: list[TokenLogprob] | None
     chunks: int = 0
     doc: dict[str, Any] | None = None  # the non-streamed answer, as sent
+    tool_calls: list[dict[str, Any]] | None = None  # [{"name", "arguments"}] (streamed ones reassembled)
 
     @property
     def ids(self) -> list[int] | None:
@@ -333,9 +380,13 @@ def _send(client: HttpClient, req: Request, legacy: bool, counters: SpecCounters
         if counters is not None:
             counters.add_doc(doc)
         usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
-        return Reply(text or "", ch.get("finish_reason"), usage, _parse_logprobs(ch.get("logprobs")), doc=doc)
+        calls = _ToolCalls()
+        calls.add(msg.get("tool_calls") if req.chat else None)
+        return Reply(text or "", ch.get("finish_reason"), usage, _parse_logprobs(ch.get("logprobs")), doc=doc,
+                     tool_calls=calls.done())
     events = client.post_stream(req.path, req.body(legacy))
     text, finish, usage = [], None, None
+    calls = _ToolCalls()
     for ev in events:
         if isinstance(ev.get("usage"), dict):
             usage = ev["usage"]
@@ -348,9 +399,38 @@ def _send(client: HttpClient, req: Request, legacy: bool, counters: SpecCounters
             piece = delta.get("content") if req.chat else ch.get("text")
             if isinstance(piece, str) and piece:
                 text.append(piece)
+            if req.chat:
+                calls.add(delta.get("tool_calls"))
             if ch.get("finish_reason") is not None:
                 finish = ch["finish_reason"]
-    return Reply("".join(text), finish, usage, None, chunks=len(events))
+    return Reply("".join(text), finish, usage, None, chunks=len(events), tool_calls=calls.done())
+
+
+class _ToolCalls:
+    """OpenAI ``tool_calls`` (a message's, or streamed deltas by ``index``: the name and the
+    arguments' pieces concatenated) as ``[{"name", "arguments"}]``; None when there were none."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, str]] = {}
+
+    def add(self, items: Any) -> None:
+        if not isinstance(items, list):
+            return
+        for n, item in enumerate(items):
+            if not isinstance(item, dict):
+                continue
+            idx = item.get("index", n)
+            fn = item.get("function") if isinstance(item.get("function"), dict) else {}
+            call = self.calls.setdefault(idx if isinstance(idx, int) else n, {"name": "", "arguments": ""})
+            for k in ("name", "arguments"):
+                v = fn.get(k)
+                if isinstance(v, str):
+                    call[k] += v
+                elif v is not None:
+                    call[k] += json.dumps(v)
+
+    def done(self) -> list[dict[str, Any]] | None:
+        return [self.calls[i] for i in sorted(self.calls)] if self.calls else None
 
 
 # ------------------------------------------------------------------ the reference
@@ -550,12 +630,19 @@ class Ctx:
     """What a check works with: the client, the reference, its prompts, and its cases so far."""
 
     def __init__(self, client: HttpClient, ref: Reference, plan: Plan, counters: SpecCounters,
-                 require_hits: bool = True) -> None:
+                 require_hits: bool = True, *, arm: str = "plain", baseline: dict[str, Any] | None = None,
+                 reject: bool = False) -> None:
         self.client, self.ref, self.plan, self.counters = client, ref, plan, counters
         self.require_hits = require_hits  # False: an attribution rerun judges outputs only
         self.cases: list[CaseResult] = []
         self.token_prompts: bool | None = None  # learnt: does /v1/completions take token-id prompts?
         self.sent: list[str] = []  # the requests sent in the case in progress
+        self.arm = arm  # "plain" (no speculation) or "spec"
+        self.baseline = baseline if baseline is not None else {}  # what the plain arm saw (tools), by request
+        self.reject = reject  # this server's drafter has zero weights: its drafts are (all but) always rejected
+        self.fresh: dict[str, Reply | BaseException] | None = None  # leak: the probes on the fresh server
+        self.fresh_at = 0  # leak: requests answered when the probes were sent
+        self.n_requests = 0  # requests sent to this server so far (by the checks)
 
     @contextlib.contextmanager
     def case(self, what: Request | str) -> Iterator[None]:
@@ -574,8 +661,11 @@ class Ctx:
             self.cases.append(CaseResult(self.sent[-1] if self.sent and not isinstance(what, Request) else label,
                                          "pass", "ok"))
 
-    def ask(self, req: Request) -> Reply:
+    def ask(self, req: Request, optional: str | None = None) -> Reply:
+        """Send ``req``: its reply, or the case's verdict raised (``optional``: what a 4xx refusal
+        means the server does not take, e.g. ``"tools"``: that case is n/a, not a finding)."""
         self.sent.append(req.label)
+        self.n_requests += 1
         try:
             return send(self.client, req, self.counters)
         except ServerDown as exc:
@@ -586,6 +676,8 @@ class Ctx:
                 where = "the chat endpoint" if req.chat else "the server (it routes this through a chat template)"
                 raise CannotGrade(f"{where} refused ({exc}); the model has no chat template, so the server "
                                   "cannot build a chat prompt") from None
+            if optional and exc.status is not None and 400 <= exc.status < 500:
+                raise Unsupported(f"the server refuses {optional}: {exc}") from None
             if exc.status is None:  # the connection closed mid-answer: is the server still there?
                 alive, why = self.client.healthy()
                 if not alive:
@@ -608,6 +700,7 @@ class Ctx:
         req = Request(tuple(int(i) for i in ids), max_tokens, tag=tag, **kw)
         if self.token_prompts is not False:
             self.sent.append(req.label)
+            self.n_requests += 1
             try:
                 reply = send(self.client, req, self.counters)
                 pt = (reply.usage or {}).get("prompt_tokens")
@@ -653,7 +746,7 @@ class PromptInfo:
 NEEDS: dict[str, tuple[int, int]] = {  # check -> (prompts without EOS, prompts ending on EOS)
     "identity": (3, 0), "stream": (3, 1), "budget": (len(BUDGETS), 0), "finish_reason": (4, 2),
     "usage": (4, 1), "eos": (0, 3), "stop": (5, 0), "logprobs": (2, 0), "cache": (2, 0),
-    "concurrency": (CONCURRENT, 0),
+    "concurrency": (CONCURRENT, 0), "seeded": (CONCURRENT, 0), "tools": (2, 0), "reject": (3, 1), "leak": (5, 0),
 }
 
 
@@ -1128,6 +1221,24 @@ def _together(client: HttpClient, reqs: Sequence[Request]
     return results, times
 
 
+def _overlapping(ctx: Ctx, reqs: Sequence[Request], what: str) -> dict[int, Reply | BaseException] | None:
+    """``reqs`` sent together until they were in flight together (every one sent before any was
+    answered; 3 tries): their replies, or None (a cannot-grade case recorded as ``what``)."""
+    for _try in range(3):
+        results, times = _together(ctx.client, reqs)
+        ctx.n_requests += len(reqs)
+        for i, req in enumerate(reqs):
+            res = results.get(i)
+            if res is None or isinstance(res, ServerDown):
+                raise _down(req, res or "no answer")
+        if len(times) == len(reqs) and max(t[0] for t in times.values()) < min(t[1] for t in times.values()):
+            return results
+    with ctx.case(what):
+        raise CannotGrade(f"the {len(reqs)} requests were not in flight together (one was answered before the "
+                          "last was sent, 3 tries)")
+    return None
+
+
 def check_concurrency(ctx: Ctx) -> str:
     ref, ps = ctx.ref, ctx.plan.no_eos("concurrency")
     reqs = [Request(p.text, 17, logprobs=True, tag=f"concurrent {i + 1}/{len(ps)}") for i, p in enumerate(ps)]
@@ -1135,18 +1246,8 @@ def check_concurrency(ctx: Ctx) -> str:
         with ctx.case("concurrency"):
             raise Unsupported("fewer than 2 prompts")
         return ""
-    for _try in range(3):
-        results, times = _together(ctx.client, reqs)
-        for i, req in enumerate(reqs):
-            res = results.get(i)
-            if res is None or isinstance(res, ServerDown):
-                raise _down(req, res or "no answer")
-        if len(times) == len(reqs) and max(t[0] for t in times.values()) < min(t[1] for t in times.values()):
-            break
-    else:
-        with ctx.case("concurrency: requests in flight together"):
-            raise CannotGrade(f"the {len(reqs)} requests were not in flight together (one was answered before the "
-                              "last was sent, 3 tries)")
+    results = _overlapping(ctx, reqs, "concurrency: requests in flight together")
+    if results is None:
         return ""
     for i, req in enumerate(reqs):
         with ctx.case(req):
@@ -1157,6 +1258,310 @@ def check_concurrency(ctx: Ctx) -> str:
             if why:
                 raise Finding(req, f"sent with {len(reqs) - 1} others in flight: {why}")
     return f"{len(reqs)} requests in flight together: each = plain decode"
+
+
+def _out(ref: Reference, r: Reply) -> list[int] | str:
+    """A reply's output: its ids (without a final EOS) where it returned them, else its text."""
+    ids = strip_eos(ref, r.ids)
+    return ids if ids is not None else loose(r.text)
+
+
+def same_reply(ref: Reference, a: Reply, b: Reply, an: str, bn: str, *, logprobs: bool = True) -> str | None:
+    """Why two of the server's replies to the same request differ (None when they agree): the
+    output (ids where both have them, else the text), finish_reason, and each emitted token's
+    logprob within the logprobs check's tolerance."""
+    oa, ob = _out(ref, a), _out(ref, b)
+    if isinstance(oa, list) and isinstance(ob, list):
+        i = first_divergence(oa, ob)
+        if i is not None:
+            x = oa[i] if i < len(oa) else "<end>"
+            y = ob[i] if i < len(ob) else "<end>"
+            return f"output token {i}: {an} id {x} vs {bn} id {y} ({an} {len(oa)} tokens, {bn} {len(ob)})"
+    elif loose(a.text) != loose(b.text):
+        return "text " + _text_diff(loose(a.text), loose(b.text), an, bn)
+    if a.finish_reason != b.finish_reason:
+        return f"finish_reason {an} {a.finish_reason!r} vs {bn} {b.finish_reason!r}"
+    if logprobs and a.logprobs and b.logprobs:
+        for i, (x, y) in enumerate(zip(a.logprobs, b.logprobs, strict=False)):
+            if not _lp_close(x.logprob, y.logprob):
+                return (f"token {i}: logprob {an} {x.logprob:.5f} vs {bn} {y.logprob:.5f} (tolerance "
+                        f"{LOGPROB_ATOL:g} + {LOGPROB_RTOL:.4g}·|lp|)")
+    return None
+
+
+def _logits_moved(ctx: Ctx, req: Request, r: Reply) -> str | None:
+    """Why ``r``'s logprobs for its own (sampled) tokens are not the reference's teacher-forced on
+    them (None when they agree, or cannot be told: no ids or logprobs came back). At temperature 1
+    a logprob is the model's: a difference means the computation moved, not the draw."""
+    ids = r.ids
+    if not ids or not r.logprobs:
+        return None
+    want = ctx.ref.logprobs(tuple(ctx.ref.prompt_ids(req)), tuple(ids), 1)
+    for i, (g, (lp, _)) in enumerate(zip(r.logprobs, want, strict=False)):
+        if not _lp_close(g.logprob, lp):
+            return f"token {i} (id {ids[i]}): logprob {g.logprob:.5f} vs the reference {lp:.5f}"
+    return None
+
+
+def check_seeded(ctx: Ctx) -> str:
+    """The same seeded request (temperature SEED_TEMPERATURE) alone = with batch-mates in flight:
+    the same draws. A burst whose logprobs show the computation itself moved (the concurrency
+    check's finding) cannot be graded here."""
+    ref, ps = ctx.ref, ctx.plan.no_eos("seeded")
+    if len(ps) < 2:
+        with ctx.case("seeded"):
+            raise Unsupported("fewer than 2 prompts")
+        return ""
+    kw: dict[str, Any] = {"logprobs": True, "temperature": SEED_TEMPERATURE}
+    alone = Request(ps[0].text, 17, seed=SEED, tag="seeded (alone)", **kw)
+    a1: Reply | None = None
+    with ctx.case("seeded: the request alone, twice"):
+        try:
+            a1 = ctx.ask(alone, optional="seeded sampling (temperature, seed)")
+        except Finding as f:  # logprobs are the logprobs check's: without them, text only
+            if "bad response" not in str(f):
+                raise
+            kw["logprobs"] = False
+            alone = Request(ps[0].text, 17, seed=SEED, tag="seeded (alone, no logprobs)", **kw)
+            a1 = ctx.ask(alone, optional="seeded sampling (temperature, seed)")
+        a2 = ctx.ask(alone, optional="seeded sampling (temperature, seed)")
+        why = same_reply(ref, a2, a1, "second", "first", logprobs=False)
+        if why:
+            raise CannotGrade(f"two identical seeded requests sent alone came back different ({why}): the server's "
+                              "seeded sampling is not reproducible, so batch-mates cannot be judged")
+        if _out(ref, a1) in (ps[0].out[: len(_out(ref, a1))], loose(ref.decode(ps[0].out[:17]))):
+            raise CannotGrade(f"the seeded request at temperature {SEED_TEMPERATURE:g} came back as greedy decode: "
+                              "the server ignores temperature (nothing sampled to compare)")
+    if a1 is None or ctx.cases[-1].status != "pass":
+        return ""
+    ctx.cases.pop()  # the request alone tests nothing by itself: not credited
+    mates = [Request(p.text, 17, seed=SEED + 1 + i, tag=f"seeded batch-mate {i + 1}", **kw)
+             for i, p in enumerate(ps[1:CONCURRENT])]
+    for burst in range(SEED_BURSTS):  # several bursts: a server need not batch every one of them
+        probe = Request(ps[0].text, 17, seed=SEED, tag=f"seeded (with {len(mates)} batch-mates in flight, burst "
+                                                      f"{burst + 1}/{SEED_BURSTS})", **kw)
+        results = _overlapping(ctx, [probe, *mates], f"seeded: burst {burst + 1}: requests in flight together")
+        if results is None:
+            continue
+        with ctx.case(probe):
+            res = results[0]
+            if isinstance(res, BaseException):
+                raise Finding(probe, f"bad response: {res}")
+            why = same_reply(ref, res, a1, "with batch-mates", "alone", logprobs=False)
+            if why:
+                moved = _logits_moved(ctx, probe, res)
+                if moved:
+                    raise CannotGrade(f"with batch-mates the output differs ({why}), but so do the logprobs of its own "
+                                      f"tokens ({moved}): batch-mates changed the computation itself (the concurrency "
+                                      "check's finding), so the draws cannot be judged")
+                raise Finding(probe, f"the same seeded request (seed {SEED}, temperature {SEED_TEMPERATURE:g}) with "
+                                     f"{len(mates)} batch-mates in flight draws other tokens than alone (the "
+                                     f"logprobs are the model's): {why}")
+    return (f"a seeded sampled request with {len(mates)} batch-mates in flight ({SEED_BURSTS} bursts) = the same "
+            "request alone")
+
+
+def _calls(r: Reply) -> list[tuple[str, Any]]:
+    """A reply's tool calls as (name, parsed arguments); arguments that are not JSON stay a string."""
+    out: list[tuple[str, Any]] = []
+    for c in r.tool_calls or []:
+        try:
+            args: Any = json.loads(c["arguments"]) if c["arguments"] else {}
+        except ValueError:
+            args = ("not JSON", c["arguments"])
+        out.append((c["name"], args))
+    return out
+
+
+def _calls_diff(a: list[tuple[str, Any]], b: list[tuple[str, Any]], an: str, bn: str) -> str | None:
+    if a == b:
+        return None
+    if len(a) != len(b):
+        return f"{len(a)} tool call(s) {an} vs {len(b)} {bn}: {a!r:.120} vs {b!r:.120}"
+    i = next(k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+    (na, xa), (nb, xb) = a[i], b[i]
+    if na != nb:
+        return f"tool call {i}: name {na!r} {an} vs {nb!r} {bn}"
+    sa, sb = json.dumps(xa, sort_keys=True), json.dumps(xb, sort_keys=True)
+    return f"tool call {i} ({na}) arguments " + _text_diff(sa, sb, an, bn)
+
+
+def check_tools(ctx: Ctx) -> str:
+    """Tool calls the server parses under speculation = without (the plain arm's, request for request),
+    streamed (deltas reassembled) and not; on the plain arm, streamed = non-streamed."""
+    ref, ps = ctx.ref, ctx.plan.no_eos("tools")
+    if not ref.has_chat_template:
+        with ctx.case("tools"):
+            raise Unsupported("the model has no chat template: a server builds no tool-call prompt for it")
+        return ""
+    compared = 0
+    for p in ps[:2]:
+        same_gen: bool | None = None
+        own: list[tuple[str, Any]] | None = None
+        for stream in (False, True):
+            req = Request(p.text, 17, chat=True, stream=stream, logprobs=not stream, tools=(TOOL,), tag="tools")
+            with ctx.case(req):
+                r = ctx.ask(req, optional="tools")
+                calls = _calls(r)
+                if not calls:
+                    raise Unsupported(f"no tool call parsed (content {_tail(r.text)}): the server has no tool parser, "
+                                      "or the output holds no call")
+                key = f"tools: {req.label}"
+                base = ctx.baseline.get(key) if ctx.arm != "plain" else None
+                if ctx.arm == "plain":
+                    ctx.baseline[key] = (calls, strip_eos(ref, r.ids))
+                if not stream:
+                    own = calls
+                if base is not None:
+                    bcalls, bids = base
+                    ids = strip_eos(ref, r.ids)
+                    if not stream and ids is not None and bids is not None:
+                        same_gen = ids == bids
+                    if same_gen is False:
+                        raise CannotGrade("the spec arm generated other tokens than the plain arm for this request "
+                                          "(the identity check's finding): its tool calls cannot be compared")
+                    why = _calls_diff(calls, bcalls, "with speculation", "without")
+                    if why:
+                        raise Finding(req, f"the tool call parsed under speculation differs from the one without: "
+                                           f"{why}")
+                    compared += 1
+                elif stream and own is not None:
+                    why = _calls_diff(calls, own, "streamed", "non-streamed")
+                    if why:
+                        raise Finding(req, f"streamed tool-call deltas reassembled differ from the non-streamed "
+                                           f"tool call: {why}")
+    if ctx.arm == "plain":
+        return "tool calls parsed; streamed = non-streamed (the spec arm is compared with these)"
+    if not compared:
+        return "tool calls parsed; streamed = non-streamed (no plain arm to compare with)"
+    return f"{compared} tool call(s) parsed under speculation = without (streamed and not)"
+
+
+def check_reject(ctx: Ctx) -> str:
+    """On a server whose drafter's every draft is rejected (rounds that emit only the target's own
+    token): exactly plain decode's tokens (no stray, placeholder or rejected-draft id), usage
+    counting exactly those tokens; the server's counters confirm the drafts were rejected."""
+    ref = ctx.ref
+    if not ctx.reject:
+        with ctx.case("reject"):
+            raise Unsupported("only on a server started with a drafter whose drafts are all rejected (the grader "
+                              "starts one for a spec arm with a two-model drafter)")
+        return ""
+    m0 = metrics(ctx.client)
+    c0 = SpecCounters(ctx.counters.drafted, ctx.counters.accepted)
+    plans = [(p, MAX_BUDGET, False) for p in ctx.plan.no_eos("reject")[:3]]
+    plans += [(p, MAX_BUDGET, True) for p in ctx.plan.eos("reject")[:1]]
+    for p, m, eos in plans:
+        req = Request(p.text, m, logprobs=True, tag="all drafts rejected" + (" (EOS)" if eos else ""))
+        with ctx.case(req):
+            r = ctx.ask(req)
+            why = compare(ref, r, p.out[:m], exact=True)
+            if why:
+                raise Finding(req, f"with every draft rejected: {why}")
+            ct = (r.usage or {}).get("completion_tokens")
+            ids = strip_eos(ref, r.ids)
+            n = len(ids) if ids is not None else len(p.out[:m])
+            if ct not in ((n, n + 1) if eos else (n,)):
+                raise Finding(req, f"with every draft rejected: usage.completion_tokens {ct}, plain decode emits {n}"
+                                   + (" (+ the EOS)" if eos else ""))
+    with ctx.case("all drafts rejected: the server's counters"):
+        m1 = metrics(ctx.client)
+        got = m1.minus(m0) if m1 is not None and m0 is not None else m1
+        used = ctx.counters.minus(c0)
+        if got is None or not got.sources:
+            got = used if ctx.counters.sources else None
+        if got is None:
+            raise Unsupported("the server reports no speculation counters: that the drafts were rejected is not "
+                              "confirmed (the outputs above are judged all the same)")
+        if got.drafted <= 0:
+            raise CannotGrade(f"the server drafted nothing with the rejecting drafter ({', '.join(sorted(got.sources))}"
+                              "): the cases above judged plain decode, not rejected drafts")
+        if got.accepted > REJECT_MAX_ACCEPT * got.drafted:
+            raise CannotGrade(f"{got.accepted:g} of {got.drafted:g} drafts accepted: the drafter was not rejected")
+    confirmed = ctx.cases[-1].status == "pass"
+    return ("every draft rejected: exactly plain decode's tokens, no stray id, usage = the tokens"
+            + ("" if confirmed else " (the rejection is not confirmed: the server reports no speculation counters)"))
+
+
+def _leak_probes(p: PromptInfo) -> tuple[Request, Request]:
+    """The leak check's two requests: greedy with logprobs, and seeded sampled."""
+    return (Request(p.text, 17, logprobs=True, tag="leak (greedy)"),
+            Request(p.text, 17, logprobs=True, temperature=SEED_TEMPERATURE, seed=SEED, tag="leak (seeded)"))
+
+
+def fresh_probes(ctx: Ctx) -> None:
+    """The leak check's probes on the fresh server (before any other check): the greedy request,
+    then the seeded one twice (is seeded sampling reproducible at all?)."""
+    ps = ctx.plan.no_eos("leak")
+    ctx.fresh = {}
+    if not ps:
+        return
+    g, sd = _leak_probes(ps[0])
+    for key, req in (("greedy", g), ("seeded", sd), ("seeded again", sd)):
+        ctx.n_requests += 1
+        try:
+            ctx.fresh[key] = send(ctx.client, req, ctx.counters)
+        except (ServerDown, ServerError) as exc:
+            ctx.fresh[key] = exc
+    ctx.fresh_at = ctx.n_requests
+
+
+def check_leak(ctx: Ctx) -> str:
+    """The same request on the fresh server = after N unrelated ones (other prompts, shapes and
+    sampling parameters: logit_bias, a seed, a stop, a stream, a chat, a long prompt): the same
+    ids, finish_reason and logprobs (within the logprobs check's tolerance)."""
+    ref, ps = ctx.ref, ctx.plan.no_eos("leak")
+    if len(ps) < 3:
+        with ctx.case("leak"):
+            raise Unsupported("fewer than 3 prompts")
+        return ""
+    if ctx.fresh is None:
+        fresh_probes(ctx)
+    assert ctx.fresh is not None
+    g, sd = _leak_probes(ps[0])
+    others = ps[1:]
+    seen = set(ps[0].out[:17]) | set(ref.eos_ids)
+    bias_tok = next((t for p in others for t in p.out if t not in seen), None)
+    unrelated = [
+        Request(others[0].text, 5, tag="leak: unrelated (logit_bias)",
+                logit_bias=((bias_tok, 100.0),) if bias_tok is not None else ()),
+        Request(others[1].text, 9, temperature=SEED_TEMPERATURE, seed=SEED + 99, tag="leak: unrelated (seeded)"),
+        Request(" ".join(p.text for p in others), MAX_BUDGET, stream=True, tag="leak: unrelated (long, streamed)"),
+        Request(others[-1].text, 9, chat=True, tag="leak: unrelated (chat)"),
+    ]
+    if len(others) > 2:
+        found = _stop_cases(ref, others[2])
+        if found:
+            unrelated.append(Request(others[2].text, MAX_BUDGET, stop=(found[0][0],), top_logprobs=TOP_K,
+                                     logprobs=True, tag="leak: unrelated (stop, top_logprobs)"))
+    refused = 0
+    for u in unrelated:  # not judged here: each is another check's business
+        try:
+            ctx.ask(u)
+        except (Finding, CannotGrade, Unsupported):
+            refused += 1
+    n = ctx.n_requests - ctx.fresh_at
+    for key, req in (("greedy", g), ("seeded", sd)):
+        again = Request(req.prompt, req.max_tokens, logprobs=True, temperature=req.temperature, seed=req.seed,
+                        tag=f"leak ({key}, after the other requests)")  # N in the detail: arms compare labels
+        with ctx.case(again):
+            first = ctx.fresh.get(key)
+            if isinstance(first, BaseException) or first is None:
+                raise CannotGrade(f"the request on the fresh server got no usable answer ({first}): nothing to "
+                                  "compare with")
+            if key == "seeded":
+                second = ctx.fresh.get("seeded again")
+                if isinstance(second, BaseException) or second is None or same_reply(
+                        ref, second, first, "second", "first", logprobs=False):
+                    raise CannotGrade("the seeded request sent twice back to back on the fresh server came back "
+                                      "different: the server's seeded sampling is not reproducible")
+            r = ctx.ask(again, optional="seeded sampling" if key == "seeded" else None)
+            why = same_reply(ref, r, first, "now", "on the fresh server")
+            if why:
+                raise Finding(again, f"the same request after {n} unrelated requests differs from its answer on "
+                                     f"the fresh server: {why}")
+    return (f"the same request (greedy, and seeded) on the fresh server = after {n} unrelated requests"
+            + (f" ({refused} unrelated request(s) refused)" if refused else ""))
 
 
 def check_liveness(ctx: Ctx) -> str:
@@ -1174,7 +1579,8 @@ def check_liveness(ctx: Ctx) -> str:
 CHECK_FNS: dict[str, Callable[[Ctx], str]] = {
     "identity": check_identity, "stream": check_stream, "budget": check_budget,
     "finish_reason": check_finish_reason, "usage": check_usage, "eos": check_eos, "stop": check_stop,
-    "logprobs": check_logprobs, "cache": check_cache, "concurrency": check_concurrency, "liveness": check_liveness,
+    "logprobs": check_logprobs, "cache": check_cache, "concurrency": check_concurrency, "seeded": check_seeded,
+    "tools": check_tools, "reject": check_reject, "leak": check_leak, "liveness": check_liveness,
 }
 
 
@@ -1200,9 +1606,14 @@ def speculation_cell(arm: str, counters: SpecCounters | None) -> CellResult:
 
 def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVER_CHECKS,
                log: Callable[[str], None] | None = None, plan: Plan | None = None,
-               counters: SpecCounters | None = None, require_hits: bool = True) -> dict[str, CellResult]:
+               counters: SpecCounters | None = None, require_hits: bool = True, *, arm: str = "plain",
+               baseline: dict[str, Any] | None = None, reject: bool = False) -> dict[str, CellResult]:
     """Every check in order (``speculation`` is the grader's: it needs the whole arm);
-    once the server stops answering, the rest are ``cannot-grade`` with that reason."""
+    once the server stops answering, the rest are ``cannot-grade`` with that reason.
+
+    ``arm``: ``plain`` or ``spec``; ``baseline``: shared by the arms of one grading (the plain
+    arm's tool calls, compared on the spec arm); ``reject``: this server's drafts are all rejected.
+    With ``leak`` among the checks, its probes are the server's first requests."""
     plan = plan if plan is not None else make_plan(ref)
     counters = counters if counters is not None else SpecCounters()
     out: dict[str, CellResult] = {}
@@ -1210,7 +1621,9 @@ def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVE
     ok, why = client.healthy()
     if not ok:
         down = f"the server was not answering before the first check: {why}"
-    ctx = Ctx(client, ref, plan, counters, require_hits)
+    ctx = Ctx(client, ref, plan, counters, require_hits, arm=arm, baseline=baseline, reject=reject)
+    if "leak" in checks and down is None:
+        fresh_probes(ctx)
     for name in checks:
         if name not in CHECK_FNS:
             continue

@@ -26,7 +26,14 @@ A real server's double, not a perfect one:
   character in two deltas), as mlx-lm's ``BPEStreamingDetokenizer`` does;
 - logprobs are rounded to bf16 (8 significant bits), as a bf16 model's are;
 - a prompt cache (``--prompt-cache-size``, 0 = off) remembers each prompt + output
-  and reports the longest cached prefix as ``cached_tokens``.
+  and reports the longest cached prefix as ``cached_tokens``;
+- sampling: ``temperature``, ``seed`` (unseeded: a random one), ``logit_bias``
+  (engine.sampler ``SamplerParams`` / ``ProcessorParams``);
+- under speculation, streamed deltas carry a round's block of tokens (several per delta);
+- tool calls (chat ``tools``, a model with a chat template only: the template renders
+  them): the double's tool format is the whole output as one call of the first tool,
+  ``{"text": output}`` (``finish_reason`` ``tool_calls``), streamed as OpenAI deltas
+  (the name, then the arguments in pieces).
 
 Planted bugs (``--bug NAME`` or ``SPECPARITY_FAKE_SERVER_BUG``; each names the
 check meant to catch it, and only that check):
@@ -47,12 +54,28 @@ check meant to catch it, and only that check):
   is one token short, so a hit decodes as if the last reused token were missing;
 - ``batch-leak`` (concurrency): a request batched behind another decodes on a prompt
   whose last token is its batch-mate's;
+- ``seed-batch`` (seeded): a seeded request batched with others draws from a generator
+  seeded by its seed and the batch's size (alone it is reproducible);
+- ``tool-spec-mangle`` (tools): with speculation on, the streaming tool-call parser keeps
+  only the last token's text of a delta that carries a block of several tokens;
+- ``reject-placeholder`` (reject): id 0 is the server's draft-padding placeholder, so a
+  rejected window whose drafts are all 0 is taken for padding and its first slot is emitted
+  (and counted in usage) before the target's token; only a drafter that proposes nothing but
+  0 (the zero-weight drafter of the all-reject arm) gets there;
+- ``reject-usage`` (reject): the drafts of such rejected all-placeholder windows are counted
+  in ``usage.completion_tokens`` (the ids are right);
+- ``logit-bias-leak`` (leak): a request's ``logit_bias`` stays in the sampler and applies to
+  every later request that sends none;
 - ``models-500`` (liveness): ``GET /v1/models`` answers 500;
 - ``spec-off`` (speculation): the draft model is loaded and never used;
 - ``no-template`` (a set-up failure: cannot grade): chat requests are refused with
   transformers' "no chat template" error;
 - ``no-token-ids`` (none: a limitation): token-id prompts are refused (HTTP 400), as
   mlx-lm's server refuses them; the checks fall back to text where the ids round-trip;
+- ``seed-ignored`` (none: a limitation): ``seed`` is ignored (every sampled request draws
+  afresh), so seeded sampling cannot be judged: cannot grade, never a finding;
+- ``no-tool-parser`` (none: a limitation): ``tools`` reach the chat template but no tool
+  call is parsed from the output (plain content): n/a;
 - ``crash-start`` (a set-up failure: cannot grade): exits at start with a log line;
 - ``slow`` (none: a correct but slow server, must pass): 0.2 s per answer, 10 ms per event;
 - ``hang`` / ``die``: stops answering (sleeps) / exits from the 3rd generation request on.
@@ -77,8 +100,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-label", "usage-reencode", "eos-leak",
-        "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "models-500",
-        "spec-off", "no-template", "no-token-ids", "crash-start", "slow", "hang", "die")
+        "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "seed-batch",
+        "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
+        "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die")
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
                "argument was passed!")
 
@@ -91,8 +115,10 @@ def bf16(x: float) -> float:
 
 
 class Job:
-    def __init__(self, prompt: list[int], max_tokens: int, stop: list[str]) -> None:
+    def __init__(self, prompt: list[int], max_tokens: int, stop: list[str], sampling: dict[str, Any] | None = None
+                 ) -> None:
         self.prompt, self.max_tokens, self.stop = prompt, max_tokens, stop
+        self.sampling = sampling or {}  # temperature, seed, logit_bias ({id: bias})
         self.future: Future[dict[str, Any]] = Future()
 
 
@@ -122,6 +148,7 @@ class FakeEngine:
         self.cache: list[tuple[int, ...]] = []
         self.requests = 0
         self.drafted = self.accepted = 0
+        self.sticky_bias: dict[int, float] = {}  # logit-bias-leak: the last logit_bias seen
         self.stats = {"inflight": 0, "max_inflight": 0, "max_batch": 0, "batches": 0}
 
 
@@ -138,10 +165,14 @@ class FakeEngine:
                     fut.set_exception(exc)
                 continue
             batch = item
-            t_end = time.monotonic() + self.batch_window
-            while len(batch) < self.stats["inflight"]:  # batching, crudely: the requests in flight now
+            t0 = time.monotonic()
+            t_end, t_tick = t0 + self.batch_window, t0 + 0.01
+            while True:  # batching, crudely: the requests in flight now, or arriving within a 10 ms tick
+                wait_for = t_end if len(batch) < self.stats["inflight"] else t_tick
+                if time.monotonic() >= wait_for:
+                    break
                 try:
-                    more = self._jobs.get(timeout=max(0.0, t_end - time.monotonic()))
+                    more = self._jobs.get(timeout=max(0.0, wait_for - time.monotonic()))
                 except queue.Empty:
                     break
                 if isinstance(more, list):
@@ -154,7 +185,7 @@ class FakeEngine:
             results: list[dict[str, Any] | BaseException] = []
             for k, job in enumerate(batch):
                 try:
-                    results.append(self._generate(job, batch[0] if k else None))
+                    results.append(self._generate(job, batch[0] if k else None, len(batch)))
                 except BaseException as exc:  # noqa: BLE001
                     results.append(exc)
             for job, res in zip(batch, results, strict=True):  # answered together, as one batch step
@@ -195,7 +226,8 @@ class FakeEngine:
         if self.bug == "system-prompt":
             msgs = [{"role": "system", "content": "You are a helpful assistant."}, *msgs]
         if self.tok.has_chat_template:
-            return list(self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+            kw = {"tools": body["tools"]} if body.get("tools") else {}
+            return list(self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **kw))
         from mlx_lm.server import convert_chat
 
         return list(self.tok.encode(convert_chat(msgs, body.get("role_mapping"))))
@@ -217,12 +249,34 @@ class FakeEngine:
             best = max(best, min(n, len(prompt) - 1))
         return best
 
-    def generate(self, prompt: list[int], max_tokens: int, stop: list[str]) -> dict[str, Any]:
-        job = Job(prompt, max_tokens, stop)
+    def generate(self, prompt: list[int], max_tokens: int, stop: list[str], sampling: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+        job = Job(prompt, max_tokens, stop, sampling)
         self._jobs.put([job])
         return job.future.result()
 
-    def _generate(self, job: Job, first: Job | None) -> dict[str, Any]:
+    def _sampler(self, job: Job, batch: int) -> tuple[Any, int]:
+        """The request's sampler settings and seed (engine.sampler names)."""
+        import random
+
+        from engine.sampler import ProcessorParams, SamplerParams
+
+        sm = job.sampling
+        bias = {int(k): float(v) for k, v in (sm.get("logit_bias") or {}).items()}
+        if self.bug == "logit-bias-leak":
+            if bias:
+                self.sticky_bias = dict(bias)
+            else:
+                bias = dict(self.sticky_bias)  # the last request's bias never left the sampler
+        seed = sm.get("seed")
+        seed = int(seed) if isinstance(seed, int) and not isinstance(seed, bool) and self.bug != "seed-ignored" \
+            else random.getrandbits(31)
+        if self.bug == "seed-batch" and batch > 1:
+            seed = seed * 1000003 + batch  # one generator per batch, not per request
+        proc = ProcessorParams(logit_bias=tuple(sorted(bias.items())))
+        return SamplerParams(temperature=float(sm.get("temperature") or 0.0), processors=proc), seed
+
+    def _generate(self, job: Job, first: Job | None, batch: int = 1) -> dict[str, Any]:
         from engine.executor import GenerationParams, plain_generate, spec_generate
 
         prompt, max_tokens, stop = list(job.prompt), job.max_tokens, job.stop
@@ -251,8 +305,12 @@ class FakeEngine:
                 return self.bug == "stop-trailing-logprob"
             return True
 
+        sampler, seed = self._sampler(job, batch)
         params = GenerationParams(max_tokens=budget, gamma=self.num_draft if spec else 0, eos_ids=self.eos,
-                                  cache_digests=False)
+                                  cache_digests=False, sampler=sampler, seed=seed)
+        blocks: list[int] = []  # tokens per streamed delta (under speculation: each round's block)
+        miscounted = 0  # reject-usage: rejected drafts counted as completion tokens
+        leak: tuple[int, int] | None = None  # reject-placeholder: (position, the rejected draft id)
         if spec:
             from engine.sources.two_model import TwoModelProvider
 
@@ -261,9 +319,22 @@ class FakeEngine:
             if res.speculation is not None:
                 self.drafted += res.speculation.drafted
                 self.accepted += res.speculation.accepted
+            pos = 0
+            for rec in res.records:
+                if rec.get("type") != "round":
+                    continue
+                blocks.append(len(rec["emitted"]))
+                if rec["k_accept"] == 0 and rec["drafts"] and not any(rec["drafts"]):  # all-placeholder, rejected
+                    if self.bug == "reject-placeholder" and leak is None:
+                        leak = (pos, 0)  # its first slot goes out
+                    if self.bug == "reject-usage":
+                        miscounted += len(rec["drafts"])
+                pos += len(rec["emitted"])
         else:
             res = plain_generate(self.model, run_prompt, params, on_token=on_token)
         ids = list(res.output_ids)
+        if sum(blocks) < len(ids):
+            blocks = []  # a plain fallback inside the request: one token per delta
         n_gen = res.usage.generation_tokens
         eos_end = res.usage.finish_reason == "stop" and n_gen > len(res.output_ids) and not hit_at
         if self.cache_size > 0:
@@ -272,8 +343,14 @@ class FakeEngine:
         if self.bug == "cache-drop" and cached >= 2 and ids:
             ids = ids[1:]
         n_usage = hit_at[0] if hit_at else len(ids)
+        n_usage += miscounted
+        if leak is not None and leak[0] <= len(ids):
+            ids.insert(leak[0], leak[1])
+            n_usage += 1
+            blocks = []
         return {"ids": ids, "finish": "stop" if hit_at else res.usage.finish_reason, "eos": eos_end,
-                "cached": cached, "top": self._top(run_prompt, ids), "n_usage": n_usage, "stopped": bool(hit_at)}
+                "cached": cached, "top": self._top(run_prompt, ids), "n_usage": n_usage, "stopped": bool(hit_at),
+                "blocks": blocks or [1] * len(ids), "spec": spec}
 
     def _top(self, prompt: list[int], ids: list[int]) -> list[tuple[float, list[tuple[int, float]]]]:
         import mlx.core as mx
@@ -383,7 +460,17 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             except (ValueError, KeyError, TypeError) as exc:
                 self._json(400, {"error": str(exc)})
                 return
-            r = engine.generate(prompt, max_tokens, stop)
+            sampling = {k: body.get(k) for k in ("temperature", "seed", "logit_bias") if body.get(k) is not None}
+            try:
+                for k, v in (sampling.get("logit_bias") or {}).items():
+                    if not -100 <= float(v) <= 100 or not 0 <= int(k) < engine.vocab:
+                        raise ValueError(f"logit_bias {k}: {v} out of range")
+                if float(sampling.get("temperature", 0.0)) < 0:
+                    raise ValueError("temperature must be >= 0")
+            except (ValueError, TypeError, AttributeError) as exc:
+                self._json(400, {"error": str(exc)})
+                return
+            r = engine.generate(prompt, max_tokens, stop, sampling)
             if engine.bug == "slow":
                 time.sleep(0.2)
             self._respond(body, chat, prompt, r, stop)
@@ -429,6 +516,13 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                     c["text"] = piece
                 return c
 
+            tools = body.get("tools") if chat and tok.has_chat_template and engine.bug != "no-tool-parser" else None
+            call: dict[str, Any] | None = None
+            if tools:  # the double's tool format: the whole output is one call of the first tool
+                call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                        "function": {"name": tools[0]["function"]["name"], "arguments": json.dumps({"text": text})}}
+                finish = "tool_calls" if finish == "stop" else finish
+
             if not stream:
                 lp = None
                 top_n = int(body.get("top_logprobs", -1) or -1)
@@ -440,34 +534,61 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                         for t, (g, top) in zip(ids, r["top"], strict=True)]}
                 elif body.get("logprobs"):
                     lp = {"content": [{"id": t, "logprob": g} for t, (g, _) in zip(ids, r["top"], strict=True)]}
-                self._json(200, {**base, "choices": [choice(text, finish, lp)], "usage": usage})
+                c = choice(text, finish, lp)
+                if call is not None:
+                    c["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+                self._json(200, {**base, "choices": [c], "usage": usage})
                 return
             self.send_response(200)
             self.send_header("Content-type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
-            st = StreamText(tok.decode)
-            sent, n_delta = "", 0
-            for k in range(1, len(ids) + 1):
-                new = st.delta(ids[:k], final=k == len(ids))
-                if not new or len(sent) >= len(text):
-                    continue
-                new = new[: max(0, len(text) - len(sent))]  # never past a stop string
-                n_delta += 1
-                piece = new
-                if engine.bug == "stream-drop-byte" and n_delta == 2:
-                    piece = new.encode("utf-8")[:-1].decode("utf-8", "replace")
-                self._event({**base, "choices": [choice(piece, None)]})
-                sent += new
-            if len(text) > len(sent):  # e.g. the leaked EOS text
-                self._event({**base, "choices": [choice(text[len(sent):], None)]})
+            if call is not None:
+                fn = call["function"]
+                self._event({**base, "choices": [{"index": 0, "finish_reason": None, "delta": {
+                    "role": "assistant", "tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                                                         "function": {"name": fn["name"], "arguments": ""}}]}}]})
+
+                def arg(piece: str) -> None:
+                    self._event({**base, "choices": [{"index": 0, "finish_reason": None, "delta": {
+                        "tool_calls": [{"index": 0, "function": {"arguments": piece}}]}}]})
+
+                arg('{"text": "')
+                mangle = engine.bug == "tool-spec-mangle" and r["spec"]
+                for piece in self._pieces(ids, r["blocks"], text, last_token_only=mangle):
+                    arg(json.dumps(piece)[1:-1])
+                arg('"}')
+            else:
+                for n_delta, piece in enumerate(self._pieces(ids, r["blocks"], text), 1):
+                    if engine.bug == "stream-drop-byte" and n_delta == 2:
+                        piece = piece.encode("utf-8")[:-1].decode("utf-8", "replace")
+                    self._event({**base, "choices": [choice(piece, None)]})
             self._event({**base, "choices": [choice("", finish)]})
             if (body.get("stream_options") or {}).get("include_usage"):
                 self._event({**base, "object": "chat.completion", "choices": [], "usage": usage})
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
+
+        def _pieces(self, ids: list[int], blocks: list[int], text: str, last_token_only: bool = False) -> Any:
+            """The streamed deltas of ``text``: one per block of tokens (under speculation a round's
+            block, else one token), a character split across tokens held back, never past a stop
+            string; then what is left (e.g. a leaked EOS text). ``last_token_only`` (planted): a
+            multi-token block's delta is its last token's text alone."""
+            st = StreamText(engine.tok.decode)
+            sent, k = "", 0
+            for b in blocks:
+                parts = [st.delta(ids[:j], final=j == len(ids)) for j in range(k + 1, min(k + b, len(ids)) + 1)]
+                k += b
+                new = "".join(parts)
+                if not new or len(sent) >= len(text):
+                    continue
+                new = new[: max(0, len(text) - len(sent))]  # never past a stop string
+                yield parts[-1][: len(new)] if last_token_only and len(parts) > 1 else new
+                sent += new
+            if len(text) > len(sent):
+                yield text[len(sent):]
 
         def _event(self, doc: dict[str, Any]) -> None:
             if engine.bug == "slow":
@@ -523,8 +644,9 @@ class Shared:
     and kept (a model loads in seconds; MLX streams belong to a thread, so the fake cannot share
     the grader's process); each launch resets it through its control route (a fresh server
     state: empty prompt cache, counters and stats, ``bug`` planted, the prompt cache off when
-    asked). ``launches`` records (arm, cache_off) per launch and ``stats`` each launch's stats
-    (``max_inflight``, ``max_batch``). A ``crash-start`` plant fails every launch as a server
+    asked); a launch with another drafter (the all-reject arm's zeroed one) gets its own
+    process. ``launches`` records (arm, cache_off) per launch and ``stats`` each launch's stats
+    (``max_inflight``, ``max_batch``, ``drafted``, ``accepted``). A ``crash-start`` plant fails every launch as a server
     that does not start (the grader's process path is tested with the real subprocess).
     """
 

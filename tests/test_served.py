@@ -9,7 +9,10 @@ zoo's llama): the correct fake passes every check in both arms; each planted bug
 is caught by exactly the check it targets (the other cells pass); set-up failures
 read cannot-grade, never fail; a spec arm that never speculated is not-engaged;
 the prompt-cache × speculation plant is ONE cell, attributed to cache ×
-speculation. A few tests start the fake through ``--serve fake`` as a real
+speculation. Both arms run on phi3 with a chat template (tool calls are parsed
+and compared across the arms), the spec arm's ``reject`` check on a server whose
+drafter has zero weights; every served check has a plant that reaches its
+failure branch (asserted by enumerating them). A few tests start the fake through ``--serve fake`` as a real
 subprocess: the CLI, SIGTERM, a server that hangs, dies or never starts.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,12 +41,13 @@ from specparity.served import (
     grade_served,
     launch_process,
     make_plan,
+    rejecting_drafter,
     resolve_model,
     started,
 )
 from subjects.http_client import HttpClient, Limits
 from subjects.served import SERVER_CHECKS, run_checks
-from tests.fake_server import Shared
+from tests.fake_server import BUGS, Shared
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = "import sys; from specparity.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -53,6 +58,19 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from tests.foreign import build
 
     return build(tmp_path_factory.mktemp("served-models"), ("phi3",))["phi3"]
+
+
+@pytest.fixture(scope="session")
+def tmpl(pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """phi3-tiny with a chat template that renders ``tools`` (a word when tools are offered), + its twin."""
+    import shutil
+
+    from tests.foreign import CHAT_TEMPLATE, add_chat_template
+
+    dest = tmp_path_factory.mktemp("served-tmpl") / "phi3-tiny-chat"
+    shutil.copytree(pair[0], dest)
+    add_chat_template(dest, "{% if tools %}sa fi {% endif %}" + CHAT_TEMPLATE)
+    return dest, pair[1]
 
 
 @pytest.fixture(scope="session")
@@ -68,10 +86,12 @@ def fakes():
 
 
 def _grade(fakes, target: Path, draft: Path | None, bug: str | None = None, checks=SERVER_CHECKS):
+    """Grade the fake (plain arm; with ``draft`` the spec arm too, and its all-reject server)."""
     ref = engine_reference(str(target))
     launcher = Shared(fakes, str(target), str(draft) if draft else None, bug, deadline=20)
     arms = [("plain", None)] + ([("spec", str(draft))] if draft else [])
-    results, blame = grade_arms(ref, launcher, arms, checks=checks, log=lambda m: None)
+    reject = str(rejecting_drafter(draft, draft.parent)) if draft and "reject" in checks else None
+    results, blame = grade_arms(ref, launcher, arms, checks=checks, log=lambda m: None, reject_draft=reject)
     return results, blame, launcher
 
 
@@ -98,25 +118,40 @@ def _pids_with(needle: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_correct_fake_passes_every_check_with_and_without_the_drafter(pair, fakes) -> None:
-    target, twin = pair
+def test_correct_fake_passes_every_check_with_and_without_the_drafter(tmpl, fakes) -> None:
+    """Both arms on a model with a chat template (so tool calls are parsed and compared): every cell
+    passes but the plain arm's two that cannot apply (no drafter: speculation, all-reject)."""
+    target, twin = tmpl
     results, blame, launcher = _grade(fakes, target, twin)
     for arm in ("plain", "spec"):
         bad = {c: cell.detail for c, cell in results[arm].cells.items()
-               if cell.status != "pass" and not (arm == "plain" and c == "speculation")}
+               if cell.status != "pass" and not (arm == "plain" and c in ("speculation", "reject"))}
         assert not bad, (arm, bad)
     assert results["plain"].cells["speculation"].status == "unsupported"
+    assert results["plain"].cells["reject"].detail == "plain arm: no drafter"
     assert "drafted" in results["spec"].cells["speculation"].detail
-    assert set(results["plain"].cells) == set(SERVER_CHECKS) and blame == {}
-    # isolation: each arm's checks on a fresh server with the prompt cache off, `cache` on its own with it on
-    assert launcher.launches == [("plain", True), ("plain", False), ("spec", True), ("spec", False)]
+    assert list(results["plain"].cells) == list(SERVER_CHECKS) and blame == {}
+    # isolation: each arm's checks on a fresh server with the prompt cache off, `cache` on its own with it on,
+    # the spec arm's all-reject check on its own server (its drafter has zero weights)
+    assert launcher.launches == [("plain", True), ("plain", False), ("spec", True), ("spec", False), ("spec", True)]
     assert results["spec"].cache_state["identity"] == "off" and results["spec"].cache_state["cache"] == "on"
+    assert "zero weights" in results["spec"].setup["servers"][-1]["drafter"]
     # every case of every check ran and was reported
-    assert all(len(cell.cases) >= 2 for c, cell in results["plain"].cells.items() if c != "speculation")
+    assert all(len(cell.cases) >= 2 for c, cell in results["plain"].cells.items()
+               if c not in ("speculation", "reject")), {c: cell.cases for c, cell in results["plain"].cells.items()}
     # the concurrency check's requests were in flight together at the server, in one batch
     assert launcher.stats[0]["max_inflight"] >= 4 and launcher.stats[0]["max_batch"] >= 2, launcher.stats[0]
     cache_cases = [c["label"] for c in results["plain"].cells["cache"].cases]
     assert any("ids [" in lab for lab in cache_cases), cache_cases  # exact continuations by token id
+    # what the new checks compared: tool calls across the arms, every draft rejected on the reject server
+    assert "parsed under speculation = without" in results["spec"].cells["tools"].detail
+    reject = results["spec"].cells["reject"]
+    assert reject.status == "pass" and all(k["status"] == "pass" for k in reject.cases), reject.cases
+    assert launcher.stats[-1]["drafted"] > 0 and launcher.stats[-1]["accepted"] == 0, launcher.stats[-1]
+    assert "batch-mates" in results["spec"].cells["seeded"].detail
+    # the leak check's first answer is the fresh server's first request: every other check's requests come between
+    n = int(re.search(r"after (\d+) unrelated requests", results["plain"].cells["leak"].detail).group(1))
+    assert n >= 40, results["plain"].cells["leak"].detail
 
 
 def test_correct_fake_passes_every_check_on_a_word_level_model(pair, fakes) -> None:
@@ -125,7 +160,11 @@ def test_correct_fake_passes_every_check_on_a_word_level_model(pair, fakes) -> N
     assert not bad and blame == {}, bad
     assert launcher.launches == [("plain", True), ("plain", False)]
     assert launcher.stats[0]["max_inflight"] >= 4 and launcher.stats[0]["max_batch"] >= 2, launcher.stats[0]
-    assert all(len(cell.cases) >= 2 for c, cell in results["plain"].cells.items() if c != "speculation")
+    assert {c for c, cell in results["plain"].cells.items() if cell.status == "unsupported"} == {
+        "tools", "reject", "speculation"}
+    assert "no chat template" in results["plain"].cells["tools"].detail  # said so, never a fail
+    assert all(len(cell.cases) >= 2 for c, cell in results["plain"].cells.items()
+               if c not in ("speculation", "tools", "reject"))
 
 
 def test_correct_fake_passes_on_a_byte_level_model(llama, fakes) -> None:
@@ -141,34 +180,72 @@ def test_correct_fake_passes_on_a_byte_level_model(llama, fakes) -> None:
 # ------------------------------------------------------------------ plants: each caught by its own check only
 
 
-PLANTS = {  # bug -> (model, the check that must catch it, words its finding must carry)
-    "system-prompt": ("pair", "identity", "the chat prompt the server builds"),
-    "stream-drop-byte": ("llama", "stream", "streamed deltas concatenated differ from the non-streamed text"),
-    "overrun": ("pair", "budget", "max_tokens=1: output token 1"),
-    "finish-label": ("pair", "finish_reason", "finish_reason 'stop' at the budget, expected 'length'"),
-    "stop-label": ("pair", "finish_reason", "ended the text but finish_reason is 'length'"),
-    "usage-reencode": ("llama", "usage", "usage.completion_tokens"),
-    "eos-leak": ("pair", "eos", "EOS text '</s>'"),
-    "stop-trailing-logprob": ("pair", "stop", "logprob entries came back"),
-    "logprob-off": ("llama", "logprobs", "vs plain"),
-    "cache-drop": ("pair", "cache", "warm != cold"),
-    "batch-leak": ("pair", "concurrency", "others in flight"),
-    "models-500": ("pair", "liveness", "GET /v1/models: HTTP 500"),
+PLANTS = {  # bug -> (model, arms, the check that must catch it, words its finding must carry)
+    "system-prompt": ("pair", "plain", "identity", "the chat prompt the server builds"),
+    "stream-drop-byte": ("llama", "plain", "stream", "streamed deltas concatenated differ from the non-streamed text"),
+    "overrun": ("pair", "plain", "budget", "max_tokens=1: output token 1"),
+    "finish-label": ("pair", "plain", "finish_reason", "finish_reason 'stop' at the budget, expected 'length'"),
+    "stop-label": ("pair", "plain", "finish_reason", "ended the text but finish_reason is 'length'"),
+    "usage-reencode": ("llama", "plain", "usage", "usage.completion_tokens"),
+    "eos-leak": ("pair", "plain", "eos", "EOS text '</s>'"),
+    "stop-trailing-logprob": ("pair", "plain", "stop", "logprob entries came back"),
+    "logprob-off": ("llama", "plain", "logprobs", "vs plain"),
+    "cache-drop": ("pair", "plain", "cache", "warm != cold"),
+    "batch-leak": ("pair", "plain", "concurrency", "others in flight"),  # seeded: cannot tell (BLOCKED below)
+    "seed-batch": ("pair", "plain", "seeded", "with 3 batch-mates in flight draws other tokens than alone"),
+    "logit-bias-leak": ("pair", "plain", "leak", "differs from its answer on the fresh server: output token"),
+    "models-500": ("pair", "plain", "liveness", "GET /v1/models: HTTP 500"),
+    # the spec arm's plants (both arms graded; the plain arm stays clean)
+    "tool-spec-mangle": ("tmpl", "spec", "tools", "the tool call parsed under speculation differs from the one "
+                                                  "without: tool call 0 (lookup) arguments"),
+    "reject-placeholder": ("tmpl", "spec", "reject", "with every draft rejected: output token 0: server id 0"),
+    "reject-usage": ("tmpl", "spec", "reject", "with every draft rejected: usage.completion_tokens"),
+    "cache-short-save": ("tmpl", "spec", "cache", "warm != cold"),  # its own test: the attribution rerun
 }
+BLOCKED = {  # cells a plant leaves cannot-grade (never fail): the root cause is another check's finding
+    "batch-leak": {"seeded": "batch-mates changed the computation itself (the concurrency check's finding)"},
+}
+NOT_ENGAGED = {"spec-off": "speculation"}  # the speculation check's failure branch: not engaged, never pass
+OTHER_PLANTS = {  # set-up failures and limitations (never a finding), a server that stops: each has its own test
+    "no-template": "cannot-grade", "crash-start": "cannot-grade", "no-token-ids": "pass (as text)",
+    "seed-ignored": "cannot-grade", "no-tool-parser": "n/a", "slow": "pass",
+    "hang": "one finding, the rest cannot-grade", "die": "one finding, the rest cannot-grade"}
 
 
-@pytest.mark.parametrize("bug", list(PLANTS))
-def test_each_planted_bug_is_caught_by_exactly_its_check(bug, pair, llama, fakes) -> None:
-    which, check, words = PLANTS[bug]
-    target = (pair if which == "pair" else llama)[0]
-    results, blame, _ = _grade(fakes, target, None, bug)
-    st = _statuses(results, "plain")
+def test_every_served_check_has_a_plant_that_reaches_its_failure_branch() -> None:
+    """A new check without a plant in the fake (or a plant without a test) fails here."""
+    reached = {c for _, _, c, _ in PLANTS.values()} | set(NOT_ENGAGED.values())
+    assert reached == set(SERVER_CHECKS), f"checks no plant fails: {sorted(set(SERVER_CHECKS) - reached)}"
+    assert set(PLANTS) | set(NOT_ENGAGED) | set(OTHER_PLANTS) == set(BUGS), \
+        f"plants with no test: {sorted(set(BUGS) - set(PLANTS) - set(NOT_ENGAGED) - set(OTHER_PLANTS))}"
+
+
+def _models(which: str, pair, llama, tmpl) -> tuple[Path, Path]:
+    return {"pair": pair, "llama": llama, "tmpl": tmpl}[which]
+
+
+@pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.slow) if PLANTS[b][1] == "spec" else b
+                                 for b in PLANTS if b != "cache-short-save"])
+def test_each_planted_bug_is_caught_by_exactly_its_check(bug, pair, llama, tmpl, fakes) -> None:
+    which, arms, check, words = PLANTS[bug]
+    target, twin = _models(which, pair, llama, tmpl)
+    results, blame, _ = _grade(fakes, target, twin if arms == "spec" else None, bug)
+    arm = arms
+    st = _statuses(results, arm)
     assert {c for c, s in st.items() if s == "fail"} == {check}, (bug, st)
-    assert {c for c, s in st.items() if s not in ("pass", "fail", "unsupported")} == set(), st
-    cell = results["plain"].cells[check]
+    blocked = BLOCKED.get(bug, {})
+    assert {c for c, s in st.items() if s not in ("pass", "fail", "unsupported")} <= set(blocked), st
+    for c, why in blocked.items():  # pass where a burst was not hit, cannot-grade (with that reason) where it was
+        graded = [k for k in results[arm].cells[c].cases if k["status"] != "pass"]
+        assert all(k["status"] == "cannot-grade" and why in k["detail"] for k in graded), graded
+    cell = results[arm].cells[check]
     assert words in cell.detail, cell.detail
     assert cell.case and "POST /v1/" in cell.case or check == "liveness", cell  # the request, with its parameters
-    assert blame == {check: "server: fails without speculation"}, blame
+    if arms == "plain":
+        assert blame == {check: "server: fails without speculation"}, blame
+    else:  # the plain arm is clean, the finding is speculation's
+        assert not [c for c, s in _statuses(results, "plain").items() if s not in ("pass", "unsupported")]
+        assert list(blame) == [check] and blame[check].startswith("speculation: fails with the prompt cache off"), blame
 
 
 def test_usage_reencode_shows_on_a_word_level_model_only_where_a_stop_trims_the_text(pair, fakes) -> None:
@@ -180,21 +257,23 @@ def test_usage_reencode_shows_on_a_word_level_model_only_where_a_stop_trims_the_
     assert {k["status"] for k in cases if "stop" in k["label"]} == {"fail"}, cases
 
 
+@pytest.mark.slow
 def test_a_short_prompt_cache_save_under_speculation_is_one_cell_attributed_to_cache_x_speculation(
-        pair, fakes) -> None:
-    target, twin = pair
+        tmpl, fakes) -> None:
+    target, twin = tmpl
     results, blame, launcher = _grade(fakes, target, twin, "cache-short-save")
     spec = _statuses(results, "spec")
     assert {c for c, s in spec.items() if s != "pass"} == {"cache"}, spec  # the rest of the spec arm passes
+    assert PLANTS["cache-short-save"][3] in results["spec"].cells["cache"].detail
     assert not [c for c, s in _statuses(results, "plain").items() if s == "fail"]
     assert blame == {"cache": results["spec"].cells["cache"].attribution}
     assert blame["cache"].startswith("cache × speculation"), blame
     assert launcher.launches[-1] == ("spec", True)  # the rerun with the prompt cache off
 
 
-def test_a_spec_arm_that_never_speculated_is_not_engaged_never_pass(pair, fakes) -> None:
-    target, twin = pair
-    results, _, _ = _grade(fakes, target, twin, "spec-off")
+def test_a_spec_arm_that_never_speculated_is_not_engaged_never_pass(tmpl, fakes) -> None:
+    target, twin = tmpl
+    results, _, _ = _grade(fakes, target, twin, "spec-off", checks=("identity", "tools", "speculation"))
     spec = _statuses(results, "spec")
     assert spec["speculation"] == "not-engaged", results["spec"].cells["speculation"]
     assert "0 drafted tokens" in results["spec"].cells["speculation"].detail
@@ -202,6 +281,44 @@ def test_a_spec_arm_that_never_speculated_is_not_engaged_never_pass(pair, fakes)
     assert set(_statuses(results, "plain").values()) <= {"pass", "unsupported"}
     doc = {"modes": {a: {"checks": {c: cell.to_dict() for c, cell in r.cells.items()}} for a, r in results.items()}}
     assert exit_code(doc) == 3
+
+
+def test_a_server_that_ignores_the_seed_cannot_be_graded_on_seeded_sampling_never_fails(pair, fakes) -> None:
+    results, blame, _ = _grade(fakes, pair[0], None, "seed-ignored", checks=("seeded", "leak"))
+    seeded, leak = results["plain"].cells["seeded"], results["plain"].cells["leak"]
+    assert seeded.status == "cannot-grade" and "not reproducible" in seeded.detail, seeded
+    assert leak.status == "pass" and blame == {}, leak  # the greedy probe is judged, the seeded one cannot be
+    assert [k["status"] for k in leak.cases] == ["pass", "cannot-grade"], leak.cases
+
+
+def test_a_server_without_a_tool_parser_is_n_a_for_tool_calls(tmpl, fakes) -> None:
+    results, blame, _ = _grade(fakes, tmpl[0], None, "no-tool-parser", checks=("tools",))
+    cell = results["plain"].cells["tools"]
+    assert cell.status == "unsupported" and "no tool call parsed" in cell.detail and blame == {}, cell
+
+
+def test_the_all_reject_drafter_has_zero_weights_and_applies_to_two_model_spec_arms_only(pair) -> None:
+    import mlx.core as mx
+
+    from specparity.served import grade_arm
+
+    d = rejecting_drafter(pair[1], pair[1].parent)
+    assert d == rejecting_drafter(pair[1], pair[1].parent) and d.parent == pair[1].parent and json.loads((d / "config.json").read_text()) == json.loads(
+        (pair[1] / "config.json").read_text())
+    assert all(float(mx.abs(v).max()) == 0.0 for v in mx.load(str(d / "model.safetensors")).values())
+    ref = engine_reference(str(pair[0]))
+    plan = make_plan(ref)
+
+    def never(*a):
+        raise AssertionError("no server should start")
+
+    for arm, reject, restartable, why in (
+            ("plain", str(d), True, "plain arm: no drafter"),
+            ("spec", None, True, "no two-model drafter"),
+            ("spec", str(d), False, "a running server's drafter cannot be swapped")):
+        cell = grade_arm(ref, never, arm, "x", ["reject"], plan, restartable=restartable, reject_draft=reject,
+                         log=lambda m: None).cells["reject"]
+        assert cell.status == "unsupported" and why in cell.detail, (arm, cell)
 
 
 def test_a_chat_endpoint_refused_for_lack_of_a_template_cannot_be_graded_never_fails(pair, fakes) -> None:
@@ -217,9 +334,10 @@ def test_a_chat_endpoint_refused_for_lack_of_a_template_cannot_be_graded_never_f
 
 def test_a_server_that_does_not_start_cannot_be_graded_with_its_log_line(pair, fakes) -> None:
     results, blame, _ = _grade(fakes, pair[0], None, "crash-start")
-    cells = results["plain"].cells
+    cells = {c: x for c, x in results["plain"].cells.items() if c != "reject"}  # reject: n/a on a plain arm
     assert all(c.status == "cannot-grade" for c in cells.values()), {c: x.status for c, x in cells.items()}
     assert all("server did not start" in c.detail for c in cells.values())
+    assert results["plain"].cells["reject"].status == "unsupported"
     assert "needs mlx-vlm" in (cells["identity"].log or ""), cells["identity"]
     doc = {"modes": {"plain": {"checks": {c: x.to_dict() for c, x in cells.items()}}}}
     assert exit_code(doc) == 3 and blame == {}
