@@ -27,6 +27,7 @@ from engine.executor import GenerationParams
 from engine.sampler import SamplerParams
 from engine.sources.ngram import NgramProvider
 from engine.sources.two_model import TwoModelProvider
+from tests.test_batched_traces import swap_neighbour_drops
 
 
 def _load(name: str, scale: float = 0.0) -> Any:
@@ -95,15 +96,7 @@ def test_double_b_flip_is_numerics_with_evidence(twin: Any) -> None:
 
 
 def test_plant_neighbour_rollback_breaks_b(llama: Any, twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = eb._drops
-
-    def swapped(keeps: list[int], width: int) -> list[int]:
-        d = real(keeps, width)
-        if len(d) > 1:
-            d[0], d[1] = d[1], d[0]
-        return d
-
-    monkeypatch.setattr(eb, "_drops", swapped)
+    swap_neighbour_drops(monkeypatch)  # the plant: row 0 rolls back by row 1's count and vice versa
     b = b_invariance(llama, rows(twin))
     assert b.verdict == "logic" and "batch step" in b.detail and "rows present" in b.detail, b.to_dict()
 

@@ -30,6 +30,7 @@ from engine.executor import GenerationParams
 from engine.sampler import SamplerParams
 from engine.sources.ngram import NgramProvider
 from engine.sources.two_model import TwoModelProvider
+from tests.test_batched_traces import swap_neighbour_drops
 
 _MODELS: dict[str, Any] = {}
 
@@ -169,15 +170,7 @@ def drop(s: dict[str, Any], e: dict[str, Any]) -> int:
 
 
 def test_plant_neighbour_rollback_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = eb._drops
-
-    def swapped(keeps: list[int], width: int) -> list[int]:
-        d = real(keeps, width)
-        if len(d) > 1:
-            d[0], d[1] = d[1], d[0]
-        return d
-
-    monkeypatch.setattr(eb, "_drops", swapped)
+    swap_neighbour_drops(monkeypatch)  # the plant: row 0 rolls back by row 1's count and vice versa
     res, divs = planted("llama", mixed("llama"))
     s = first_step(res, lambda s: drop(s, s["rows"][0]) != drop(s, s["rows"][1]))
     first = divs[0]
