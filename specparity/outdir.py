@@ -347,6 +347,21 @@ def _legacy(marker: dict[str, Any] | None) -> bool:
     return marker is not None and "run_id" in marker and "files" not in marker
 
 
+def _owned_or_refuse(directory: Path, marker: dict[str, Any] | None, files: set[str], added: set[str],
+                     flag: str) -> set[str]:
+    """The files of ``directory`` a specparity command wrote (an older specparity's run outputs
+    recognised by content where its marker lists none); refuses, in one line, a folder holding
+    any other file."""
+    owned = set(files)
+    if _legacy(marker):  # an older specparity's run: its outputs recognised by content
+        everything = _foreign(directory, owned | added, limit=1 << 62)
+        owned |= {rel for rel in everything if run_output(directory, rel)}
+    foreign = _foreign(directory, owned | added)
+    if foreign:
+        _refuse_foreign(directory, flag, foreign)
+    return owned
+
+
 def _refuse_foreign(directory: Path, flag: str, foreign: list[str]) -> None:
     more = "+" if len(foreign) >= FOREIGN_SCAN_LIMIT else ""
     shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3}{more} more" if len(foreign) > 3 else "")
@@ -521,12 +536,7 @@ def claim_output_dir(path: Path | str, command: str, *, flag: str = "--out",
     with DirLock(directory, command, flag=flag, what="run directory", run_id=run_id):
         marker = _read_marker(directory)
         files, added = _listed(marker, directory)
-        if _legacy(marker):  # an older specparity's run: its outputs recognised by content
-            everything = _foreign(directory, files | added, limit=1 << 62)
-            files |= {rel for rel in everything if run_output(directory, rel)}
-        foreign = _foreign(directory, files | added)
-        if foreign:
-            _refuse_foreign(directory, flag, foreign)
+        files |= _owned_or_refuse(directory, marker, files, added, flag)
         note = _set_aside(directory, marker, files, flag)
         if note:
             print(f"specparity: {flag} {directory}: {note}", file=sys.stderr)
@@ -586,12 +596,7 @@ def add_outputs(path: Path | str, command: str, *, flag: str = "--out",
         marker = _read_marker(directory)
         files, added = _listed(marker, directory)
         if own_folder:
-            if _legacy(marker):  # an older specparity's run: its outputs recognised by content
-                everything = _foreign(directory, files | added, limit=1 << 62)
-                files |= {rel for rel in everything if run_output(directory, rel)}
-            foreign = _foreign(directory, files | added)
-            if foreign:
-                _refuse_foreign(directory, flag, foreign)
+            files |= _owned_or_refuse(directory, marker, files, added, flag)
         new = marker is None
         if marker is None:
             marker = {"command": command, "state": "outputs", "files": [], "added": []}
