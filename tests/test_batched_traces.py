@@ -21,9 +21,9 @@ from engine.batched import batch_generate
 from specparity.batched import BatchCase, _row, batch_cases, batched_comparisons, row_requests
 from specparity.cases import Case
 from specparity.runners import run_case
-from traces.diff import diff_main, diff_traces, validate_batch_steps
+from traces.diff import diff_main, diff_traces
 from traces.io import Trace, write_trace
-from traces.validate import validate_trace
+from traces.validate import validate_batch_steps, validate_trace
 
 CASE = BatchCase("llama/twin/B3", tuple(_row("llama", "twin", i) for i in range(3)), (0, 0, 1),
                  ((2, 4), None, None))
@@ -130,3 +130,19 @@ def test_run_batched_cases_write_files_and_compare(tmp_path: Path) -> None:
     assert validate_batch_steps(steps) == []
     report = json.loads((tmp_path / "batched.json").read_text())
     assert report[0]["invariances"]["engine"][0]["name"] == "M"
+
+
+def test_a_batch_trace_file_goes_through_the_trace_validator(tmp_path: Any) -> None:
+    """``specparity trace validate`` (and every check that validates a run's files) reads a batch
+    trace as one: valid as written, a planted fault named by line and field."""
+    from traces.validate import validate_file
+
+    res, _, _ = traces_of(CASE)
+    good, bad = tmp_path / "batch.jsonl", tmp_path / "bad.jsonl"
+    good.write_text("\n".join(json.dumps(s) for s in res.steps) + "\n")
+    assert validate_file(good) == []
+    steps = json.loads(json.dumps(res.steps))
+    steps[2]["index"] = steps[1]["index"]
+    bad.write_text("\n".join(json.dumps(s) for s in steps) + "\n")
+    errs = validate_file(bad)
+    assert errs and errs[0].line == 3 and errs[0].field == "batch_step.index", [e.format() for e in errs]

@@ -364,7 +364,7 @@ def test_files_added_to_a_run_dir_survive_the_next_run(tiny_run: Path, tmp_path:
 
 NOT_WRITERS = {"grade dir": "the traces it grades (read, never written)", "regen --accept": "a switch"}
 """Flags whose name looks like an output but that write nothing (the sweep's only exceptions)."""
-_OUTPUTISH = r"out|report|json|trace|golden|dump|save|write|dir"
+_OUTPUTISH = r"\bout\b|-out|report|json|trace|golden|dump|save|write|dir"
 _SCOPES = {"dir": ("run", "folder", "goldens"), "file": ("file",), "beside": ("beside",)}
 
 

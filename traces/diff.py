@@ -63,7 +63,6 @@ __all__ = [
     "grammar_divergence",
     "grammar_sites",
     "token_origin",
-    "validate_batch_steps",
 ]
 
 LEVELS = ("round", "tokens", "acceptance")
@@ -684,38 +683,6 @@ def batch_context(a: Trace, b: Trace, div: Divergence | None) -> Divergence | No
     return replace(div, message=div.message + "\n" + "\n".join(notes))
 
 
-def validate_batch_steps(records: Sequence[Any]) -> list[str]:
-    """Problems of a batch trace (``batch_step`` records, schema ``$defs/batch_step``): each record
-    against the schema, consecutive ``index`` values, a row at most once per step, each row's
-    rounds counting 0, 1, 2, ... over the steps it ran in. Empty: valid."""
-    from jsonschema import Draft202012Validator
-
-    from traces.validate import load_schema
-
-    schema = load_schema()
-    check = Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/batch_step"})
-    out: list[str] = []
-    rounds: dict[str, int] = {}
-    last: int | None = None
-    for n, rec in enumerate(records, start=1):
-        errs = sorted(check.iter_errors(rec), key=lambda e: [str(p) for p in e.absolute_path])
-        if errs:
-            out += [f"line {n}: batch_step.{'.'.join(map(str, e.absolute_path)) or 'record'}: {e.message}"
-                    for e in errs]
-            continue
-        if last is not None and rec["index"] <= last:
-            out.append(f"line {n}: batch_step.index: {rec['index']} after {last} (steps increase)")
-        last = rec["index"]
-        seen: set[str] = set()
-        for e in rec["rows"]:
-            if e["row"] in seen:
-                out.append(f"line {n}: batch_step.rows: row {e['row']!r} twice in step {rec['index']}")
-            seen.add(e["row"])
-            want = rounds.get(e["row"], 0)
-            if e["round"] != want:
-                out.append(f"line {n}: batch_step.rows: row {e['row']!r} round {e['round']}, expected {want}")
-            rounds[e["row"]] = e["round"] + 1
-    return out
 
 
 def diff_main(argv: Sequence[str] | None = None, witness: Witness | None = None) -> int:

@@ -155,6 +155,15 @@ def validate_records(
         at most that many plus one line counting the rest.
     """
     errors: list[ValidationError] = _Capped(max_errors) if max_errors else []
+    records = iter(records)
+    first = next(records, None)
+    if first is not None and isinstance(first[1], dict) and first[1].get("type") == "batch_step":
+        # a batch trace (engine.batched): batch_step records only (INTERPRETING.md "Batch traces")
+        rest = [first, *records]
+        for n, fld, msg in batch_step_problems([r for _, r in rest]):
+            errors.append(ValidationError(rest[n - 1][0], "batch_step", fld, msg, path))
+        return list(errors)
+    records = iter([first, *records] if first is not None else [])
 
     def err(line: int | None, rtype: str | None, fld: str, msg: str) -> None:
         errors.append(ValidationError(line, rtype, fld, msg, path))
@@ -324,6 +333,40 @@ def _check_plain(line: int, r: Record, eos: set[int], err: Any) -> None:
     for j, tok in enumerate(emitted):
         if tok in eos:
             err(line, "plain", f"plain.emitted[{j}]", f"EOS id {tok} emitted as content")
+
+
+def batch_step_problems(records: Sequence[Any]) -> list[tuple[int, str, str]]:
+    """``(ordinal, field, message)`` problems of a batch trace (``batch_step`` records, schema
+    ``$defs/batch_step``): each record against the schema, increasing ``index`` values, a row at
+    most once per step, each row's rounds counting 0, 1, 2, ... over the steps it ran in."""
+    schema = load_schema()
+    check = Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/batch_step"})
+    out: list[tuple[int, str, str]] = []
+    rounds: dict[str, int] = {}
+    last: int | None = None
+    for n, rec in enumerate(records, start=1):
+        errs = sorted(check.iter_errors(rec), key=lambda e: [str(p) for p in e.absolute_path])
+        if errs:
+            out += [(n, "batch_step." + (".".join(map(str, e.absolute_path)) or "record"), e.message) for e in errs]
+            continue
+        if last is not None and rec["index"] <= last:
+            out.append((n, "batch_step.index", f"{rec['index']} after {last} (steps increase)"))
+        last = rec["index"]
+        seen: set[str] = set()
+        for e in rec["rows"]:
+            if e["row"] in seen:
+                out.append((n, "batch_step.rows", f"row {e['row']!r} twice in step {rec['index']}"))
+            seen.add(e["row"])
+            want = rounds.get(e["row"], 0)
+            if e["round"] != want:
+                out.append((n, "batch_step.rows", f"row {e['row']!r} round {e['round']}, expected {want}"))
+            rounds[e["row"]] = e["round"] + 1
+    return out
+
+
+def validate_batch_steps(records: Sequence[Any]) -> list[str]:
+    """:func:`batch_step_problems` as lines (``line N: field: message``); empty: valid."""
+    return [f"line {n}: {fld}: {msg}" for n, fld, msg in batch_step_problems(records)]
 
 
 def validate_trace(trace: Trace) -> list[ValidationError]:
