@@ -183,7 +183,7 @@ def run_ab(
 ) -> dict[str, Any]:
     """Run the A/B and return its result (the ``ab.json`` content).
 
-    ``cache``: :func:`specparity.kv_args.cache_fields` (``kv_bits``, ``kv_group_size``,
+    ``cache``: :func:`specparity.cli.kv_args.cache_fields` (``kv_bits``, ``kv_group_size``,
     ``quantized_kv_start``, ``rotating``), applied to both arms and recorded.
 
     ``timing`` gives each timed run's seconds (default: its measured wall

@@ -130,7 +130,7 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
     engine (module docstring)."""
     from engine.batched import batch_generate
     from engine.batched_check import b_invariance, m_invariance, seeded_invariance, serial_flip
-    from specparity.outdir import track
+    from specparity.cli.outdir import track
     from specparity.run import Comparison
     from specparity.runners import numerics_witness, run_case
     from traces.diff import Divergence, diff_traces

@@ -228,7 +228,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Time the five arms (module docstring); ``gammas`` overrides ``gamma``.
 
-    ``cache``: :func:`specparity.kv_args.cache_fields`; ``kv_*`` go to both engines (mlx-lm's
+    ``cache``: :func:`specparity.cli.kv_args.cache_fields`; ``kv_*`` go to both engines (mlx-lm's
     ``kv_bits``/``kv_group_size``/``quantized_kv_start``), ``rotating`` to the engine only.
     """
     import mlx.core as mx
@@ -238,7 +238,7 @@ def run_bench(
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
     from specparity.ab import _engine_cache, _pick_prompts
-    from specparity.devices import describe_device
+    from specparity.cli.devices import describe_device
     from specparity.runners import load_model
 
     say = log or (lambda _m: None)

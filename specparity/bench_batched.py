@@ -40,7 +40,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
     from reports.stats import median_ratio
     from specparity.ab import _pick_prompts
     from specparity.bench import _resolve
-    from specparity.devices import describe_device
+    from specparity.cli.devices import describe_device
     from specparity.runners import load_model
 
     say = log or (lambda _m: None)

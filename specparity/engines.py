@@ -160,7 +160,7 @@ class Recorder:
         drafter = {"path": dpath, "weights_sha256": None, "config_sha256": None} if dpath else None
         recs = to_trace(self.info, case, run, ids, list(_eos(case)), target, drafter)
         safe = case.case_id.replace(":", "__").replace("/", "__")
-        from specparity.outdir import track
+        from specparity.cli.outdir import track
 
         write_trace(track(self.dir / f"{safe}.jsonl"), recs)
 
@@ -282,7 +282,7 @@ def grade_engine_main(args: argparse.Namespace) -> int:
         print(f"specparity grade: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     with add_outputs(out, "specparity grade --engine", recognise=_engine_output) as claim:
         for n in names:  # refused before any engine runs if one of these is not ours
@@ -294,7 +294,7 @@ def grade_engine_main(args: argparse.Namespace) -> int:
 
 def _engine_output(p: Path) -> bool:
     """Whether an existing file is one ``grade --engine`` wrote (before output markers existed)."""
-    from specparity.args import is_trace, read_small_json
+    from specparity.cli.args import is_trace, read_small_json
 
     if p.suffix == ".jsonl":
         return is_trace(p)

@@ -533,9 +533,9 @@ def save_manifest(manifest: dict[str, Any], golden_dir: Path | str = GOLDEN_DIR)
     Inside ``regen`` (which holds the lock for its whole read-modify-write) the
     lock is this process's already; a standalone call takes it for this one
     write, so a manifest is never written while another process holds it
-    (``specparity.outdir.Busy``).
+    (``specparity.cli.outdir.Busy``).
     """
-    from specparity.outdir import DirLock
+    from specparity.cli.outdir import DirLock
 
     d = Path(golden_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -555,7 +555,7 @@ class GoldenLockError(RuntimeError):
 
 
 def lock_held(golden_dir: Path | str) -> bool:
-    """Whether THIS process holds ``golden_dir``'s lock (``specparity.outdir.DirLock``).
+    """Whether THIS process holds ``golden_dir``'s lock (``specparity.cli.outdir.DirLock``).
 
     The kernel's view, not a flag: the lock file's ``flock`` is taken (a probe
     on a new descriptor is refused, even in the holder's own process) and the
@@ -564,7 +564,7 @@ def lock_held(golden_dir: Path | str) -> bool:
     import fcntl
     import os
 
-    from specparity.outdir import LOCK_NAME
+    from specparity.cli.outdir import LOCK_NAME
 
     try:
         fd = os.open(Path(golden_dir) / LOCK_NAME, os.O_RDONLY)

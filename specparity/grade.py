@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.cases import Case, model_label
-from specparity.outdir import track
+from specparity.cli.outdir import track
 from specparity.run import (
     Comparison,
     Job,
@@ -309,10 +309,10 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
     The source must be one of the §3 roster the engine knows (a plain trace has
     none); γ, max_tokens, the sampling params, prompt and EOS ids go through the
     validators of ``--gammas``, ``--max-tokens``, ``--temps``, ``--top-p``,
-    ``--top-k``, ``--seed`` and ``--prompt-ids`` (``specparity.args``), so a header
+    ``--top-k``, ``--seed`` and ``--prompt-ids`` (``specparity.cli.args``), so a header
     γ of 10^9 is refused here instead of driving per-γ work.
     """
-    from specparity import args
+    from specparity.cli import args
 
     out: list[tuple[str, str]] = []
     source, mode = header.get("source"), header.get("mode")
@@ -336,7 +336,7 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
     g = p.get("gamma")
     if g is not None and (mode == "spec" or g != 0):  # a plain trace may say 0
         checks.append(("params.gamma", args.gamma, g))
-    if p.get("kv_bits") is not None:  # quantized KV: the flags' bounds (specparity.kv_args)
+    if p.get("kv_bits") is not None:  # quantized KV: the flags' bounds (specparity.cli.kv_args)
         checks += [("params.kv_bits", args.kv_bits, p["kv_bits"]),
                    ("params.kv_group_size", args.kv_group_size, p.get("kv_group_size", 64)),
                    ("params.quantized_kv_start", args.nonneg_int, p.get("quantized_kv_start", 5000))]
@@ -380,7 +380,7 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _grammar_problems(block: Any) -> list[tuple[str, str]]:
     """``params.grammar`` checked as ``--grammar``/``--reasoning-end`` check theirs."""
-    from specparity import args
+    from specparity.cli import args
 
     if block is None:
         return []
@@ -471,7 +471,7 @@ def grade(
 
 def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: int,
            ray_address: str | None, progress: bool, t0: float) -> RunResult:
-    from specparity.progress import Progress
+    from specparity.cli.progress import Progress
 
     all_runners, unavailable = available_runners(runners)
     oracles = all_runners[1:]

@@ -189,7 +189,7 @@ def _remove_leftovers(golden_dir: Path) -> None:
 
 
 def _progress(total: int) -> Any:
-    from specparity.progress import progress
+    from specparity.cli.progress import progress
 
     return progress(total, "regen goldens", "golden")
 
@@ -275,9 +275,9 @@ def regen(
     """Regenerate the selected goldens into ``golden_dir``; see the module doc.
 
     ``workers``: process-pool size (None: the CPU count; 0: in this process).
-    A second regen on the same directory is refused (``specparity.outdir.Busy``).
+    A second regen on the same directory is refused (``specparity.cli.outdir.Busy``).
     """
-    from specparity.outdir import lock_dir
+    from specparity.cli.outdir import lock_dir
 
     # One regen per golden directory: a second one is refused (its manifest
     # entries would otherwise overwrite ours); the lock dies with the process.

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from specparity.cases import DEFAULT_GAMMAS, Case
-from specparity.outdir import set_stage, track
-from specparity.progress import Progress
+from specparity.cli.outdir import set_stage, track
+from specparity.cli.progress import Progress
 from specparity.runners import run_case, runner_supports
 from traces.diff import Divergence, diff_traces
 from traces.io import Trace, atomic_write_text, write_trace
@@ -301,15 +301,15 @@ def zoo_cases(
     CUDA backend has no quantized-matmul kernel for the head-dim-32 pair's attention (its
     cases read ``unsupported on Device(gpu, 0): quantized_matmul``), the head-dim-64 pair
     still exercises the feature there. ``cache``
-    (:func:`specparity.kv_args.cache_fields`) replaces every case's cache settings.
+    (:func:`specparity.cli.kv_args.cache_fields`) replaces every case's cache settings.
 
     Plus the grammar cases (:func:`grammar_cases`): structured output under speculation
     on the JSON-capable pairs (``zoo/grammars.py``), ``grammar`` (``--grammar``) replacing
     the default grammars.
     """
     import zoo
-    from specparity.args import zoo_drafters, zoo_targets
     from specparity.cases import pick_prompts
+    from specparity.cli.args import zoo_drafters, zoo_targets
     from specparity.suite import PairSpec, Sampling, suite_cases
     from zoo.native_mtp import MATRIX, MATRIX_PROMPTS
 
@@ -421,7 +421,7 @@ def check_unique(cases: list[Case]) -> list[Case]:
 
 
 def run(out_dir: Path, **kwargs: Any) -> RunResult:
-    """:func:`run_cases` in a run directory owned by this run (``specparity.outdir``).
+    """:func:`run_cases` in a run directory owned by this run (``specparity.cli.outdir``).
 
     ``out_dir`` is probed writable and locked before any case runs (a second
     run into it is refused in one line), a directory holding files no
@@ -429,7 +429,7 @@ def run(out_dir: Path, **kwargs: Any) -> RunResult:
     are set aside, and its marker says ``complete`` only when the run finished
     (a killed run's report says INCOMPLETE).
     """
-    from specparity.args import MAX_CASES
+    from specparity.cli.args import MAX_CASES
     from specparity.suite import check_case_count
 
     # Bad runner names / an empty selection / too many cases are refused before the
@@ -453,7 +453,7 @@ def in_run_dir(out_dir: Path, command: str, work: Callable[[], RunResult]) -> Ru
     directory is left with no verdict it did not earn: the report this run
     wrote is removed and ``summary.md`` says INCOMPLETE with what was kept.
     """
-    from specparity.outdir import claim_output_dir
+    from specparity.cli.outdir import claim_output_dir
 
     with claim_output_dir(out_dir, command) as claim:
         try:
@@ -467,7 +467,7 @@ def _leave_incomplete(out_dir: Path, claim: Any, exc: BaseException) -> None:
     import contextlib
 
     from reports.summary import incomplete_summary
-    from specparity.args import Terminated
+    from specparity.cli.args import Terminated
 
     written = set(claim.written)
     for name in ("report.md", "report.html"):  # written from state "self": they would read CONFORMS

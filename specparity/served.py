@@ -716,7 +716,7 @@ def _subprocess_launcher(eng: ServedEngine, mdir: Path, out: Path, doc_name: str
 
     @contextlib.contextmanager
     def launch(arm: str, draft: str | None, cache_off: bool) -> Iterator[Launch]:
-        from specparity.outdir import track
+        from specparity.cli.outdir import track
 
         counter["n"] += 1
         log_path = track(out / "logs" / f"{doc_name}-{arm}-{counter['n']}.log")
@@ -932,7 +932,7 @@ def grade_server_main(args: argparse.Namespace) -> int:
         except (ServerDown, ServerError) as exc:
             return _err(f"cannot reach the server at {client.url}: {exc}")
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     path = out / f"{_doc_name(args.serve or 'url', model_ref(args.model, mdir))}.json"
     with add_outputs(out, "specparity grade --serve", recognise=_served_output) as claim:

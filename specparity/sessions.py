@@ -485,7 +485,7 @@ def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]
             tokenizer_sha256=zoo.tokenizer_digest() if c.on_zoo else tokenizer_digest(tpath),
             params=case_params(c, p.prefill),  # None: the kind's own convention, as the run's
             prompt_id=c.prompt_id, prompt_ids=prompt, eos_ids=list(p.eos_ids))
-        from specparity.outdir import track
+        from specparity.cli.outdir import track
 
         path = track(trace_dir / _label(case).replace("/", "__") / name / f"r{i}-{kind}.jsonl")
         write_trace(path, [header, *records])
@@ -868,7 +868,7 @@ def write(out_dir: Path, verdicts: Sequence[SessionVerdict],
             "reference": list(reference)}
     if any(v.plain is not None for v in verdicts):
         data["paired"] = paired_summary(verdicts)
-    from specparity.outdir import track  # listed in --out's marker before it is written
+    from specparity.cli.outdir import track  # listed in --out's marker before it is written
 
     atomic_write_text(track(out_dir / "sessions.json"), json.dumps(data, indent=1) + "\n")
     atomic_write_text(track(out_dir / "sessions.md"), text)

@@ -31,7 +31,7 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     sources = ["two-model"]            # default: detected from the drafter (§3 order)
 
 Every value goes through the validator of the flag that sets the same thing
-(``specparity.args.check_value``: ``gammas`` as ``--gammas``, ``seed`` as
+(``specparity.cli.args.check_value``: ``gammas`` as ``--gammas``, ``seed`` as
 ``--seed``, ``prompts_file`` as ``--prompts-file``, ...), so a suite accepts
 exactly what the flags accept. ``suite_cases(..., max_cases=N)`` refuses a suite
 of more than N cases before any prompt is encoded.
@@ -92,7 +92,7 @@ class PairSpec:
     stop_strings: tuple[str, ...] = ()
     truncate: bool = False
     confidence_threshold: float = 0.0
-    # quantized KV and rotating rollback (specparity.kv_args); None / "guard": off
+    # quantized KV and rotating rollback (specparity.cli.kv_args); None / "guard": off
     kv_bits: int | None = None
     kv_group_size: int | None = None
     quantized_kv_start: int | None = None
@@ -111,8 +111,8 @@ def _is_zoo_target(name: str) -> bool:
 
 
 def _check(parse: Any, v: Any, where: str) -> Any:
-    """A suite value through the flag's own validator (``specparity.args``): one set of bounds."""
-    from specparity import args
+    """A suite value through the flag's own validator (``specparity.cli.args``): one set of bounds."""
+    from specparity.cli import args
 
     try:
         return args.check_value(parse, v, where)
@@ -133,7 +133,7 @@ def _processors(v: Any, where: str) -> str:
 
 
 def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
-    from specparity import args
+    from specparity.cli import args
 
     if isinstance(v, dict):
         v = [v]
@@ -167,7 +167,7 @@ def _path(v: Any, where: str, root: Path) -> Path:
 
 def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> PairSpec:
     """Apply ``raw`` over ``base``; every value goes through its flag's validator."""
-    from specparity import args
+    from specparity.cli import args
 
     s = PairSpec(**{**base.__dict__, "where": where})
     for key, v in raw.items():
@@ -197,7 +197,7 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
                 raise SuiteError(f"{w}: expected true or false, got {v!r}")
             setattr(s, key, v)
         elif key in ("kv_bits", "kv_group_size", "quantized_kv_start"):
-            from specparity import args as a
+            from specparity.cli import args as a
 
             parse = {"kv_bits": a.kv_bits, "kv_group_size": a.kv_group_size,
                      "quantized_kv_start": a.nonneg_int}[key]
@@ -261,7 +261,7 @@ def load_suite(path: str | Path) -> list[PairSpec]:
         spec.drafter = _model_ref(drafter, root) if drafter else None
         src = raw.get("sources", raw.get("source"))
         if src is not None:
-            from specparity.args import source_names
+            from specparity.cli.args import source_names
 
             src = [src] if isinstance(src, str) else src
             known = source_names()

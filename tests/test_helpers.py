@@ -33,7 +33,7 @@ def test_cli_command_and_env_run_this_checkout() -> None:
     assert h.cli_command("run", Path("x"), 3) == [sys.executable, "-m", "specparity.cli", "run", "x", "3"]
     env = h.cli_env(EXTRA="1")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(h.ROOT) and env["EXTRA"] == "1"
-    assert (h.ROOT / "specparity" / "cli.py").is_file()
+    assert (h.ROOT / "specparity" / "cli" / "entry.py").is_file()
 
 
 def test_cli_process_is_a_fresh_interpreter(tmp_path: Path) -> None:

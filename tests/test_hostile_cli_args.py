@@ -122,7 +122,7 @@ def test_missing_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_absurd_max_tokens(capsys: pytest.CaptureFixture[str], no_jobs: None) -> None:
-    from specparity import args
+    from specparity.cli import args
 
     rc, _, err = cli(["run", "--max-tokens", "2000000"], capsys)
     assert rc == 2
@@ -148,7 +148,7 @@ def test_flag_sweep_every_flag_of_every_command(zoo_pair: tuple[Path, Path], tmp
     import specparity.bench
     import specparity.regen
     import specparity.run
-    from specparity.cli import build_parser
+    from specparity.cli.entry import build_parser
 
     class Started(Exception):
         pass
@@ -293,7 +293,7 @@ def test_every_run_flag_is_honoured_or_refused(zoo_pair: tuple[Path, Path], tmp_
     import contextlib
     import io
 
-    from specparity.cli import build_parser
+    from specparity.cli.entry import build_parser
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "token_ids": [5, 6, 7]}\n{"id": "b", "token_ids": [9, 8]}\n')

@@ -128,7 +128,7 @@ def _interrupt_in(monkeypatch: pytest.MonkeyPatch, target: str, exc: BaseExcepti
 def test_unfinished_runs_never_lose_the_last_finished_one(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity.args import Terminated
+    from specparity.cli.args import Terminated
 
     d = tmp_path / "run"
     assert cli([*RUN_TINY, "--out", d], capsys)[0] == 0

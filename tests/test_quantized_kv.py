@@ -95,7 +95,7 @@ def test_bad_cache_flags_are_one_line_usage_errors(flag: str, value: str, messag
 
 
 def test_group_or_start_without_bits_refused() -> None:
-    from specparity.kv_args import cache_fields
+    from specparity.cli.kv_args import cache_fields
 
     ns = argparse.Namespace(kv_bits=None, kv_group_size=32, quantized_kv_start=None, rotating="guard")
     with pytest.raises(ValueError, match="need --kv-bits"):
@@ -122,7 +122,7 @@ def test_suite_keys(tmp_path: Path) -> None:
 
 
 def test_zoo_head_dim_refused_before_running() -> None:
-    from specparity.kv_args import check_kv_models
+    from specparity.cli.kv_args import check_kv_models
 
     with pytest.raises(ValueError, match="head dim 16 is not a multiple"):
         check_kv_models([Case("llama", "twin", "nat-00", 3, 8, kv_bits=4, kv_group_size=32)])
@@ -384,7 +384,7 @@ def test_bench_and_ab_take_the_cache_flags(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_run_flags_set_the_zoo_matrix_cases() -> None:
-    from specparity.cli import build_parser
+    from specparity.cli.entry import build_parser
     from specparity.commands.run import cases_from_args
 
     args = build_parser().parse_args(["run", "--targets", "gemma3", "--drafters", "twin", "--gammas", "3",

@@ -221,7 +221,7 @@ def test_lock_held_is_the_kernel_lock_of_this_process(tmp_path: Path) -> None:
     import fcntl
     import json
 
-    from specparity.outdir import LOCK_NAME, DirLock
+    from specparity.cli.outdir import LOCK_NAME, DirLock
 
     assert not g.lock_held(tmp_path) and not g.lock_held(tmp_path / "absent")
     with DirLock(tmp_path, "test", flag="--golden-dir", what="golden directory"):
@@ -240,7 +240,7 @@ def test_lock_held_is_the_kernel_lock_of_this_process(tmp_path: Path) -> None:
         assert not g.lock_held(tmp_path)
         with pytest.raises(g.GoldenLockError, match="without holding the directory's lock"):
             g.assert_lock_held(tmp_path, "the manifest")
-        from specparity.outdir import Busy
+        from specparity.cli.outdir import Busy
 
         with pytest.raises(Busy, match="another specparity process"):
             g.save_manifest({"goldens": {}}, tmp_path)
@@ -281,9 +281,9 @@ def test_planted_regen_without_its_lock_writes_nothing(tmp_path: Path, monkeypat
     """Plant: regen's lock taken away (a write path outside the lock). Caught before any write."""
     import contextlib
 
-    import specparity.outdir
+    import specparity.cli.outdir
 
-    monkeypatch.setattr(specparity.outdir, "lock_dir", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(specparity.cli.outdir, "lock_dir", lambda *a, **k: contextlib.nullcontext())
     d = tmp_path / "g"
     d.mkdir()
     with pytest.raises(g.GoldenLockError, match="without holding the directory's lock"):
@@ -299,7 +299,7 @@ def test_planted_write_after_the_lock_is_released_is_caught(
     the ``with`` block, e.g. a late pool result). Each write path refuses before writing."""
     import traces.io
     from specparity import regen as regen_mod
-    from specparity.outdir import DirLock
+    from specparity.cli.outdir import DirLock
 
     held: list[DirLock] = []
     real_acquire = DirLock.acquire

@@ -156,8 +156,8 @@ def test_a_toy_kind_appears_in_every_derived_table(tmp_path: Path) -> None:
     import engine.prompt_cache as pc
     import engine.sources as es
     from engine.sources.detect import DraftKindError, detect_kind, resolve_kind
-    from specparity import args as a
-    from specparity.cli import build_parser
+    from specparity.cli import args as a
+    from specparity.cli.entry import build_parser
     from specparity.runners import drafter_label, registry
 
     art = tmp_path / "art"

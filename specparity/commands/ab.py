@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity import args as a
-from specparity.kv_args import add_kv_arguments, cache_fields
+from specparity.cli import args as a
+from specparity.cli.kv_args import add_kv_arguments, cache_fields
 from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "ab"
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from specparity.ab import run_ab, write_ab
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     with add_outputs(args.out, "specparity ab", flag="--out", own_folder=True) as claim:
         for name in ("ab.json", "ab.md"):  # refused before measuring if not ours

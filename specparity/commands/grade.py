@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specparity.args import existing_dir, nonneg_int, runner_list, writable_dir
+from specparity.cli.args import existing_dir, nonneg_int, runner_list, writable_dir
 
 NAME = "grade"
 HELP = "grade a folder of traces from any engine (or --engine NAME) against plain decode and the references"

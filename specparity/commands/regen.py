@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specparity import args as a
+from specparity.cli import args as a
 from specparity.commands import positive
 
 NAME = "regen"
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     if args.golden_dir is not None:
         _check_golden_dir(args.golden_dir)
@@ -54,9 +54,9 @@ def main(args: argparse.Namespace) -> int:
 def _check_golden_dir(d: Path) -> None:
     """Refuse a ``--golden-dir`` holding files regen did not write (it replaces goldens, the
     manifest and its journal there, and removes its own temp files): one line, nothing touched."""
-    from specparity.args import UsageError, is_trace, read_small_json
+    from specparity.cli.args import UsageError, is_trace, read_small_json
+    from specparity.cli.outdir import LOCK_NAME, PROBE_PREFIX
     from specparity.goldens import MANIFEST_NAME
-    from specparity.outdir import LOCK_NAME, PROBE_PREFIX
     from specparity.regen import JOURNAL_NAME
 
     if not d.is_dir():
@@ -101,7 +101,7 @@ def _regen(args: argparse.Namespace, claim: object) -> int:
             ray_address=args.ray or None,
         )
     except KeyboardInterrupt:
-        from specparity.outdir import note_interrupt
+        from specparity.cli.outdir import note_interrupt
 
         note_interrupt("the goldens written so far are whole and in the manifest; the same "
                        "`specparity regen` resumes from its journal")

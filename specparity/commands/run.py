@@ -23,10 +23,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity import args as a
+from specparity.cli import args as a
+from specparity.cli.devices import add_device_argument
+from specparity.cli.kv_args import add_kv_arguments, cache_fields, check_kv_models
 from specparity.commands import positive
-from specparity.devices import add_device_argument
-from specparity.kv_args import add_kv_arguments, cache_fields, check_kv_models
 from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "run"
@@ -184,7 +184,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.devices import on_gpu, use_device
+    from specparity.cli.devices import on_gpu, use_device
     from specparity.run import run
 
     if args.device is not None and (args.workers or args.ray is not None):
@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
         return _sessions(args)
     cases = cases_from_args(args)
     check_kv_models(cases)
-    from specparity.case_args import check_grammars
+    from specparity.cli.case_args import check_grammars
 
     check_grammars(cases)
     fill = None  # the whole zoo matrix also runs the fill cases (§7; zoo/fill.py)
@@ -248,7 +248,7 @@ def _sessions(args: argparse.Namespace) -> int:
     from specparity.sessions import check_sessions
 
     check_sessions(cases, names)  # a grammar, follow-ups past the context: refused before any work
-    from specparity.outdir import claim_output_dir
+    from specparity.cli.outdir import claim_output_dir
 
     # a run: --out owned as `run` owns it (locked, a folder of someone else's files refused, an
     # earlier run set aside until this one completes, every file listed before it is written)

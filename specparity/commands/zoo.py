@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specparity import args as a
+from specparity.cli import args as a
 from specparity.commands import positive
 from specparity.prompts import CHAT_TEMPLATE_HELP
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specparity import args as a
+from specparity.cli import args as a
 
 
 def add_kv_arguments(p: argparse.ArgumentParser | Any, *, rotating: bool = True) -> None:

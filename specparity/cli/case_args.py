@@ -75,14 +75,14 @@ def case_from_args(args: argparse.Namespace) -> Any:
         raise ValueError(f"--mtp-conventions applies to the {_conventions_kinds()} source, not plain decode")
     processors = ""
     try:
-        from specparity.processor_args import processors_from_args
+        from specparity.cli.processor_args import processors_from_args
 
         proc = processors_from_args(args)
         processors = proc.tag() if proc.active else ""
     except (ImportError, AttributeError):
         pass
     eos = tuple(args.eos_ids) if getattr(args, "eos_ids", None) else None
-    from specparity.kv_args import cache_fields
+    from specparity.cli.kv_args import cache_fields
 
     kw: dict[str, Any] = {"processors": processors} if processors else {}
     kw.update(cache_fields(args))  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating

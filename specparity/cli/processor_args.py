@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specparity.args import finite_float, nonneg_int, positive_int, rng_mode
+from specparity.cli.args import finite_float, nonneg_int, positive_int, rng_mode
 
 
 def _bias(text: str) -> tuple[tuple[int, float], ...]:
