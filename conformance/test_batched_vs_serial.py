@@ -103,7 +103,7 @@ def test_grammar_processor_and_min_tokens_rows_equal_serial() -> None:
     grammar matcher, the constrained walk), two rows with penalties + logit bias + min_tokens 4,
     greedy and sampled with position keys, one preempted."""
     from specparity.batched import BatchCase, row_requests
-    from specparity.cases import Case
+    from specparity.cases.case import Case
     from specparity.run import SIDE_STATE_PROCESSORS
     from zoo import grammars as G
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import zoo
-from specparity.cases import pick_prompts
+from specparity.cases.case import pick_prompts
 from specparity.drafter_ab import deepspec_arms, run_drafter_ab
 from specparity.runners import load_model
 

@@ -23,7 +23,7 @@ import pytest
 
 import zoo
 from conformance.conftest import run_trace
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests.helpers import load_zoo
 from traces.diff import diff_traces
 from traces.io import Trace

@@ -228,7 +228,7 @@ def test_zoo_matrix_has_native_cases_for_two_conventions() -> None:
 ])
 def test_header_records_every_convention(target: str, drafter: str, want: dict) -> None:
     from engine.sources.native_mtp import Conventions
-    from specparity.cases import Case
+    from specparity.cases.case import Case
     from specparity.runners import run_case
 
     recs = run_case("engine", Case(target, drafter, "nat-00", 2, 8, source="native-mtp"))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conformance.conftest import require_oracle, run_trace, witness
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import diff_traces
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
 

@@ -27,7 +27,7 @@ import pytest
 
 from conformance.conftest import require_oracle, run_trace
 from engine.nonexact import emulate_nonexact, exact
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.run import numerics_witness
 from specparity.runners import case_paths, load_model
 from traces.diff import diff_traces

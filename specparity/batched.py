@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import Case, file_stem
+from specparity.cases.case import Case, file_stem
 
 __all__ = ["BATCH_PAIRS", "ROW_BUDGETS", "ROW_PROMPTS", "BatchCase", "batch_cases", "batched_comparisons",
            "row_requests"]

@@ -66,21 +66,21 @@ def native_draft_cases() -> list[Any]:
     """``native-mtp`` on the Qwen ``mtp.*`` checkpoint (``zoo/native_mtp.py`` ``qwen35-native``),
     the family mlx-vlm implements: the qwen conventions with §3's pre-norm hidden (mlx-vlm's
     draft logits are recorded on its pre-norm target adapter, as for ``mlx_vlm_mtp``)."""
-    from specparity.cases import Case
+    from specparity.cases.case import Case
 
     return [Case("qwen35-native", "native+hidden=pre-norm", p, g, MTP_MAX_TOKENS, source="native-mtp")
             for p in NATIVE_PROMPTS for g in NATIVE_GAMMAS]
 
 
 def mtp_draft_cases() -> list[Any]:
-    from specparity.cases import Case
+    from specparity.cases.case import Case
 
     return [Case("qwen35", h, p, g, MTP_MAX_TOKENS, source="mtp")
             for h in MTP_HEADS for p in MTP_PROMPTS for g in MTP_GAMMAS]
 
 
 def assistant_draft_cases() -> list[Any]:
-    from specparity.cases import Case
+    from specparity.cases.case import Case
 
     return [Case("gemma4", h, p, g, ASSISTANT_MAX_TOKENS, source="assistant")
             for h in ASSISTANT_HEADS for p in ASSISTANT_PROMPTS for g in ASSISTANT_GAMMAS]

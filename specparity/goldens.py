@@ -98,7 +98,7 @@ def default_cases() -> list[Any]:
     """Every zoo pair × γ ∈ {1, 3} × 2 prompts (one natural, one random), 32
     tokens, greedy, plus the plain decode of each (target, prompt)."""
     import zoo
-    from specparity.cases import pick_prompts, spec_matrix
+    from specparity.cases.case import pick_prompts, spec_matrix
 
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], GOLDEN_PROMPTS)
     spec = spec_matrix(zoo.pairs(), prompt_ids, GOLDEN_GAMMAS, GOLDEN_MAX_TOKENS)
@@ -111,7 +111,7 @@ def processor_cases() -> list[Any]:
     ``+hlast`` spec cases start the history where mlx-lm's speculative_generate_step does (both
     runners); the default (whole-prompt) history in spec mode is the engine's alone (mlx-lm
     refuses it: known entry mlx-lm-spec-processor-history-omits-prompt), in plain mode both."""
-    from specparity.cases import Case
+    from specparity.cases.case import Case
 
     n = GOLDEN_MAX_TOKENS
     return [
@@ -255,7 +255,7 @@ def deepspec_cases() -> list[Any]:
     EOS-inside-accepted-drafts cases (an extra EOS id, 281, that the drafter proposes
     and the target accepts mid-block); plus the non-K≡V drafter (v_proj + v_norm).
     Regenerate with DeepSpec present (README "DSpark block drafters")."""
-    from specparity.cases import Case
+    from specparity.cases.case import Case
 
     out = [Case("gemma4", f"deepspec-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, source="deepspec")
            for t in ("0", "0.5") for p in DEEPSPEC_PROMPTS]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import Case, model_label
+from specparity.cases.case import Case, model_label
 from specparity.cli.outdir import track
 from specparity.run import (
     Comparison,

@@ -1,7 +1,7 @@
 """``specparity run``: the main job.
 
 Runs the engine and every available oracle on the cases — the zoo matrix (the
-built-in default suite), a user's pair or a TOML suite (``specparity/suite.py``)
+built-in default suite), a user's pair or a TOML suite (``specparity/cases/suite.py``)
 — on one of the backends of ``specparity/regen.py`` (in process, a ``spawn``
 process pool, or Ray; the same task function, so identical traces), writes one trace
 per (runner, case) under ``OUT/traces/<runner>/``, compares them — engine vs
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import DEFAULT_GAMMAS, Case
+from specparity.cases.case import DEFAULT_GAMMAS, Case
 from specparity.cli.outdir import set_stage, track
 from specparity.cli.progress import Progress
 from specparity.runners import run_case, runner_supports
@@ -287,7 +287,7 @@ def zoo_cases(
 ) -> list[Case]:
     """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts x ``sampling``.
 
-    Built as a suite (``specparity.suite``), so the zoo matrix honours the same
+    Built as a suite (``specparity.cases.suite``), so the zoo matrix honours the same
     settings as a pair of one's own (sampling, EOS ids) and its prompts are
     checked against each target's context with ``max_tokens``. Unknown target
     or drafter names are refused with the known ones, never dropped.
@@ -308,9 +308,9 @@ def zoo_cases(
     the default grammars.
     """
     import zoo
-    from specparity.cases import pick_prompts
+    from specparity.cases.case import pick_prompts
+    from specparity.cases.suite import PairSpec, Sampling, suite_cases
     from specparity.cli.args import zoo_drafters, zoo_targets
-    from specparity.suite import PairSpec, Sampling, suite_cases
     from zoo.native_mtp import MATRIX, MATRIX_PROMPTS
 
     for names, known, what in ((targets, zoo_targets(), "target"), (drafters, zoo_drafters(), "drafter")):
@@ -395,7 +395,7 @@ def grammar_cases(
     adapter shape ``mlx_lm_grammar_stateful``). ``reasoning_end`` (``--reasoning-end``):
     every grammar case free until that marker.
     """
-    from specparity.suite import Sampling
+    from specparity.cases.suite import Sampling
     from zoo import grammars as G
 
     grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
@@ -429,8 +429,8 @@ def run(out_dir: Path, **kwargs: Any) -> RunResult:
     are set aside, and its marker says ``complete`` only when the run finished
     (a killed run's report says INCOMPLETE).
     """
+    from specparity.cases.suite import check_case_count
     from specparity.cli.args import MAX_CASES
-    from specparity.suite import check_case_count
 
     # Bad runner names / an empty selection / too many cases are refused before the
     # directory is touched.

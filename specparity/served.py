@@ -521,8 +521,8 @@ def _prompts(tok: Any, n: int = N_PROMPTS, seed: int = 24) -> list[str]:
 
 
 def prompts_from_file(path: str | Path) -> tuple[str, ...]:
-    """The text prompts of a prompts file (``specparity/prompts.py`` formats); token-id prompts refused."""
-    from specparity.prompts import read_prompts_file
+    """The text prompts of a prompts file (``specparity/cases/prompts.py`` formats); token-id prompts refused."""
+    from specparity.cases.prompts import read_prompts_file
 
     out = []
     for p in read_prompts_file(path):

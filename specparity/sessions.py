@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.backend import unsupported_text, unsupported_verdict
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import common_prefix
 
 # session name -> request kinds, in order (the first is always "fresh")
@@ -549,7 +549,7 @@ def check_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) ->
     (a constrained request's grammar state is not part of a saved prompt cache) and a session
     whose follow-ups could run past the target's context (each follow-up's prompt holds the
     earlier outputs: :func:`request_reach`)."""
-    from specparity.prompts import _config, model_limits
+    from specparity.cases.prompts import _config, model_limits
     from specparity.runners import case_paths
 
     if any(c.grammar for c in cases):

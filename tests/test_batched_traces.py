@@ -19,7 +19,7 @@ import pytest
 from engine import batched as eb
 from engine.batched import batch_generate
 from specparity.batched import BatchCase, _row, batch_cases, batched_comparisons, row_requests
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import run_case
 from traces.diff import diff_main, diff_traces, validate_batch_steps
 from traces.io import Trace, write_trace

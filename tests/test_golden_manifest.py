@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specparity import goldens as g
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.io import write_trace
 from traces.validate import validate_file
 

@@ -35,7 +35,7 @@ from engine.pipeline import (
     sampler_from_header,
 )
 from engine.sampler import ProcessorParams, SamplerParams
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import case_paths, load_model, numerics_witness, run_case
 from traces.diff import diff_traces
 from traces.io import Trace

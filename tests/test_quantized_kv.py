@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from engine.executor import GenerationParams, plain_generate, spec_generate
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import diff_traces
 from traces.io import Trace
 
@@ -105,7 +105,7 @@ def test_group_or_start_without_bits_refused() -> None:
 
 
 def test_suite_keys(tmp_path: Path) -> None:
-    from specparity.suite import SuiteError, load_suite
+    from specparity.cases.suite import SuiteError, load_suite
 
     f = tmp_path / "s.toml"
     f.write_text('kv_bits = 4\nkv_group_size = 32\nquantized_kv_start = 0\nrotating = "exact"\n'

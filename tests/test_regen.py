@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from specparity import goldens as g
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.regen import regen
 from tests.helpers import ROOT, cli_command
 from traces.io import Trace

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import registry, run_case
 from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
 from tests.helpers import cli, one_error

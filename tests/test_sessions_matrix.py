@@ -19,7 +19,7 @@ from itertools import product
 import pytest
 
 import zoo
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.sessions import SESSIONS, sessions_from_cases, zoo_session_cases
 
 

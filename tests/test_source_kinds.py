@@ -26,7 +26,7 @@ from engine.seam import PrefillMode
 from engine.sources import kind as kinds
 from engine.sources.kind import OpenOptions, SourceKind
 from engine.sources.ngram import NgramProvider, NgramSource
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests.test_registry import SOURCE_CASES
 
 

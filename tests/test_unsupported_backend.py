@@ -294,7 +294,7 @@ def test_a_run_no_comparison_needs_is_still_listed(tmp_path: Path, monkeypatch: 
     """A sampled case's plain baseline is compared with nothing; its missing op still reads as an
     ``engine run`` entry, listed in the summary (never dropped)."""
     import specparity.run as run_mod
-    from specparity.cases import Case
+    from specparity.cases.case import Case
 
     real = run_mod.run_case
 

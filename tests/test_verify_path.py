@@ -19,7 +19,7 @@ import pytest
 
 from engine.nonexact import emulate_nonexact, exact
 from engine.witness import verify_path
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import case_paths, load_model, run_case
 from traces.io import Trace
 

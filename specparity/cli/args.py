@@ -5,7 +5,7 @@ says what was expected (argparse names the flag), so no command sees a NaN
 temperature, a negative seed, an absurd token budget or a file it cannot read.
 Checks here are syntax-level; what needs a model (prompt ids against the
 vocabulary, context length) is checked where the model is loaded
-(``specparity/prompts.py``) with the same error classes.
+(``specparity/cases/prompts.py``) with the same error classes.
 
 Error classes the CLI boundary (``specparity/cli/entry.py``) maps to exit statuses:
 :class:`UsageError` (exit 2: the user's input is wrong) and :class:`RunFailed`

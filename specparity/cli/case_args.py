@@ -3,7 +3,7 @@
 ``--target``/``--draft``/``--source`` and the prompt flags name the models and
 the draft source (``engine.sources.detect.resolve_kind``, §3); the ids are
 checked against the target's vocabulary and context; the case id is unique to
-the models, prompt and settings (``specparity.cases.Case``).
+the models, prompt and settings (``specparity.cases.case.Case``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def _conventions_kinds() -> str:
 
 
 def case_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`specparity.cases.Case` that ``generate``/``record`` flags describe."""
+    """The :class:`specparity.cases.case.Case` that ``generate``/``record`` flags describe."""
     from engine.sources.detect import resolve_kind
-    from specparity.cases import Case, model_label
-    from specparity.prompts import check_ids_for_model, encode_text
+    from specparity.cases.case import Case, model_label
+    from specparity.cases.prompts import check_ids_for_model, encode_text
     from specparity.runners import load_model
 
     target = load_model(str(Path(args.target).expanduser().resolve()))

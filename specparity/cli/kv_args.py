@@ -4,7 +4,7 @@
 ``generate_step`` / ``speculative_generate_step``'s ``kv_bits``,
 ``kv_group_size`` (default 64) and ``quantized_kv_start`` (default 5000).
 ``--rotating guard|exact``: how rotating (sliding-window) caches roll back past
-the ring wrap (``engine.rollback``). All become :class:`specparity.cases.Case`
+the ring wrap (``engine.rollback``). All become :class:`specparity.cases.case.Case`
 fields; unset, case ids and traces are unchanged.
 """
 

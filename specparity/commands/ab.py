@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
 from specparity.cli import args as a
 from specparity.cli.kv_args import add_kv_arguments, cache_fields
-from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "ab"
 HELP = "paired drafter A/B: McNemar acceptance gate + paired wall-clock verdict"

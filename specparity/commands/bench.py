@@ -15,10 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
 from specparity.cli import args as a
 from specparity.cli.devices import add_device_argument
 from specparity.cli.kv_args import add_kv_arguments, cache_fields
-from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "bench"
 HELP = "paired timing: engine vs mlx-lm speculative_generate_step, spec vs plain, forwards-only bound"

@@ -18,12 +18,12 @@ import argparse
 import sys
 from dataclasses import replace
 
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
 from specparity.cli import args as a
 from specparity.cli.args import token_id_list
 from specparity.cli.devices import add_device_argument
 from specparity.cli.kv_args import add_kv_arguments
 from specparity.cli.processor_args import add_processor_arguments
-from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "generate"
 HELP = "generate with the engine on local mlx-lm model dirs"

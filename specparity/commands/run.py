@@ -6,7 +6,7 @@ Three ways to say what runs:
   ``--prompts N`` (zoo prompts);
 - one pair of your own: ``--target PATH [--draft PATH] [--source KIND]
   --prompts-file FILE`` (a zoo target name works too);
-- a TOML suite: ``--suite FILE`` (``specparity/suite.py`` documents the keys).
+- a TOML suite: ``--suite FILE`` (``specparity/cases/suite.py`` documents the keys).
 
 ``--gammas``, ``--max-tokens``, ``--temps``/``--top-p``/``--top-k``/``--seed``,
 ``--eos-ids`` and ``--truncate`` apply to the first two; a suite sets its own
@@ -23,11 +23,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
 from specparity.cli import args as a
 from specparity.cli.devices import add_device_argument
 from specparity.cli.kv_args import add_kv_arguments, cache_fields, check_kv_models
 from specparity.commands import positive
-from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "run"
 HELP = "run engine + every available oracle on the zoo, a pair of yours or a suite, and report"
@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --grammar: each grammar case is free until the emitted tokens end with "
                         "TEXT, then constrained (docs/grammar.md)")
     add_kv_arguments(s)
-    p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
+    p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/cases/suite.py)")
     p.add_argument("--max-cases", type=positive, default=a.MAX_CASES,
                    help=f"refuse a selection of more cases than this (default {a.MAX_CASES})")
     p.add_argument("--runners", type=a.runner_list, default=None,
@@ -119,7 +119,7 @@ def _given(args: argparse.Namespace, *names: str) -> list[str]:
 
 def _sampling(args: argparse.Namespace) -> tuple:
     """``--temps`` x (``--top-p``, ``--top-k``, ``--seed``); those three need a temperature > 0."""
-    from specparity.suite import Sampling
+    from specparity.cases.suite import Sampling
 
     temps = args.temps or (0.0,)
     knobs = _given(args, "top_p", "top_k", "seed")
@@ -135,8 +135,8 @@ def cases_from_args(args: argparse.Namespace) -> list:
 
     Every flag is honoured or refused in one line, never ignored.
     """
+    from specparity.cases.suite import PairSpec, load_suite, suite_cases
     from specparity.run import zoo_cases
-    from specparity.suite import PairSpec, load_suite, suite_cases
 
     fields = cache_fields(args)  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
     if args.suite is not None:
@@ -167,7 +167,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
     if args.prompts is not None and args.prompts_file is not None:
         raise ValueError("--prompts N picks zoo prompts; with --prompts-file every prompt of the "
                          "file runs: drop one of them")
-    from specparity.suite import _model_ref
+    from specparity.cases.suite import _model_ref
 
     spec = PairSpec(
         target=_model_ref(args.target, Path.cwd()),
@@ -239,7 +239,7 @@ def _sessions(args: argparse.Namespace) -> int:
                              f"--targets and --max-tokens select from it; {', '.join(extra)} need "
                              "--target or --suite")
         cases = zoo_session_cases(targets=args.targets, max_tokens=args.max_tokens or 16)
-        from specparity.suite import check_case_count
+        from specparity.cases.suite import check_case_count
 
         check_case_count(len(cases), args.max_cases)  # --max-cases bounds the session matrix too
     else:
@@ -257,6 +257,6 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _suite_sessions(path: Path) -> list[str] | None:
-    from specparity.suite import suite_sessions
+    from specparity.cases.suite import suite_sessions
 
     return suite_sessions(path)

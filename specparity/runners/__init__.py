@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import registry
 from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
 from traces.records import make_header
@@ -77,11 +77,11 @@ def drafter_label(kind: str, draft_dir: str | Path | None, *, confidence_thresho
                   conventions: str | None = None) -> str:
     """A case's ``drafter`` for a drafter PATH run by ``kind`` (``generate``/``record`` flags, a
     suite's pair), derived from the kind's descriptor: a model-free kind is its name; else the
-    directory's :func:`specparity.cases.model_label`, prefixed ``<kind>-`` (``label_prefix``),
+    directory's :func:`specparity.cases.case.model_label`, prefixed ``<kind>-`` (``label_prefix``),
     then ``-t<threshold>`` for a kind taking a confidence threshold (none given: the kind's
     default; a default of None, the checkpoint's own: no suffix), then ``+<conventions>``."""
     from engine.sources.kind import get
-    from specparity.cases import model_label
+    from specparity.cases.case import model_label
 
     desc = get(kind)
     if not desc.takes_dir:
@@ -135,9 +135,9 @@ def tokenizer_digest(model_dir: Path) -> str | None:
 def model_identity(path: str | Path) -> dict[str, Any]:
     """``{"path", "weights_sha256", "config_sha256"}``: the one model identity of a trace header
     (``traces.digest.weights_digest`` over every layout and dtype, cached per content stamp by
-    ``specparity.cases.cached_weights_digest``: a checkpoint rewritten in place is re-hashed;
+    ``specparity.cases.case.cached_weights_digest``: a checkpoint rewritten in place is re-hashed;
     ``traces.digest.config_digest``); ``grade`` checks a header against the same function."""
-    from specparity.cases import cached_weights_digest
+    from specparity.cases.case import cached_weights_digest
     from traces.digest import config_digest
 
     return {"path": str(path), "weights_sha256": cached_weights_digest(str(path)),
@@ -344,13 +344,13 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
             raise ValueError(f"case {case.case_id}: a case on a model path needs its prompt's token ids")
         ids = list(zoo.prompt(case.prompt_id).token_ids)
     else:
-        from specparity.prompts import check_ids_for_model
+        from specparity.cases.prompts import check_ids_for_model
 
         # Never feed the model ids past its vocabulary (garbage or a segfault on MLX).
         ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
                                   prompt_id=case.prompt_id)
         if draft is not None and dpath is not None:  # the drafter reads the same ids
-            from specparity.prompts import PromptError
+            from specparity.cases.prompts import PromptError
 
             try:
                 check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)

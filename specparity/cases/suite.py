@@ -1,7 +1,7 @@
 """Suites: which cases ``specparity run`` runs, from flags or a TOML file.
 
 A suite is a list of pairs, each expanded over prompts x gammas x sampling
-settings into :class:`specparity.cases.Case` s. The zoo matrix is the built-in
+settings into :class:`specparity.cases.case.Case` s. The zoo matrix is the built-in
 default suite (:func:`specparity.run.zoo_cases`); ``run --target/--draft`` is a
 one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
 
@@ -37,7 +37,7 @@ exactly what the flags accept. ``suite_cases(..., max_cases=N)`` refuses a suite
 of more than N cases before any prompt is encoded.
 
 Case ids: a zoo pair keeps its zoo ids; a model path is named by
-:func:`specparity.cases.model_label` (directory name + short digest), a
+:func:`specparity.cases.case.model_label` (directory name + short digest), a
 non-two-model drafter path is prefixed by its source kind.
 """
 
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import DEFAULT_GAMMAS, Case, model_label, pick_prompts
+from specparity.cases.case import DEFAULT_GAMMAS, Case, model_label, pick_prompts
 
 __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "suite_cases"]
 
@@ -365,7 +365,7 @@ def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | 
     """``[(prompt id, token ids)]``, every prompt checked against the target's vocabulary and
     context with this pair's ``max_tokens`` (zoo prompts too: ``None`` keeps the zoo's ids)."""
     import zoo
-    from specparity.prompts import (
+    from specparity.cases.prompts import (
         PromptError,
         check_ids_for_model,
         encode_prompts,
@@ -400,7 +400,7 @@ def count_cases(spec: PairSpec) -> int:
     """How many cases :func:`pair_cases` makes of ``spec``, from the prompt count alone
     (the prompts file is parsed, nothing is encoded or loaded)."""
     import zoo
-    from specparity.prompts import PromptError, read_prompts_file
+    from specparity.cases.prompts import PromptError, read_prompts_file
 
     if spec.prompts_file is None:
         n = len(pick_prompts([p.id for p in zoo.prompts()], spec.zoo_prompts))
