@@ -41,7 +41,7 @@ def witness() -> Any:
     decides the outcome: a flip is ``numerics`` only when each run's own
     arithmetic path reproduces its token (traces/INTERPRETING.md).
     """
-    from specparity.run import numerics_witness
+    from specparity.jobs.run import numerics_witness
 
     return numerics_witness()
 

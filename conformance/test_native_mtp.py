@@ -212,7 +212,7 @@ def test_bad_convention_is_refused_in_one_line() -> None:
 
 
 def test_zoo_matrix_has_native_cases_for_two_conventions() -> None:
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     cases = zoo_cases(targets=["glm-mtp", "deepseek-mtp"], n_prompts=2, gammas=(1, 3))
     assert {(c.target, c.drafter, c.source) for c in cases} == {

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.oracle
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
     import oracles
-    from specparity.sessions import REFERENCE, reference_sessions, zoo_session_cases
+    from specparity.jobs.sessions import REFERENCE, reference_sessions, zoo_session_cases
 
     ok, why = oracles.availability(REFERENCE)
     if not ok:

@@ -16,7 +16,7 @@ same task function and backends as ``specparity run`` (``--workers``,
 ``--ray``). The graded traces go under ``OUT/traces/engine/`` (as the subject
 under test; their header keeps the engine's own runner name), the re-runs under
 ``OUT/traces/<runner>/`` with the graded trace's case id, and the comparisons,
-summary and report are the run's (``specparity.run.finish``).
+summary and report are the run's (``specparity.jobs.run.finish``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from specparity.cases.case import Case, model_label
 from specparity.cli.outdir import track
-from specparity.run import (
+from specparity.jobs.run import (
     Comparison,
     Job,
     RunResult,
@@ -82,7 +82,7 @@ def reused_prefix(trace: Trace) -> int:
 
 
 def warm_as_cold(warm: Trace, cold: Trace, exact: bool = True) -> tuple[Trace, Trace]:
-    """The warm-vs-cold rules (``specparity.sessions.compare_records``): a warm request's prefill
+    """The warm-vs-cold rules (``specparity.jobs.sessions.compare_records``): a warm request's prefill
     legitimately prefills only the suffix (``target_tokens``/``drafter_tokens``) and says what it
     reused (``prompt_cache``); everything else — every round, the cache digests after the prefill
     and after each round, the footer — must equal the cold run's. Where the backend is not
@@ -463,7 +463,7 @@ def grade(
     trace_dir = Path(trace_dir)
     out = Path(out_dir) if out_dir is not None else trace_dir / "graded"
     graded = collect(trace_dir, out)  # before claiming OUT: a bad folder leaves OUT as it was
-    from specparity.run import in_run_dir
+    from specparity.jobs.run import in_run_dir
 
     return in_run_dir(out, "specparity grade",
                       lambda: _grade(graded, out, runners, workers, ray_address, progress, t0))

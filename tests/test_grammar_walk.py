@@ -498,7 +498,7 @@ def test_suite_key_grammar(schema_file: Path, tmp_path: Path) -> None:
 
 
 def test_zoo_matrix_has_grammar_cases_on_every_cache_kind() -> None:
-    from specparity.run import grammar_cases, zoo_cases
+    from specparity.jobs.run import grammar_cases, zoo_cases
 
     cases = grammar_cases(gammas=(1, 3))
     assert {(c.target, c.prompt_id) for c in cases} == {(KV, "json-00"), (ROTATING, "nat-03"),

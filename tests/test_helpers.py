@@ -68,10 +68,10 @@ def test_refused_wants_exit_status_2() -> None:
 def test_no_jobs_stops_every_job(no_jobs: None) -> None:
     import specparity.ab
     import specparity.bench
+    import specparity.jobs.run
     import specparity.regen
-    import specparity.run
 
-    for fn in (specparity.run.run_cases, specparity.ab.run_ab, specparity.bench.run_bench,
+    for fn in (specparity.jobs.run.run_cases, specparity.ab.run_ab, specparity.bench.run_bench,
                specparity.regen.regen):
         with pytest.raises(AssertionError, match="the job started"):
             fn()

@@ -146,8 +146,8 @@ def test_flag_sweep_every_flag_of_every_command(zoo_pair: tuple[Path, Path], tmp
     import engine.executor
     import specparity.ab
     import specparity.bench
+    import specparity.jobs.run
     import specparity.regen
-    import specparity.run
     from specparity.cli.entry import build_parser
 
     class Started(Exception):
@@ -156,8 +156,8 @@ def test_flag_sweep_every_flag_of_every_command(zoo_pair: tuple[Path, Path], tmp
     def started(*_a: object, **_k: object) -> None:
         raise Started()
 
-    for mod, name in ((specparity.run, "run_cases"), (specparity.run, "run_task"),
-                      (specparity.run, "execute"), (specparity.ab, "run_ab"),
+    for mod, name in ((specparity.jobs.run, "run_cases"), (specparity.jobs.run, "run_task"),
+                      (specparity.jobs.run, "execute"), (specparity.ab, "run_ab"),
                       (specparity.bench, "run_bench"), (specparity.regen, "regen"),
                       (engine.executor, "spec_generate"), (engine.executor, "plain_generate")):
         monkeypatch.setattr(mod, name, started)
@@ -218,7 +218,7 @@ def test_unknown_names_are_refused_with_the_known_ones(argv: list[str], names: s
 
 
 def test_zoo_cases_api_refuses_unknown_names() -> None:
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     with pytest.raises(ValueError, match="unknown zoo target.*'nosuch'.*known: llama"):
         zoo_cases(targets=["llama", "nosuch"], gammas=(1,), n_prompts=1)
@@ -464,7 +464,7 @@ def test_sessions_refuse_what_they_cannot_honour(zoo_pair: tuple[Path, Path], tm
 
 def test_sessions_context_bound_is_the_worst_case() -> None:
     """The bound is what the requests can take: the prompt plus every earlier output and turn."""
-    from specparity.sessions import SESSIONS, TURN_TOKENS, request_reach
+    from specparity.jobs.sessions import SESSIONS, TURN_TOKENS, request_reach
 
     reach = request_reach(SESSIONS["multi-turn"], 10, 4)
     assert reach == [10 + 4, 10 + 4 + TURN_TOKENS + 5, 10 + 4 + TURN_TOKENS + 5 + TURN_TOKENS + 6]

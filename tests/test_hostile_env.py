@@ -21,8 +21,8 @@ pytestmark = pytest.mark.usefixtures("in_tmp")
 def test_every_available_runner_is_dispatchable(monkeypatch: pytest.MonkeyPatch) -> None:
     """With every reference 'installed', run either dispatches a runner or skips it with a reason."""
     import oracles
-    from specparity import run as run_mod
     from specparity.cases.case import Case
+    from specparity.jobs import run as run_mod
     from specparity.runners import run_case
 
     monkeypatch.setattr(oracles, "availability", lambda name: (True, "ok"))

@@ -40,7 +40,7 @@ def test_disk_full_writing_report(tiny_run: Path, tmp_path: Path, monkeypatch: p
 
 def test_disk_full_during_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                               capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity import run as run_mod
+    from specparity.jobs import run as run_mod
 
     out = tmp_path / "run"
 
@@ -136,7 +136,7 @@ def test_unfinished_runs_never_lose_the_last_finished_one(tmp_path: Path,
     finished_traces = sorted(k for k in finished if k.startswith("traces/"))
     for n in range(2):  # two interrupted runs in a row (Terminated: as SIGTERM would)
         with monkeypatch.context() as m:
-            _interrupt_in(m, "specparity.run:numerics_witness", Terminated())
+            _interrupt_in(m, "specparity.jobs.run:numerics_witness", Terminated())
             rc, _, err = cli([*RUN_TINY, "--out", d], capsys)
         assert rc == 143, err
         kept = d / ".previous-run"
@@ -168,7 +168,7 @@ def _verdict_state(d: Path) -> tuple[str | None, bool, str]:
     ("reports.report:_build", "sigterm", 143),
     ("reports.summary:tau_table", "ctrl-c", 130),
     ("reports.summary:atomic_write_text", "disk full", 1),
-    ("specparity.run:atomic_write_text", "disk full", 1),
+    ("specparity.jobs.run:atomic_write_text", "disk full", 1),
 ], ids=["failure in the report", "SIGTERM in the report", "Ctrl-C in the summary",
         "disk full writing summary.md", "disk full writing comparisons.json"])
 def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -196,7 +196,7 @@ def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.
         assert summary is not None and "while writing the" in summary, summary
     assert not has_report, "a report written from inside the run (it read CONFORMS) is removed"
     assert list(d.glob("traces/engine/*.jsonl")), "work kept"
-    if where.startswith("specparity.run"):  # comparisons.json and the INCOMPLETE summary failed
+    if where.startswith("specparity.jobs.run"):  # comparisons.json and the INCOMPLETE summary failed
         assert summary is None and not (d / "comparisons.json").exists()
     else:
         assert (d / "comparisons.json").exists()
@@ -209,7 +209,7 @@ def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.
 
 
 SIGTERM_AT = [
-    ("run", [*RUN_TINY, "--out", "{d}"], "specparity.run:run_cases"),
+    ("run", [*RUN_TINY, "--out", "{d}"], "specparity.jobs.run:run_cases"),
     ("ab", ["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"],
      "specparity.ab:run_ab"),
     ("bench", ["bench", "--out", "{d}"], "specparity.bench:run_bench"),

@@ -208,7 +208,7 @@ def double() -> Iterator[Any]:
 
 
 def _grammar_flip_case() -> Case:
-    from specparity.run import grammar_cases
+    from specparity.jobs.run import grammar_cases
 
     return next(c for c in grammar_cases(gammas=(3,), max_tokens=32)
                 if c.case_id == "qwen35/twin/json-00/g3/n32/gr-regex-sentence")
@@ -318,7 +318,7 @@ def test_the_zoo_matrix_compares_sampler_side_state_with_plain(tmp_path: Any) ->
     """The default matrix carries the side-state cases (processors, min_tokens, position-keyed
     sampling on a KV, a rotating and a recurrent target) and compares each with plain decode,
     the sampled ones too (their draws are keyed per position)."""
-    from specparity.run import run_cases, side_state_cases, zoo_cases
+    from specparity.jobs.run import run_cases, side_state_cases, zoo_cases
 
     side = side_state_cases()
     assert set(side) <= set(zoo_cases())

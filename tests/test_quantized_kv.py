@@ -348,7 +348,7 @@ def test_witness_replays_quantized_kv(loaded: tuple[Any, Any]) -> None:
 def test_zoo_matrix_has_two_quantized_kv_cases_per_kv_pair() -> None:
     """Head dim 32 (``llama-kv``) and 64 (``llama-kv64``, the pair MLX's CUDA kernels take:
     docs/backends.md "Unsupported on this backend"), two cases each."""
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     kv = [c for c in zoo_cases(n_prompts=1) if c.kv_bits is not None]
     assert [c.case_id for c in kv] == ["llama-kv/twin/nat-00/g3/n32/kv4g32s0",

@@ -162,7 +162,7 @@ def test_run_case_refuses_an_undeclared_source_before_running() -> None:
 
 
 def test_run_skips_cases_a_reference_lacks_with_the_reason() -> None:
-    from specparity.run import skip_reasons
+    from specparity.jobs.run import skip_reasons
 
     cases = [SOURCE_CASES["two-model"], SOURCE_CASES["ngram"], replace(SOURCE_CASES["ngram"], gamma=3)]
     got = skip_reasons(["mlx_lm", "engine"], cases)

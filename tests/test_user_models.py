@@ -107,7 +107,7 @@ def test_case_ids_stable_unique_and_zoo_unchanged(models, tmp_path) -> None:
 def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
     from specparity.grade import grade
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs[arch]
@@ -133,7 +133,7 @@ def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
 def test_grade_catches_a_planted_engine_bug_and_a_model_mismatch(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
     from specparity.grade import GradeError, grade
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs["olmo2"]
@@ -169,7 +169,7 @@ def test_grade_catches_a_planted_engine_bug_and_a_model_mismatch(models, tmp_pat
 
 def test_pool_backend_gives_identical_traces_and_verdicts(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs["starcoder2"]
@@ -238,7 +238,7 @@ def test_suite_file(models, tmp_path) -> None:
 
 def test_writer_rebuilds_an_engine_trace(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
-    from specparity.run import run_task
+    from specparity.jobs.run import run_task
     from traces.validate import validate_file
     from traces.writer import EngineTrace, model_identity
 
@@ -276,7 +276,7 @@ def test_writer_rebuilds_an_engine_trace(models, tmp_path) -> None:
 def test_zoo_target_with_a_prompts_file_and_grade_of_stop_cases(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
     from specparity.grade import grade
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     root, pairs = models
     zoo_case = suite_cases([PairSpec(target="llama", drafter="twin", gammas=(2,), max_tokens=6,
@@ -300,7 +300,7 @@ def test_zoo_target_with_a_prompts_file_and_grade_of_stop_cases(models, tmp_path
 def test_ray_backend_gives_identical_traces(models, tmp_path) -> None:
     pytest.importorskip("ray")
     from specparity.cases.suite import PairSpec, suite_cases
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs["phi3"]
@@ -333,7 +333,7 @@ def test_references_run_only_the_sources_they_implement() -> None:
 
 def test_sampled_case_without_a_reference_is_said_not_compared(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, Sampling, suite_cases
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, _ = pairs["olmo2"]
@@ -367,7 +367,7 @@ def test_run_cli_on_a_local_pair(models, tmp_path, capsys) -> None:
 def test_grade_keeps_traces_that_share_a_case_id_apart(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
     from specparity.grade import grade
-    from specparity.run import run_task
+    from specparity.jobs.run import run_task
 
     root, pairs = models
     t, d = pairs["starcoder2"]

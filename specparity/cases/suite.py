@@ -2,7 +2,7 @@
 
 A suite is a list of pairs, each expanded over prompts x gammas x sampling
 settings into :class:`specparity.cases.case.Case` s. The zoo matrix is the built-in
-default suite (:func:`specparity.run.zoo_cases`); ``run --target/--draft`` is a
+default suite (:func:`specparity.jobs.run.zoo_cases`); ``run --target/--draft`` is a
 one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
 
     # top-level keys are defaults for every [[pair]]; a pair may override any
@@ -450,7 +450,7 @@ def check_case_count(n: int, max_cases: int) -> None:
 def suite_sessions(path: str | Path) -> list[str] | None:
     """The suite's top-level ``sessions`` key (``run --suite`` then runs prompt-cache sessions,
     docs/prompt-cache.md): ``true`` (every session), a list of session names, or absent (None)."""
-    from specparity.sessions import SESSIONS
+    from specparity.jobs.sessions import SESSIONS
 
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))

@@ -117,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, case: Any, runners: list[str], out: Path, claim: Any) -> int:
-    from specparity.run import run_task
+    from specparity.jobs.run import run_task
     from traces.io import write_trace
 
     failed = 0

@@ -1,4 +1,4 @@
-"""``specparity run``: the main job (``specparity/run.py``).
+"""``specparity run``: the main job (``specparity/jobs/run.py``).
 
 Three ways to say what runs:
 
@@ -136,7 +136,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
     Every flag is honoured or refused in one line, never ignored.
     """
     from specparity.cases.suite import PairSpec, load_suite, suite_cases
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     fields = cache_fields(args)  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
     if args.suite is not None:
@@ -185,7 +185,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
 
 def main(args: argparse.Namespace) -> int:
     from specparity.cli.devices import on_gpu, use_device
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     if args.device is not None and (args.workers or args.ray is not None):
         raise ValueError("--device sets this process's MLX device: run it without --workers/--ray")
@@ -206,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
     if args.suite is None and args.target is None and not args.targets and not args.drafters:
         from dataclasses import replace
 
-        from specparity.run import fill_cases
+        from specparity.jobs.run import fill_cases
 
         # the fill cases' requests take the run's sampling flags: --temps, --max-tokens, --seed
         fill = [replace(c, seed=args.seed or 0)
@@ -223,7 +223,7 @@ def main(args: argparse.Namespace) -> int:
 def _sessions(args: argparse.Namespace) -> int:
     """``run --sessions`` (docs/prompt-cache.md): the zoo's session matrix, or the sessions of the
     cases a pair or a suite selects (grouped by everything but the prompt)."""
-    from specparity.sessions import main_sessions, zoo_session_cases
+    from specparity.jobs.sessions import main_sessions, zoo_session_cases
 
     if args.workers or args.ray is not None:
         raise ValueError("--sessions runs in this process: drop --workers/--ray")
@@ -245,7 +245,7 @@ def _sessions(args: argparse.Namespace) -> int:
     else:
         cases = cases_from_args(args)
     check_kv_models(cases)
-    from specparity.sessions import check_sessions
+    from specparity.jobs.sessions import check_sessions
 
     check_sessions(cases, names)  # a grammar, follow-ups past the context: refused before any work
     from specparity.cli.outdir import claim_output_dir

@@ -648,12 +648,12 @@ def verify_path_comparisons(specs: list[Case], traces: dict[tuple[str, str], Tra
 
 
 def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Comparison]:
-    """The zoo matrix's batched cases (``specparity.batched``, docs/batched.md): for each zoo
+    """The zoo matrix's batched cases (``specparity.jobs.batched``, docs/batched.md): for each zoo
     target of ``cases`` that batches (llama, gemma3, qwen35 with ``twin``; n-gram rows on llama),
     B = 2 and 4 rows of mixed prompt lengths finishing at different steps (at B = 4 a row joins
     mid-flight and one is preempted), every row compared round for round with its serial engine
     run; the B = 4 case reports the three invariances (M, B, seeded) per engine."""
-    from specparity.batched import batched_comparisons as run_batched
+    from specparity.jobs.batched import batched_comparisons as run_batched
 
     set_stage(out_dir, "running the batched cases")
     return run_batched(out_dir, cases)
