@@ -943,7 +943,7 @@ def grade_server_main(args: argparse.Namespace) -> int:
 
 def _served_output(p: Path) -> bool:
     """A result, scoreboard or server log this command wrote before output markers existed."""
-    from specparity.engines import _engine_output
+    from specparity.grading.engines import _engine_output
 
     if _engine_output(p):
         return True

@@ -220,7 +220,7 @@ SIGTERM_AT = [
     ("audit", ["audit", "--targets", "llama", "--prompts", "1", "--max-tokens", "4", "--json",
                "{d}/a.json"], "specparity.commands.audit:target_figures"),
     ("grade", ["grade", "{run}/traces/engine", "--out", "{d}", "--runners", ""],
-     "specparity.grade:_grade"),
+     "specparity.grading.trace_folders:_grade"),
 ]
 
 

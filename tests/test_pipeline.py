@@ -287,7 +287,7 @@ def test_grade_reruns_a_trace_under_its_recorded_pipeline(tmp_path: Any) -> None
     mode come back, so a re-run draws what the run drew."""
     from pathlib import Path
 
-    from specparity.grade import case_from_header
+    from specparity.grading.trace_folders import case_from_header
 
     case = Case("llama", "twin", "nat-00", 3, 16, temperature=0.8, seed=2, rng="position", min_tokens=5,
                 processors="fp0.3c8")

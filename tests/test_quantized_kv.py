@@ -397,7 +397,7 @@ def test_run_flags_set_the_zoo_matrix_cases() -> None:
 
 
 def test_grade_checks_cache_params_in_headers() -> None:
-    from specparity.grade import header_problems
+    from specparity.grading.trace_folders import header_problems
 
     base = {"mode": "spec", "source": "two-model", "eos_ids": [1], "prompt": {"token_ids": [1, 2]},
             "params": {"gamma": 3, "max_tokens": 8, "temperature": 0.0, "top_p": 0.0, "top_k": 0, "seed": 0}}

@@ -35,7 +35,7 @@ def _generate(tmp: Path, rotating: str = "exact") -> Path:
 
 
 def _grade(trace_dir: Path, out: Path) -> Any:
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
 
     return grade(trace_dir, out, runners=["mlx_lm"], progress=False)
 

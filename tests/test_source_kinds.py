@@ -261,7 +261,7 @@ def test_grade_reruns_a_dspark_trace_under_its_own_threshold(tmp_path: Path, cap
     """A dspark trace run with the checkpoint's thresholds (header confidence_threshold null)
     re-runs with them, not with 0 (grade's case_from_header used to label it -t0)."""
     from specparity.cli import main
-    from specparity.grade import case_from_header
+    from specparity.grading.trace_folders import case_from_header
     from specparity.runners import dspark_drafter
     from traces.io import read_trace
 

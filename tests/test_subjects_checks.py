@@ -281,7 +281,7 @@ def test_grade_mode_and_scoreboard_from_fakes(tmp_path: Path) -> None:
     import json
 
     from reports.scoreboard import failures, load_results, write_scoreboard
-    from specparity.engines import grade_mode
+    from specparity.grading.engines import grade_mode
 
     mode = Mode(targets=("t",), unsupported={"stop": "no stop ids"})
     good = grade_mode("fake", Fake(), "fake", mode, plain_ref=plain, sample_ref=plain, mlx_lm_ref=plain)
@@ -300,7 +300,7 @@ def test_grade_mode_and_scoreboard_from_fakes(tmp_path: Path) -> None:
     assert "**FAIL**" in text and "n/a: no stop ids" in text and "ImportError: boom" in text
     fails = failures(load_results(tmp_path))
     assert [f["check"] for f in fails] == ["budget"]
-    assert "python -m specparity.engines mlx-dspark --case" in fails[0]["reproduce"]
+    assert "python -m specparity.grading.engines mlx-dspark --case" in fails[0]["reproduce"]
     assert "class='fail'" in html.read_text()
 
 

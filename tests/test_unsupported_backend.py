@@ -275,7 +275,7 @@ def test_the_double_is_undone_and_idempotent() -> None:
 def test_grade_reads_an_unsupported_rerun_as_unsupported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Traces recorded where the op exists, graded on a backend without it: the re-runs (plain
     decode, mlx-lm) are ``unsupported``, never a crash; with nothing compared, not CONFORMS."""
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
     from specparity.jobs.run import run_cases, zoo_cases
 
     cases = [c for c in zoo_cases(targets=["llama-kv"], drafters=["twin"], gammas=(3,), n_prompts=1,

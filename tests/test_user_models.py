@@ -106,7 +106,7 @@ def test_case_ids_stable_unique_and_zoo_unchanged(models, tmp_path) -> None:
 @pytest.mark.parametrize("arch", ["phi3", "starcoder2", "granite"])
 def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
     from specparity.jobs.run import run
 
     root, pairs = models
@@ -132,7 +132,7 @@ def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
 
 def test_grade_catches_a_planted_engine_bug_and_a_model_mismatch(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
-    from specparity.grade import GradeError, grade
+    from specparity.grading.trace_folders import GradeError, grade
     from specparity.jobs.run import run
 
     root, pairs = models
@@ -275,7 +275,7 @@ def test_writer_rebuilds_an_engine_trace(models, tmp_path) -> None:
 
 def test_zoo_target_with_a_prompts_file_and_grade_of_stop_cases(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
     from specparity.jobs.run import run
 
     root, pairs = models
@@ -366,7 +366,7 @@ def test_run_cli_on_a_local_pair(models, tmp_path, capsys) -> None:
 
 def test_grade_keeps_traces_that_share_a_case_id_apart(models, tmp_path) -> None:
     from specparity.cases.suite import PairSpec, suite_cases
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
     from specparity.jobs.run import run_task
 
     root, pairs = models
@@ -386,7 +386,7 @@ def test_grade_keeps_traces_that_share_a_case_id_apart(models, tmp_path) -> None
 
 
 def test_grade_reruns_references_with_the_headers_logits_processors(models, tmp_path) -> None:
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
 
     _, pairs = models
     t, d = pairs["olmo2"]

@@ -11,7 +11,7 @@ the same verdict table, diffs and report as ``specparity run``.
 ``--server URL`` / ``--serve NAME`` grade an OpenAI-compatible server
 (``specparity.served.grade_server_main``). ``--engine NAME`` grades a
 registered third-party engine instead: it is run on
-the cases first and its traces graded (``specparity.engines.grade_engine_main``).
+the cases first and its traces graded (``specparity.grading.engines.grade_engine_main``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder of engine traces (*.jsonl, searched recursively)")
     p.add_argument("--engine", default=None, metavar="NAME",
                    help="run the registered third-party engine NAME on the cases and grade it "
-                        "(see specparity.engines)")
+                        "(see specparity.grading.engines)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="grade a running OpenAI-compatible server (with --model; specparity.served)")
     p.add_argument("--serve", default=None, metavar="NAME",
@@ -60,15 +60,15 @@ def main(args: argparse.Namespace) -> int:
         return int(grade_server_main(args))
     if args.engine is not None:
         try:
-            from specparity.engines import grade_engine_main
+            from specparity.grading.engines import grade_engine_main
         except ImportError as exc:
-            print(f"specparity grade: --engine needs specparity.engines, which is not available "
+            print(f"specparity grade: --engine needs specparity.grading.engines, which is not available "
                   f"here ({exc})", file=sys.stderr)
             return 2
         return int(grade_engine_main(args))
     if args.dir is None:
         print("specparity grade: give a folder of traces (DIR) or --engine NAME", file=sys.stderr)
         return 2
-    from specparity.grade import grade_main
+    from specparity.grading.trace_folders import grade_main
 
     return grade_main(args)
