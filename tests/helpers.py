@@ -105,14 +105,14 @@ def no_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     instead of running a whole job."""
     import specparity.ab
     import specparity.bench
+    import specparity.goldens.regen
     import specparity.jobs.run
-    import specparity.regen
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("a bad flag was accepted: the job started")
 
     for mod, name in ((specparity.jobs.run, "run_cases"), (specparity.ab, "run_ab"),
-                      (specparity.bench, "run_bench"), (specparity.regen, "regen")):
+                      (specparity.bench, "run_bench"), (specparity.goldens.regen, "regen")):
         monkeypatch.setattr(mod, name, refuse)
 
 

@@ -186,7 +186,7 @@ def _checkout(tmp_path, commit: str):  # noqa: ANN001, ANN202
 
 
 def test_deepspec_commit_is_a_golden_input(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from specparity.goldens import InputsContext, check_goldens, deepspec_cases, golden_key
+    from specparity.goldens.manifest import InputsContext, check_goldens, deepspec_cases, golden_key
 
     case = deepspec_cases()[0]
     key = golden_key("deepspec", case)
@@ -201,7 +201,7 @@ def test_deepspec_commit_is_a_golden_input(tmp_path, monkeypatch) -> None:  # no
 
 
 def test_deepspec_code_digest_covers_shared_oracle_code() -> None:
-    from specparity.goldens import GOLDEN_RUNNERS, _module_files
+    from specparity.goldens.manifest import GOLDEN_RUNNERS, _module_files
 
     info = GOLDEN_RUNNERS["deepspec"]
     files = {rel for m in info.code_modules for rel in _module_files(m, info.code_exclude)}
@@ -222,7 +222,7 @@ def test_every_deepspec_normalization_fires_on_the_golden_cases() -> None:
     if not ok:
         pytest.skip(f"oracle deepspec unavailable: {why}")
     from oracles import deepspec
-    from specparity.goldens import deepspec_cases
+    from specparity.goldens.manifest import deepspec_cases
     from specparity.runners import run_case
 
     seen: Counter[str] = Counter()

@@ -68,11 +68,11 @@ def test_refused_wants_exit_status_2() -> None:
 def test_no_jobs_stops_every_job(no_jobs: None) -> None:
     import specparity.ab
     import specparity.bench
+    import specparity.goldens.regen
     import specparity.jobs.run
-    import specparity.regen
 
     for fn in (specparity.jobs.run.run_cases, specparity.ab.run_ab, specparity.bench.run_bench,
-               specparity.regen.regen):
+               specparity.goldens.regen.regen):
         with pytest.raises(AssertionError, match="the job started"):
             fn()
 

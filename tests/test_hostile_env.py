@@ -48,7 +48,7 @@ def test_progress_lines_when_not_a_tty(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_published_file_modes(tiny_run: Path, tmp_path: Path) -> None:
-    from specparity.goldens import save_manifest
+    from specparity.goldens.manifest import save_manifest
     from traces.io import atomic_write_json
 
     old = os.umask(0o022)
@@ -64,7 +64,7 @@ def test_published_file_modes(tiny_run: Path, tmp_path: Path) -> None:
 
 
 def test_goldens_are_location_independent() -> None:
-    from specparity.goldens import GOLDEN_DIR
+    from specparity.goldens.manifest import GOLDEN_DIR
 
     for p in sorted(Path(GOLDEN_DIR).rglob("*.jsonl"))[:400]:
         header = json.loads(p.open().readline())

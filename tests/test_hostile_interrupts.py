@@ -214,7 +214,7 @@ SIGTERM_AT = [
      "specparity.ab:run_ab"),
     ("bench", ["bench", "--out", "{d}"], "specparity.bench:run_bench"),
     ("regen", ["regen", "--golden-dir", "{d}", "--case", "x", "--report", "{d}/rep"],
-     "specparity.regen:_regen"),
+     "specparity.goldens.regen:_regen"),
     ("generate", ["generate", "--target", "{t}", "--prompt-ids", "5,6", "-n", "4", "--trace",
                   "{d}/t.jsonl"], "engine.executor:plain_generate"),
     ("audit", ["audit", "--targets", "llama", "--prompts", "1", "--max-tokens", "4", "--json",

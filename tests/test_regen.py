@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from specparity import goldens as g
 from specparity.cases.case import Case
-from specparity.regen import regen
+from specparity.goldens import manifest as g
+from specparity.goldens.regen import regen
 from tests.helpers import ROOT, cli_command
 from traces.io import Trace
 from traces.validate import validate_file
@@ -106,7 +106,7 @@ def test_regen_unchanged_then_stale_only_updates(gdir: Path, tmp_path: Path,
 def test_regen_refuses_logic_change_without_accept(
     gdir: Path, tmp_path: Path, short_target_trim: None
 ) -> None:
-    from specparity.regen import drift_report
+    from specparity.goldens.regen import drift_report
 
     d = shutil.copytree(gdir, tmp_path / "g")
     before = g.golden_path(d, KEY_E).read_bytes()
@@ -201,7 +201,7 @@ def test_unavailable_oracle_is_one_clear_reason(tmp_path: Path, monkeypatch: pyt
     import oracles
 
     monkeypatch.setattr(oracles, "availability", lambda name: (name != "mlx_lm", "not installed here"))
-    from specparity.regen import drift_report
+    from specparity.goldens.regen import drift_report
 
     res = regen(tmp_path, case_glob=CASE.case_id, workers=0, progress=False)
     by = {o.key: o.status for o in res.outcomes}
@@ -298,8 +298,8 @@ def test_planted_write_after_the_lock_is_released_is_caught(
     """Plant: the lock released just before one of regen's writes (as if that write ran after
     the ``with`` block, e.g. a late pool result). Each write path refuses before writing."""
     import traces.io
-    from specparity import regen as regen_mod
     from specparity.cli.outdir import DirLock
+    from specparity.goldens import regen as regen_mod
 
     held: list[DirLock] = []
     real_acquire = DirLock.acquire

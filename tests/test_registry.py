@@ -68,7 +68,7 @@ def declared_source_problems(runner: str | Runner, sources: list[str]) -> list[s
 
 def test_every_runner_is_declared_consistently() -> None:
     from oracles import availability as oracle_availability
-    from specparity.goldens import GOLDEN_RUNNERS
+    from specparity.goldens.manifest import GOLDEN_RUNNERS
     from subjects import SUBJECTS
 
     runners = registry.all_runners()

@@ -56,8 +56,8 @@ def _check_golden_dir(d: Path) -> None:
     manifest and its journal there, and removes its own temp files): one line, nothing touched."""
     from specparity.cli.args import UsageError, is_trace, read_small_json
     from specparity.cli.outdir import LOCK_NAME, PROBE_PREFIX
-    from specparity.goldens import MANIFEST_NAME
-    from specparity.regen import JOURNAL_NAME
+    from specparity.goldens.manifest import MANIFEST_NAME
+    from specparity.goldens.regen import JOURNAL_NAME
 
     if not d.is_dir():
         return
@@ -86,8 +86,8 @@ def _check_golden_dir(d: Path) -> None:
 
 
 def _regen(args: argparse.Namespace, claim: object) -> int:
-    from specparity.goldens import GOLDEN_DIR
-    from specparity.regen import drift_report, regen, write_report
+    from specparity.goldens.manifest import GOLDEN_DIR
+    from specparity.goldens.regen import drift_report, regen, write_report
 
     try:
         result = regen(

@@ -2,7 +2,7 @@
 
 Runs the engine and every available oracle on the cases — the zoo matrix (the
 built-in default suite), a user's pair or a TOML suite (``specparity/cases/suite.py``)
-— on one of the backends of ``specparity/regen.py`` (in process, a ``spawn``
+— on one of the backends of ``specparity/goldens/regen.py`` (in process, a ``spawn``
 process pool, or Ray; the same task function, so identical traces), writes one trace
 per (runner, case) under ``OUT/traces/<runner>/``, compares them — engine vs
 each oracle round for round, engine speculative vs engine plain at the token
@@ -186,7 +186,7 @@ def run_task(runner: str, case: Case) -> tuple[str, Any]:
 
 def _pool_init() -> None:
     # One BLAS thread per worker; workers die with a killed parent (regen's init).
-    from specparity.regen import _pool_init as regen_pool_init
+    from specparity.goldens.regen import _pool_init as regen_pool_init
 
     regen_pool_init()
 
@@ -224,7 +224,7 @@ def execute(jobs: list[Job], on_result: OnResult, *, workers: int = 0,
 
 
 def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, workers: int) -> None:
-    from specparity.regen import ray_session
+    from specparity.goldens.regen import ray_session
 
     with ray_session(address, workers or None) as ray:
         task = ray.remote(run_task)

@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 # Golden traces are data of the trace format package; this job module reads and writes them.
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "traces" / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "traces" / "golden"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 GOLDEN_GAMMAS = (1, 3)
@@ -162,7 +162,7 @@ class GoldenRunner:
             package metadata.
         produce: Makes the golden's records of a case (header to footer)
             instead of ``specparity.runners.run_case`` (the draft-level
-            runners of ``specparity/draft_goldens.py``).
+            runners of ``specparity/goldens/draft_goldens.py``).
         requires: The registry runner (``specparity.runners.registry``) whose
             availability decides whether this runner can run here (default: its own name).
     """
@@ -194,7 +194,7 @@ GOLDEN_RUNNERS["deepspec"] = GoldenRunner(
 )
 GOLDEN_RUNNERS["mlx_vlm_mtp"] = GoldenRunner(
     "mlx_vlm_mtp", "mlx-vlm",
-    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.draft_goldens"),
+    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.goldens.draft_goldens"),
     cases=lambda: _draft_goldens().mtp_draft_cases(),
     produce=lambda case: _draft_goldens().produce_mlx_vlm_mtp(case),
     requires="mlx_vlm",
@@ -202,14 +202,14 @@ GOLDEN_RUNNERS["mlx_vlm_mtp"] = GoldenRunner(
 GOLDEN_RUNNERS["mlx_vlm_native_mtp"] = GoldenRunner(
     "mlx_vlm_native_mtp", "mlx-vlm",
     ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "oracles.mlx_vlm_native_mtp",
-     "specparity.draft_goldens"),
+     "specparity.goldens.draft_goldens"),
     cases=lambda: _draft_goldens().native_draft_cases(),
     produce=lambda case: _draft_goldens().produce_mlx_vlm_native_mtp(case),
     requires="mlx_vlm_native_mtp",
 )
 GOLDEN_RUNNERS["mlx_vlm_assistant"] = GoldenRunner(
     "mlx_vlm_assistant", "mlx-vlm",
-    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.draft_goldens"),
+    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.goldens.draft_goldens"),
     cases=lambda: _draft_goldens().assistant_draft_cases(),
     produce=lambda case: _draft_goldens().produce_mlx_vlm_assistant(case),
     requires="mlx_vlm",
@@ -217,7 +217,7 @@ GOLDEN_RUNNERS["mlx_vlm_assistant"] = GoldenRunner(
 GOLDEN_RUNNERS["optiq_assistant"] = GoldenRunner(
     "optiq_assistant", "mlx-optiq",
     ("oracles.__init__", "oracles.recording", "oracles.drafts", "oracles.optiq", "traces.normalize",
-     "specparity.draft_goldens"),
+     "specparity.goldens.draft_goldens"),
     cases=lambda: _draft_goldens().assistant_draft_cases(),
     produce=lambda case: _draft_goldens().produce_optiq_assistant(case),
     requires="optiq",
@@ -227,7 +227,7 @@ GOLDEN_RUNNERS["optiq_assistant"] = GoldenRunner(
 
 
 def _draft_goldens() -> Any:
-    from specparity import draft_goldens
+    from specparity.goldens import draft_goldens
 
     return draft_goldens
 
@@ -591,7 +591,7 @@ def assert_lock_held(golden_dir: Path | str, what: str) -> None:
     if not lock_held(golden_dir):
         raise GoldenLockError(f"{what} in {golden_dir} would be written without holding the "
                               "directory's lock (.specparity.lock): every golden, manifest and "
-                              "journal write happens inside specparity.regen.regen's lock")
+                              "journal write happens inside specparity.goldens.regen.regen's lock")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

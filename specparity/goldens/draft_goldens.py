@@ -34,7 +34,7 @@ rounds) and a digest of the logits of every draft (header ``draft_logits``,
   mlx-vlm's own splitter, ``oracles/mlx_vlm_native_mtp.py``), pre-norm adapter:
   the engine's ``native-mtp`` source under the qwen conventions with ``hidden=pre-norm``.
 
-Both are goldens of the registry (``specparity/goldens.py``: staleness by
+Both are goldens of the registry (``specparity/goldens/manifest.py``: staleness by
 package version, runner code and every other input as for any golden),
 written by ``specparity regen --runner mlx_vlm_mtp`` (``tox -e vlm``'s
 environment) / ``--runner optiq_assistant`` (``tox -e optiq``'s) and compared

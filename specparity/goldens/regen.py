@@ -1,6 +1,6 @@
 """Regenerate golden traces (``specparity regen``).
 
-The matrix is the registry of ``specparity/goldens.py`` (runner × case), optionally
+The matrix is the registry of ``specparity/goldens/manifest.py`` (runner × case), optionally
 narrowed by runner, by a glob on the case id / file stem, or to the goldens
 that are stale, corrupt or missing (``--stale-only``). Each (runner, case) is
 one task, :func:`regen_task`, run on a local process pool (``spawn``; each
@@ -44,7 +44,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from specparity import goldens as g
+from specparity.goldens import manifest as g
 
 JOURNAL_NAME = ".regen-journal.json"
 
