@@ -103,16 +103,16 @@ RUN_TINY = ["run", "--targets", "llama", "--drafters", "self", "--gammas", "1", 
 def no_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The jobs stubbed to fail at once: a flag the CLI wrongly accepts fails the test at once
     instead of running a whole job."""
-    import specparity.ab
-    import specparity.bench
     import specparity.goldens.regen
     import specparity.jobs.run
+    import specparity.measure.ab
+    import specparity.measure.bench
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("a bad flag was accepted: the job started")
 
-    for mod, name in ((specparity.jobs.run, "run_cases"), (specparity.ab, "run_ab"),
-                      (specparity.bench, "run_bench"), (specparity.goldens.regen, "regen")):
+    for mod, name in ((specparity.jobs.run, "run_cases"), (specparity.measure.ab, "run_ab"),
+                      (specparity.measure.bench, "run_bench"), (specparity.goldens.regen, "regen")):
         monkeypatch.setattr(mod, name, refuse)
 
 

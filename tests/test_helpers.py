@@ -66,12 +66,12 @@ def test_refused_wants_exit_status_2() -> None:
 
 
 def test_no_jobs_stops_every_job(no_jobs: None) -> None:
-    import specparity.ab
-    import specparity.bench
     import specparity.goldens.regen
     import specparity.jobs.run
+    import specparity.measure.ab
+    import specparity.measure.bench
 
-    for fn in (specparity.jobs.run.run_cases, specparity.ab.run_ab, specparity.bench.run_bench,
+    for fn in (specparity.jobs.run.run_cases, specparity.measure.ab.run_ab, specparity.measure.bench.run_bench,
                specparity.goldens.regen.regen):
         with pytest.raises(AssertionError, match="the job started"):
             fn()

@@ -144,10 +144,10 @@ def test_flag_sweep_every_flag_of_every_command(zoo_pair: tuple[Path, Path], tmp
     import io
 
     import engine.executor
-    import specparity.ab
-    import specparity.bench
     import specparity.goldens.regen
     import specparity.jobs.run
+    import specparity.measure.ab
+    import specparity.measure.bench
     from specparity.cli.entry import build_parser
 
     class Started(Exception):
@@ -157,8 +157,8 @@ def test_flag_sweep_every_flag_of_every_command(zoo_pair: tuple[Path, Path], tmp
         raise Started()
 
     for mod, name in ((specparity.jobs.run, "run_cases"), (specparity.jobs.run, "run_task"),
-                      (specparity.jobs.run, "execute"), (specparity.ab, "run_ab"),
-                      (specparity.bench, "run_bench"), (specparity.goldens.regen, "regen"),
+                      (specparity.jobs.run, "execute"), (specparity.measure.ab, "run_ab"),
+                      (specparity.measure.bench, "run_bench"), (specparity.goldens.regen, "regen"),
                       (engine.executor, "spec_generate"), (engine.executor, "plain_generate")):
         monkeypatch.setattr(mod, name, started)
     base = {"generate": ["--target", str(zoo_pair[0]), "--prompt-ids", "5,6", "-n", "4"],

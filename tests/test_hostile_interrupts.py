@@ -64,7 +64,7 @@ def test_disk_full_during_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 def test_ab_prints_results_before_a_failing_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    import specparity.ab as ab
+    import specparity.measure.ab as ab
 
     def full(*_a: object, **_k: object) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "ab" / "ab.json"))
@@ -94,11 +94,11 @@ def test_audit_json_is_atomic_and_replaces_its_own(tmp_path: Path, monkeypatch: 
 
 
 def test_bench_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specparity.bench import write_bench
+    from specparity.measure.bench import write_bench
 
     res = {"kind": "bench", "target": "llama", "drafter": "twin", "gamma": 3, "n_prompts": 1,
            "repeats": 1, "arms": [], "by_gamma": {}}
-    monkeypatch.setattr("specparity.bench.bench_markdown", lambda r: "# bench\n")
+    monkeypatch.setattr("specparity.measure.bench.bench_markdown", lambda r: "# bench\n")
     write_bench(res, tmp_path)
     before = snapshot(tmp_path)
     monkeypatch.setattr(os, "fsync", _enospc)
@@ -211,8 +211,8 @@ def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.
 SIGTERM_AT = [
     ("run", [*RUN_TINY, "--out", "{d}"], "specparity.jobs.run:run_cases"),
     ("ab", ["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"],
-     "specparity.ab:run_ab"),
-    ("bench", ["bench", "--out", "{d}"], "specparity.bench:run_bench"),
+     "specparity.measure.ab:run_ab"),
+    ("bench", ["bench", "--out", "{d}"], "specparity.measure.bench:run_bench"),
     ("regen", ["regen", "--golden-dir", "{d}", "--case", "x", "--report", "{d}/rep"],
      "specparity.goldens.regen:_regen"),
     ("generate", ["generate", "--target", "{t}", "--prompt-ids", "5,6", "-n", "4", "--trace",

@@ -364,8 +364,8 @@ def test_bench_and_ab_take_the_cache_flags(monkeypatch: pytest.MonkeyPatch) -> N
     """Both arms of bench/ab run with the cache settings (quantize_kv converts something) and
     record them."""
     from engine import caches as cache_ops
-    from specparity.ab import run_ab
-    from specparity.bench import run_bench
+    from specparity.measure.ab import run_ab
+    from specparity.measure.bench import run_bench
 
     real, converted = cache_ops.quantize_kv, []
 

@@ -195,7 +195,7 @@ def test_pool_backend_gives_identical_traces_and_verdicts(models, tmp_path) -> N
 
 
 def test_ab_and_audit_with_a_prompts_file(models, tmp_path) -> None:
-    from specparity.ab import run_ab
+    from specparity.measure.ab import run_ab
 
     root, pairs = models
     t, d = pairs["granite"]

@@ -1,4 +1,4 @@
-"""``specparity ab``: paired drafter A/B on one target (``specparity/ab.py``, §4.5 phase 1c).
+"""``specparity ab``: paired drafter A/B on one target (``specparity/measure/ab.py``, §4.5 phase 1c).
 
 Prints the verdict and writes ``ab.json`` + ``ab.md`` into ``--out``. ``--out``
 is checked writable and locked before anything is measured, and the verdict is
@@ -44,8 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.ab import run_ab, write_ab
     from specparity.cli.outdir import add_outputs
+    from specparity.measure.ab import run_ab, write_ab
 
     with add_outputs(args.out, "specparity ab", flag="--out", own_folder=True) as claim:
         for name in ("ab.json", "ab.md"):  # refused before measuring if not ours

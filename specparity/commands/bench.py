@@ -1,5 +1,5 @@
 """``specparity bench``: engine vs mlx-lm, speculative vs plain and the forwards-only bound
-(``specparity/bench.py``), paired, warm and cold.
+(``specparity/measure/bench.py``), paired, warm and cold.
 
 Prints the figures and writes ``bench.json`` + ``bench.md`` into ``--out``
 (checked writable and locked before measuring; figures printed before the
@@ -57,8 +57,8 @@ def main(args: argparse.Namespace) -> int:
     from specparity.cli.devices import use_device
 
     device = use_device(args.device)
-    from specparity.bench import bench_markdown, run_bench, write_bench
     from specparity.cli.outdir import add_outputs
+    from specparity.measure.bench import bench_markdown, run_bench, write_bench
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
