@@ -348,7 +348,7 @@ def pair_cases(spec: PairSpec) -> list[Case]:
 
 def _drafter(spec: PairSpec, source: str, on_zoo: bool) -> tuple[str, str | None]:
     from engine.sources.kind import get
-    from specparity.runners import drafter_label
+    from specparity.cases.case import drafter_label
 
     if not get(source).takes_dir:
         if spec.drafter is not None:
@@ -445,22 +445,3 @@ def check_case_count(n: int, max_cases: int) -> None:
     if n > max_cases:
         raise SuiteError(f"{n} cases exceed the limit of {max_cases} (--max-cases); select fewer "
                          f"prompts, pairs, gammas or sampling settings, or raise --max-cases")
-
-
-def suite_sessions(path: str | Path) -> list[str] | None:
-    """The suite's top-level ``sessions`` key (``run --suite`` then runs prompt-cache sessions,
-    docs/prompt-cache.md): ``true`` (every session), a list of session names, or absent (None)."""
-    from specparity.jobs.sessions import SESSIONS
-
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None  # load_suite reports it in its own words
-    v = data.get("sessions")
-    if v is None or v is False:
-        return None
-    if v is True:
-        return list(SESSIONS)
-    if not isinstance(v, list) or not v or any(n not in SESSIONS for n in v):
-        raise SuiteError(f"suite {path}: 'sessions' must be true or a list of {sorted(SESSIONS)}, got {v!r}")
-    return list(v)

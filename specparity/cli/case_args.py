@@ -53,7 +53,7 @@ def case_from_args(args: argparse.Namespace) -> Any:
     gamma = args.gamma if kind else 0
     if kind is not None:
         from engine.sources.kind import get
-        from specparity.runners import drafter_label
+        from specparity.cases.case import drafter_label
 
         desc = get(kind)
         if conv and "conventions" not in desc.options:

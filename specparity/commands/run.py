@@ -257,6 +257,6 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _suite_sessions(path: Path) -> list[str] | None:
-    from specparity.cases.suite import suite_sessions
+    from specparity.jobs.sessions import suite_sessions
 
     return suite_sessions(path)

@@ -165,7 +165,7 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
     drafter: str | None = None
     if spec:
         from engine.sources.kind import get
-        from specparity.runners import drafter_label
+        from specparity.cases.case import drafter_label
 
         desc = get(source)
         if desc.takes_dir and dpath is None:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -972,3 +973,22 @@ def render_reference(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| {r['label']} | {r['lane']} | {verdict} | "
                      f"{r['first_divergence'] or ''} |")
     return "\n".join(lines) + "\n"
+
+
+def suite_sessions(path: str | Path) -> list[str] | None:
+    """The suite's top-level ``sessions`` key (``run --suite`` then runs prompt-cache sessions,
+    docs/prompt-cache.md): ``true`` (every session), a list of session names, or absent (None)."""
+    from specparity.cases.suite import SuiteError
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # load_suite reports it in its own words
+    v = data.get("sessions")
+    if v is None or v is False:
+        return None
+    if v is True:
+        return list(SESSIONS)
+    if not isinstance(v, list) or not v or any(n not in SESSIONS for n in v):
+        raise SuiteError(f"suite {path}: 'sessions' must be true or a list of {sorted(SESSIONS)}, got {v!r}")
+    return list(v)

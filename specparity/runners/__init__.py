@@ -55,7 +55,7 @@ def dspark_drafter(case: Case) -> tuple[str, float | None]:
 
     The case's ``drafter`` names the artifact variant and the threshold:
     ``deepspec-t0``, ``deepspec-q8-t0.5``, ``dspark-t0``, ... A drafter PATH's label
-    without ``-t<threshold>`` (:func:`drafter_label` given none) runs with the kind's own
+    without ``-t<threshold>`` (``specparity.cases.case.drafter_label`` given none) runs with the kind's own
     default (``SourceKind.threshold_default``; dspark: the checkpoint's calibrated thresholds).
     """
     assert case.drafter is not None
@@ -71,30 +71,6 @@ def dspark_drafter(case: Case) -> tuple[str, float | None]:
     if not sep or not variant.startswith(case.source):
         raise ValueError(f"{case.source} case drafter {case.drafter!r} must be '<variant>-t<threshold>'")
     return f"{case.target}-{variant}", float(thr)
-
-
-def drafter_label(kind: str, draft_dir: str | Path | None, *, confidence_threshold: float | None = None,
-                  conventions: str | None = None) -> str:
-    """A case's ``drafter`` for a drafter PATH run by ``kind`` (``generate``/``record`` flags, a
-    suite's pair), derived from the kind's descriptor: a model-free kind is its name; else the
-    directory's :func:`specparity.cases.case.model_label`, prefixed ``<kind>-`` (``label_prefix``),
-    then ``-t<threshold>`` for a kind taking a confidence threshold (none given: the kind's
-    default; a default of None, the checkpoint's own: no suffix), then ``+<conventions>``."""
-    from engine.sources.kind import get
-    from specparity.cases.case import model_label
-
-    desc = get(kind)
-    if not desc.takes_dir:
-        return desc.name
-    assert draft_dir is not None
-    label = model_label(draft_dir)
-    out = f"{kind}-{label}" if desc.label_prefix else label
-    if "confidence_threshold" in desc.options:
-        thr = confidence_threshold if confidence_threshold is not None else desc.threshold_default
-        out += f"-t{thr:g}" if thr is not None else ""
-    if conventions:
-        out += f"+{conventions}"
-    return out
 
 
 @cache
