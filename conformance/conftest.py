@@ -47,7 +47,8 @@ def witness() -> Any:
 
 
 def require_oracle(name: str) -> None:
-    from oracles import availability
+    """Skip unless the reference runner ``name`` is available (the reason ends with its install hint)."""
+    from specparity.runners.registry import availability
 
     ok, why = availability(name)
     if not ok:

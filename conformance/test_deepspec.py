@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from conformance.conftest import require_oracle, run_trace
+from specparity.cases.golden_cases import deepspec_cases
 from specparity.goldens.manifest import (
     GOLDEN_DIR,
     check_goldens,
-    deepspec_cases,
     golden_key,
     golden_path,
 )

@@ -1,7 +1,7 @@
 """The live engine against the committed golden traces (``traces/golden/``).
 
 First the goldens themselves: every golden the registry expects
-(``specparity.goldens.manifest.GOLDEN_RUNNERS``) exists, matches its recorded sha256 and was
+(the golden sets the runner registry declares, ``specparity.runners.registry.golden_sets``) exists, matches its recorded sha256 and was
 produced from the current inputs (weights, config, tokenizer, prompt, params,
 runner package version and code). A stale golden fails *that* test, with the
 reason, and is skipped by the comparisons — an input change is not a

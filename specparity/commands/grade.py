@@ -28,9 +28,11 @@ HELP = "grade a folder of traces from any engine (or --engine NAME) against plai
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=existing_dir, nargs="?", default=None,
                    help="folder of engine traces (*.jsonl, searched recursively)")
+    from specparity.runners import registry
+
     p.add_argument("--engine", default=None, metavar="NAME",
-                   help="run the registered third-party engine NAME on the cases and grade it "
-                        "(see specparity.grading.engines)")
+                   help=f"run the registered third-party engine NAME ({', '.join(registry.names('subject'))}; "
+                        "or all) on the cases and grade it (see specparity.grading.engines)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="grade a running OpenAI-compatible server (with --model; specparity.served)")
     p.add_argument("--serve", default=None, metavar="NAME",
@@ -42,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=writable_dir, default=None,
                    help="output dir for references, verdicts and report (default DIR/graded)")
     p.add_argument("--runners", type=runner_list, default=None,
-                   help="references to re-run (default: all available)")
+                   help=f"references to re-run, comma-separated: "
+                        f"{', '.join(registry.names('reference', per_case=True))} (default: all available)")
     p.add_argument("--workers", type=nonneg_int, default=0,
                    help="process-pool size for the re-runs (0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",

@@ -30,10 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from specparity.commands import generate
 
     generate.add_arguments(p)
+    from specparity.runners import registry
+
     p.add_argument("--runner", required=True,
-                   help="per-case runner(s) of the registry, comma-separated: engine, mlx_lm, optiq, "
-                        "deepspec (docs/runners.md), or 'all' (every one usable here that implements "
-                        "the case); a runner lacking the case's source or an option is refused (exit 2)")
+                   help=f"per-case runner(s) of the registry, comma-separated: "
+                        f"{', '.join(registry.names(per_case=True))} (docs/runners.md), or 'all' (every "
+                        "one usable here that implements the case); a runner lacking the case's source or "
+                        "an option is refused (exit 2)")
     from specparity.cli import args as a
 
     p.add_argument("--out", type=a.writable_dir, default=None,

@@ -25,8 +25,10 @@ HELP = "regenerate golden traces (stale ones with --stale-only), with a drift re
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specparity.runners import registry
+
     p.add_argument("--runner", action="append", metavar="R",
-                   help="only this runner's goldens (repeatable)")
+                   help=f"only this golden set's goldens (repeatable): {', '.join(registry.golden_sets())}")
     p.add_argument("--case", metavar="GLOB", help="only cases matching GLOB (case id or file stem)")
     p.add_argument("--stale-only", action="store_true", help="only stale, corrupt or missing goldens")
     p.add_argument("--accept", action="store_true", help="write goldens whose change is class logic")

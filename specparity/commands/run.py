@@ -96,8 +96,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/cases/suite.py)")
     p.add_argument("--max-cases", type=positive, default=a.MAX_CASES,
                    help=f"refuse a selection of more cases than this (default {a.MAX_CASES})")
+    from specparity.runners import registry
+
     p.add_argument("--runners", type=a.runner_list, default=None,
-                   help="oracles to run (default: all available; \"\": the engine alone)")
+                   help=f"references to run, comma-separated: {', '.join(registry.names('reference', per_case=True))} "
+                        "(default: all available; \"\": the engine alone)")
     p.add_argument("--workers", type=a.nonneg_int, default=0,
                    help="process-pool size (default 0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",

@@ -1,7 +1,9 @@
-"""Golden traces: committed traces per (runner, zoo case), their manifest and regeneration.
+"""Golden traces: committed traces per (golden set, zoo case), their manifest and regeneration.
 
-- ``manifest.py``: which goldens exist (from the runner registry's declarations), the
-  manifest of their inputs, staleness, normalisation and the comparison with a live trace;
-- ``regen.py``: ``specparity regen`` and the execution backends the jobs share;
-- ``draft_goldens.py``: the draft-level golden producers.
+Which golden sets exist is the runner registry's (``Runner.goldens``, declared in each
+runner's module of ``specparity/runners/``; their cases: ``specparity/cases/golden_cases.py``).
+
+- ``manifest.py``: the goldens the registry expects, the manifest of their inputs, staleness,
+  normalisation and the comparison with a live trace;
+- ``regen.py``: ``specparity regen`` and the execution backends the jobs share.
 """

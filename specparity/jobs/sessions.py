@@ -895,9 +895,9 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
     verdicts = sessions_from_cases(cases, names, say, trace_dir=out_dir / "traces" / "sessions", plain=plain)
     ref_rows: list[dict[str, Any]] = []
     if reference:
-        import oracles
+        from specparity.runners.registry import availability
 
-        ok, why = oracles.availability(REFERENCE)
+        ok, why = availability(REFERENCE)
         if ok:
             say(f"reference {REFERENCE}")
             ref_rows = reference_sessions(cases, names)

@@ -2,8 +2,9 @@
 
 Which runners exist and what each implements is the registry
 (:mod:`specparity.runners.registry`; one declaration module per runner in this
-package, docs/runners.md); :func:`run_case` loads the case's models, writes the
-header and hands the rest to the runner's ``run``. Models are loaded once per
+package, with its golden sets, docs/runners.md; ``draft_goldens.py`` holds the
+draft-level golden producers they name); :func:`run_case` loads the case's
+models, writes the header and hands the rest to the runner's ``run``. Models are loaded once per
 process and shared (importing mlx-lm and loading costs seconds; the zoo models
 are tiny).
 """
