@@ -20,7 +20,7 @@ from traces.io import Trace
 
 def matrix_prompt_ids(default: int = 6) -> list[str]:
     import zoo
-    from specparity.cases import pick_prompts
+    from specparity.cases.case import pick_prompts
 
     ids = [p.id for p in zoo.prompts()]
     want = os.environ.get("SPECPARITY_PROMPTS", str(default))
@@ -41,13 +41,14 @@ def witness() -> Any:
     decides the outcome: a flip is ``numerics`` only when each run's own
     arithmetic path reproduces its token (traces/INTERPRETING.md).
     """
-    from specparity.run import numerics_witness
+    from specparity.jobs.run import numerics_witness
 
     return numerics_witness()
 
 
 def require_oracle(name: str) -> None:
-    from oracles import availability
+    """Skip unless the reference runner ``name`` is available (the reason ends with its install hint)."""
+    from specparity.runners.registry import availability
 
     ok, why = availability(name)
     if not ok:
@@ -65,7 +66,7 @@ def oracle_ok() -> None:
 # ``pytest conformance/ -m oracle --suite FILE`` (or ``SPECPARITY_SUITE=FILE``): the
 # EOS, planted-bug, sampled and rotating tests of ``conformance/test_user_suite.py`` run
 # on every pair of a suite TOML as ``specparity run --suite`` reads it
-# (``specparity.suite.load_suite``), zoo pairs and model paths alike; the zoo tests run
+# (``specparity.cases.suite.load_suite``), zoo pairs and model paths alike; the zoo tests run
 # as always. A test requesting the ``user_pair`` fixture is parametrized over the pairs.
 
 
@@ -86,7 +87,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 class UserPair:
-    """One suite pair: its spec and its cases (``specparity.suite.pair_cases``)."""
+    """One suite pair: its spec and its cases (``specparity.cases.suite.pair_cases``)."""
 
     def __init__(self, spec: Any, cases: list[Any]) -> None:
         self.spec = spec
@@ -116,7 +117,7 @@ class UserPair:
 
 @functools.cache
 def _user_pairs(path: str) -> list[UserPair]:
-    from specparity.suite import load_suite, pair_cases
+    from specparity.cases.suite import load_suite, pair_cases
 
     return [UserPair(spec, pair_cases(spec)) for spec in load_suite(path)]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.io import Trace
 
 SPEC_KINDS = ("accepted-draft", "correction", "bonus")

@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from conformance.conftest import require_oracle, run_trace
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import diff_traces
 from traces.io import Trace
 from traces.normalize import mlx_vlm_stopping_eos, optiq_spec_budget_drafts, optiq_stopping_eos

@@ -103,9 +103,9 @@ def test_grammar_processor_and_min_tokens_rows_equal_serial() -> None:
     """Per-row sampling pipelines in one batch: a JSON-schema row and a regex row (each its own
     grammar matcher, the constrained walk), two rows with penalties + logit bias + min_tokens 4,
     greedy and sampled with position keys, one preempted."""
-    from specparity.batched import BatchCase, row_requests
-    from specparity.cases import Case
-    from specparity.run import SIDE_STATE_PROCESSORS
+    from specparity.cases.case import Case
+    from specparity.jobs.batched import BatchCase, row_requests
+    from specparity.jobs.run import SIDE_STATE_PROCESSORS
     from zoo import grammars as G
 
     t, d, p = G.PAIRS[0]

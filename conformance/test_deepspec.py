@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 
 from conformance.conftest import require_oracle, run_trace
-from specparity.goldens import GOLDEN_DIR, check_goldens, deepspec_cases, golden_key, golden_path
+from specparity.cases.golden_cases import deepspec_cases
+from specparity.goldens.manifest import (
+    GOLDEN_DIR,
+    check_goldens,
+    golden_key,
+    golden_path,
+)
 from traces.diff import diff_traces
 from traces.io import Trace, read_trace
 

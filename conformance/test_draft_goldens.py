@@ -3,7 +3,7 @@
 A draft row built from the wrong hidden position stays lossless after
 verification (plain-greedy identity cannot see it) and often keeps the argmax
 draft too, so the round-level goldens cannot see it either. The draft goldens
-(``specparity/draft_goldens.py``: mlx-vlm 0.7.10's ``qwen3_5_mtp`` drafter in
+(``specparity/runners/draft_goldens.py``: mlx-vlm 0.7.10's ``qwen3_5_mtp`` drafter in
 its MTP loop, mlx-vlm's gemma4 assistant drafter at §3's positions, mlx-optiq
 0.7.7's ``GemmaAssistantDrafter`` in ``spec_generate``)
 carry the digest of every draft's logits (``oracles/drafts.py``); here the
@@ -32,11 +32,17 @@ from typing import Any
 import pytest
 
 from oracles.drafts import logits_digest
-from specparity.goldens import GOLDEN_DIR, GOLDEN_RUNNERS, check_goldens, golden_key, golden_path
+from specparity.goldens.manifest import (
+    GOLDEN_DIR,
+    check_goldens,
+    golden_key,
+    golden_path,
+)
+from specparity.runners.registry import golden_sets
 from traces.io import Trace, read_trace
 
 DRAFT_RUNNERS = ("mlx_vlm_mtp", "mlx_vlm_native_mtp", "mlx_vlm_assistant", "optiq_assistant")
-CASES = [(r, c) for r in DRAFT_RUNNERS for c in GOLDEN_RUNNERS[r].cases()]
+CASES = [(r, c) for r in DRAFT_RUNNERS for c in golden_sets()[r].cases()]
 
 # Draft-logit comparison bounds (|Δ log-prob| of the top tokens, and of the probability
 # sketch). MTP: the engine's head (mlx-lm's qwen3_5 DecoderLayer) vs mlx-vlm's own layer
@@ -281,7 +287,7 @@ def test_planted_assistant_fixed_draft_position_is_caught(runner: str, fresh: se
 
 def test_head_weights_are_a_draft_golden_input(monkeypatch) -> None:  # noqa: ANN001
     """A rebuilt zoo head (other weights) marks its draft goldens stale, naming the drafter."""
-    from specparity import goldens
+    from specparity.goldens import manifest as goldens
 
     runner, case = CASES[0]
     key = golden_key(runner, case)

@@ -1,8 +1,8 @@
 """Quantized-drafter acceptance A/B (§4.3, §4.5 phases 1c/1d): bf16 vs 8-bit vs 4-bit.
 
 The DeepSpec-format zoo drafter and its mlx affine siblings draft for the same
-target through the paired A/B protocol (``specparity.drafter_ab.run_drafter_ab``
-over ``specparity.ab`` / ``reports.stats``). A drafter never changes what is
+target through the paired A/B protocol (``specparity.measure.drafter_ab.run_drafter_ab``
+over ``specparity.measure.ab`` / ``reports.stats``). A drafter never changes what is
 emitted, so every arm must emit the same stream; the question is acceptance,
 reported per weight byte. A drafter whose Markov head is zeroed must be flagged
 as an acceptance drop (the A/B can fail).
@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 import zoo
-from specparity.cases import pick_prompts
-from specparity.drafter_ab import deepspec_arms, run_drafter_ab
+from specparity.cases.case import pick_prompts
+from specparity.measure.drafter_ab import deepspec_arms, run_drafter_ab
 from specparity.runners import load_model
 
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 import zoo
-from conformance.conftest import run_trace
-from specparity.cases import Case
+from conformance.conftest import require_oracle, run_trace
+from specparity.cases.case import Case
 from tests.helpers import load_zoo
 from traces.diff import diff_traces
 from traces.io import Trace
@@ -34,14 +34,9 @@ MAX_TOKENS = 14
 
 @pytest.fixture(scope="module")
 def vlm() -> Any:
-    from oracles import OracleUnavailable
+    from oracles import mlx_vlm_dspark
 
-    try:
-        from oracles import mlx_vlm_dspark
-
-        mlx_vlm_dspark.require()
-    except OracleUnavailable as exc:
-        pytest.skip(str(exc))
+    require_oracle("mlx_vlm_dspark")
     return mlx_vlm_dspark
 
 

@@ -1,7 +1,7 @@
 """The live engine against the committed golden traces (``traces/golden/``).
 
 First the goldens themselves: every golden the registry expects
-(``specparity.goldens.GOLDEN_RUNNERS``) exists, matches its recorded sha256 and was
+(the golden sets the runner registry declares, ``specparity.runners.registry.golden_sets``) exists, matches its recorded sha256 and was
 produced from the current inputs (weights, config, tokenizer, prompt, params,
 runner package version and code). A stale golden fails *that* test, with the
 reason, and is skipped by the comparisons — an input change is not a
@@ -15,7 +15,12 @@ from __future__ import annotations
 import pytest
 
 from conformance.conftest import run_trace
-from specparity.goldens import GoldenProblem, check_goldens, compare_to_goldens, golden_cases
+from specparity.goldens.manifest import (
+    GoldenProblem,
+    check_goldens,
+    compare_to_goldens,
+    golden_cases,
+)
 
 pytestmark = pytest.mark.golden
 
@@ -58,7 +63,7 @@ def test_goldens_are_fresh(problems: list[GoldenProblem]) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.case_id)
 def test_live_engine_matches_goldens(case, problems: list[GoldenProblem]) -> None:  # noqa: ANN001
-    from specparity.goldens import golden_key
+    from specparity.goldens.manifest import golden_key
 
     bad = {p.key for p in problems}
     keys = [golden_key(r, case) for r in golden_runners_of(case)]

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from conformance.conftest import require_oracle, run_trace
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import run_case
 from traces.diff import grammar_divergence
 from traces.io import Trace

@@ -35,7 +35,7 @@ import pytest
 from conformance.conftest import require_oracle, run_trace
 from engine.pipeline import SamplingPipeline
 from engine.sampler import ProcessorParams, StepSampler
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import Divergence, diff_traces
 from traces.io import Trace
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
@@ -288,7 +288,7 @@ def test_planted_processor_bug_is_caught(plant: str, case: Case, monkeypatch: py
 
 
 def test_suite_sampling_tables_carry_processors(tmp_path) -> None:  # noqa: ANN001
-    from specparity.suite import SuiteError, load_suite, suite_cases
+    from specparity.cases.suite import SuiteError, load_suite, suite_cases
 
     f = tmp_path / "s.toml"
     f.write_text('gammas = [3]\nmax_tokens = 8\nzoo_prompts = 1\n'

@@ -40,7 +40,7 @@ LOOP_N = 40
 
 
 def _loop_cases(head: str) -> list:
-    from specparity.cases import Case
+    from specparity.cases.case import Case
 
     return [Case("qwen35", head, p, g, LOOP_N, source="mtp") for p in LOOP_PROMPTS for g in (1, 2)]
 

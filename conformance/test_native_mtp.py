@@ -212,7 +212,7 @@ def test_bad_convention_is_refused_in_one_line() -> None:
 
 
 def test_zoo_matrix_has_native_cases_for_two_conventions() -> None:
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     cases = zoo_cases(targets=["glm-mtp", "deepseek-mtp"], n_prompts=2, gammas=(1, 3))
     assert {(c.target, c.drafter, c.source) for c in cases} == {
@@ -228,7 +228,7 @@ def test_zoo_matrix_has_native_cases_for_two_conventions() -> None:
 ])
 def test_header_records_every_convention(target: str, drafter: str, want: dict) -> None:
     from engine.sources.native_mtp import Conventions
-    from specparity.cases import Case
+    from specparity.cases.case import Case
     from specparity.runners import run_case
 
     recs = run_case("engine", Case(target, drafter, "nat-00", 2, 8, source="native-mtp"))

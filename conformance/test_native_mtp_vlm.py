@@ -125,7 +125,7 @@ def test_round_for_round_vs_mlx_vlm_loop(vlm_split, pid: str, gamma: int) -> Non
     import zoo
     from conformance.conftest import run_trace
     from oracles.mlx_vlm import load_target, run_mtp, version
-    from specparity.cases import Case
+    from specparity.cases.case import Case
     from traces.io import Trace
     from traces.reference import compare_with_reference
 

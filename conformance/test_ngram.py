@@ -18,7 +18,7 @@ from functools import cache
 import pytest
 
 from conformance.conftest import matrix_prompt_ids, run_trace, witness
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests.helpers import one_axis
 from traces.diff import diff_traces
 from traces.io import Trace

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conformance.conftest import matrix_prompt_ids, require_oracle, run_trace
 from engine.sources.ngram import lookup
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import diff_traces
 from traces.io import Trace
 from traces.normalize import NotApplicable, optiq_stopping_eos

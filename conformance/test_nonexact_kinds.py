@@ -23,7 +23,7 @@ import pytest
 
 from conformance.conftest import run_trace
 from engine.nonexact import emulate_nonexact, exact
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import case_paths, load_model, numerics_witness
 from traces.diff import diff_traces
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 
 from conformance.conftest import require_oracle, run_trace, witness
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests import foreign
 from traces.reference import compare_with_reference
 
 
 @pytest.fixture(scope="module")
 def padded_cases(tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
 
     root = tmp_path_factory.mktemp("padded")
     foreign.build(root, ("phi3",))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from conformance.conftest import run_trace, witness
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import diff_traces
 from traces.io import Trace
 

@@ -13,10 +13,10 @@ pytestmark = pytest.mark.oracle
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    import oracles
-    from specparity.sessions import REFERENCE, reference_sessions, zoo_session_cases
+    from specparity.jobs.sessions import REFERENCE, reference_sessions, zoo_session_cases
+    from specparity.runners.registry import availability
 
-    ok, why = oracles.availability(REFERENCE)
+    ok, why = availability(REFERENCE)
     if not ok:
         pytest.skip(why)
     return reference_sessions(zoo_session_cases(targets=["llama"]))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conformance.conftest import require_oracle, run_trace, witness
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import diff_traces
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
 
@@ -97,11 +97,11 @@ def test_rotating_target_refused_by_both() -> None:
 @pytest.mark.oracle
 @pytest.mark.parametrize("target", ["llama-kv", "llama-kv64"])
 def test_zoo_matrix_kv_cases(target: str) -> None:
-    """The zoo matrix's two quantized-KV cases per pair (``specparity.run.zoo_cases``, the zoo's
+    """The zoo matrix's two quantized-KV cases per pair (``specparity.jobs.run.zoo_cases``, the zoo's
     head-dim-32 and head-dim-64 pairs): identical round for round when converted after the
     prefill, the known entry when converted inside the run; spec == plain in both."""
     require_oracle("mlx_lm")
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     got = []
     for c in zoo_cases(targets=[target], n_prompts=1):

@@ -34,7 +34,7 @@ def _require(name: str) -> None:
 @pytest.mark.parametrize("name", list(SUBJECTS))
 def test_subject_records_its_identity_and_hooks(name: str, tmp_path: Path) -> None:
     _require(name)
-    from specparity.engines import Recorder
+    from specparity.grading.engines import Recorder
     from traces.io import read_trace
 
     mod = load(name)
@@ -63,7 +63,7 @@ def test_subject_records_its_identity_and_hooks(name: str, tmp_path: Path) -> No
 @pytest.mark.parametrize("name", list(SUBJECTS))
 def test_subject_grades_as_the_committed_scoreboard(name: str, tmp_path: Path) -> None:
     _require(name)
-    from specparity.engines import grade_engine
+    from specparity.grading.engines import grade_engine
 
     committed = COMMITTED / f"{name}.json"
     if not committed.exists():

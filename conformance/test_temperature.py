@@ -22,7 +22,7 @@ from dataclasses import replace
 import pytest
 
 from conformance.conftest import matrix_prompt_ids, require_oracle, run_trace
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests.helpers import one_axis
 from traces.diff import diff_traces
 

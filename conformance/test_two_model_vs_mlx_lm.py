@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.conftest import matrix_prompt_ids, require_oracle, run_trace, witness
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests.helpers import one_axis
 from traces.io import Trace
 from traces.reference import ReferenceRefused, Verdict, compare_with_reference, refusal_verdict

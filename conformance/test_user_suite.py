@@ -1,6 +1,6 @@
 """The conformance tests on the user's own pairs: ``pytest conformance/ -m oracle --suite FILE``.
 
-Each pair of the suite (``specparity.suite``: model paths or zoo names, the pair's prompts,
+Each pair of the suite (``specparity.cases.suite``: model paths or zoo names, the pair's prompts,
 γ and sampling settings; ``conformance/conftest.py`` turns it into ``user_pair``) gets:
 
 - the EOS matrix (``test_eos_matrix.py``): a stopping EOS derived at an output position
@@ -197,7 +197,7 @@ def test_rotating_exact_on_user_pair(user_pair: UserPair) -> None:
     from conformance.test_rotating_exact import RingAudit, assert_exact
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.rollback import is_rotating
-    from specparity.prompts import model_limits
+    from specparity.cases.prompts import model_limits
     from specparity.runners import load_model
 
     base = _first_greedy(user_pair)

@@ -27,8 +27,8 @@ import pytest
 
 from conformance.conftest import require_oracle, run_trace
 from engine.nonexact import emulate_nonexact, exact
-from specparity.cases import Case
-from specparity.run import numerics_witness
+from specparity.cases.case import Case
+from specparity.jobs.run import numerics_witness
 from specparity.runners import case_paths, load_model
 from traces.diff import diff_traces
 from traces.reference import compare_with_reference

@@ -11,7 +11,7 @@ witness (``engine/witness.py``: each run's own arithmetic path replayed on the
 same prefix).
 
 On MLX's CPU (bit-exact) ``specparity run --sessions`` holds a warm request to
-its cold run byte for byte (``specparity.sessions.compare_records``). Elsewhere
+its cold run byte for byte (``specparity.jobs.sessions.compare_records``). Elsewhere
 (``engine.backend.arithmetic``: MLX's default device is not the CPU, or a model is wrapped
 by the CPU's non-exact double ``engine.nonexact``) this module decides:
 

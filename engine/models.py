@@ -97,7 +97,7 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     """A local model directory, checked before MLX sees any of it: ``config.json``
     (:func:`check_config`), every weights file's header (``traces.digest.safetensors_header``)
     and the config against the weights (:func:`check_weights`). The one check on every loader
-    path (:func:`load`, ``specparity.args.check_model_dir`` for the flags)."""
+    path (:func:`load`, ``specparity.cli.args.check_model_dir`` for the flags)."""
     import json
 
     try:

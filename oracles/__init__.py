@@ -2,8 +2,9 @@
 
 Runners import nothing from ``engine`` (``zoo`` only, to build cases);
 ``engine`` imports nothing from here. A runner whose package is missing
-reports itself unavailable with an install hint (its module's ``require()``)
-and never fakes a result.
+reports itself unavailable (its module's ``require()`` says what is missing;
+the install hint is written once, in its runner declaration, and the registry
+adds it to every such message) and never fakes a result.
 
 Which references exist, what each implements and how a case is run with it
 is declared once, in the runner registry of the ``specparity`` layer
@@ -21,7 +22,8 @@ class OracleUnavailable(RuntimeError):
 
 
 def availability(module: str) -> tuple[bool, str]:
-    """(available, reason with the install hint) of the reference driven by ``oracles.<module>``."""
+    """(available, what is missing) of the reference driven by ``oracles.<module>`` (the install
+    hint is its runner declaration's: ``specparity.runners.registry.availability``)."""
     if not module.isidentifier():
         raise ValueError(f"unknown reference module {module!r}")
     try:

@@ -60,19 +60,15 @@ from oracles.recording import accept_walk
 from traces.records import counters_from_rounds
 
 NAME = "deepspec"
-INSTALL_HINT = (
-    "DeepSpec is not on the package index: check out github.com/deepseek-ai/DeepSpec and set "
-    "DEEPSPEC_PATH=<checkout>; then `tox -e deepspec` (torch==2.13.0 CPU + transformers==5.10.2)"
-)
 
 
 def _path() -> Path:
     p = os.environ.get("DEEPSPEC_PATH")
     if not p:
-        raise OracleUnavailable("DEEPSPEC_PATH is not set; " + INSTALL_HINT)
+        raise OracleUnavailable("DEEPSPEC_PATH is not set")
     path = Path(p).expanduser()
     if not (path / "deepspec" / "eval" / "dspark" / "evaluator.py").exists():
-        raise OracleUnavailable(f"DEEPSPEC_PATH={p} is not a DeepSpec checkout; " + INSTALL_HINT)
+        raise OracleUnavailable(f"DEEPSPEC_PATH={p} is not a DeepSpec checkout")
     return path
 
 
@@ -82,13 +78,13 @@ def require() -> None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        raise OracleUnavailable(f"torch/transformers missing ({exc}); " + INSTALL_HINT) from exc
+        raise OracleUnavailable(f"torch/transformers missing ({exc})") from exc
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
     try:
         import deepspec.eval.dspark.evaluator  # noqa: F401
     except Exception as exc:  # an incompatible transformers fails at import
-        raise OracleUnavailable(f"DeepSpec does not import here ({type(exc).__name__}: {exc}); " + INSTALL_HINT) from exc
+        raise OracleUnavailable(f"DeepSpec does not import here ({type(exc).__name__}: {exc})") from exc
 
 
 def checkout_commit() -> str | None:

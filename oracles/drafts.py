@@ -1,6 +1,6 @@
 """Draft-level records: a compact, comparable digest of one draft step's logits.
 
-Draft goldens (``specparity/draft_goldens.py``) carry, in the trace header's
+Draft goldens (``specparity/runners/draft_goldens.py``) carry, in the trace header's
 ``draft_logits`` (header objects may carry extra keys, ``traces/INTERPRETING.md``),
 one list per round record with one digest per drafted token, recorded from
 the reference's own drafter while its round loop runs (mlx-vlm 0.7.10's

@@ -14,7 +14,6 @@ from importlib import metadata
 from oracles import OracleUnavailable
 
 NAME = "hf_prompt_lookup"
-INSTALL_HINT = "pip install 'specparity[hf]'  (torch==2.13.0 CPU + transformers; or: tox -e hf)"
 
 
 def require() -> None:
@@ -24,9 +23,7 @@ def require() -> None:
             PromptLookupCandidateGenerator,
         )
     except ImportError as exc:
-        raise OracleUnavailable(
-            f"torch/transformers missing; install with: {INSTALL_HINT}"
-        ) from exc
+        raise OracleUnavailable("torch/transformers missing") from exc
 
 
 def version() -> str:

@@ -46,9 +46,7 @@ def require() -> None:
     try:
         import mlx_lm  # noqa: F401
     except ImportError as exc:  # pragma: no cover - exercised where mlx-lm is absent
-        raise OracleUnavailable(
-            "mlx-lm is not installed; install it with: pip install 'specparity[oracles]'"
-        ) from exc
+        raise OracleUnavailable("mlx-lm is not installed") from exc
 
 
 def version() -> str:

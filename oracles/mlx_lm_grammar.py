@@ -58,9 +58,7 @@ def require() -> None:
         import llguidance  # noqa: F401
         import mlx_lm  # noqa: F401
     except ImportError as exc:  # pragma: no cover - exercised where a package is absent
-        raise OracleUnavailable(
-            "mlx-lm and llguidance (a specparity dependency) are needed; install with: pip install 'specparity[oracles]'"
-        ) from exc
+        raise OracleUnavailable("mlx-lm and llguidance (a specparity dependency) are needed") from exc
 
 
 def ll_grammar(kind: str, text: str) -> str:

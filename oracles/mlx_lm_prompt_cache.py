@@ -36,9 +36,7 @@ def require() -> None:
     try:
         from mlx_lm.models.cache import LRUPromptCache  # noqa: F401
     except ImportError as exc:  # pragma: no cover - where mlx-lm is absent or older
-        raise OracleUnavailable(
-            "mlx-lm with LRUPromptCache is not installed; install it with: pip install 'specparity[oracles]'"
-        ) from exc
+        raise OracleUnavailable("mlx-lm with LRUPromptCache is not installed") from exc
 
 
 def version() -> str:

@@ -53,14 +53,13 @@ from typing import Any
 from oracles import OracleUnavailable
 
 NAME = "mlx_vlm"
-INSTALL_HINT = "tox -e vlm  (pip install 'specparity[vlm]': mlx-vlm==0.7.10 in its own environment)"
 
 
 def require() -> None:
     try:
         import mlx_vlm.speculative.drafters  # noqa: F401
     except ImportError as exc:
-        raise OracleUnavailable(f"mlx-vlm is not installed; install it with: {INSTALL_HINT}") from exc
+        raise OracleUnavailable("mlx-vlm is not installed") from exc
 
 
 def version() -> str:

@@ -46,7 +46,6 @@ from oracles.recording import accept_walk
 from traces.records import counters_from_rounds
 
 NAME = "mlx_vlm_dspark"
-INSTALL_HINT = "tox -e vlm-dspark  (pip install 'specparity[vlm]': mlx-vlm==0.7.10 in its own environment)"
 
 
 def require() -> None:
@@ -54,7 +53,7 @@ def require() -> None:
         import mlx_vlm.speculative.dflash  # noqa: F401
         import mlx_vlm.speculative.drafters  # noqa: F401
     except ImportError as exc:
-        raise OracleUnavailable(f"mlx-vlm is not installed; {INSTALL_HINT}") from exc
+        raise OracleUnavailable("mlx-vlm is not installed") from exc
 
 
 def version() -> str:

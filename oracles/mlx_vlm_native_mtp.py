@@ -30,14 +30,13 @@ from pathlib import Path
 from oracles import OracleUnavailable
 
 NAME = "mlx_vlm_native_mtp"
-INSTALL_HINT = "tox -e vlm  (pip install 'specparity[vlm]': mlx-vlm==0.7.10 in its own environment)"
 
 
 def require() -> None:
     try:
         import mlx_vlm.speculative.drafters.mtp_split  # noqa: F401
     except ImportError as exc:
-        raise OracleUnavailable(f"mlx-vlm is not installed; install it with: {INSTALL_HINT}") from exc
+        raise OracleUnavailable("mlx-vlm (with mtp_split) is not installed") from exc
 
 
 def split(checkpoint: str | Path, out_dir: str | Path) -> Path:

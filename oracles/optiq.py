@@ -35,18 +35,13 @@ from oracles.recording import CallRecorder, top2_margins
 from traces.records import counters_from_rounds
 
 NAME = "optiq"
-INSTALL_HINT = (
-    "pip install 'specparity[optiq]'  (or: tox -e optiq; mlx-optiq pins transformers<5.13)"
-)
 
 
 def require() -> None:
     try:
         import optiq.runtime.ngram_spec  # noqa: F401
     except ImportError as exc:
-        raise OracleUnavailable(
-            f"mlx-optiq is not installed; install it with: {INSTALL_HINT}"
-        ) from exc
+        raise OracleUnavailable("mlx-optiq is not installed") from exc
 
 
 def version() -> str:
@@ -316,7 +311,7 @@ def require_assistant() -> None:
     try:
         import optiq.runtime.spec  # noqa: F401
     except ImportError as exc:
-        raise OracleUnavailable(f"mlx-optiq without optiq.runtime.spec; install: {INSTALL_HINT}") from exc
+        raise OracleUnavailable("mlx-optiq without optiq.runtime.spec") from exc
 
 
 def run_assistant(

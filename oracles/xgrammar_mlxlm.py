@@ -34,8 +34,7 @@ def require() -> None:
         import xgrammar  # noqa: F401
         from xgrammar.contrib import mlxlm  # noqa: F401
     except ImportError as exc:
-        raise OracleUnavailable("xgrammar is not installed; run tox -e grammar-xgrammar "
-                                "(pip install torch xgrammar)") from exc
+        raise OracleUnavailable("xgrammar is not installed") from exc
 
 
 def run(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:

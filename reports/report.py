@@ -105,7 +105,7 @@ def build_report(run_dir: Path | str, track: Callable[[Path], Any] | None = None
     """Build ``report.md`` and ``report.html`` in ``run_dir``; raise :class:`ReportError` on failure.
 
     ``track`` is called with each file's path before it is written (the output
-    directory's ownership list, ``specparity.outdir``); it may refuse by raising.
+    directory's ownership list, ``specparity.cli.outdir``); it may refuse by raising.
     """
     run_dir = Path(run_dir)
     try:

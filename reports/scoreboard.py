@@ -59,7 +59,7 @@ def load_results(d: Path) -> list[dict[str, Any]]:
 def reproduce_cmd(engine: str, tox_env: str, case: str | None) -> str:
     if case is None:
         return f"tox -e {tox_env}"
-    return f"tox exec -e {tox_env} -- python -m specparity.engines {engine} --case '{case}'"
+    return f"tox exec -e {tox_env} -- python -m specparity.grading.engines {engine} --case '{case}'"
 
 
 def _cell(r: dict[str, Any]) -> tuple[str, str]:

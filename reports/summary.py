@@ -22,7 +22,7 @@ def write_summary(result: Any, traces: dict[tuple[str, str], Any],
     """Write ``summary.md`` into the run directory and return its text.
 
     The verdict: a run writes it last, after its traces, ``comparisons.json``
-    and report are on disk (``specparity.run.finish``); ``track`` registers the
+    and report are on disk (``specparity.jobs.run.finish``); ``track`` registers the
     file with the output directory before it is written.
     """
     lines = ["# specparity run", ""]

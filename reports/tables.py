@@ -29,7 +29,7 @@ import pandas as pd
 CELL = ["target", "drafter", "gamma"]
 
 RUN_MARKER = ".specparity-run.json"
-"""Written by ``specparity.outdir.claim_run_dir``: run id, pid, state (running/complete/failed)."""
+"""Written by ``specparity.cli.outdir.claim_run_dir``: run id, pid, state (running/complete/failed)."""
 LOCK_NAME = ".specparity.lock"
 
 

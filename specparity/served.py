@@ -525,8 +525,8 @@ def _prompts(tok: Any, n: int = N_PROMPTS, seed: int = 24) -> list[str]:
 
 
 def prompts_from_file(path: str | Path) -> tuple[str, ...]:
-    """The text prompts of a prompts file (``specparity/prompts.py`` formats); token-id prompts refused."""
-    from specparity.prompts import read_prompts_file
+    """The text prompts of a prompts file (``specparity/cases/prompts.py`` formats); token-id prompts refused."""
+    from specparity.cases.prompts import read_prompts_file
 
     out = []
     for p in read_prompts_file(path):
@@ -778,7 +778,7 @@ def _subprocess_launcher(eng: ServedEngine, mdir: Path, out: Path, doc_name: str
 
     @contextlib.contextmanager
     def launch(arm: str, draft: str | None, cache_off: bool) -> Iterator[Launch]:
-        from specparity.outdir import track
+        from specparity.cli.outdir import track
 
         counter["n"] += 1
         log_path = track(out / "logs" / f"{doc_name}-{arm}-{counter['n']}.log")
@@ -999,7 +999,7 @@ def grade_server_main(args: argparse.Namespace) -> int:
         except (ServerDown, ServerError) as exc:
             return _err(f"cannot reach the server at {client.url}: {exc}")
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     path = out / f"{_doc_name(args.serve or 'url', model_ref(args.model, mdir))}.json"
     with add_outputs(out, "specparity grade --serve", recognise=_served_output) as claim:
@@ -1010,7 +1010,7 @@ def grade_server_main(args: argparse.Namespace) -> int:
 
 def _served_output(p: Path) -> bool:
     """A result, scoreboard or server log this command wrote before output markers existed."""
-    from specparity.engines import _engine_output
+    from specparity.grading.engines import _engine_output
 
     if _engine_output(p):
         return True

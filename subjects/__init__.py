@@ -3,7 +3,7 @@
 Kept apart from ``oracles/`` (references we trust as witnesses) and from
 ``engine/`` (ours): a subject is graded, never trusted. Adapters import
 ``traces`` and ``zoo`` (to build cases and drafters), never ``engine``; the
-grading job (``specparity/engines.py``) computes the references. Each package
+grading job (``specparity/grading/engines.py``) computes the references. Each package
 pins things the others conflict with (mlx-vlm, transformers, a replaced
 ``mlx_lm``), so each runs in its own tox environment (``tox -e subject-<name>``).
 

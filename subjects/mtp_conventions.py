@@ -6,7 +6,7 @@ INSTANCE records every call of its MTP head: the target hidden it fed, the
 token ids, the head-cache offset before the call and the draft logits it got
 back (:class:`HeadCall`). The recorded calls are then compared, input for
 input, with our ``native-mtp`` source's head driven under each named
-convention (``specparity/mtp_conventions.py``, which owns that comparison: the
+convention (``specparity/grading/native_mtp_conventions.py``, which owns that comparison: the
 subjects layer never imports the engine); this module holds the capture and
 the verdict logic, both model-free testable:
 
@@ -190,7 +190,7 @@ def flyto_family_support(target: str) -> tuple[bool, str]:
 
 
 def verdict(row: dict[str, Any]) -> dict[str, str]:
-    """The conventions one measured row (``specparity.mtp_conventions.measure``) establishes, each
+    """The conventions one measured row (``specparity.grading.native_mtp_conventions.measure``) establishes, each
     with the measurement behind it; ``unmeasured`` where the calls could not tell."""
     out: dict[str, str] = {}
     h = row.get("hidden", {})

@@ -103,16 +103,16 @@ RUN_TINY = ["run", "--targets", "llama", "--drafters", "self", "--gammas", "1", 
 def no_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The jobs stubbed to fail at once: a flag the CLI wrongly accepts fails the test at once
     instead of running a whole job."""
-    import specparity.ab
-    import specparity.bench
-    import specparity.regen
-    import specparity.run
+    import specparity.goldens.regen
+    import specparity.jobs.run
+    import specparity.measure.ab
+    import specparity.measure.bench
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("a bad flag was accepted: the job started")
 
-    for mod, name in ((specparity.run, "run_cases"), (specparity.ab, "run_ab"),
-                      (specparity.bench, "run_bench"), (specparity.regen, "regen")):
+    for mod, name in ((specparity.jobs.run, "run_cases"), (specparity.measure.ab, "run_ab"),
+                      (specparity.measure.bench, "run_bench"), (specparity.goldens.regen, "regen")):
         monkeypatch.setattr(mod, name, refuse)
 
 
@@ -123,10 +123,10 @@ class JobStarted(Exception):
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """``specparity.run.run`` (and ``run --sessions``' job) stubbed: its arguments are kept and it
+    """``specparity.jobs.run.run`` (and ``run --sessions``' job) stubbed: its arguments are kept and it
     raises :class:`JobStarted`."""
-    import specparity.run
-    import specparity.sessions
+    import specparity.jobs.run
+    import specparity.jobs.sessions
 
     calls: list[dict[str, Any]] = []
 
@@ -138,8 +138,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append({"out": out, "sessions": True, "cases": list(cases), **kwargs})
         raise JobStarted()
 
-    monkeypatch.setattr(specparity.run, "run", run)
-    monkeypatch.setattr(specparity.sessions, "main_sessions", sessions)
+    monkeypatch.setattr(specparity.jobs.run, "run", run)
+    monkeypatch.setattr(specparity.jobs.sessions, "main_sessions", sessions)
     return calls
 
 
@@ -192,7 +192,7 @@ def zoo_pair() -> tuple[Path, Path]:
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny run (engine only: self drafter, γ 1, 1 prompt, 4 tokens). Read-only:
     copy it (:func:`copy_run`) before planting anything."""
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     out = tmp_path_factory.mktemp("tiny-run")
     run(out, targets=["llama"], drafters=["self"], gammas=(1,), n_prompts=1, max_tokens=4,

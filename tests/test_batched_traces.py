@@ -4,7 +4,7 @@ A batched run's rows are ordinary request traces (the engine runner's header, th
 executor's records, plus the optional ``round.batch``) and its batch trace is one
 ``batch_step`` record per step. ``specparity diff ROW SERIAL`` is identical on a conforming
 run; with a planted neighbour rollback it names the round, the batch step and the rows
-present. ``specparity run``'s batched cases (``specparity.batched``) write the files and one
+present. ``specparity run``'s batched cases (``specparity.jobs.batched``) write the files and one
 comparison per row and per invariance.
 """
 
@@ -18,8 +18,8 @@ import pytest
 
 from engine import batched as eb
 from engine.batched import batch_generate
-from specparity.batched import BatchCase, _row, batch_cases, batched_comparisons, row_requests
-from specparity.cases import Case
+from specparity.cases.case import Case
+from specparity.jobs.batched import BatchCase, _row, batch_cases, batched_comparisons, row_requests
 from specparity.runners import run_case
 from traces.diff import diff_main, diff_traces
 from traces.io import Trace, write_trace
@@ -109,7 +109,7 @@ def test_run_batched_cases_write_files_and_compare(tmp_path: Path) -> None:
     cases = [Case("llama", "twin", "nat-00", 3, 16)]
     assert [bc.name for bc in batch_cases(cases)] == ["llama/twin/B2", "llama/twin/B4", "llama/ngram/B2",
                                                       "llama/ngram/B4"]
-    from specparity import batched as sb
+    from specparity.jobs import batched as sb
 
     small = [bc for bc in batch_cases(cases) if bc.name.endswith("twin/B4")]
     cmp = []

@@ -18,8 +18,8 @@ import pytest
 import zoo
 from engine.executor import GenerationParams, spec_generate
 from engine.sources.two_model import TwoModelProvider
-from specparity.bench import RATIOS, forwards_only, schedule_of
 from specparity.cli import main
+from specparity.measure.bench import RATIOS, forwards_only, schedule_of
 from specparity.runners import load_model
 from zoo import big
 
@@ -207,7 +207,7 @@ def test_an_overridden_draft_keeps_the_list_path() -> None:
 
 
 def test_cold_passes_are_balanced() -> None:
-    from specparity.bench import ARMS, arm_order
+    from specparity.measure.bench import ARMS, arm_order
 
     cold = [arm_order(False, i) for i in range(4)]
     assert sorted(o[0] for o in cold) == sorted(ARMS[:4])  # each timed arm first once

@@ -1,4 +1,4 @@
-"""The batched throughput benchmark (``specparity.bench_batched``): shape of its figures, never a timing.
+"""The batched throughput benchmark (``specparity.measure.bench_batched``): shape of its figures, never a timing.
 
 It prints rows per second of each arm and the paired speedup with its interval; it refuses a
 figure when a row's output differs between the batched and the serial arm (planted here).
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from specparity import bench_batched as bb
+from specparity.measure import bench_batched as bb
 
 
 def test_bench_reports_both_arms_and_a_paired_interval(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 
 from specparity.cli import main
-from specparity.devices import use_device
+from specparity.cli.devices import use_device
 from traces.records import platform_info
 
 NO_GPU = not mx.is_available(mx.gpu)

@@ -1,4 +1,4 @@
-"""Case ids from weight digests (specparity/cases.py ``model_label``, ``cached_weights_digest``).
+"""Case ids from weight digests (specparity/cases/case.py ``model_label``, ``cached_weights_digest``).
 
 Two fine-tunes in same-named folders with equal file sizes get different ids; the same
 model in another folder keeps its id; digests are hashed once per content stamp (path,
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specparity import cases
-from specparity.cases import cached_weights_digest, model_label
+from specparity.cases import case as cases
+from specparity.cases.case import cached_weights_digest, model_label
 from tests import foreign
 
 

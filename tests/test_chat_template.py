@@ -1,5 +1,5 @@
 """``--chat-template``: text prompts rendered by the target tokenizer's own chat template
-(specparity/prompts.py ``encode_text``, as mlx-lm 0.32.2 ``generate.py`` ``main`` renders
+(specparity/cases/prompts.py ``encode_text``, as mlx-lm 0.32.2 ``generate.py`` ``main`` renders
 them), on ``generate``, ``record``, ``run`` (and the suite key ``chat_template``), ``bench``,
 ``ab``, ``audit`` and ``zoo list``; the rendered ids are the trace header's prompt; a
 tokenizer without a template is one error line."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specparity.prompts import CHAT_SUFFIX, PromptError, encode_text
+from specparity.cases.prompts import CHAT_SUFFIX, PromptError, encode_text
 from tests import foreign
 from tests.helpers import cli_rc
 
@@ -49,7 +49,7 @@ def test_encode_text_renders_with_the_tokenizers_own_template(models: dict[str, 
     with pytest.raises(PromptError, match="has no chat template"):
         encode_text(load_tokenizer(models["plain"]), "ba de fi", chat_template=True)
     # a flag that would change nothing is refused, not ignored
-    from specparity.prompts import Prompt, encode_prompts
+    from specparity.cases.prompts import Prompt, encode_prompts
 
     with pytest.raises(PromptError, match="these are all token ids"):
         encode_prompts([Prompt("ids", token_ids=(5, 9))], models["chat"], chat_template=True)
@@ -99,7 +99,7 @@ def test_no_template_and_ids_are_one_line_usage_errors(models, tmp_path, capsys)
 
 
 def test_run_audit_and_suite_key_render_text_prompts(models, tmp_path: Path, capsys) -> None:
-    from specparity.suite import SuiteError, load_suite, suite_cases
+    from specparity.cases.suite import SuiteError, load_suite, suite_cases
 
     out = tmp_path / "run"
     assert cli_rc("run", "--target", str(models["chat"]), "--draft", str(models["twin"]), "--prompts-file",

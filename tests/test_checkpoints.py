@@ -8,7 +8,7 @@ The full product (36 combinations, a target and a twin drafter each) takes longe
 default test should on one core, so the default run covers it (:data:`COVER`): every
 value of every axis at least once and every command on every dtype; the full product is
 ``test_full_matrix`` under the ``slow`` marker. ``bench``'s checkpoint facts
-(``specparity.bench.checkpoint_facts``) are tested on the q4 and bf16 builds.
+(``specparity.measure.bench.checkpoint_facts``) are tested on the q4 and bf16 builds.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_grade_refuses_a_checkpoint_changed_since_the_trace(checkpoints, tmp_pat
 
 
 def test_bench_reports_quantization_dtype_and_disk_size(checkpoints) -> None:  # noqa: ANN001
-    from specparity.bench import checkpoint_facts, describe_checkpoint
+    from specparity.measure.bench import checkpoint_facts, describe_checkpoint
     from specparity.runners import load_model
 
     full = {}

@@ -165,12 +165,12 @@ def _regen_killed(tmp_path: Path, extra_s: float) -> None:
             os.kill(w, signal.SIGKILL)
         assert not left, f"pool workers outlived the killed regen: {left}"
     assert_whole_files(killed_writers=True, root=gdir)
-    from specparity.regen import regen
+    from specparity.goldens.regen import regen
 
     result = regen(gdir, case_glob="llama/*plain*", workers=0, progress=False)
     assert result.exit_code == 0, [o for o in result.outcomes if o.status == "error"]
     assert_whole_files(killed_writers=True, root=gdir)
-    from specparity import goldens as g
+    from specparity.goldens import manifest as g
 
     manifest = g.load_manifest(gdir)["goldens"]
     assert set(manifest) == {p.relative_to(gdir).with_suffix("").as_posix() for p in gdir.rglob("*.jsonl")}

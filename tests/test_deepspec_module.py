@@ -63,7 +63,7 @@ def test_quantized_siblings_load_and_track_bf16(bits: int, min_agree: float) -> 
 
 
 def test_validate_accepts_the_cut_position_confidence_only_below_threshold() -> None:
-    from specparity.goldens import GOLDEN_DIR
+    from specparity.goldens.manifest import GOLDEN_DIR
     from traces.io import read_trace
     from traces.validate import validate_records
 

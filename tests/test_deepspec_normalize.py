@@ -186,7 +186,8 @@ def _checkout(tmp_path, commit: str):  # noqa: ANN001, ANN202
 
 
 def test_deepspec_commit_is_a_golden_input(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from specparity.goldens import InputsContext, check_goldens, deepspec_cases, golden_key
+    from specparity.cases.golden_cases import deepspec_cases
+    from specparity.goldens.manifest import InputsContext, check_goldens, golden_key
 
     case = deepspec_cases()[0]
     key = golden_key("deepspec", case)
@@ -201,9 +202,10 @@ def test_deepspec_commit_is_a_golden_input(tmp_path, monkeypatch) -> None:  # no
 
 
 def test_deepspec_code_digest_covers_shared_oracle_code() -> None:
-    from specparity.goldens import GOLDEN_RUNNERS, _module_files
+    from specparity.goldens.manifest import _module_files
+    from specparity.runners.registry import golden_sets
 
-    info = GOLDEN_RUNNERS["deepspec"]
+    info = golden_sets()["deepspec"]
     files = {rel for m in info.code_modules for rel in _module_files(m, info.code_exclude)}
     for rel in ("oracles/__init__.py", "oracles/recording.py", "oracles/deepspec.py", "traces/normalize.py"):
         assert rel in files, f"deepspec code digest misses {rel}: {sorted(files)}"
@@ -215,14 +217,14 @@ def test_every_deepspec_normalization_fires_on_the_golden_cases() -> None:
     golden cases needs each of the four normalizations somewhere and nothing else (no refusal)."""
     from collections import Counter
 
-    from oracles import availability
+    from specparity.runners.registry import availability
     from traces.normalize import DEEPSPEC_ORDER
 
     ok, why = availability("deepspec")
     if not ok:
         pytest.skip(f"oracle deepspec unavailable: {why}")
     from oracles import deepspec
-    from specparity.goldens import deepspec_cases
+    from specparity.cases.golden_cases import deepspec_cases
     from specparity.runners import run_case
 
     seen: Counter[str] = Counter()

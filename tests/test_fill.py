@@ -324,7 +324,7 @@ def test_paired_interval() -> None:
 
 def test_run_summary_reports_fill_cases_and_fails_a_divergent_one(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specparity.run import run_cases, zoo_cases
+    from specparity.jobs.run import run_cases, zoo_cases
 
     zc = zoo_cases(targets=["llama"], drafters=["self"], gammas=(3,), n_prompts=1, max_tokens=4)
     cases = [zf.FillCase("xml", "strict", "fill-05"), zf.FillCase("xml", "echo", "fill-05"),
@@ -376,7 +376,7 @@ def test_close_row_waits_for_the_complete_delimiter() -> None:
 
 
 def test_the_cli_zoo_matrix_carries_the_fill_cases(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import specparity.run
+    import specparity.jobs.run
     from specparity.cli import main
 
     calls: list[dict[str, Any]] = []
@@ -388,7 +388,7 @@ def test_the_cli_zoo_matrix_carries_the_fill_cases(tmp_path: Any, monkeypatch: p
         calls.append(kwargs)
         raise Started
 
-    monkeypatch.setattr(specparity.run, "run", run)
+    monkeypatch.setattr(specparity.jobs.run, "run", run)
     for argv in (["--temps", "0,0.8"], ["--targets", "llama"]):
         main(["run", "--out", str(tmp_path / "o"), *argv])  # the stub stops the job once called
     default, narrowed = calls

@@ -47,7 +47,7 @@ def test_knife_edge_after_an_append_is_numerics(double: None) -> None:
 
 
 def test_the_run_reports_it_and_does_not_fail(double: None, tmp_path: Any) -> None:
-    from specparity.run import fill_comparisons
+    from specparity.jobs.run import fill_comparisons
 
     rows, cmp = fill_comparisons([FLIP])
     assert cmp[0].divergence is not None and cmp[0].divergence.klass == "numerics"

@@ -1,4 +1,4 @@
-"""The golden manifest and its staleness / corruption check (``specparity/goldens.py``)."""
+"""The golden manifest and its staleness / corruption check (``specparity/goldens/manifest.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specparity import goldens as g
-from specparity.cases import Case
+from specparity.cases.case import Case
+from specparity.goldens import manifest as g
 from traces.io import write_trace
 from traces.validate import validate_file
 
@@ -20,7 +20,7 @@ KEY_O = g.golden_key("mlx_lm", CASE)
 @pytest.fixture(scope="module")
 def small_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Goldens of one case for both runners, made by regen in this process."""
-    from specparity.regen import regen
+    from specparity.goldens.regen import regen
 
     d = tmp_path_factory.mktemp("golden")
     res = regen(d, case_glob=CASE.case_id, workers=0, progress=False)

@@ -40,7 +40,7 @@ import pytest
 import zoo
 import zoo.grammars as G
 from engine import grammar as eg
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import run_case
 from tests.helpers import cli as _cli
 from traces.diff import diff_traces, grammar_divergence, grammar_sites
@@ -379,7 +379,7 @@ def test_reasoning_end_without_grammar_is_one_line_exit_2(argv: list[str], msg: 
 
 
 def test_suite_key_reasoning_end(tmp_path: Path) -> None:
-    from specparity.suite import SuiteError, load_suite, suite_cases
+    from specparity.cases.suite import SuiteError, load_suite, suite_cases
 
     suite = tmp_path / "s.toml"
     suite.write_text('gammas = [2]\nmax_tokens = 24\nzoo_prompts = 1\nreasoning_end = "</think>"\n'

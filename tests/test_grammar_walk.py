@@ -39,7 +39,7 @@ import zoo
 import zoo.grammars as G
 from engine import grammar as eg
 from engine.grammar import GrammarError, GrammarSpec
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import run_case
 from tests.helpers import cli as _cli
 from traces.diff import diff_traces, grammar_divergence
@@ -482,7 +482,7 @@ def test_a_grammar_that_does_not_compile_is_refused_before_decoding(tmp_path: Pa
 
 
 def test_suite_key_grammar(schema_file: Path, tmp_path: Path) -> None:
-    from specparity.suite import SuiteError, load_suite, suite_cases
+    from specparity.cases.suite import SuiteError, load_suite, suite_cases
 
     suite = tmp_path / "s.toml"
     suite.write_text('gammas = [2]\nmax_tokens = 24\nzoo_prompts = 1\ngrammar = "answer.json"\n'
@@ -498,7 +498,7 @@ def test_suite_key_grammar(schema_file: Path, tmp_path: Path) -> None:
 
 
 def test_zoo_matrix_has_grammar_cases_on_every_cache_kind() -> None:
-    from specparity.run import grammar_cases, zoo_cases
+    from specparity.jobs.run import grammar_cases, zoo_cases
 
     cases = grammar_cases(gammas=(1, 3))
     assert {(c.target, c.prompt_id) for c in cases} == {(KV, "json-00"), (ROTATING, "nat-03"),

@@ -33,7 +33,7 @@ def test_cli_command_and_env_run_this_checkout() -> None:
     assert h.cli_command("run", Path("x"), 3) == [sys.executable, "-m", "specparity.cli", "run", "x", "3"]
     env = h.cli_env(EXTRA="1")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(h.ROOT) and env["EXTRA"] == "1"
-    assert (h.ROOT / "specparity" / "cli.py").is_file()
+    assert (h.ROOT / "specparity" / "cli" / "entry.py").is_file()
 
 
 def test_cli_process_is_a_fresh_interpreter(tmp_path: Path) -> None:
@@ -66,13 +66,13 @@ def test_refused_wants_exit_status_2() -> None:
 
 
 def test_no_jobs_stops_every_job(no_jobs: None) -> None:
-    import specparity.ab
-    import specparity.bench
-    import specparity.regen
-    import specparity.run
+    import specparity.goldens.regen
+    import specparity.jobs.run
+    import specparity.measure.ab
+    import specparity.measure.bench
 
-    for fn in (specparity.run.run_cases, specparity.ab.run_ab, specparity.bench.run_bench,
-               specparity.regen.regen):
+    for fn in (specparity.jobs.run.run_cases, specparity.measure.ab.run_ab, specparity.measure.bench.run_bench,
+               specparity.goldens.regen.regen):
         with pytest.raises(AssertionError, match="the job started"):
             fn()
 

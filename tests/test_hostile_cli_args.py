@@ -122,7 +122,7 @@ def test_missing_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_absurd_max_tokens(capsys: pytest.CaptureFixture[str], no_jobs: None) -> None:
-    from specparity import args
+    from specparity.cli import args
 
     rc, _, err = cli(["run", "--max-tokens", "2000000"], capsys)
     assert rc == 2
@@ -144,11 +144,11 @@ def test_flag_sweep_every_flag_of_every_command(zoo_pair: tuple[Path, Path], tmp
     import io
 
     import engine.executor
-    import specparity.ab
-    import specparity.bench
-    import specparity.regen
-    import specparity.run
-    from specparity.cli import build_parser
+    import specparity.goldens.regen
+    import specparity.jobs.run
+    import specparity.measure.ab
+    import specparity.measure.bench
+    from specparity.cli.entry import build_parser
 
     class Started(Exception):
         pass
@@ -156,9 +156,9 @@ def test_flag_sweep_every_flag_of_every_command(zoo_pair: tuple[Path, Path], tmp
     def started(*_a: object, **_k: object) -> None:
         raise Started()
 
-    for mod, name in ((specparity.run, "run_cases"), (specparity.run, "run_task"),
-                      (specparity.run, "execute"), (specparity.ab, "run_ab"),
-                      (specparity.bench, "run_bench"), (specparity.regen, "regen"),
+    for mod, name in ((specparity.jobs.run, "run_cases"), (specparity.jobs.run, "run_task"),
+                      (specparity.jobs.run, "execute"), (specparity.measure.ab, "run_ab"),
+                      (specparity.measure.bench, "run_bench"), (specparity.goldens.regen, "regen"),
                       (engine.executor, "spec_generate"), (engine.executor, "plain_generate")):
         monkeypatch.setattr(mod, name, started)
     base = {"generate": ["--target", str(zoo_pair[0]), "--prompt-ids", "5,6", "-n", "4"],
@@ -218,7 +218,7 @@ def test_unknown_names_are_refused_with_the_known_ones(argv: list[str], names: s
 
 
 def test_zoo_cases_api_refuses_unknown_names() -> None:
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     with pytest.raises(ValueError, match="unknown zoo target.*'nosuch'.*known: llama"):
         zoo_cases(targets=["llama", "nosuch"], gammas=(1,), n_prompts=1)
@@ -293,7 +293,7 @@ def test_every_run_flag_is_honoured_or_refused(zoo_pair: tuple[Path, Path], tmp_
     import contextlib
     import io
 
-    from specparity.cli import build_parser
+    from specparity.cli.entry import build_parser
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "token_ids": [5, 6, 7]}\n{"id": "b", "token_ids": [9, 8]}\n')
@@ -464,7 +464,7 @@ def test_sessions_refuse_what_they_cannot_honour(zoo_pair: tuple[Path, Path], tm
 
 def test_sessions_context_bound_is_the_worst_case() -> None:
     """The bound is what the requests can take: the prompt plus every earlier output and turn."""
-    from specparity.sessions import SESSIONS, TURN_TOKENS, request_reach
+    from specparity.jobs.sessions import SESSIONS, TURN_TOKENS, request_reach
 
     reach = request_reach(SESSIONS["multi-turn"], 10, 4)
     assert reach == [10 + 4, 10 + 4 + TURN_TOKENS + 5, 10 + 4 + TURN_TOKENS + 5 + TURN_TOKENS + 6]

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.usefixtures("in_tmp")
 def test_every_available_runner_is_dispatchable(monkeypatch: pytest.MonkeyPatch) -> None:
     """With every reference 'installed', run either dispatches a runner or skips it with a reason."""
     import oracles
-    from specparity import run as run_mod
-    from specparity.cases import Case
+    from specparity.cases.case import Case
+    from specparity.jobs import run as run_mod
     from specparity.runners import run_case
 
     monkeypatch.setattr(oracles, "availability", lambda name: (True, "ok"))
@@ -48,7 +48,7 @@ def test_progress_lines_when_not_a_tty(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_published_file_modes(tiny_run: Path, tmp_path: Path) -> None:
-    from specparity.goldens import save_manifest
+    from specparity.goldens.manifest import save_manifest
     from traces.io import atomic_write_json
 
     old = os.umask(0o022)
@@ -64,7 +64,7 @@ def test_published_file_modes(tiny_run: Path, tmp_path: Path) -> None:
 
 
 def test_goldens_are_location_independent() -> None:
-    from specparity.goldens import GOLDEN_DIR
+    from specparity.goldens.manifest import GOLDEN_DIR
 
     for p in sorted(Path(GOLDEN_DIR).rglob("*.jsonl"))[:400]:
         header = json.loads(p.open().readline())

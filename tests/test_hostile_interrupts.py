@@ -40,7 +40,7 @@ def test_disk_full_writing_report(tiny_run: Path, tmp_path: Path, monkeypatch: p
 
 def test_disk_full_during_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                               capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity import run as run_mod
+    from specparity.jobs import run as run_mod
 
     out = tmp_path / "run"
 
@@ -64,7 +64,7 @@ def test_disk_full_during_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 def test_ab_prints_results_before_a_failing_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    import specparity.ab as ab
+    import specparity.measure.ab as ab
 
     def full(*_a: object, **_k: object) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "ab" / "ab.json"))
@@ -94,11 +94,11 @@ def test_audit_json_is_atomic_and_replaces_its_own(tmp_path: Path, monkeypatch: 
 
 
 def test_bench_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specparity.bench import write_bench
+    from specparity.measure.bench import write_bench
 
     res = {"kind": "bench", "target": "llama", "drafter": "twin", "gamma": 3, "n_prompts": 1,
            "repeats": 1, "arms": [], "by_gamma": {}}
-    monkeypatch.setattr("specparity.bench.bench_markdown", lambda r: "# bench\n")
+    monkeypatch.setattr("specparity.measure.bench.bench_markdown", lambda r: "# bench\n")
     write_bench(res, tmp_path)
     before = snapshot(tmp_path)
     monkeypatch.setattr(os, "fsync", _enospc)
@@ -128,7 +128,7 @@ def _interrupt_in(monkeypatch: pytest.MonkeyPatch, target: str, exc: BaseExcepti
 def test_unfinished_runs_never_lose_the_last_finished_one(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity.args import Terminated
+    from specparity.cli.args import Terminated
 
     d = tmp_path / "run"
     assert cli([*RUN_TINY, "--out", d], capsys)[0] == 0
@@ -136,7 +136,7 @@ def test_unfinished_runs_never_lose_the_last_finished_one(tmp_path: Path,
     finished_traces = sorted(k for k in finished if k.startswith("traces/"))
     for n in range(2):  # two interrupted runs in a row (Terminated: as SIGTERM would)
         with monkeypatch.context() as m:
-            _interrupt_in(m, "specparity.run:numerics_witness", Terminated())
+            _interrupt_in(m, "specparity.jobs.run:numerics_witness", Terminated())
             rc, _, err = cli([*RUN_TINY, "--out", d], capsys)
         assert rc == 143, err
         kept = d / ".previous-run"
@@ -168,7 +168,7 @@ def _verdict_state(d: Path) -> tuple[str | None, bool, str]:
     ("reports.report:_build", "sigterm", 143),
     ("reports.summary:tau_table", "ctrl-c", 130),
     ("reports.summary:atomic_write_text", "disk full", 1),
-    ("specparity.run:atomic_write_text", "disk full", 1),
+    ("specparity.jobs.run:atomic_write_text", "disk full", 1),
 ], ids=["failure in the report", "SIGTERM in the report", "Ctrl-C in the summary",
         "disk full writing summary.md", "disk full writing comparisons.json"])
 def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -196,7 +196,7 @@ def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.
         assert summary is not None and "while writing the" in summary, summary
     assert not has_report, "a report written from inside the run (it read CONFORMS) is removed"
     assert list(d.glob("traces/engine/*.jsonl")), "work kept"
-    if where.startswith("specparity.run"):  # comparisons.json and the INCOMPLETE summary failed
+    if where.startswith("specparity.jobs.run"):  # comparisons.json and the INCOMPLETE summary failed
         assert summary is None and not (d / "comparisons.json").exists()
     else:
         assert (d / "comparisons.json").exists()
@@ -209,18 +209,18 @@ def test_no_verdict_before_the_work_is_done(tmp_path: Path, monkeypatch: pytest.
 
 
 SIGTERM_AT = [
-    ("run", [*RUN_TINY, "--out", "{d}"], "specparity.run:run_cases"),
+    ("run", [*RUN_TINY, "--out", "{d}"], "specparity.jobs.run:run_cases"),
     ("ab", ["ab", "--target", "llama", "--drafter-a", "self", "--drafter-b", "twin", "--out", "{d}"],
-     "specparity.ab:run_ab"),
-    ("bench", ["bench", "--out", "{d}"], "specparity.bench:run_bench"),
+     "specparity.measure.ab:run_ab"),
+    ("bench", ["bench", "--out", "{d}"], "specparity.measure.bench:run_bench"),
     ("regen", ["regen", "--golden-dir", "{d}", "--case", "x", "--report", "{d}/rep"],
-     "specparity.regen:_regen"),
+     "specparity.goldens.regen:_regen"),
     ("generate", ["generate", "--target", "{t}", "--prompt-ids", "5,6", "-n", "4", "--trace",
                   "{d}/t.jsonl"], "engine.executor:plain_generate"),
     ("audit", ["audit", "--targets", "llama", "--prompts", "1", "--max-tokens", "4", "--json",
                "{d}/a.json"], "specparity.commands.audit:target_figures"),
     ("grade", ["grade", "{run}/traces/engine", "--out", "{d}", "--runners", ""],
-     "specparity.grade:_grade"),
+     "specparity.grading.trace_folders:_grade"),
 ]
 
 

@@ -121,7 +121,7 @@ def test_bad_config_json_is_one_line(zoo_pair: tuple[Path, Path], tmp_path: Path
 
 def test_long_case_ids_become_short_file_names(zoo_pair: tuple[Path, Path], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity.cases import STEM_MAX_BYTES, file_stem
+    from specparity.cases.case import STEM_MAX_BYTES, file_stem
 
     model = tmp_path / ("m" * 250)
     shutil.copytree(zoo_pair[0], model)

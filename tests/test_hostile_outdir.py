@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("in_tmp")
 
 def test_second_run_into_locked_out_is_refused(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity.outdir import DirLock
+    from specparity.cli.outdir import DirLock
 
     out = tmp_path / "run"
     out.mkdir()
@@ -47,7 +47,7 @@ def test_second_run_into_locked_out_is_refused(tmp_path: Path,
 
 def test_second_regen_on_locked_golden_dir_is_refused(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity.outdir import DirLock
+    from specparity.cli.outdir import DirLock
 
     gdir = tmp_path / "golden"
     gdir.mkdir()
@@ -173,7 +173,7 @@ def test_run_dir_of_an_older_specparity(tiny_run: Path, tmp_path: Path, user: st
 
 def test_listed_output_replaced_by_a_symlink_is_not_written_through(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], no_jobs: None) -> None:
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     d = tmp_path / "bench"
     with add_outputs(d, "test") as claim:
@@ -192,7 +192,7 @@ def test_run_out_a_big_folder_is_refused_without_walking_it_all(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         no_jobs: None) -> None:
     """``--out ~``: refused after the first 1000 foreign files, the rest never walked."""
-    from specparity import outdir
+    from specparity.cli import outdir
 
     home = tmp_path / "home"
     for i in range(30):
@@ -349,7 +349,7 @@ def test_files_added_to_a_run_dir_survive_the_next_run(tiny_run: Path, tmp_path:
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """bench/ab/record files put into a run directory are ours (listed as added): a later run
     neither refuses the directory nor moves them."""
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     d = copy_run(tiny_run, tmp_path / "run")
     with add_outputs(d, "specparity ab") as claim:
@@ -371,11 +371,11 @@ _SCOPES = {"dir": ("run", "folder", "goldens"), "file": ("file",), "beside": ("b
 def writing_flags() -> dict[str, str]:
     """``"command flag"`` -> its type's output kind (``dir``/``file``/``beside``) for every flag
     of the CLI parser that names where a command writes; ``UNDECLARED`` for a flag whose name
-    says output but whose type is not one of ``specparity.args``' output types."""
+    says output but whose type is not one of ``specparity.cli.args``' output types."""
     import argparse
     import re
 
-    from specparity.cli import build_parser
+    from specparity.cli.entry import build_parser
 
     found: dict[str, str] = {}
 
@@ -401,12 +401,12 @@ def writing_flags() -> dict[str, str]:
 
 def test_every_writing_flag_uses_the_ownership_mechanism() -> None:
     """A new flag that writes must take one of the output types and be declared in
-    ``specparity.outdir.WRITERS`` (then the sweeps below plant its inputs)."""
-    from specparity.outdir import WRITERS
+    ``specparity.cli.outdir.WRITERS`` (then the sweeps below plant its inputs)."""
+    from specparity.cli.outdir import WRITERS
 
     found = writing_flags()
     undeclared = sorted(k for k, v in found.items() if v == "UNDECLARED")
-    assert not undeclared, f"{undeclared}: give these an output type (specparity.args) or list them in NOT_WRITERS"
+    assert not undeclared, f"{undeclared}: give these an output type (specparity.cli.args) or list them in NOT_WRITERS"
     assert set(found) == set(WRITERS), (sorted(set(found) ^ set(WRITERS)))
     for key, kind in found.items():
         assert WRITERS[key] in _SCOPES[kind], (key, kind, WRITERS[key])
@@ -475,7 +475,7 @@ def test_sweep_a_foreign_file_is_refused(which: str, zoo_pair: tuple[Path, Path]
     """Every writer: a destination holding a file no specparity command wrote is one line, exit 2,
     every byte kept, no lock left (a folder the command owns: any file; files written beside
     others (report): the file it would replace; one file: that file)."""
-    from specparity.outdir import WRITERS
+    from specparity.cli.outdir import WRITERS
 
     writer, argv = _variant(zoo_pair, tiny_run, tmp_path, which)
     scope = WRITERS[writer]
@@ -510,7 +510,7 @@ def test_sweep_a_locked_destination_is_refused(which: str, zoo_pair: tuple[Path,
                                                tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every writer: a destination another specparity process is writing is one line naming the
     holder, exit 2, nothing written."""
-    from specparity.outdir import FILE_LOCK, WRITERS, DirLock
+    from specparity.cli.outdir import FILE_LOCK, WRITERS, DirLock
 
     writer, argv = _variant(zoo_pair, tiny_run, tmp_path, which)
     if WRITERS[writer] == "file":
@@ -540,7 +540,7 @@ def test_sweep_written_files_are_listed_and_a_run_takes_the_folder_after(
     file it leaves is listed in the folder's marker (a single file is recognisably ours), and a
     plain ``run --out`` into the same folder afterwards takes it (the files other commands added
     kept, a run's set aside) — never 'files no specparity command wrote'."""
-    from specparity.outdir import WRITERS, _listed, _read_marker
+    from specparity.cli.outdir import WRITERS, _listed, _read_marker
 
     writer, argv = _variant(zoo_pair, tiny_run, tmp_path, which)
     scope = WRITERS[writer]

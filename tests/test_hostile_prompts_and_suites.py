@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("in_tmp")
 def test_prompts_file_bom_json_array_and_text(tmp_path: Path) -> None:
     """A BOM is dropped (before: the JSONL was read as one text prompt per line); a JSON array
     is read as prompts; JSON-looking garbage is refused, not read as text."""
-    from specparity.prompts import PromptError, read_prompts_file
+    from specparity.cases.prompts import PromptError, read_prompts_file
 
     objs = [{"id": "a", "token_ids": [5, 6, 7]}, {"id": "b", "text": "ba de"}]
     bom = tmp_path / "bom.jsonl"
@@ -52,7 +52,7 @@ def test_prompts_file_bom_json_array_and_text(tmp_path: Path) -> None:
 
 def test_fifo_and_device_prompts_files_are_refused(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from specparity.prompts import PromptError, read_prompts_file
+    from specparity.cases.prompts import PromptError, read_prompts_file
 
     fifo = tmp_path / "p.jsonl"
     os.mkfifo(fifo)
@@ -94,7 +94,7 @@ def test_suite_values_go_through_the_flag_validators(tmp_path: Path,
     import contextlib
     import io
 
-    from specparity.suite import _PAIR_KEYS, _SAMPLING_KEYS
+    from specparity.cases.suite import _PAIR_KEYS, _SAMPLING_KEYS
 
     assert set(SUITE_KEY_FLAG) == ({k for k in _PAIR_KEYS if k not in ("source", "sampling")}
                                    | {f"sampling.{k}" for k in _SAMPLING_KEYS}), "a new suite key"

@@ -313,12 +313,12 @@ def test_grade_refuses_impossible_headers(tiny_run: Path, tmp_path: Path, plant:
                                          field: str, capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: graded as if valid (an unknown source re-run as two-model, γ 10^9 to 23 GB)."""
-    import specparity.grade
+    import specparity.grading.trace_folders
 
     def no_models(*_a: object, **_k: object) -> None:
         raise AssertionError("a model was looked up for an invalid header")
 
-    monkeypatch.setattr(specparity.grade, "case_from_header", no_models)
+    monkeypatch.setattr(specparity.grading.trace_folders, "case_from_header", no_models)
     d = _grade_dir(tiny_run, tmp_path, plant, mode)
     rc, _, err = cli(["grade", d, "--out", tmp_path / "g"], capsys)
     assert rc == 1, err
@@ -330,7 +330,7 @@ def test_grade_refuses_impossible_headers(tiny_run: Path, tmp_path: Path, plant:
 def test_grade_skips_its_own_earlier_output(tiny_run: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Before: `grade D --out D/g2` graded D/g1 (an earlier grade's re-runs and copies) too."""
-    from specparity.grade import GradeError, find_traces
+    from specparity.grading.trace_folders import GradeError, find_traces
 
     d = tmp_path / "d"
     shutil.copytree(tiny_run / "traces" / "engine", d)
@@ -347,10 +347,10 @@ def test_grade_skips_its_own_earlier_output(tiny_run: Path, tmp_path: Path,
 def test_grade_walk_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: `grade /` walked the whole file system (rglob), FIFOs included."""
-    import specparity.grade
-    from specparity.grade import GradeError, find_traces
+    import specparity.grading.trace_folders
+    from specparity.grading.trace_folders import GradeError, find_traces
 
-    monkeypatch.setattr(specparity.grade, "MAX_WALK_ENTRIES", 2000)
+    monkeypatch.setattr(specparity.grading.trace_folders, "MAX_WALK_ENTRIES", 2000)
     rc, _, err = cli(["grade", "/", "--out", tmp_path / "g"], capsys)
     assert rc == 1 and "more than 2000 files and folders" in one_error(err), err
     deep = tmp_path / "deep"
@@ -376,7 +376,7 @@ def test_grade_reads_a_folder_other_commands_added_traces_to(tiny_run: Path, tmp
     import json
 
     from reports.tables import RUN_MARKER
-    from specparity.grade import GradeError, find_traces
+    from specparity.grading.trace_folders import GradeError, find_traces
 
     d = tmp_path / "rec"
     shutil.copytree(tiny_run / "traces" / "engine", d / "engine")

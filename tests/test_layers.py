@@ -48,13 +48,26 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
 @pytest.mark.parametrize(
     ("module", "planted", "message"),
     [
-        ("engine/telemetry.py", "import specparity.goldens", "engine is not allowed to import specparity"),
+        ("engine/telemetry.py", "import specparity.goldens.manifest", "engine is not allowed to import specparity"),
         ("engine/seam.py", "import zoo", "engine is not allowed to import zoo"),
         ("oracles/recording.py", "import engine.executor", "oracles is not allowed to import engine"),
         ("subjects/checks.py", "import engine.executor", "subjects is not allowed to import engine"),
         ("traces/records.py", "import reports.stats", "traces is not allowed to import reports"),
         ("zoo/pinned.py", "import oracles.mlx_lm", "zoo is not allowed to import oracles"),
-        ("reports/stats.py", "import specparity.ab", "reports is not allowed to import specparity"),
+        ("reports/stats.py", "import specparity.measure.ab", "reports is not allowed to import specparity"),
+        # inside specparity/: the split's contracts
+        ("specparity/jobs/batched.py", "import specparity.commands.run",
+         "specparity.jobs is not allowed to import specparity.commands"),
+        ("specparity/cases/prompts.py", "import specparity.runners.registry",
+         "specparity.cases is not allowed to import specparity.runners"),
+        ("specparity/runners/registry.py", "import specparity.jobs.run",
+         "specparity.runners is not allowed to import specparity.jobs"),
+        ("specparity/goldens/manifest.py", "import specparity.grading.engines",
+         "specparity.goldens is not allowed to import specparity.grading"),
+        ("specparity/jobs/batched.py", "import specparity.measure.bench",
+         "specparity.jobs is not allowed to import specparity.measure"),
+        ("specparity/measure/ab.py", "import specparity.jobs.run",
+         "specparity.measure is not allowed to import specparity.jobs"),
     ],
 )
 def test_a_planted_forbidden_import_is_named(tree: Path, module: str, planted: str, message: str) -> None:
@@ -85,3 +98,30 @@ def test_the_readme_layout_names_the_same_layers() -> None:
     readme_order = [by_level[k] for k in sorted(by_level)]
     contract_order = [{p.strip() for p in layer.split("|")} for layer in reversed(layers)]
     assert readme_order == contract_order, (readme_order, contract_order)
+
+
+# specparity/served.py (the job) and subjects/served.py (its checks): the lead renames the job
+# when it moves into specparity/grading/ (issue 34), then this allow-list is empty.
+TWINS_ALLOWED = {"served.py"}
+
+
+def shared_basenames(root: Path) -> list[str]:
+    """Module file names found both under ``specparity/`` (any depth) and in ``subjects/``."""
+    ours = {p.name for p in (root / "specparity").rglob("*.py")} - {"__init__.py", "__main__.py"}
+    return sorted(ours & {p.name for p in (root / "subjects").rglob("*.py")})
+
+
+def test_no_module_basename_is_shared_between_specparity_and_subjects() -> None:
+    """ARCHITECTURE: "No file name is shared with subjects/": a newcomer finds a part in one guess.
+    An allowed twin that is gone is reported too (the allow-list only shrinks)."""
+    shared = set(shared_basenames(ROOT))
+    assert shared <= TWINS_ALLOWED, f"{sorted(shared - TWINS_ALLOWED)}: named in specparity/ and subjects/ alike"
+    assert TWINS_ALLOWED <= shared, f"{sorted(TWINS_ALLOWED - shared)}: no longer twins, drop from TWINS_ALLOWED"
+
+
+def test_a_planted_twin_is_named(tmp_path: Path) -> None:
+    for rel in ("specparity/grading/checks.py", "subjects/checks.py", "specparity/__init__.py",
+                "subjects/__init__.py", "specparity/cli/__main__.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert shared_basenames(tmp_path) == ["checks.py"]

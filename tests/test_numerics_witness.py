@@ -18,7 +18,7 @@ import pytest
 
 from engine.nonexact import ENV, emulate_nonexact, exact, from_env, is_emulated
 from engine.witness import NumericsWitness, path_witness, serial_path
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import case_paths, load_model, run_case
 from traces.diff import diff_traces
 from traces.io import Trace

@@ -145,8 +145,8 @@ def test_a_padding_id_is_never_fed_to_a_model_that_lacks_it(padded: dict[str, Pa
 def test_a_prompt_id_past_the_drafters_rows_is_refused_naming_the_drafter(padded: dict[str, Path],
                                                                             capsys) -> None:  # noqa: ANN001
     """Id 120 is a padding row of the 128-row target, past the 112-row drafter's table."""
-    from specparity.cases import Case, model_label
-    from specparity.prompts import PromptError
+    from specparity.cases.case import Case, model_label
+    from specparity.cases.prompts import PromptError
     from specparity.runners import run_case
 
     t, d = padded["target"], padded["twin"]

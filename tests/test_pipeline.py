@@ -35,7 +35,7 @@ from engine.pipeline import (
     sampler_from_header,
 )
 from engine.sampler import ProcessorParams, SamplerParams
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import case_paths, load_model, numerics_witness, run_case
 from traces.diff import diff_traces
 from traces.io import Trace
@@ -208,7 +208,7 @@ def double() -> Iterator[Any]:
 
 
 def _grammar_flip_case() -> Case:
-    from specparity.run import grammar_cases
+    from specparity.jobs.run import grammar_cases
 
     return next(c for c in grammar_cases(gammas=(3,), max_tokens=32)
                 if c.case_id == "qwen35/twin/json-00/g3/n32/gr-regex-sentence")
@@ -287,7 +287,7 @@ def test_grade_reruns_a_trace_under_its_recorded_pipeline(tmp_path: Any) -> None
     mode come back, so a re-run draws what the run drew."""
     from pathlib import Path
 
-    from specparity.grade import case_from_header
+    from specparity.grading.trace_folders import case_from_header
 
     case = Case("llama", "twin", "nat-00", 3, 16, temperature=0.8, seed=2, rng="position", min_tokens=5,
                 processors="fp0.3c8")
@@ -318,7 +318,7 @@ def test_the_zoo_matrix_compares_sampler_side_state_with_plain(tmp_path: Any) ->
     """The default matrix carries the side-state cases (processors, min_tokens, position-keyed
     sampling on a KV, a rotating and a recurrent target) and compares each with plain decode,
     the sampled ones too (their draws are keyed per position)."""
-    from specparity.run import run_cases, side_state_cases, zoo_cases
+    from specparity.jobs.run import run_cases, side_state_cases, zoo_cases
 
     side = side_state_cases()
     assert set(side) <= set(zoo_cases())

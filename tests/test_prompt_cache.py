@@ -24,8 +24,8 @@ from engine.prompt_cache import (
 )
 from engine.sampler import SamplerParams
 from engine.sources.two_model import TwoModelProvider
+from specparity.jobs.sessions import compare_records, run_session
 from specparity.runners import load_model
-from specparity.sessions import compare_records, run_session
 
 GREEDY = GenerationParams(max_tokens=12, gamma=3, eos_ids=(zoo.eos_id(),))
 SAMPLED = replace(GREEDY, sampler=SamplerParams(temperature=0.8), seed=7)
@@ -281,7 +281,7 @@ def test_random_sessions_warm_equal_cold() -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from specparity.sessions import next_prompt
+    from specparity.jobs.sessions import next_prompt
 
     pairs = {t: _pair(t) for t in ("llama", "qwen35")}
     a, b = _prompts()
@@ -323,7 +323,7 @@ def test_plant_entry_chosen_without_comparing_keys(monkeypatch: pytest.MonkeyPat
 def test_eos_endings_leave_different_keys() -> None:
     """An accepted EOS draft leaves the EOS in the target's cache (its key ends with it); an EOS
     correction does not; each end key matches its caches' offset, and the next turn is warm ≡ cold."""
-    from specparity.sessions import _end
+    from specparity.jobs.sessions import _end
 
     tm, dm = _pair("llama")
     a, b = _prompts()

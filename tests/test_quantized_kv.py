@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from engine.executor import GenerationParams, plain_generate, spec_generate
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import diff_traces
 from traces.io import Trace
 
@@ -95,7 +95,7 @@ def test_bad_cache_flags_are_one_line_usage_errors(flag: str, value: str, messag
 
 
 def test_group_or_start_without_bits_refused() -> None:
-    from specparity.kv_args import cache_fields
+    from specparity.cli.kv_args import cache_fields
 
     ns = argparse.Namespace(kv_bits=None, kv_group_size=32, quantized_kv_start=None, rotating="guard")
     with pytest.raises(ValueError, match="need --kv-bits"):
@@ -105,7 +105,7 @@ def test_group_or_start_without_bits_refused() -> None:
 
 
 def test_suite_keys(tmp_path: Path) -> None:
-    from specparity.suite import SuiteError, load_suite
+    from specparity.cases.suite import SuiteError, load_suite
 
     f = tmp_path / "s.toml"
     f.write_text('kv_bits = 4\nkv_group_size = 32\nquantized_kv_start = 0\nrotating = "exact"\n'
@@ -122,7 +122,7 @@ def test_suite_keys(tmp_path: Path) -> None:
 
 
 def test_zoo_head_dim_refused_before_running() -> None:
-    from specparity.kv_args import check_kv_models
+    from specparity.cli.kv_args import check_kv_models
 
     with pytest.raises(ValueError, match="head dim 16 is not a multiple"):
         check_kv_models([Case("llama", "twin", "nat-00", 3, 8, kv_bits=4, kv_group_size=32)])
@@ -348,7 +348,7 @@ def test_witness_replays_quantized_kv(loaded: tuple[Any, Any]) -> None:
 def test_zoo_matrix_has_two_quantized_kv_cases_per_kv_pair() -> None:
     """Head dim 32 (``llama-kv``) and 64 (``llama-kv64``, the pair MLX's CUDA kernels take:
     docs/backends.md "Unsupported on this backend"), two cases each."""
-    from specparity.run import zoo_cases
+    from specparity.jobs.run import zoo_cases
 
     kv = [c for c in zoo_cases(n_prompts=1) if c.kv_bits is not None]
     assert [c.case_id for c in kv] == ["llama-kv/twin/nat-00/g3/n32/kv4g32s0",
@@ -364,8 +364,8 @@ def test_bench_and_ab_take_the_cache_flags(monkeypatch: pytest.MonkeyPatch) -> N
     """Both arms of bench/ab run with the cache settings (quantize_kv converts something) and
     record them."""
     from engine import caches as cache_ops
-    from specparity.ab import run_ab
-    from specparity.bench import run_bench
+    from specparity.measure.ab import run_ab
+    from specparity.measure.bench import run_bench
 
     real, converted = cache_ops.quantize_kv, []
 
@@ -384,7 +384,7 @@ def test_bench_and_ab_take_the_cache_flags(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_run_flags_set_the_zoo_matrix_cases() -> None:
-    from specparity.cli import build_parser
+    from specparity.cli.entry import build_parser
     from specparity.commands.run import cases_from_args
 
     args = build_parser().parse_args(["run", "--targets", "gemma3", "--drafters", "twin", "--gammas", "3",
@@ -397,7 +397,7 @@ def test_run_flags_set_the_zoo_matrix_cases() -> None:
 
 
 def test_grade_checks_cache_params_in_headers() -> None:
-    from specparity.grade import header_problems
+    from specparity.grading.trace_folders import header_problems
 
     base = {"mode": "spec", "source": "two-model", "eos_ids": [1], "prompt": {"token_ids": [1, 2]},
             "params": {"gamma": 3, "max_tokens": 8, "temperature": 0.0, "top_p": 0.0, "top_k": 0, "seed": 0}}

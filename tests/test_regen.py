@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from specparity import goldens as g
-from specparity.cases import Case
-from specparity.regen import regen
+from specparity.cases.case import Case
+from specparity.goldens import manifest as g
+from specparity.goldens.regen import regen
 from tests.helpers import ROOT, cli_command
 from traces.io import Trace
 from traces.validate import validate_file
@@ -106,7 +106,7 @@ def test_regen_unchanged_then_stale_only_updates(gdir: Path, tmp_path: Path,
 def test_regen_refuses_logic_change_without_accept(
     gdir: Path, tmp_path: Path, short_target_trim: None
 ) -> None:
-    from specparity.regen import drift_report
+    from specparity.goldens.regen import drift_report
 
     d = shutil.copytree(gdir, tmp_path / "g")
     before = g.golden_path(d, KEY_E).read_bytes()
@@ -201,7 +201,7 @@ def test_unavailable_oracle_is_one_clear_reason(tmp_path: Path, monkeypatch: pyt
     import oracles
 
     monkeypatch.setattr(oracles, "availability", lambda name: (name != "mlx_lm", "not installed here"))
-    from specparity.regen import drift_report
+    from specparity.goldens.regen import drift_report
 
     res = regen(tmp_path, case_glob=CASE.case_id, workers=0, progress=False)
     by = {o.key: o.status for o in res.outcomes}
@@ -221,7 +221,7 @@ def test_lock_held_is_the_kernel_lock_of_this_process(tmp_path: Path) -> None:
     import fcntl
     import json
 
-    from specparity.outdir import LOCK_NAME, DirLock
+    from specparity.cli.outdir import LOCK_NAME, DirLock
 
     assert not g.lock_held(tmp_path) and not g.lock_held(tmp_path / "absent")
     with DirLock(tmp_path, "test", flag="--golden-dir", what="golden directory"):
@@ -240,7 +240,7 @@ def test_lock_held_is_the_kernel_lock_of_this_process(tmp_path: Path) -> None:
         assert not g.lock_held(tmp_path)
         with pytest.raises(g.GoldenLockError, match="without holding the directory's lock"):
             g.assert_lock_held(tmp_path, "the manifest")
-        from specparity.outdir import Busy
+        from specparity.cli.outdir import Busy
 
         with pytest.raises(Busy, match="another specparity process"):
             g.save_manifest({"goldens": {}}, tmp_path)
@@ -281,9 +281,9 @@ def test_planted_regen_without_its_lock_writes_nothing(tmp_path: Path, monkeypat
     """Plant: regen's lock taken away (a write path outside the lock). Caught before any write."""
     import contextlib
 
-    import specparity.outdir
+    import specparity.cli.outdir
 
-    monkeypatch.setattr(specparity.outdir, "lock_dir", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(specparity.cli.outdir, "lock_dir", lambda *a, **k: contextlib.nullcontext())
     d = tmp_path / "g"
     d.mkdir()
     with pytest.raises(g.GoldenLockError, match="without holding the directory's lock"):
@@ -298,8 +298,8 @@ def test_planted_write_after_the_lock_is_released_is_caught(
     """Plant: the lock released just before one of regen's writes (as if that write ran after
     the ``with`` block, e.g. a late pool result). Each write path refuses before writing."""
     import traces.io
-    from specparity import regen as regen_mod
-    from specparity.outdir import DirLock
+    from specparity.cli.outdir import DirLock
+    from specparity.goldens import regen as regen_mod
 
     held: list[DirLock] = []
     real_acquire = DirLock.acquire

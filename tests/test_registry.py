@@ -11,15 +11,17 @@ run is caught).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import registry, run_case
-from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
+from specparity.runners.registry import CaseRun, GoldenSet, Runner, RunnerUnsupported
 from tests.helpers import cli, one_error
 from traces.io import Trace
 from traces.reference import ReferenceRefused, refusal_verdict
@@ -66,9 +68,12 @@ def declared_source_problems(runner: str | Runner, sources: list[str]) -> list[s
 # ---------------------------------------------------------------- declarations
 
 
+def GS(name: str, **kw: Any) -> GoldenSet:  # noqa: N802 - a declaration, read like one
+    return GoldenSet(name, "p", ("x",), cases=list, **kw)
+
+
 def test_every_runner_is_declared_consistently() -> None:
     from oracles import availability as oracle_availability
-    from specparity.goldens import GOLDEN_RUNNERS
     from subjects import SUBJECTS
 
     runners = registry.all_runners()
@@ -89,11 +94,9 @@ def test_every_runner_is_declared_consistently() -> None:
         if r.kind == "reference":
             oracle_availability(name)  # its driver module oracles/<name>.py exists (ValueError if not)
     assert set(SUBJECTS) == set(registry.names("subject"))
-    for gname, g in GOLDEN_RUNNERS.items():  # golden runners resolve in the registry
-        req = g.requires or gname
-        assert req in runners, gname
-        if g.produce is None:
-            assert runners[req].per_case, gname
+    for gname in registry.golden_sets():  # a golden set's runner: availability, run_case
+        owner = registry.golden_owner(gname)
+        assert gname == owner.name or gname.startswith(f"{owner.name}_"), gname
     # the engine implements every source and option the harness knows
     assert set(engine.sources) == set(SOURCE_CASES)
     assert all(set(o) == set(registry.OPTIONS) for o in engine.sources.values())
@@ -132,10 +135,164 @@ def test_a_new_case_field_is_an_option_runners_declare() -> None:
     (Runner(" ", "reference", "p", elsewhere="y"), "non-blank"),
     (Runner("all", "reference", "p", elsewhere="y"), "non-blank"),
     (Runner("x", "gizmo", "p", elsewhere="y"), "kind"),
+    # one spelling per graded thing, said by its kind
+    (Runner("mlx-lm", "reference", "p", elsewhere="y"), "a reference's name is snake_case"),
+    (Runner("MlxLm", "reference", "p", elsewhere="y"), "a reference's name is snake_case"),
+    (Runner("my_server", "server", "p", elsewhere="y"), "a server's name is its distribution's"),
+    (Runner("server:mlx-lm", "server", "p", elsewhere="y"), "a server's name is its distribution's"),
+    (Runner("my--engine", "subject", "p", elsewhere="y"), "a subject's name is its distribution's"),
+    # golden sets: named <runner> or <runner>_<what>; run_case records only the runner's own
+    (Runner("ref", "reference", "p", elsewhere="y", goldens=(GS("other_mtp", produce=lambda c: []),)),
+     "must be named 'ref' or ref_<what>"),
+    (Runner("ref", "reference", "p", elsewhere="y", goldens=(GS("ref-mtp", produce=lambda c: []),)),
+     "must be named 'ref' or ref_<what>"),
+    (Runner("ref", "reference", "p", sources={"plain": frozenset()}, run=lambda x: [],
+            goldens=(GS("ref_mtp"),)), "has no produce"),
+    (Runner("ref", "reference", "p", elsewhere="y", goldens=(GS("ref"),)), "has no produce"),
 ])
 def test_inconsistent_declaration_is_refused(bad: Runner, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         registry.check_declaration(bad)
+
+
+def test_golden_set_names_are_unique_and_never_another_runners() -> None:
+    a = Runner("aa", "reference", "p", elsewhere="y", goldens=(GS("aa_x", produce=lambda c: []),))
+    b = Runner("aa_x", "reference", "p", elsewhere="y")
+    with pytest.raises(ValueError, match="golden set 'aa_x' is the name of another runner"):
+        registry.check_golden_names([a, b])
+    c = Runner("bb", "reference", "p", elsewhere="y", goldens=(GS("bb_y", produce=lambda c: []),))
+    with pytest.raises(ValueError, match="golden set 'bb_y' is declared by bb and bb"):
+        registry.check_golden_names([c, c])
+    registry.check_golden_names(registry.all_runners().values())
+
+
+def test_the_install_hint_is_written_once_and_ends_every_unavailable_reason() -> None:
+    hint = "pip install thing==1"
+    bare = Runner("r", "reference", "p", elsewhere="y", available=lambda: (False, "thing is not installed"),
+                  install_hint=hint)
+    assert bare.availability() == (False, f"thing is not installed; install: {hint}")
+    said = replace(bare, available=lambda: (False, f"thing is missing; run it with: {hint}"))
+    assert said.availability() == (False, f"thing is missing; run it with: {hint}")  # not twice
+    assert replace(bare, available=lambda: (True, "ok")).availability() == (True, "ok")
+    for name, r in registry.all_runners().items():
+        ok, why = registry.availability(name)
+        assert ok or (r.install_hint and why.endswith(r.install_hint)), (name, why)
+        assert ok or why.count(r.install_hint) == 1, (name, why)
+
+
+def known_runner_problems(entries: list[dict[str, Any]], names: set[str]) -> list[str]:
+    """Entries of traces/known_divergences.toml whose ``runner`` is not a declared runner's name."""
+    return [f"{e['id']}: runner {e['runner']!r} is not a declared runner" for e in entries
+            if e.get("runner") not in names]
+
+
+def test_known_divergences_are_keyed_by_registry_names() -> None:
+    """Every entry names its runner exactly as the registry declares it (one spelling)."""
+    import tomllib
+
+    from traces.reference import KNOWN_FILE
+
+    entries = tomllib.loads(KNOWN_FILE.read_text())["entry"]
+    names = set(registry.names())
+    assert not known_runner_problems(entries, names), known_runner_problems(entries, names)
+    assert {e["runner"] for e in entries} & set(registry.names("server")), "no server entry checked"
+    planted = [{"id": "x", "runner": "server:mlx-lm"}, {"id": "y", "runner": "mlx-lm"}]
+    assert known_runner_problems(planted, names) == ["x: runner 'server:mlx-lm' is not a declared runner"]
+
+
+# ---------------------------------------------------------------- name lists tested against the registry
+
+
+def listed(text: str, universe: Iterable[str]) -> set[str]:
+    """The names of ``universe`` that ``text`` lists (whole tokens: ``mlx-lm`` is not in
+    ``mlx-lm-broomva``)."""
+    tokens = {t.strip(".") for t in re.split(r"[\s,;:()|`'\"/\[\]{}]+", text)}
+    return tokens & set(universe)
+
+
+def list_problems(what: str, text: str, expected: Iterable[str], universe: Iterable[str]) -> list[str]:
+    """Where ``text`` (a help text, a doc line) disagrees with the registry's list ``expected``."""
+    got, want = listed(text, universe), set(expected)
+    out = [f"{what} misses {sorted(want - got)}"] if want - got else []
+    return out + ([f"{what} names {sorted(got - want)}, not in the registry's list"] if got - want else [])
+
+
+def _flag_help(command: str, flag: str) -> str:
+    import argparse
+
+    from specparity.cli.entry import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in sub.choices[command]._actions if flag in a.option_strings)
+    return str(action.help)
+
+
+def _servers_graded() -> list[str]:
+    from specparity.served import SERVERS
+
+    return [n for n in registry.names("server") if not SERVERS[n].test_double]
+
+
+def _kinds() -> list[str]:
+    from engine.sources import names as source_kinds
+
+    return list(source_kinds())
+
+
+def test_help_texts_list_the_registry() -> None:
+    """Each flag's list is the registry's, among the names of the kind that flag takes (prose
+    words such as "engine" or "mlx-lm" in a help text are not names of that kind)."""
+    refs, golden = registry.names("reference"), list(registry.golden_sets())
+    checks = [  # (flag, the registry's list, the names it is read among)
+        ("record --runner", registry.names(per_case=True), ["engine", *refs]),
+        ("run --runners", registry.names("reference", per_case=True), refs),
+        ("grade --runners", registry.names("reference", per_case=True), refs),
+        ("grade --engine", registry.names("subject"), registry.names("subject")),
+        ("grade --serve", _servers_graded(), registry.names("server")),
+        ("regen --runner", golden, [*golden, *registry.names()]),
+        ("generate --source", _kinds(), _kinds()),
+        ("run --source", _kinds(), _kinds()),
+    ]
+    problems = []
+    for where, want, among in checks:
+        command, flag = where.split()
+        problems += list_problems(where, _flag_help(command, flag), want, among)
+    assert not problems, problems
+
+
+def test_the_readme_and_docs_list_the_registry() -> None:
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text().splitlines()
+    runners_md = (root / "docs" / "runners.md").read_text().replace("\n", " ")
+    from subjects import SUBJECTS
+
+    serve = next(ln for ln in readme if ln.startswith("specparity grade --serve"))
+    generate = next(ln for ln in readme if ln.startswith("specparity generate"))
+    layer4 = next(ln for ln in readme if ln.startswith("| 4 |"))
+    oracle_part, _, subject_part = layer4.partition("`subjects/`:")
+    served = runners_md[runners_md.index("The served engines of today"):][:300]
+    servers, kinds = registry.names("server"), _kinds()
+    refs = [f"{n}.py" for n in registry.names("reference")]
+    adapters = sorted({f"{info.module.rpartition('.')[2]}.py" for info in SUBJECTS.values()})
+    problems = [
+        *list_problems("README `grade --serve` line", serve, _servers_graded(), servers),
+        *list_problems("README `generate --source` line", generate.split("--source", 1)[1].split("]")[0],
+                       ["auto", *kinds], ["auto", *kinds]),
+        *list_problems("README layer 4: oracles/", oracle_part, refs, refs),
+        *list_problems("README layer 4: subjects/", subject_part, adapters, adapters),
+        *list_problems("docs/runners.md served engines", served.split(")")[0], servers, servers),
+    ]
+    assert not problems, problems
+
+
+def test_a_list_that_disagrees_with_the_registry_is_named() -> None:
+    universe = ["mlx-lm", "mlx-lm-broomva", "vllm-mlx", "yunshu"]
+    assert list_problems("x", "(mlx-lm, vllm-mlx)", ["mlx-lm", "vllm-mlx", "yunshu"], universe) == \
+        ["x misses ['yunshu']"]
+    assert list_problems("x", "mlx-lm-broomva, mlx-lm", ["mlx-lm"], universe) == \
+        ["x names ['mlx-lm-broomva'], not in the registry's list"]
+    assert list_problems("x", "start server NAME (mlx-lm, vllm-mlx, yunshu) on", ["mlx-lm", "vllm-mlx", "yunshu"],
+                         universe) == []
 
 
 def test_unsupported_names_the_runner_and_what_is_missing() -> None:
@@ -162,7 +319,7 @@ def test_run_case_refuses_an_undeclared_source_before_running() -> None:
 
 
 def test_run_skips_cases_a_reference_lacks_with_the_reason() -> None:
-    from specparity.run import skip_reasons
+    from specparity.jobs.run import skip_reasons
 
     cases = [SOURCE_CASES["two-model"], SOURCE_CASES["ngram"], replace(SOURCE_CASES["ngram"], gamma=3)]
     got = skip_reasons(["mlx_lm", "engine"], cases)

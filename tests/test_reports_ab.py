@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from specparity.ab import accepted_flags, common_prefix, run_ab
 from specparity.cli import main
+from specparity.measure.ab import accepted_flags, common_prefix, run_ab
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SMALL = dict(n_prompts=8, max_tokens=8, allow_small=True)

@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     out = tmp_path_factory.mktemp("run")
     run(out, targets=["llama"], drafters=["self", "small"], gammas=(1, 2), n_prompts=1,
@@ -103,7 +103,7 @@ def test_corrupt_trace_fails(run_dir: Path, tmp_path: Path) -> None:
 
 def test_report_failure_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from reports import plots
-    from specparity.run import run
+    from specparity.jobs.run import run
 
     def boom(*_a: object) -> bytes:
         raise RuntimeError("planted plot failure")

@@ -35,7 +35,7 @@ def _generate(tmp: Path, rotating: str = "exact") -> Path:
 
 
 def _grade(trace_dir: Path, out: Path) -> Any:
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
 
     return grade(trace_dir, out, runners=["mlx_lm"], progress=False)
 
@@ -64,7 +64,7 @@ def test_exact_trace_grades_as_the_known_wrap_entry(tmp_path: Path) -> None:
 def test_exact_trace_without_window_is_not_excused(tmp_path: Path) -> None:
     """The point comes from the header: without ``sliding_window`` nothing is excused (an exact
     trace that diverged from mlx-lm is DIVERGES, as every trace was before)."""
-    from specparity.cases import Case
+    from specparity.cases.case import Case
     from specparity.runners import run_case
     from traces.io import Trace
     from traces.reference import compare_with_reference

@@ -1,4 +1,4 @@
-"""``specparity run --sessions`` (specparity/sessions.py): a user's pair, a suite's ``sessions`` key,
+"""``specparity run --sessions`` (specparity/jobs/sessions.py): a user's pair, a suite's ``sessions`` key,
 the reference section, and refused flags."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _verdicts(times: list[tuple[float, float, float, float]], spec_reused: int =
               plain_reused: int = 4) -> list:
     """One session whose request i > 0 has the four TTFT cells ``times[i - 1]``
     (spec warm, spec cold, plain warm, plain cold), 10-token prompts."""
-    from specparity.sessions import RequestVerdict, SessionVerdict
+    from specparity.jobs.sessions import RequestVerdict, SessionVerdict
 
     def req(i: int, reused: int, warm: float, cold: float) -> RequestVerdict:
         return RequestVerdict(i, "fresh" if i == 0 else "follow-up", 10, reused if i else 0, None, None, None,
@@ -122,7 +122,7 @@ def test_paired_report_ratio_math_on_injected_timings() -> None:
     would differ), with a bootstrap interval around the median and the per-arm hit rates."""
     import statistics
 
-    from specparity.sessions import paired_summary, render
+    from specparity.jobs.sessions import paired_summary, render
 
     times = [(0.004, 0.010, 0.001, 0.002), (0.006, 0.010, 0.002, 0.002), (0.009, 0.012, 0.001, 0.004),
              (0.005, 0.020, 0.003, 0.003), (0.007, 0.008, 0.002, 0.005), (0.004, 0.016, 0.001, 0.002),
@@ -157,7 +157,7 @@ def test_paired_report_ratio_math_on_injected_timings() -> None:
 def test_paired_report_constant_ratio_and_missing_cells() -> None:
     """A constant ratio has a zero-width interval (and no Wilcoxon p); a request missing a cell
     (no first token) is left out of every ratio, not paired with another request's time."""
-    from specparity.sessions import paired_summary
+    from specparity.jobs.sessions import paired_summary
 
     times = [(0.002 * k, 0.004 * k, 0.001 * k, 0.002 * k) for k in range(1, 7)]
     v = _verdicts(times)
@@ -172,7 +172,7 @@ def test_paired_report_constant_ratio_and_missing_cells() -> None:
 def test_plain_arm_divergence_is_reported_and_fails_the_session() -> None:
     """A plain warm ≠ cold fails the session (``identical``) and is named in the paired section,
     while the spec table keeps its own verdict."""
-    from specparity.sessions import render, summary
+    from specparity.jobs.sessions import render, summary
 
     v = _verdicts([(0.004, 0.010, 0.001, 0.002)] * 3)
     v[0].plain[2].divergence = "request 2 (follow-up): plain step 1: sample: warm 5 != cold 6"

@@ -1,6 +1,6 @@
 """Prompt-cache sessions over γ 0 and 1 too, every request kind, and a pairwise nightly matrix.
 
-The zoo session matrix (``specparity.sessions.zoo_session_cases``) runs γ 3 only. Which
+The zoo session matrix (``specparity.jobs.sessions.zoo_session_cases``) runs γ 3 only. Which
 positions of a saved segment came from a one-token forward depends on γ: at γ 0 every round
 is a one-token verify window, at γ 1 windows of two. On a target whose one-token forward is
 not its prefill's arithmetic (deepseek-mtp's MLA, ``split_profile`` "multi") a segment written
@@ -19,8 +19,8 @@ from itertools import product
 import pytest
 
 import zoo
-from specparity.cases import Case
-from specparity.sessions import SESSIONS, sessions_from_cases, zoo_session_cases
+from specparity.cases.case import Case
+from specparity.jobs.sessions import SESSIONS, sessions_from_cases, zoo_session_cases
 
 
 def _cases(target: str, drafter: str, source: str, gamma: int) -> list[Case]:

@@ -1,4 +1,4 @@
-"""Warm ≡ cold where the backend is not bit-exact (engine/cache_compare.py, specparity/sessions.py),
+"""Warm ≡ cold where the backend is not bit-exact (engine/cache_compare.py, specparity/jobs/sessions.py),
 proved on the CPU with the non-exact double (engine/nonexact.py, its cache-write noise on).
 
 Under the double a warm request (its suffix prefilled on the reused caches) and its cold run
@@ -25,8 +25,7 @@ from engine.executor import GenerationParams
 from engine.nonexact import ENV, emulate_nonexact, emulated_kv_scale, exact, from_env, is_emulated
 from engine.prompt_cache import PromptCacheSession, cold, copy_caches
 from engine.sources.two_model import TwoModelProvider
-from specparity.runners import load_model
-from specparity.sessions import (
+from specparity.jobs.sessions import (
     NonExact,
     RequestVerdict,
     SessionVerdict,
@@ -34,6 +33,7 @@ from specparity.sessions import (
     run_session,
     summary,
 )
+from specparity.runners import load_model
 from tests.test_prompt_cache import RingWithoutIndex, ShortSave, StaleDrafter
 
 GREEDY = GenerationParams(max_tokens=10, gamma=3, eos_ids=(zoo.eos_id(),))
@@ -234,7 +234,7 @@ def test_quantized_kv_compared_dequantized_within_a_step() -> None:
 @pytest.mark.parametrize("target", ["llama", "gemma3", "qwen35"])
 def test_zoo_matrix_no_false_logic(target: str, kv: float) -> None:
     """Every session, both arms, greedy, at three cache-noise scales: 0 logic."""
-    from specparity.sessions import SESSIONS
+    from specparity.jobs.sessions import SESSIONS
 
     tm, dm = _pair(target)
     a, b = _prompts()
@@ -270,7 +270,7 @@ def _judged(target: str, prompts: list[list[int]], factory: type, *, nonexact: b
             params: GenerationParams = GREEDY) -> list[str | None]:
     """Run ``prompts`` through one session warm and cold, judged as ``run_session`` judges them
     (``NonExact.judge`` under the double, byte equality otherwise); the logic divergences."""
-    from specparity.sessions import compare_records
+    from specparity.jobs.sessions import compare_records
 
     tm, dm = _pair(target)
     s = factory(tm, TwoModelProvider(dm))

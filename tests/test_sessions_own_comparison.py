@@ -16,7 +16,7 @@ import pytest
 
 from engine import prompt_cache as pc
 from engine.sources.two_model import TwoModelProvider
-from specparity.sessions import run_session
+from specparity.jobs.sessions import run_session
 from tests.test_prompt_cache import GREEDY, DrafterNotRestored, ShortSave, _pair, _prompts
 
 

@@ -26,7 +26,7 @@ from engine.seam import PrefillMode
 from engine.sources import kind as kinds
 from engine.sources.kind import OpenOptions, SourceKind
 from engine.sources.ngram import NgramProvider, NgramSource
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests.test_registry import SOURCE_CASES
 
 
@@ -156,9 +156,10 @@ def test_a_toy_kind_appears_in_every_derived_table(tmp_path: Path) -> None:
     import engine.prompt_cache as pc
     import engine.sources as es
     from engine.sources.detect import DraftKindError, detect_kind, resolve_kind
-    from specparity import args as a
-    from specparity.cli import build_parser
-    from specparity.runners import drafter_label, registry
+    from specparity.cases.case import drafter_label
+    from specparity.cli import args as a
+    from specparity.cli.entry import build_parser
+    from specparity.runners import registry
 
     art = tmp_path / "art"
     art.mkdir()
@@ -241,7 +242,8 @@ def test_generate_trace_header_is_record_s(kind: str, tmp_path: Path, capsys: py
 def test_drafter_labels_round_trip_the_threshold(tmp_path: Path) -> None:
     """A path case's drafter label carries exactly the threshold the run uses (None: the
     checkpoint's own, dspark) and dspark_drafter reads it back; deepspec's default is 0."""
-    from specparity.runners import drafter_label, dspark_drafter
+    from specparity.cases.case import drafter_label
+    from specparity.runners import dspark_drafter
 
     tdir, ddir = _zoo_pair("dspark")
 
@@ -261,7 +263,7 @@ def test_grade_reruns_a_dspark_trace_under_its_own_threshold(tmp_path: Path, cap
     """A dspark trace run with the checkpoint's thresholds (header confidence_threshold null)
     re-runs with them, not with 0 (grade's case_from_header used to label it -t0)."""
     from specparity.cli import main
-    from specparity.grade import case_from_header
+    from specparity.grading.trace_folders import case_from_header
     from specparity.runners import dspark_drafter
     from traces.io import read_trace
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conformance import eos_cases as ec
-from specparity.cases import Case
+from specparity.cases.case import Case
 from tests.helpers import load_zoo_pair
 from traces.diff import diff_traces
 

@@ -4,7 +4,7 @@ The third-party packages are not installed in the default environment, so each
 test puts a small fake of the package's module into ``sys.modules`` with the
 classes and methods the adapter drives (same names, same call shapes) over
 the zoo ``llama`` target's own greedy continuation, and runs the adapter
-through ``specparity.engines.grade_mode``: the faithful fake passes every
+through ``specparity.grading.engines.grade_mode``: the faithful fake passes every
 check it supports, and each planted bug (budget overrun, EOS emitted, a round
 that commits tokens its verify did not accept) is caught by its check with
 the case named. The live runs are ``conformance/test_subjects.py -m subject``
@@ -107,7 +107,7 @@ def fake_flash(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def _grade(name: str, gen: Any, mode_name: str, mode: Mode) -> dict[str, Any]:
-    from specparity.engines import grade_mode
+    from specparity.grading.engines import grade_mode
 
     return grade_mode(name, gen, mode_name, mode, dist_n=30)
 
@@ -170,7 +170,7 @@ def _planted_capture(hidden: str, concat: str, mask: bool, rows: str, n: int = 6
     import numpy as np
 
     import zoo
-    from specparity.mtp_conventions import _hidden_rows, _our_parts, _replay
+    from specparity.grading.native_mtp_conventions import _hidden_rows, _our_parts, _replay
     from subjects.mtp_conventions import Capture, HeadCall
 
     model, parts, head, _ = _our_parts("qwen35-native")
@@ -203,7 +203,7 @@ def _planted_capture(hidden: str, concat: str, mask: bool, rows: str, n: int = 6
 ])
 def test_mtp_convention_measurement_names_the_planted_convention(hidden: str, concat: str, mask: bool,
                                                                  rows: str) -> None:
-    from specparity.mtp_conventions import measure
+    from specparity.grading.native_mtp_conventions import measure
     from subjects.mtp_conventions import verdict
 
     cap = _planted_capture(hidden, concat, mask, rows)
@@ -251,7 +251,7 @@ def test_mtp_conventions_as_committed(engine: str, module: str) -> None:
 
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{engine} is not installed here ({module})")
-    from specparity.mtp_conventions import grade
+    from specparity.grading.native_mtp_conventions import grade
 
     committed = json.loads((Path(__file__).resolve().parents[1] / "docs" / "scoreboard"
                             / f"mtp-conventions-{engine}.json").read_text())

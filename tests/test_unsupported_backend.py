@@ -220,7 +220,7 @@ def test_a_genuine_error_of_ours_still_stops_the_run(
     """Planted: a ValueError from our cache code on the quantized-KV cases. Not ``unsupported``:
     the run stops and says INCOMPLETE, as any crash does."""
     from engine import caches
-    from specparity.run import run, zoo_cases
+    from specparity.jobs.run import run, zoo_cases
 
     def broken(*_a: Any, **_k: Any) -> bool:
         raise ValueError("quantize_kv: cache offset 28 != committed 27 (planted)")
@@ -275,8 +275,8 @@ def test_the_double_is_undone_and_idempotent() -> None:
 def test_grade_reads_an_unsupported_rerun_as_unsupported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Traces recorded where the op exists, graded on a backend without it: the re-runs (plain
     decode, mlx-lm) are ``unsupported``, never a crash; with nothing compared, not CONFORMS."""
-    from specparity.grade import grade
-    from specparity.run import run_cases, zoo_cases
+    from specparity.grading.trace_folders import grade
+    from specparity.jobs.run import run_cases, zoo_cases
 
     cases = [c for c in zoo_cases(targets=["llama-kv"], drafters=["twin"], gammas=(3,), n_prompts=1,
                                   max_tokens=8) if c.quantized_kv_start == 0]
@@ -293,8 +293,8 @@ def test_grade_reads_an_unsupported_rerun_as_unsupported(tmp_path: Path, monkeyp
 def test_a_run_no_comparison_needs_is_still_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sampled case's plain baseline is compared with nothing; its missing op still reads as an
     ``engine run`` entry, listed in the summary (never dropped)."""
-    import specparity.run as run_mod
-    from specparity.cases import Case
+    import specparity.jobs.run as run_mod
+    from specparity.cases.case import Case
 
     real = run_mod.run_case
 
@@ -316,7 +316,7 @@ def test_a_run_no_comparison_needs_is_still_listed(tmp_path: Path, monkeypatch: 
 
 def test_a_fill_case_on_a_missing_op_reads_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
     import zoo.fill as zf
-    from specparity.run import fill_comparisons
+    from specparity.jobs.run import fill_comparisons
 
     case = zf.FillCase("xml", "strict", "fill-05")
 

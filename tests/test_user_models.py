@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specparity.cases import Case, model_label
-from specparity.prompts import PromptError, check_prompt, read_prompts_file
+from specparity.cases.case import Case, model_label
+from specparity.cases.prompts import PromptError, check_prompt, read_prompts_file
 from tests import foreign
 from tests.helpers import cli_rc
 
@@ -105,9 +105,9 @@ def test_case_ids_stable_unique_and_zoo_unchanged(models, tmp_path) -> None:
 
 @pytest.mark.parametrize("arch", ["phi3", "starcoder2", "granite"])
 def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
-    from specparity.grade import grade
-    from specparity.run import run
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
+    from specparity.grading.trace_folders import grade
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs[arch]
@@ -131,9 +131,9 @@ def test_flow_run_record_grade_report(models, tmp_path, arch) -> None:
 
 
 def test_grade_catches_a_planted_engine_bug_and_a_model_mismatch(models, tmp_path) -> None:
-    from specparity.grade import GradeError, grade
-    from specparity.run import run
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
+    from specparity.grading.trace_folders import GradeError, grade
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs["olmo2"]
@@ -168,8 +168,8 @@ def test_grade_catches_a_planted_engine_bug_and_a_model_mismatch(models, tmp_pat
 
 
 def test_pool_backend_gives_identical_traces_and_verdicts(models, tmp_path) -> None:
-    from specparity.run import run
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs["starcoder2"]
@@ -195,7 +195,7 @@ def test_pool_backend_gives_identical_traces_and_verdicts(models, tmp_path) -> N
 
 
 def test_ab_and_audit_with_a_prompts_file(models, tmp_path) -> None:
-    from specparity.ab import run_ab
+    from specparity.measure.ab import run_ab
 
     root, pairs = models
     t, d = pairs["granite"]
@@ -210,7 +210,7 @@ def test_ab_and_audit_with_a_prompts_file(models, tmp_path) -> None:
 
 
 def test_suite_file(models, tmp_path) -> None:
-    from specparity.suite import SuiteError, load_suite, suite_cases
+    from specparity.cases.suite import SuiteError, load_suite, suite_cases
 
     root, pairs = models
     t, d = pairs["phi3"]
@@ -237,8 +237,8 @@ def test_suite_file(models, tmp_path) -> None:
 
 
 def test_writer_rebuilds_an_engine_trace(models, tmp_path) -> None:
-    from specparity.run import run_task
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
+    from specparity.jobs.run import run_task
     from traces.validate import validate_file
     from traces.writer import EngineTrace, model_identity
 
@@ -274,9 +274,9 @@ def test_writer_rebuilds_an_engine_trace(models, tmp_path) -> None:
 
 
 def test_zoo_target_with_a_prompts_file_and_grade_of_stop_cases(models, tmp_path) -> None:
-    from specparity.grade import grade
-    from specparity.run import run
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
+    from specparity.grading.trace_folders import grade
+    from specparity.jobs.run import run
 
     root, pairs = models
     zoo_case = suite_cases([PairSpec(target="llama", drafter="twin", gammas=(2,), max_tokens=6,
@@ -299,8 +299,8 @@ def test_zoo_target_with_a_prompts_file_and_grade_of_stop_cases(models, tmp_path
                     reason="~40 s on 2 cores (a Ray cluster start): SPECPARITY_RAY_TESTS=1 or nightly")
 def test_ray_backend_gives_identical_traces(models, tmp_path) -> None:
     pytest.importorskip("ray")
-    from specparity.run import run
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, d = pairs["phi3"]
@@ -332,8 +332,8 @@ def test_references_run_only_the_sources_they_implement() -> None:
 
 
 def test_sampled_case_without_a_reference_is_said_not_compared(models, tmp_path) -> None:
-    from specparity.run import run
-    from specparity.suite import PairSpec, Sampling, suite_cases
+    from specparity.cases.suite import PairSpec, Sampling, suite_cases
+    from specparity.jobs.run import run
 
     root, pairs = models
     t, _ = pairs["olmo2"]
@@ -365,9 +365,9 @@ def test_run_cli_on_a_local_pair(models, tmp_path, capsys) -> None:
 
 
 def test_grade_keeps_traces_that_share_a_case_id_apart(models, tmp_path) -> None:
-    from specparity.grade import grade
-    from specparity.run import run_task
-    from specparity.suite import PairSpec, suite_cases
+    from specparity.cases.suite import PairSpec, suite_cases
+    from specparity.grading.trace_folders import grade
+    from specparity.jobs.run import run_task
 
     root, pairs = models
     t, d = pairs["starcoder2"]
@@ -386,7 +386,7 @@ def test_grade_keeps_traces_that_share_a_case_id_apart(models, tmp_path) -> None
 
 
 def test_grade_reruns_references_with_the_headers_logits_processors(models, tmp_path) -> None:
-    from specparity.grade import grade
+    from specparity.grading.trace_folders import grade
 
     _, pairs = models
     t, d = pairs["olmo2"]

@@ -19,7 +19,7 @@ import pytest
 
 from engine.nonexact import emulate_nonexact, exact
 from engine.witness import verify_path
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import case_paths, load_model, run_case
 from traces.io import Trace
 
@@ -105,7 +105,7 @@ def test_the_run_fails_a_serial_verify_only_off_the_cpu(double: Any, tmp_path: A
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """``specparity run`` off a bit-exact backend checks one case per pair: the engine as it is
     passes; a planted serial verify, token-identical to plain decode, fails as ``logic``."""
-    from specparity.run import run_cases
+    from specparity.jobs.run import run_cases
 
     ok = run_cases(tmp_path / "ok", cases=[CASE], runners=["engine"], progress=False)
     vp = [c for c in ok.comparisons if c.kind == "verify-path"]
@@ -120,7 +120,7 @@ def test_the_run_fails_a_serial_verify_only_off_the_cpu(double: Any, tmp_path: A
 
 
 def test_a_bit_exact_run_adds_no_verify_path_check(tmp_path: Any) -> None:
-    from specparity.run import run_cases
+    from specparity.jobs.run import run_cases
 
     res = run_cases(tmp_path / "cpu", cases=[CASE], runners=["engine"], progress=False)
     assert not [c for c in res.comparisons if c.kind == "verify-path"]

@@ -86,7 +86,7 @@ TRAINED_DRAFTER = "trained"
 
 # The quantized-KV pairs (zoo/build.py KV_TARGETS): head dim 32 and 64, so mx.quantize can
 # group their KV (the other zoo models have head dim 16). Not in TARGETS: the run's zoo matrix
-# adds two quantized-KV cases on each (specparity.run.zoo_cases), nothing else. MLX's CUDA
+# adds two quantized-KV cases on each (specparity.jobs.run.zoo_cases), nothing else. MLX's CUDA
 # backend runs quantized KV on the head-dim-64 pair only (docs/backends.md).
 KV_TARGET = "llama-kv"
 KV64_TARGET = "llama-kv64"

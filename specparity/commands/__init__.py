@@ -2,7 +2,7 @@
 
 Each module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``main(args) -> int`` (0 success, 1 divergence/failure, 2 usage error). A new
-command is a new module here; ``specparity/cli.py`` needs no edit.
+command is a new module here; ``specparity/cli/entry.py`` needs no edit.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from specparity import args
+from specparity.cli import args
 
-# Strict, shared flag types (specparity/args.py): "1,,2", "a,,b", "0", "-3" are one-line usage errors.
+# Strict, shared flag types (specparity/cli/args.py): "1,,2", "a,,b", "0", "-3" are one-line usage errors.
 int_list, str_list, positive = args.positive_int_list, args.str_list, args.positive_int
 
 

@@ -1,4 +1,4 @@
-"""``specparity ab``: paired drafter A/B on one target (``specparity/ab.py``, §4.5 phase 1c).
+"""``specparity ab``: paired drafter A/B on one target (``specparity/measure/ab.py``, §4.5 phase 1c).
 
 Prints the verdict and writes ``ab.json`` + ``ab.md`` into ``--out``. ``--out``
 is checked writable and locked before anything is measured, and the verdict is
@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity import args as a
-from specparity.kv_args import add_kv_arguments, cache_fields
-from specparity.prompts import CHAT_TEMPLATE_HELP
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
+from specparity.cli import args as a
+from specparity.cli.kv_args import add_kv_arguments, cache_fields
 
 NAME = "ab"
 HELP = "paired drafter A/B: McNemar acceptance gate + paired wall-clock verdict"
@@ -44,8 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.ab import run_ab, write_ab
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
+    from specparity.measure.ab import run_ab, write_ab
 
     with add_outputs(args.out, "specparity ab", flag="--out", own_folder=True) as claim:
         for name in ("ab.json", "ab.md"):  # refused before measuring if not ours

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specparity import args as a
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
+from specparity.cli import args as a
+from specparity.cli.devices import add_device_argument
+from specparity.cli.kv_args import add_kv_arguments, cache_fields
 from specparity.commands import positive
-from specparity.devices import add_device_argument
-from specparity.kv_args import add_kv_arguments, cache_fields
-from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "audit"
 HELP = "batched verify vs serial replay per window: |Δ| distributions and the rollback check"
@@ -63,7 +63,7 @@ def _is_audit_json(p: Path) -> bool:
 def _runs(args: argparse.Namespace) -> list[tuple[str, Any, Any, list[tuple[str, list[int]]]]]:
     import zoo
     from engine.models import load
-    from specparity.prompts import prompts_for_model
+    from specparity.cases.prompts import prompts_for_model
 
     if args.chat_template and args.prompts_file is None:
         raise ValueError("--chat-template renders text prompts: give --prompts-file FILE (the zoo's "
@@ -121,7 +121,7 @@ def target_figures(name: str, audit: Any) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> int:
     import contextlib
 
-    from specparity.outdir import claim_output_file
+    from specparity.cli.outdir import claim_output_file
 
     with contextlib.ExitStack() as stack:
         if args.json is not None:  # locked and checked ours before anything is measured
@@ -134,7 +134,7 @@ def _audit(args: argparse.Namespace) -> int:
     from engine.audit import ARITHMETIC_FACTOR, SerialReplayAudit
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.two_model import TwoModelProvider
-    from specparity.devices import use_device
+    from specparity.cli.devices import use_device
 
     device = use_device(args.device)
     kv = {k: v for k, v in cache_fields(args).items() if v is not None and k != "rotating"}

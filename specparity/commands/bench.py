@@ -1,5 +1,5 @@
 """``specparity bench``: engine vs mlx-lm, speculative vs plain and the forwards-only bound
-(``specparity/bench.py``), paired, warm and cold.
+(``specparity/measure/bench.py``), paired, warm and cold.
 
 Prints the figures and writes ``bench.json`` + ``bench.md`` into ``--out``
 (checked writable and locked before measuring; figures printed before the
@@ -15,10 +15,10 @@ import os
 import sys
 from pathlib import Path
 
-from specparity import args as a
-from specparity.devices import add_device_argument
-from specparity.kv_args import add_kv_arguments, cache_fields
-from specparity.prompts import CHAT_TEMPLATE_HELP
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
+from specparity.cli import args as a
+from specparity.cli.devices import add_device_argument
+from specparity.cli.kv_args import add_kv_arguments, cache_fields
 
 NAME = "bench"
 HELP = "paired timing: engine vs mlx-lm speculative_generate_step, spec vs plain, forwards-only bound"
@@ -54,11 +54,11 @@ def main(args: argparse.Namespace) -> int:
     # graph per op sequence, LRU (256 / 400 by default): keep every shape a block times.
     os.environ.setdefault("MLX_CUDA_SDPA_CACHE_SIZE", "4096")
     os.environ.setdefault("MLX_CUDA_GRAPH_CACHE_SIZE", "4096")
-    from specparity.devices import use_device
+    from specparity.cli.devices import use_device
 
     device = use_device(args.device)
-    from specparity.bench import bench_markdown, run_bench, write_bench
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
+    from specparity.measure.bench import bench_markdown, run_bench, write_bench
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specparity.args import nonneg_float
+from specparity.cli.args import nonneg_float
 
 NAME = "diff"
 HELP = "first divergence between two traces"

@@ -7,7 +7,7 @@ else two-model) unless ``--source`` names one; ``--source ngram`` is model-free;
 no ``--draft`` and no ``--source`` is plain decode. Tokens stream to stdout,
 statistics to stderr; ``--trace`` writes the run's trace.
 
-The flags describe a case (``specparity.case_args``); the case opens its drafter
+The flags describe a case (``specparity.cli.case_args``); the case opens its drafter
 through ``specparity.runners.open_for_case`` and ``--trace``'s header is
 ``specparity.runners.case_header``'s, exactly as ``record``/``run_case`` write them.
 """
@@ -18,12 +18,12 @@ import argparse
 import sys
 from dataclasses import replace
 
-from specparity import args as a
-from specparity.args import token_id_list
-from specparity.devices import add_device_argument
-from specparity.kv_args import add_kv_arguments
-from specparity.processor_args import add_processor_arguments
-from specparity.prompts import CHAT_TEMPLATE_HELP
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
+from specparity.cli import args as a
+from specparity.cli.args import token_id_list
+from specparity.cli.devices import add_device_argument
+from specparity.cli.kv_args import add_kv_arguments
+from specparity.cli.processor_args import add_processor_arguments
 
 NAME = "generate"
 HELP = "generate with the engine on local mlx-lm model dirs"
@@ -80,7 +80,7 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import contextlib
 
-    from specparity.outdir import claim_output_file
+    from specparity.cli.outdir import claim_output_file
 
     with contextlib.ExitStack() as stack:
         if args.trace is not None:  # locked and checked ours before any model loads
@@ -90,11 +90,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from specparity.devices import use_device
+    from specparity.cli.devices import use_device
 
     use_device(args.device)
     from engine.executor import plain_generate, spec_generate
-    from specparity.case_args import case_from_args
+    from specparity.cli.case_args import case_from_args
     from specparity.runners import (
         case_header,
         case_paths,
@@ -108,7 +108,7 @@ def _generate(args: argparse.Namespace) -> int:
     # The case (ids checked against the vocabulary and context, unique case id, γ pinned for
     # a block drafter); its drafter opens as every runner's does (open_for_case).
     case = case_from_args(args)
-    from specparity.kv_args import check_kv_models
+    from specparity.cli.kv_args import check_kv_models
 
     # a KV group size the head dim rejects: refused before any token (as run); a grammar that
     # admits no output is refused by compile_grammar below, also before any token

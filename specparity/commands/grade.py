@@ -11,7 +11,7 @@ the same verdict table, diffs and report as ``specparity run``.
 ``--server URL`` / ``--serve NAME`` grade an OpenAI-compatible server
 (``specparity.served.grade_server_main``). ``--engine NAME`` grades a
 registered third-party engine instead: it is run on
-the cases first and its traces graded (``specparity.engines.grade_engine_main``).
+the cases first and its traces graded (``specparity.grading.engines.grade_engine_main``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specparity.args import existing_dir, nonneg_int, runner_list, writable_dir
+from specparity.cli.args import existing_dir, nonneg_int, runner_list, writable_dir
 
 NAME = "grade"
 HELP = "grade a folder of traces from any engine (or --engine NAME) against plain decode and the references"
@@ -28,9 +28,11 @@ HELP = "grade a folder of traces from any engine (or --engine NAME) against plai
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=existing_dir, nargs="?", default=None,
                    help="folder of engine traces (*.jsonl, searched recursively)")
+    from specparity.runners import registry
+
     p.add_argument("--engine", default=None, metavar="NAME",
-                   help="run the registered third-party engine NAME on the cases and grade it "
-                        "(see specparity.engines)")
+                   help=f"run the registered third-party engine NAME ({', '.join(registry.names('subject'))}; "
+                        "or all) on the cases and grade it (see specparity.grading.engines)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="grade a running OpenAI-compatible server (with --model; specparity.served)")
     p.add_argument("--serve", default=None, metavar="NAME",
@@ -42,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=writable_dir, default=None,
                    help="output dir for references, verdicts and report (default DIR/graded)")
     p.add_argument("--runners", type=runner_list, default=None,
-                   help="references to re-run (default: all available)")
+                   help=f"references to re-run, comma-separated: "
+                        f"{', '.join(registry.names('reference', per_case=True))} (default: all available)")
     p.add_argument("--workers", type=nonneg_int, default=0,
                    help="process-pool size for the re-runs (0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -60,15 +63,15 @@ def main(args: argparse.Namespace) -> int:
         return int(grade_server_main(args))
     if args.engine is not None:
         try:
-            from specparity.engines import grade_engine_main
+            from specparity.grading.engines import grade_engine_main
         except ImportError as exc:
-            print(f"specparity grade: --engine needs specparity.engines, which is not available "
+            print(f"specparity grade: --engine needs specparity.grading.engines, which is not available "
                   f"here ({exc})", file=sys.stderr)
             return 2
         return int(grade_engine_main(args))
     if args.dir is None:
         print("specparity grade: give a folder of traces (DIR) or --engine NAME", file=sys.stderr)
         return 2
-    from specparity.grade import grade_main
+    from specparity.grading.trace_folders import grade_main
 
     return grade_main(args)

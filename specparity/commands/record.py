@@ -30,11 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from specparity.commands import generate
 
     generate.add_arguments(p)
+    from specparity.runners import registry
+
     p.add_argument("--runner", required=True,
-                   help="per-case runner(s) of the registry, comma-separated: engine, mlx_lm, optiq, "
-                        "deepspec (docs/runners.md), or 'all' (every one usable here that implements "
-                        "the case); a runner lacking the case's source or an option is refused (exit 2)")
-    from specparity import args as a
+                   help=f"per-case runner(s) of the registry, comma-separated: "
+                        f"{', '.join(registry.names(per_case=True))} (docs/runners.md), or 'all' (every "
+                        "one usable here that implements the case); a runner lacking the case's source or "
+                        "an option is refused (exit 2)")
+    from specparity.cli import args as a
 
     p.add_argument("--out", type=a.writable_dir, default=None,
                    help="write DIR/<runner>/<case>.jsonl (default: --trace FILE, or runs/record)")
@@ -66,8 +69,8 @@ def runner_names(given: str) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.case_args import case_from_args
-    from specparity.devices import use_device
+    from specparity.cli.case_args import case_from_args
+    from specparity.cli.devices import use_device
     from specparity.runners import registry
 
     names = runner_names(args.runner)
@@ -75,8 +78,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--trace FILE and --out DIR both say where the trace goes: give one of them")
     use_device(args.device)  # --device comes with generate's flags
     case = case_from_args(args)
-    from specparity.case_args import check_grammars
-    from specparity.kv_args import check_kv_models
+    from specparity.cli.case_args import check_grammars
+    from specparity.cli.kv_args import check_kv_models
 
     check_kv_models([case])  # before any runner runs, as run and generate refuse it
     check_grammars([case])  # whichever runner records: a grammar that admits nothing is refused
@@ -102,8 +105,8 @@ def main(args: argparse.Namespace) -> int:
     if args.trace is not None and len(runners) > 1:
         raise ValueError("--trace names one file; with several runners use --out DIR")
     out = args.out if args.out is not None else Path("runs/record")
-    from specparity.args import is_trace
-    from specparity.outdir import add_outputs, claim_output_file
+    from specparity.cli.args import is_trace
+    from specparity.cli.outdir import add_outputs, claim_output_file
 
     with contextlib.ExitStack() as stack:
         claim = None
@@ -117,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, case: Any, runners: list[str], out: Path, claim: Any) -> int:
-    from specparity.run import run_task
+    from specparity.jobs.run import run_task
     from traces.io import write_trace
 
     failed = 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specparity import args as a
+from specparity.cli import args as a
 from specparity.commands import positive
 
 NAME = "regen"
@@ -25,8 +25,10 @@ HELP = "regenerate golden traces (stale ones with --stale-only), with a drift re
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specparity.runners import registry
+
     p.add_argument("--runner", action="append", metavar="R",
-                   help="only this runner's goldens (repeatable)")
+                   help=f"only this golden set's goldens (repeatable): {', '.join(registry.golden_sets())}")
     p.add_argument("--case", metavar="GLOB", help="only cases matching GLOB (case id or file stem)")
     p.add_argument("--stale-only", action="store_true", help="only stale, corrupt or missing goldens")
     p.add_argument("--accept", action="store_true", help="write goldens whose change is class logic")
@@ -41,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     if args.golden_dir is not None:
         _check_golden_dir(args.golden_dir)
@@ -54,10 +56,10 @@ def main(args: argparse.Namespace) -> int:
 def _check_golden_dir(d: Path) -> None:
     """Refuse a ``--golden-dir`` holding files regen did not write (it replaces goldens, the
     manifest and its journal there, and removes its own temp files): one line, nothing touched."""
-    from specparity.args import UsageError, is_trace, read_small_json
-    from specparity.goldens import MANIFEST_NAME
-    from specparity.outdir import LOCK_NAME, PROBE_PREFIX
-    from specparity.regen import JOURNAL_NAME
+    from specparity.cli.args import UsageError, is_trace, read_small_json
+    from specparity.cli.outdir import LOCK_NAME, PROBE_PREFIX
+    from specparity.goldens.manifest import MANIFEST_NAME
+    from specparity.goldens.regen import JOURNAL_NAME
 
     if not d.is_dir():
         return
@@ -86,8 +88,8 @@ def _check_golden_dir(d: Path) -> None:
 
 
 def _regen(args: argparse.Namespace, claim: object) -> int:
-    from specparity.goldens import GOLDEN_DIR
-    from specparity.regen import drift_report, regen, write_report
+    from specparity.goldens.manifest import GOLDEN_DIR
+    from specparity.goldens.regen import drift_report, regen, write_report
 
     try:
         result = regen(
@@ -101,7 +103,7 @@ def _regen(args: argparse.Namespace, claim: object) -> int:
             ray_address=args.ray or None,
         )
     except KeyboardInterrupt:
-        from specparity.outdir import note_interrupt
+        from specparity.cli.outdir import note_interrupt
 
         note_interrupt("the goldens written so far are whole and in the manifest; the same "
                        "`specparity regen` resumes from its journal")

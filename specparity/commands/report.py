@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity.args import report_dir
+from specparity.cli.args import report_dir
 
 NAME = "report"
 HELP = "write DIR/report.md and report.html from a run's (or any folder's) traces"
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from reports.report import ReportError, build_report
-    from specparity.outdir import add_outputs, run_output
+    from specparity.cli.outdir import add_outputs, run_output
 
     try:
         d = Path(args.run_dir)

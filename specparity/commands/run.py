@@ -1,4 +1,4 @@
-"""``specparity run``: the main job (``specparity/run.py``).
+"""``specparity run``: the main job (``specparity/jobs/run.py``).
 
 Three ways to say what runs:
 
@@ -6,7 +6,7 @@ Three ways to say what runs:
   ``--prompts N`` (zoo prompts);
 - one pair of your own: ``--target PATH [--draft PATH] [--source KIND]
   --prompts-file FILE`` (a zoo target name works too);
-- a TOML suite: ``--suite FILE`` (``specparity/suite.py`` documents the keys).
+- a TOML suite: ``--suite FILE`` (``specparity/cases/suite.py`` documents the keys).
 
 ``--gammas``, ``--max-tokens``, ``--temps``/``--top-p``/``--top-k``/``--seed``,
 ``--eos-ids`` and ``--truncate`` apply to the first two; a suite sets its own
@@ -23,11 +23,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from specparity import args as a
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
+from specparity.cli import args as a
+from specparity.cli.devices import add_device_argument
+from specparity.cli.kv_args import add_kv_arguments, cache_fields, check_kv_models
 from specparity.commands import positive
-from specparity.devices import add_device_argument
-from specparity.kv_args import add_kv_arguments, cache_fields, check_kv_models
-from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "run"
 HELP = "run engine + every available oracle on the zoo, a pair of yours or a suite, and report"
@@ -93,11 +93,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --grammar: each grammar case is free until the emitted tokens end with "
                         "TEXT, then constrained (docs/grammar.md)")
     add_kv_arguments(s)
-    p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/suite.py)")
+    p.add_argument("--suite", type=a.readable_file, default=None, help="a TOML suite file (see specparity/cases/suite.py)")
     p.add_argument("--max-cases", type=positive, default=a.MAX_CASES,
                    help=f"refuse a selection of more cases than this (default {a.MAX_CASES})")
+    from specparity.runners import registry
+
     p.add_argument("--runners", type=a.runner_list, default=None,
-                   help="oracles to run (default: all available; \"\": the engine alone)")
+                   help=f"references to run, comma-separated: {', '.join(registry.names('reference', per_case=True))} "
+                        "(default: all available; \"\": the engine alone)")
     p.add_argument("--workers", type=a.nonneg_int, default=0,
                    help="process-pool size (default 0: in this process)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -119,7 +122,7 @@ def _given(args: argparse.Namespace, *names: str) -> list[str]:
 
 def _sampling(args: argparse.Namespace) -> tuple:
     """``--temps`` x (``--top-p``, ``--top-k``, ``--seed``); those three need a temperature > 0."""
-    from specparity.suite import Sampling
+    from specparity.cases.suite import Sampling
 
     temps = args.temps or (0.0,)
     knobs = _given(args, "top_p", "top_k", "seed")
@@ -135,8 +138,8 @@ def cases_from_args(args: argparse.Namespace) -> list:
 
     Every flag is honoured or refused in one line, never ignored.
     """
-    from specparity.run import zoo_cases
-    from specparity.suite import PairSpec, load_suite, suite_cases
+    from specparity.cases.suite import PairSpec, load_suite, suite_cases
+    from specparity.jobs.run import zoo_cases
 
     fields = cache_fields(args)  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating
     if args.suite is not None:
@@ -167,7 +170,7 @@ def cases_from_args(args: argparse.Namespace) -> list:
     if args.prompts is not None and args.prompts_file is not None:
         raise ValueError("--prompts N picks zoo prompts; with --prompts-file every prompt of the "
                          "file runs: drop one of them")
-    from specparity.suite import _model_ref
+    from specparity.cases.suite import _model_ref
 
     spec = PairSpec(
         target=_model_ref(args.target, Path.cwd()),
@@ -184,8 +187,8 @@ def cases_from_args(args: argparse.Namespace) -> list:
 
 
 def main(args: argparse.Namespace) -> int:
-    from specparity.devices import on_gpu, use_device
-    from specparity.run import run
+    from specparity.cli.devices import on_gpu, use_device
+    from specparity.jobs.run import run
 
     if args.device is not None and (args.workers or args.ray is not None):
         raise ValueError("--device sets this process's MLX device: run it without --workers/--ray")
@@ -199,14 +202,14 @@ def main(args: argparse.Namespace) -> int:
         return _sessions(args)
     cases = cases_from_args(args)
     check_kv_models(cases)
-    from specparity.case_args import check_grammars
+    from specparity.cli.case_args import check_grammars
 
     check_grammars(cases)
     fill = None  # the whole zoo matrix also runs the fill cases (§7; zoo/fill.py)
     if args.suite is None and args.target is None and not args.targets and not args.drafters:
         from dataclasses import replace
 
-        from specparity.run import fill_cases
+        from specparity.jobs.run import fill_cases
 
         # the fill cases' requests take the run's sampling flags: --temps, --max-tokens, --seed
         fill = [replace(c, seed=args.seed or 0)
@@ -223,7 +226,7 @@ def main(args: argparse.Namespace) -> int:
 def _sessions(args: argparse.Namespace) -> int:
     """``run --sessions`` (docs/prompt-cache.md): the zoo's session matrix, or the sessions of the
     cases a pair or a suite selects (grouped by everything but the prompt)."""
-    from specparity.sessions import main_sessions, zoo_session_cases
+    from specparity.jobs.sessions import main_sessions, zoo_session_cases
 
     if args.workers or args.ray is not None:
         raise ValueError("--sessions runs in this process: drop --workers/--ray")
@@ -239,16 +242,16 @@ def _sessions(args: argparse.Namespace) -> int:
                              f"--targets and --max-tokens select from it; {', '.join(extra)} need "
                              "--target or --suite")
         cases = zoo_session_cases(targets=args.targets, max_tokens=args.max_tokens or 16)
-        from specparity.suite import check_case_count
+        from specparity.cases.suite import check_case_count
 
         check_case_count(len(cases), args.max_cases)  # --max-cases bounds the session matrix too
     else:
         cases = cases_from_args(args)
     check_kv_models(cases)
-    from specparity.sessions import check_sessions
+    from specparity.jobs.sessions import check_sessions
 
     check_sessions(cases, names)  # a grammar, follow-ups past the context: refused before any work
-    from specparity.outdir import claim_output_dir
+    from specparity.cli.outdir import claim_output_dir
 
     # a run: --out owned as `run` owns it (locked, a folder of someone else's files refused, an
     # earlier run set aside until this one completes, every file listed before it is written)
@@ -257,6 +260,6 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _suite_sessions(path: Path) -> list[str] | None:
-    from specparity.suite import suite_sessions
+    from specparity.jobs.sessions import suite_sessions
 
     return suite_sessions(path)

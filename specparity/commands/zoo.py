@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from specparity import args as a
+from specparity.cases.prompts import CHAT_TEMPLATE_HELP
+from specparity.cli import args as a
 from specparity.commands import positive
-from specparity.prompts import CHAT_TEMPLATE_HELP
 
 NAME = "zoo"
 HELP = "the tiny zoo"
@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
           f"{args.max_tokens} tokens x {which} prompts, engine two-model)")
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.two_model import TwoModelProvider
-    from specparity.prompts import prompts_for_model
+    from specparity.cases.prompts import prompts_for_model
 
     for target, drafter in zoo.pairs():
         tdir, ddir = zoo.pair(target, drafter)

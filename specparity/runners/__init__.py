@@ -2,8 +2,9 @@
 
 Which runners exist and what each implements is the registry
 (:mod:`specparity.runners.registry`; one declaration module per runner in this
-package, docs/runners.md); :func:`run_case` loads the case's models, writes the
-header and hands the rest to the runner's ``run``. Models are loaded once per
+package, with its golden sets, docs/runners.md; ``draft_goldens.py`` holds the
+draft-level golden producers they name); :func:`run_case` loads the case's
+models, writes the header and hands the rest to the runner's ``run``. Models are loaded once per
 process and shared (importing mlx-lm and loading costs seconds; the zoo models
 are tiny).
 """
@@ -17,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specparity.cases import Case
+from specparity.cases.case import Case
 from specparity.runners import registry
 from specparity.runners.registry import CaseRun, Runner, RunnerUnsupported
 from traces.records import make_header
@@ -55,7 +56,7 @@ def dspark_drafter(case: Case) -> tuple[str, float | None]:
 
     The case's ``drafter`` names the artifact variant and the threshold:
     ``deepspec-t0``, ``deepspec-q8-t0.5``, ``dspark-t0``, ... A drafter PATH's label
-    without ``-t<threshold>`` (:func:`drafter_label` given none) runs with the kind's own
+    without ``-t<threshold>`` (``specparity.cases.case.drafter_label`` given none) runs with the kind's own
     default (``SourceKind.threshold_default``; dspark: the checkpoint's calibrated thresholds).
     """
     assert case.drafter is not None
@@ -71,30 +72,6 @@ def dspark_drafter(case: Case) -> tuple[str, float | None]:
     if not sep or not variant.startswith(case.source):
         raise ValueError(f"{case.source} case drafter {case.drafter!r} must be '<variant>-t<threshold>'")
     return f"{case.target}-{variant}", float(thr)
-
-
-def drafter_label(kind: str, draft_dir: str | Path | None, *, confidence_threshold: float | None = None,
-                  conventions: str | None = None) -> str:
-    """A case's ``drafter`` for a drafter PATH run by ``kind`` (``generate``/``record`` flags, a
-    suite's pair), derived from the kind's descriptor: a model-free kind is its name; else the
-    directory's :func:`specparity.cases.model_label`, prefixed ``<kind>-`` (``label_prefix``),
-    then ``-t<threshold>`` for a kind taking a confidence threshold (none given: the kind's
-    default; a default of None, the checkpoint's own: no suffix), then ``+<conventions>``."""
-    from engine.sources.kind import get
-    from specparity.cases import model_label
-
-    desc = get(kind)
-    if not desc.takes_dir:
-        return desc.name
-    assert draft_dir is not None
-    label = model_label(draft_dir)
-    out = f"{kind}-{label}" if desc.label_prefix else label
-    if "confidence_threshold" in desc.options:
-        thr = confidence_threshold if confidence_threshold is not None else desc.threshold_default
-        out += f"-t{thr:g}" if thr is not None else ""
-    if conventions:
-        out += f"+{conventions}"
-    return out
 
 
 @cache
@@ -135,9 +112,9 @@ def tokenizer_digest(model_dir: Path) -> str | None:
 def model_identity(path: str | Path) -> dict[str, Any]:
     """``{"path", "weights_sha256", "config_sha256"}``: the one model identity of a trace header
     (``traces.digest.weights_digest`` over every layout and dtype, cached per content stamp by
-    ``specparity.cases.cached_weights_digest``: a checkpoint rewritten in place is re-hashed;
+    ``specparity.cases.case.cached_weights_digest``: a checkpoint rewritten in place is re-hashed;
     ``traces.digest.config_digest``); ``grade`` checks a header against the same function."""
-    from specparity.cases import cached_weights_digest
+    from specparity.cases.case import cached_weights_digest
     from traces.digest import config_digest
 
     return {"path": str(path), "weights_sha256": cached_weights_digest(str(path)),
@@ -344,13 +321,13 @@ def run_case(runner: str | Runner, case: Case) -> list[dict[str, Any]]:
             raise ValueError(f"case {case.case_id}: a case on a model path needs its prompt's token ids")
         ids = list(zoo.prompt(case.prompt_id).token_ids)
     else:
-        from specparity.prompts import check_ids_for_model
+        from specparity.cases.prompts import check_ids_for_model
 
         # Never feed the model ids past its vocabulary (garbage or a segfault on MLX).
         ids = check_ids_for_model(case.prompt_tokens, tpath, max_tokens=case.max_tokens,
                                   prompt_id=case.prompt_id)
         if draft is not None and dpath is not None:  # the drafter reads the same ids
-            from specparity.prompts import PromptError
+            from specparity.cases.prompts import PromptError
 
             try:
                 check_ids_for_model(ids, dpath, max_tokens=case.max_tokens, prompt_id=case.prompt_id)

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from specparity.runners.registry import CaseRun, Runner, oracle_availability, sources
+from specparity.cases.golden_cases import deepspec_cases
+from specparity.runners.registry import (
+    CaseRun,
+    GoldenSet,
+    Runner,
+    oracle_availability,
+    package_version,
+    sources,
+)
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:
@@ -35,6 +43,18 @@ def _header() -> dict[str, Any]:
             "commit": deepspec.commit()}
 
 
+def golden_identity() -> dict[str, str | None]:
+    """DeepSpec's golden identity: the checkout's commit (``DEEPSPEC_PATH``: ``.deepspec-commit``
+    or ``git rev-parse HEAD``) and, as its version, the torch/transformers it runs on. None where
+    unknown here (no ``DEEPSPEC_PATH``, or no torch): such a field is not checked."""
+    from oracles.deepspec import checkout_commit
+
+    commit = checkout_commit()
+    torch, tf = package_version("torch"), package_version("transformers")
+    return {"version": f"torch {torch}, transformers {tf}" if commit and torch and tf else None,
+            "commit": commit}
+
+
 RUNNER = Runner(
     name="deepspec",
     kind="reference",
@@ -42,8 +62,12 @@ RUNNER = Runner(
     sources=sources(("eos_ids",), "deepspec"),
     run=run,
     available=oracle_availability("deepspec"),
-    install_hint="tox -e deepspec with DEEPSPEC_PATH=<DeepSpec checkout>  "
-                 "(torch==2.13.0 CPU + transformers==5.10.2)",
+    install_hint="DeepSpec is not on the package index: check out github.com/deepseek-ai/DeepSpec, "
+                 "set DEEPSPEC_PATH=<checkout>, then tox -e deepspec  (torch==2.13.0 CPU + "
+                 "transformers==5.10.2)",
     header=_header,
     rank=50,
+    goldens=(GoldenSet("deepspec", "deepspec", ("oracles.__init__", "oracles.recording", "oracles.deepspec",
+                                                "traces.normalize"),
+                       cases=deepspec_cases, identity=golden_identity),),
 )

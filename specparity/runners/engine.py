@@ -12,7 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from specparity.runners.registry import CaseRun, Runner, sources
+from specparity.cases.golden_cases import default_cases
+from specparity.runners.registry import CaseRun, GoldenSet, Runner, sources
 
 OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache",
            "grammar", "reasoning_end", "min_tokens", "rng_position")
@@ -79,4 +80,6 @@ RUNNER = Runner(
     run=run,
     header=lambda: {"name": "engine", "package": "specparity", "version": metadata.version("specparity")},
     rank=0,
+    # its code: every engine/**/*.py (the zoo's outputs are inputs of their own)
+    goldens=(GoldenSet("engine", "specparity", ("engine",), cases=default_cases, oracle=False),),
 )

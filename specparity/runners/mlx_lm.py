@@ -7,9 +7,11 @@ sampling, top-p/top-k, EOS ids, stop sequences, logits processors and quantized 
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-from specparity.runners.registry import CaseRun, Runner, oracle_availability, sources
+from specparity.cases.golden_cases import default_cases
+from specparity.runners.registry import CaseRun, GoldenSet, Runner, oracle_availability, sources
 
 
 def run(x: CaseRun) -> list[dict[str, Any]]:
@@ -42,6 +44,27 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
         raise ReferenceRefused("mlx_lm", case.case_id, exc.message) from None
 
 
+def runs_processors(case: Any) -> bool:
+    """Whether mlx-lm applies the case's processor history convention (``generate_step``:
+    the whole prompt; ``speculative_generate_step``: the last prompt token)."""
+    tag = getattr(case, "processors", "")
+    if not any(part[:2] in ("rp", "pp", "fp") for part in tag.split("+")):
+        return True
+    return tag.endswith("+hlast") == (case.drafter is not None)
+
+
+@cache
+def trimmable(target: str) -> bool:
+    """Whether the zoo target's prompt cache can be trimmed (mlx-lm's
+    ``speculative_generate_step`` refuses a target whose cache cannot)."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    import zoo
+    from specparity.runners import load_model
+
+    return bool(can_trim_prompt_cache(make_prompt_cache(load_model(str(zoo.model_dir(target))).model)))
+
+
 RUNNER = Runner(
     name="mlx_lm",
     kind="reference",
@@ -52,4 +75,8 @@ RUNNER = Runner(
     available=oracle_availability("mlx_lm"),
     install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33)",
     rank=10,
+    goldens=(GoldenSet("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.recording", "oracles.mlx_lm"),
+                       cases=default_cases,
+                       supports=lambda case: runs_processors(case)
+                       and (case.drafter is None or trimmable(case.target))),),
 )

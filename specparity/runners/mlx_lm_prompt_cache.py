@@ -2,7 +2,7 @@
 model (``oracles/mlx_lm_prompt_cache.py``: ``LRUPromptCache`` + ``stream_generate`` in process).
 
 Not run per case: a session of requests is its unit. ``specparity run --sessions`` grades it
-with the engine's warm ≡ cold checks (``specparity/sessions.py``), with and without the draft
+with the engine's warm ≡ cold checks (``specparity/jobs/sessions.py``), with and without the draft
 model; what it gets wrong is in ``traces/known_divergences.toml``.
 """
 

@@ -4,7 +4,13 @@ conformance tests and draft goldens, not per case."""
 
 from __future__ import annotations
 
-from specparity.runners.registry import Runner, oracle_availability
+from specparity.cases.golden_cases import assistant_draft_cases, mtp_draft_cases
+from specparity.runners.draft_goldens import produce_mlx_vlm_assistant, produce_mlx_vlm_mtp
+from specparity.runners.registry import GoldenSet, Runner, oracle_availability
+
+# Draft-level goldens (specparity/runners/draft_goldens.py): mlx-vlm's drafters in their own loops.
+DRAFT_CODE = ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.runners.draft_goldens")
+
 
 RUNNERS = (
     Runner(
@@ -17,6 +23,9 @@ RUNNERS = (
                   "model classes; exercised by conformance/test_mtp_references.py and "
                   "test_assistant_references.py (tox -e vlm), not per `specparity run` case",
         rank=30,
+        goldens=(GoldenSet("mlx_vlm_mtp", "mlx-vlm", DRAFT_CODE, cases=mtp_draft_cases, produce=produce_mlx_vlm_mtp),
+                 GoldenSet("mlx_vlm_assistant", "mlx-vlm", DRAFT_CODE, cases=assistant_draft_cases,
+                           produce=produce_mlx_vlm_assistant)),
     ),
     Runner(
         name="mlx_vlm_dspark",

@@ -5,7 +5,9 @@ compared at the draft-logit level and mlx-vlm's round loop in a conformance test
 
 from __future__ import annotations
 
-from specparity.runners.registry import Runner, oracle_availability
+from specparity.cases.golden_cases import native_draft_cases
+from specparity.runners.draft_goldens import produce_mlx_vlm_native_mtp
+from specparity.runners.registry import GoldenSet, Runner, oracle_availability
 
 RUNNERS = (
     Runner(
@@ -18,6 +20,10 @@ RUNNERS = (
                   "its round loop vs the native-mtp source in conformance/test_native_mtp_vlm.py "
                   "(tox -e vlm), not per `specparity run` case",
         rank=31,
+        goldens=(GoldenSet("mlx_vlm_native_mtp", "mlx-vlm",
+                           ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "oracles.mlx_vlm_native_mtp",
+                            "specparity.runners.draft_goldens"),
+                           cases=native_draft_cases, produce=produce_mlx_vlm_native_mtp),),
     ),
     Runner(
         name="native_mtp_ref",

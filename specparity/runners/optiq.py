@@ -11,8 +11,11 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
+from specparity.cases.golden_cases import assistant_draft_cases
+from specparity.runners.draft_goldens import produce_optiq_assistant
 from specparity.runners.registry import (
     CaseRun,
+    GoldenSet,
     Runner,
     RunnerUnsupported,
     oracle_availability,
@@ -55,7 +58,13 @@ RUNNER = Runner(
              **sources(("eos_ids",), "assistant")},  # one EOS id (the first of the target's)
     run=run,
     available=oracle_availability("optiq"),
-    install_hint="tox -e optiq  (mlx-optiq pins transformers<5.13: its own environment)",
+    install_hint="tox -e optiq  (pip install 'specparity[optiq]' in its own environment: mlx-optiq pins "
+                 "transformers<5.13)",
     header=lambda: {"name": "optiq", "package": "mlx-optiq", "version": metadata.version("mlx-optiq")},
     rank=20,
+    # draft-level goldens (specparity/runners/draft_goldens.py): its assistant drafter in its own loop
+    goldens=(GoldenSet("optiq_assistant", "mlx-optiq",
+                       ("oracles.__init__", "oracles.recording", "oracles.drafts", "oracles.optiq",
+                        "traces.normalize", "specparity.runners.draft_goldens"),
+                       cases=assistant_draft_cases, produce=produce_optiq_assistant),),
 )

@@ -3,15 +3,18 @@
 A runner is anything that produces a trace or is graded: our ``engine``, each
 reference of ``oracles/`` (``kind="reference"``), each third-party engine of
 ``subjects/`` (``kind="subject"``) and each HTTP server of ``specparity/served.py``
-(``kind="server"``). One :class:`Runner` declares its name, kind, package
-(the trace header's ``runner`` block), availability (with the install hint),
-the draft sources it implements and, per source, the case options it
-implements (:data:`OPTIONS`), and how it runs one case (``run``) — or, for a
-runner that is not run per case, where it is exercised instead.
+(``kind="server"``). One :class:`Runner` declares its name (one spelling:
+:data:`NAME_RULES`), kind, package (the trace header's ``runner`` block),
+availability and install hint (written once: :meth:`Runner.availability` adds it
+to every "not available" reason), the draft sources it implements and, per
+source, the case options it implements (:data:`OPTIONS`), how it runs one case
+(``run``) — or, for a runner that is not run per case, where it is exercised
+instead — and its golden sets (:class:`GoldenSet`, ``traces/golden/<name>/``).
 
 Every place that chooses or checks a runner asks this registry:
 ``specparity run`` and ``grade DIR`` (which references run a case, which are
-skipped and why), ``record --runner``, ``grade --engine``, ``regen``. A
+skipped and why), ``record --runner``, ``grade --engine``, ``regen`` and the
+golden manifest (:func:`golden_sets`), the ``--help`` lists of names. A
 runner asked for a source or an option it does not declare refuses in one
 line (:func:`unsupported`), never decodes plainly under a speculative label.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -34,6 +38,22 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("engine", "reference", "subject", "server")
+
+# One spelling per graded thing, said by its kind: ours and the references are Python identifiers
+# (snake_case, the module they drive: ``oracles/<name>.py``); third-party engines and servers are
+# their distribution's lowercase name, dash-separated (as pip and tox spell it: ``tox -e
+# subject-<name>``, ``server-<name>``). So ``mlx_lm`` (mlx-lm's decode loops, in process) and
+# ``mlx-lm`` (its HTTP server) are two graded things, and the spelling says which. A golden set
+# is its runner's name or ``<runner>_<what>``. ``traces/known_divergences.toml`` keys its entries
+# by exactly these names (tests/test_registry.py).
+SNAKE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+DASHED = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+NAME_RULES: dict[str, tuple[re.Pattern[str], str]] = {
+    "engine": (SNAKE, "snake_case (lowercase letters, digits, single underscores)"),
+    "reference": (SNAKE, "snake_case (lowercase letters, digits, single underscores)"),
+    "subject": (DASHED, "its distribution's lowercase name, dash-separated (no underscores)"),
+    "server": (DASHED, "its distribution's lowercase name, dash-separated (no underscores)"),
+}
 
 # option name -> whether a case uses it. A runner implements an option by naming it under the
 # source in ``Runner.sources``; a case that uses an option its runner lacks is refused, never run
@@ -83,6 +103,42 @@ class CaseRun:
 
 
 @dataclass(frozen=True)
+class GoldenSet:
+    """A set of committed golden traces a runner declares: ``traces/golden/<name>/<case>.jsonl``
+    (``specparity/goldens/manifest.py`` keeps their manifest and staleness).
+
+    Attributes:
+        name: The golden directory: the runner's own name (goldens ``run_case`` records with the
+            runner) or ``<runner>_<what>`` (goldens ``produce`` records, e.g. a reference's
+            drafter inside its own loop).
+        package: The distribution whose version (and VCS commit) is an input.
+        code_modules: Modules or packages whose source is the runner's code (a package means
+            all its ``.py`` files, recursively; ``pkg.__init__`` means the package's
+            ``__init__.py`` alone).
+        cases: The cases that have goldens (``specparity/cases/golden_cases.py``).
+        code_exclude: Sub-packages left out of ``code_modules``.
+        supports: Filter on ``cases`` (a reference that cannot run a case has no golden for
+            it, rather than a golden of an error).
+        oracle: True for a reference's goldens (what the live engine is compared against).
+        identity: For a reference that is not an installed distribution (DeepSpec: a checkout
+            named by ``DEEPSPEC_PATH``): its ``{"version", "commit"}`` (None where unknown here)
+            instead of the package metadata.
+        produce: Makes the golden's records of a case (header to footer) instead of
+            ``specparity.runners.run_case`` (``specparity/runners/draft_goldens.py``).
+    """
+
+    name: str
+    package: str
+    code_modules: tuple[str, ...]
+    cases: Callable[[], list[Any]]
+    code_exclude: tuple[str, ...] = ()
+    supports: Callable[[Any], bool] = lambda case: True
+    oracle: bool = True
+    identity: Callable[[], dict[str, str | None]] | None = None
+    produce: Callable[[Any], list[dict[str, Any]]] | None = None
+
+
+@dataclass(frozen=True)
 class Runner:
     """One runner's declaration.
 
@@ -94,11 +150,15 @@ class Runner:
             the :data:`OPTIONS` it implements on that source.
         run: Runs one case, returns its records after the header (rounds/plain records and
             footer); None for a runner that is not run per case.
-        available: ``() -> (ok, reason with the install hint)``.
-        install_hint: How to get it (shown when it is not available).
+        available: ``() -> (ok, reason)``: what is missing (:meth:`availability` adds the
+            install hint).
+        install_hint: How to get it: the one place it is written; every "not available"
+            message the registry gives ends with it.
         elsewhere: For a runner not run per case: where it is exercised instead.
         header: ``() -> the header's runner block``; default ``{name, package, version}``.
         rank: Position in listings and in the run order (then by name).
+        requires: Options a case must use for this runner to run it (a grammar-only reference).
+        goldens: The golden sets it declares (:class:`GoldenSet`).
     """
 
     name: str
@@ -111,11 +171,19 @@ class Runner:
     elsewhere: str | None = None
     header: Callable[[], dict[str, Any]] | None = None
     rank: int = 100
-    requires: frozenset[str] = frozenset()  # options a case must use (a grammar-only reference)
+    requires: frozenset[str] = frozenset()
+    goldens: tuple[GoldenSet, ...] = ()
 
     @property
     def per_case(self) -> bool:
         return self.run is not None
+
+    def availability(self) -> tuple[bool, str]:
+        """(available here, reason): ``available()``'s reason ending with the install hint."""
+        ok, why = self.available()
+        if ok or not self.install_hint or self.install_hint in why:
+            return ok, why
+        return False, f"{why}; install: {self.install_hint}"
 
     def runner_info(self) -> dict[str, Any]:
         """The trace header's ``runner`` block."""
@@ -154,6 +222,7 @@ def all_runners() -> dict[str, Runner]:
         if r.name in out:
             raise ValueError(f"runner {r.name!r} is declared twice")
         out[r.name] = r
+    check_golden_names(out.values())
     return out
 
 
@@ -163,6 +232,16 @@ def check_declaration(r: Runner) -> None:
         raise ValueError(f"runner name {r.name!r}: must be non-blank, without commas, not 'all'")
     if r.kind not in KINDS:
         raise ValueError(f"runner {r.name}: kind {r.kind!r} is not one of {', '.join(KINDS)}")
+    rule, said = NAME_RULES[r.kind]
+    if not rule.fullmatch(r.name):
+        raise ValueError(f"runner name {r.name!r}: a {r.kind}'s name is {said}")
+    for g in r.goldens:
+        if g.name != r.name and not (g.name.startswith(f"{r.name}_") and SNAKE.fullmatch(g.name)):
+            raise ValueError(f"runner {r.name}: golden set {g.name!r} must be named {r.name!r} "
+                             f"or {r.name}_<what> (snake_case)")
+        if g.produce is None and (g.name != r.name or r.run is None):
+            raise ValueError(f"runner {r.name}: golden set {g.name!r} has no produce, so run_case "
+                             f"records it: it must be named {r.name!r} and the runner run per case")
     for src, opts in r.sources.items():
         bad = set(opts) - set(OPTIONS)
         if bad:
@@ -173,8 +252,38 @@ def check_declaration(r: Runner) -> None:
         raise ValueError(f"runner {r.name}: not run per case: say where it is exercised (elsewhere)")
 
 
-def names(kind: str | None = None) -> list[str]:
-    return [n for n, r in all_runners().items() if kind is None or r.kind == kind]
+def check_golden_names(runners: Iterable[Runner]) -> None:
+    """Golden set names are unique, and none is the name of another runner (ValueError)."""
+    owner: dict[str, str] = {}
+    runner_names = {r.name for r in runners}
+    for r in runners:
+        for g in r.goldens:
+            if g.name in owner:
+                raise ValueError(f"golden set {g.name!r} is declared by {owner[g.name]} and {r.name}")
+            if g.name != r.name and g.name in runner_names:
+                raise ValueError(f"runner {r.name}: golden set {g.name!r} is the name of another runner")
+            owner[g.name] = r.name
+
+
+def golden_sets() -> dict[str, GoldenSet]:
+    """Every declared golden set by name (the registry's order): ``specparity regen``, the
+    manifest and the golden tests ask this."""
+    return {g.name: g for r in all_runners().values() for g in r.goldens}
+
+
+def golden_owner(name: str) -> Runner:
+    """The runner that declares golden set ``name`` (its availability is the set's)."""
+    for r in all_runners().values():
+        if any(g.name == name for g in r.goldens):
+            return r
+    raise RunnerUnsupported(f"no golden set {name!r}; known: {', '.join(golden_sets())}")
+
+
+def names(kind: str | None = None, *, per_case: bool = False) -> list[str]:
+    """Declared runner names (of ``kind``; only those run per case): every list of runner names
+    (``--help`` texts, docs checked by tests/test_registry.py) is this."""
+    return [n for n, r in all_runners().items()
+            if (kind is None or r.kind == kind) and (r.per_case or not per_case)]
 
 
 def get(name: str, kind: str | Iterable[str] | None = None, what: str = "runner") -> Runner:
@@ -225,8 +334,8 @@ def supports(runner: str | Runner, case: Any) -> bool:
 
 
 def availability(name: str) -> tuple[bool, str]:
-    """(available here, reason with the install hint) of a declared runner."""
-    return get(name).available()
+    """(available here, reason ending with the install hint) of a declared runner."""
+    return get(name).availability()
 
 
 def run_availability(name: str) -> tuple[bool, str]:
@@ -234,11 +343,20 @@ def run_availability(name: str) -> tuple[bool, str]:
     r = get(name)
     if r.run is None:
         return False, f"skipped by `specparity run`: {r.elsewhere}"
-    return r.available()
+    return r.availability()
+
+
+def package_version(dist: str) -> str | None:
+    """Installed version of distribution ``dist``, or None when absent."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def oracle_availability(module: str) -> Callable[[], tuple[bool, str]]:
-    """A reference's availability: ``oracles.availability(module)`` (looked up at call time)."""
+    """A reference's availability: ``oracles.availability(module)`` (looked up at call time;
+    its reason says what is missing, the declaration's ``install_hint`` how to get it)."""
 
     def check() -> tuple[bool, str]:
         import oracles

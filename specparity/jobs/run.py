@@ -1,8 +1,8 @@
 """``specparity run``: the main job.
 
 Runs the engine and every available oracle on the cases — the zoo matrix (the
-built-in default suite), a user's pair or a TOML suite (``specparity/suite.py``)
-— on one of the backends of ``specparity/regen.py`` (in process, a ``spawn``
+built-in default suite), a user's pair or a TOML suite (``specparity/cases/suite.py``)
+— on one of the backends of ``specparity/goldens/regen.py`` (in process, a ``spawn``
 process pool, or Ray; the same task function, so identical traces), writes one trace
 per (runner, case) under ``OUT/traces/<runner>/``, compares them — engine vs
 each oracle round for round, engine speculative vs engine plain at the token
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import DEFAULT_GAMMAS, Case
-from specparity.outdir import set_stage, track
-from specparity.progress import Progress
+from specparity.cases.case import DEFAULT_GAMMAS, Case
+from specparity.cli.outdir import set_stage, track
+from specparity.cli.progress import Progress
 from specparity.runners import run_case, runner_supports
 from traces.diff import Divergence, diff_traces
 from traces.io import Trace, atomic_write_text, write_trace
@@ -186,7 +186,7 @@ def run_task(runner: str, case: Case) -> tuple[str, Any]:
 
 def _pool_init() -> None:
     # One BLAS thread per worker; workers die with a killed parent (regen's init).
-    from specparity.regen import _pool_init as regen_pool_init
+    from specparity.goldens.regen import _pool_init as regen_pool_init
 
     regen_pool_init()
 
@@ -224,7 +224,7 @@ def execute(jobs: list[Job], on_result: OnResult, *, workers: int = 0,
 
 
 def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, workers: int) -> None:
-    from specparity.regen import ray_session
+    from specparity.goldens.regen import ray_session
 
     with ray_session(address, workers or None) as ray:
         task = ray.remote(run_task)
@@ -287,7 +287,7 @@ def zoo_cases(
 ) -> list[Case]:
     """The built-in default suite: zoo pairs x gammas x ``n_prompts`` zoo prompts x ``sampling``.
 
-    Built as a suite (``specparity.suite``), so the zoo matrix honours the same
+    Built as a suite (``specparity.cases.suite``), so the zoo matrix honours the same
     settings as a pair of one's own (sampling, EOS ids) and its prompts are
     checked against each target's context with ``max_tokens``. Unknown target
     or drafter names are refused with the known ones, never dropped.
@@ -301,16 +301,16 @@ def zoo_cases(
     CUDA backend has no quantized-matmul kernel for the head-dim-32 pair's attention (its
     cases read ``unsupported on Device(gpu, 0): quantized_matmul``), the head-dim-64 pair
     still exercises the feature there. ``cache``
-    (:func:`specparity.kv_args.cache_fields`) replaces every case's cache settings.
+    (:func:`specparity.cli.kv_args.cache_fields`) replaces every case's cache settings.
 
     Plus the grammar cases (:func:`grammar_cases`): structured output under speculation
     on the JSON-capable pairs (``zoo/grammars.py``), ``grammar`` (``--grammar``) replacing
     the default grammars.
     """
     import zoo
-    from specparity.args import zoo_drafters, zoo_targets
-    from specparity.cases import pick_prompts
-    from specparity.suite import PairSpec, Sampling, suite_cases
+    from specparity.cases.case import pick_prompts
+    from specparity.cases.suite import PairSpec, Sampling, suite_cases
+    from specparity.cli.args import zoo_drafters, zoo_targets
     from zoo.native_mtp import MATRIX, MATRIX_PROMPTS
 
     for names, known, what in ((targets, zoo_targets(), "target"), (drafters, zoo_drafters(), "drafter")):
@@ -395,7 +395,7 @@ def grammar_cases(
     adapter shape ``mlx_lm_grammar_stateful``). ``reasoning_end`` (``--reasoning-end``):
     every grammar case free until that marker.
     """
-    from specparity.suite import Sampling
+    from specparity.cases.suite import Sampling
     from zoo import grammars as G
 
     grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
@@ -421,7 +421,7 @@ def check_unique(cases: list[Case]) -> list[Case]:
 
 
 def run(out_dir: Path, **kwargs: Any) -> RunResult:
-    """:func:`run_cases` in a run directory owned by this run (``specparity.outdir``).
+    """:func:`run_cases` in a run directory owned by this run (``specparity.cli.outdir``).
 
     ``out_dir`` is probed writable and locked before any case runs (a second
     run into it is refused in one line), a directory holding files no
@@ -429,8 +429,8 @@ def run(out_dir: Path, **kwargs: Any) -> RunResult:
     are set aside, and its marker says ``complete`` only when the run finished
     (a killed run's report says INCOMPLETE).
     """
-    from specparity.args import MAX_CASES
-    from specparity.suite import check_case_count
+    from specparity.cases.suite import check_case_count
+    from specparity.cli.args import MAX_CASES
 
     # Bad runner names / an empty selection / too many cases are refused before the
     # directory is touched.
@@ -453,7 +453,7 @@ def in_run_dir(out_dir: Path, command: str, work: Callable[[], RunResult]) -> Ru
     directory is left with no verdict it did not earn: the report this run
     wrote is removed and ``summary.md`` says INCOMPLETE with what was kept.
     """
-    from specparity.outdir import claim_output_dir
+    from specparity.cli.outdir import claim_output_dir
 
     with claim_output_dir(out_dir, command) as claim:
         try:
@@ -467,7 +467,7 @@ def _leave_incomplete(out_dir: Path, claim: Any, exc: BaseException) -> None:
     import contextlib
 
     from reports.summary import incomplete_summary
-    from specparity.args import Terminated
+    from specparity.cli.args import Terminated
 
     written = set(claim.written)
     for name in ("report.md", "report.html"):  # written from state "self": they would read CONFORMS
@@ -648,12 +648,12 @@ def verify_path_comparisons(specs: list[Case], traces: dict[tuple[str, str], Tra
 
 
 def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Comparison]:
-    """The zoo matrix's batched cases (``specparity.batched``, docs/batched.md): for each zoo
+    """The zoo matrix's batched cases (``specparity.jobs.batched``, docs/batched.md): for each zoo
     target of ``cases`` that batches (llama, gemma3, qwen35 with ``twin``; n-gram rows on llama),
     B = 2 and 4 rows of mixed prompt lengths finishing at different steps (at B = 4 a row joins
     mid-flight and one is preempted), every row compared round for round with its serial engine
     run; the B = 4 case reports the three invariances (M, B, seeded) per engine."""
-    from specparity.batched import batched_comparisons as run_batched
+    from specparity.jobs.batched import batched_comparisons as run_batched
 
     set_stage(out_dir, "running the batched cases")
     return run_batched(out_dir, cases)

@@ -140,7 +140,7 @@ def arm_order(warm: bool, index: int) -> list[str]:
 
 def _resolve(target: str | None, drafter: str | None, size: str | None, seed: int,
              log: Callable[[str], None]) -> tuple[str, str, Path, Path]:
-    from specparity.ab import resolve_drafter, resolve_target
+    from specparity.measure.ab import resolve_drafter, resolve_target
 
     if size is not None:
         if target is not None or drafter is not None:
@@ -228,7 +228,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Time the five arms (module docstring); ``gammas`` overrides ``gamma``.
 
-    ``cache``: :func:`specparity.kv_args.cache_fields`; ``kv_*`` go to both engines (mlx-lm's
+    ``cache``: :func:`specparity.cli.kv_args.cache_fields`; ``kv_*`` go to both engines (mlx-lm's
     ``kv_bits``/``kv_group_size``/``quantized_kv_start``), ``rotating`` to the engine only.
     """
     import mlx.core as mx
@@ -237,8 +237,8 @@ def run_bench(
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
-    from specparity.ab import _engine_cache, _pick_prompts
-    from specparity.devices import describe_device
+    from specparity.cli.devices import describe_device
+    from specparity.measure.ab import _engine_cache, _pick_prompts
     from specparity.runners import load_model
 
     say = log or (lambda _m: None)

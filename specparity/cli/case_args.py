@@ -3,7 +3,7 @@
 ``--target``/``--draft``/``--source`` and the prompt flags name the models and
 the draft source (``engine.sources.detect.resolve_kind``, §3); the ids are
 checked against the target's vocabulary and context; the case id is unique to
-the models, prompt and settings (``specparity.cases.Case``).
+the models, prompt and settings (``specparity.cases.case.Case``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def _conventions_kinds() -> str:
 
 
 def case_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`specparity.cases.Case` that ``generate``/``record`` flags describe."""
+    """The :class:`specparity.cases.case.Case` that ``generate``/``record`` flags describe."""
     from engine.sources.detect import resolve_kind
-    from specparity.cases import Case, model_label
-    from specparity.prompts import check_ids_for_model, encode_text
+    from specparity.cases.case import Case, model_label
+    from specparity.cases.prompts import check_ids_for_model, encode_text
     from specparity.runners import load_model
 
     target = load_model(str(Path(args.target).expanduser().resolve()))
@@ -53,7 +53,7 @@ def case_from_args(args: argparse.Namespace) -> Any:
     gamma = args.gamma if kind else 0
     if kind is not None:
         from engine.sources.kind import get
-        from specparity.runners import drafter_label
+        from specparity.cases.case import drafter_label
 
         desc = get(kind)
         if conv and "conventions" not in desc.options:
@@ -75,14 +75,14 @@ def case_from_args(args: argparse.Namespace) -> Any:
         raise ValueError(f"--mtp-conventions applies to the {_conventions_kinds()} source, not plain decode")
     processors = ""
     try:
-        from specparity.processor_args import processors_from_args
+        from specparity.cli.processor_args import processors_from_args
 
         proc = processors_from_args(args)
         processors = proc.tag() if proc.active else ""
     except (ImportError, AttributeError):
         pass
     eos = tuple(args.eos_ids) if getattr(args, "eos_ids", None) else None
-    from specparity.kv_args import cache_fields
+    from specparity.cli.kv_args import cache_fields
 
     kw: dict[str, Any] = {"processors": processors} if processors else {}
     kw.update(cache_fields(args))  # --kv-bits/--kv-group-size/--quantized-kv-start, --rotating

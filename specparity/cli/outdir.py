@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.tables import RUN_MARKER
-from specparity.args import UsageError
+from specparity.cli.args import UsageError
 from traces.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 __all__ = [
@@ -321,7 +321,7 @@ def run_output(directory: Path, rel: str) -> bool:
     """Whether ``DIR/rel`` is recognisably a run output by its content (a trace, the summary,
     comparisons, the report and its plots): for run directories written before the markers
     listed their files, and for a report rebuilt over one."""
-    from specparity.args import is_trace, read_small_json
+    from specparity.cli.args import is_trace, read_small_json
 
     p = directory / rel
     if p.is_symlink() or not p.is_file():
@@ -656,7 +656,7 @@ def claim_output_file(path: Path | str, command: str, *, flag: str, what: str,
         return
     real = p.resolve() if p.is_symlink() else p
     refuse_unowned_file(p, flag, what, ours)
-    parent = real.parent  # writable: checked by the flag's type (specparity.args.writable_file)
+    parent = real.parent  # writable: checked by the flag's type (specparity.cli.args.writable_file)
     parent.mkdir(parents=True, exist_ok=True)
     with DirLock(parent, command, flag=flag, what=what, name=FILE_LOCK.format(real.name), shown=p):
         refuse_unowned_file(p, flag, what, ours)

@@ -5,9 +5,9 @@ says what was expected (argparse names the flag), so no command sees a NaN
 temperature, a negative seed, an absurd token budget or a file it cannot read.
 Checks here are syntax-level; what needs a model (prompt ids against the
 vocabulary, context length) is checked where the model is loaded
-(``specparity/prompts.py``) with the same error classes.
+(``specparity/cases/prompts.py``) with the same error classes.
 
-Error classes the CLI boundary (``specparity/cli.py``) maps to exit statuses:
+Error classes the CLI boundary (``specparity/cli/entry.py``) maps to exit statuses:
 :class:`UsageError` (exit 2: the user's input is wrong) and :class:`RunFailed`
 (exit 1: the input was fine, the run could not complete).
 """
@@ -41,7 +41,7 @@ class RunFailed(RuntimeError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread by the CLI's handler (``specparity/cli.py``).
+    """SIGTERM, raised in the main thread by the CLI's handler (``specparity/cli/entry.py``).
 
     A ``KeyboardInterrupt`` so that every cleanup that runs on Ctrl-C (temp
     files removed, locks released, run markers set to failed) runs on SIGTERM too.
@@ -435,9 +435,9 @@ def _nearest_existing(p: Path) -> Path:
 def writable_dir(text: str) -> Path:
     """An output directory that exists and is writable, or can be created.
 
-    Nothing is created here; :func:`specparity.outdir.prepare_dir` creates it
+    Nothing is created here; :func:`specparity.cli.outdir.prepare_dir` creates it
     and probes it with a real write before any work starts, and
-    :mod:`specparity.outdir` refuses a directory holding files no specparity
+    :mod:`specparity.cli.outdir` refuses a directory holding files no specparity
     command wrote.
     """
     p = user_path(text, headroom=OUT_HEADROOM)
@@ -459,12 +459,12 @@ def writable_dir(text: str) -> Path:
     return p
 
 
-writable_dir.output = "dir"  # type: ignore[attr-defined]  # a writing flag (specparity.outdir.WRITERS)
+writable_dir.output = "dir"  # type: ignore[attr-defined]  # a writing flag (specparity.cli.outdir.WRITERS)
 
 
 def report_dir(text: str) -> Path:
     """``report DIR``: an existing, readable and writable directory the report is written into
-    (beside the traces it holds; ``specparity.outdir.add_outputs``)."""
+    (beside the traces it holds; ``specparity.cli.outdir.add_outputs``)."""
     p = existing_dir(text)
     if not os.access(p, os.W_OK | os.X_OK):
         raise _err(f"{text}: not writable (permission denied); the report is written into it")
@@ -544,7 +544,7 @@ def output_file(ours: Callable[[Path], bool], what: str) -> Callable[[str], Path
         return p
 
     parse.__name__ = f"{what} file"
-    parse.output = "file"  # type: ignore[attr-defined]  # a writing flag (specparity.outdir.WRITERS)
+    parse.output = "file"  # type: ignore[attr-defined]  # a writing flag (specparity.cli.outdir.WRITERS)
     return parse
 
 

@@ -50,13 +50,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from engine.backend import unsupported_text, unsupported_verdict
-from specparity.cases import Case
+from specparity.cases.case import Case
 from traces.diff import common_prefix
 
 # session name -> request kinds, in order (the first is always "fresh")
@@ -485,7 +486,7 @@ def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]
             tokenizer_sha256=zoo.tokenizer_digest() if c.on_zoo else tokenizer_digest(tpath),
             params=case_params(c, p.prefill),  # None: the kind's own convention, as the run's
             prompt_id=c.prompt_id, prompt_ids=prompt, eos_ids=list(p.eos_ids))
-        from specparity.outdir import track
+        from specparity.cli.outdir import track
 
         path = track(trace_dir / _label(case).replace("/", "__") / name / f"r{i}-{kind}.jsonl")
         write_trace(path, [header, *records])
@@ -549,7 +550,7 @@ def check_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) ->
     (a constrained request's grammar state is not part of a saved prompt cache) and a session
     whose follow-ups could run past the target's context (each follow-up's prompt holds the
     earlier outputs: :func:`request_reach`)."""
-    from specparity.prompts import _config, model_limits
+    from specparity.cases.prompts import _config, model_limits
     from specparity.runners import case_paths
 
     if any(c.grammar for c in cases):
@@ -868,7 +869,7 @@ def write(out_dir: Path, verdicts: Sequence[SessionVerdict],
             "reference": list(reference)}
     if any(v.plain is not None for v in verdicts):
         data["paired"] = paired_summary(verdicts)
-    from specparity.outdir import track  # listed in --out's marker before it is written
+    from specparity.cli.outdir import track  # listed in --out's marker before it is written
 
     atomic_write_text(track(out_dir / "sessions.json"), json.dumps(data, indent=1) + "\n")
     atomic_write_text(track(out_dir / "sessions.md"), text)
@@ -894,9 +895,9 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
     verdicts = sessions_from_cases(cases, names, say, trace_dir=out_dir / "traces" / "sessions", plain=plain)
     ref_rows: list[dict[str, Any]] = []
     if reference:
-        import oracles
+        from specparity.runners.registry import availability
 
-        ok, why = oracles.availability(REFERENCE)
+        ok, why = availability(REFERENCE)
         if ok:
             say(f"reference {REFERENCE}")
             ref_rows = reference_sessions(cases, names)
@@ -972,3 +973,22 @@ def render_reference(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| {r['label']} | {r['lane']} | {verdict} | "
                      f"{r['first_divergence'] or ''} |")
     return "\n".join(lines) + "\n"
+
+
+def suite_sessions(path: str | Path) -> list[str] | None:
+    """The suite's top-level ``sessions`` key (``run --suite`` then runs prompt-cache sessions,
+    docs/prompt-cache.md): ``true`` (every session), a list of session names, or absent (None)."""
+    from specparity.cases.suite import SuiteError
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # load_suite reports it in its own words
+    v = data.get("sessions")
+    if v is None or v is False:
+        return None
+    if v is True:
+        return list(SESSIONS)
+    if not isinstance(v, list) or not v or any(n not in SESSIONS for n in v):
+        raise SuiteError(f"suite {path}: 'sessions' must be true or a list of {sorted(SESSIONS)}, got {v!r}")
+    return list(v)

@@ -1,6 +1,6 @@
 """Regenerate golden traces (``specparity regen``).
 
-The matrix is the registry of ``specparity/goldens.py`` (runner × case), optionally
+The matrix is every golden set the runner registry declares (``Runner.goldens``) × its cases, optionally
 narrowed by runner, by a glob on the case id / file stem, or to the goldens
 that are stale, corrupt or missing (``--stale-only``). Each (runner, case) is
 one task, :func:`regen_task`, run on a local process pool (``spawn``; each
@@ -44,7 +44,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from specparity import goldens as g
+from specparity.goldens import manifest as g
+from specparity.runners import registry
 
 JOURNAL_NAME = ".regen-journal.json"
 
@@ -56,7 +57,7 @@ def regen_task(runner: str, case: Any) -> tuple[str, list[dict[str, Any]]]:
     """
     from specparity.runners import run_case
 
-    produce = g.GOLDEN_RUNNERS[runner].produce
+    produce = registry.golden_sets()[runner].produce
     records = produce(case) if produce is not None else run_case(runner, case)
     return g.golden_key(runner, case), g.normalize_records(records)
 
@@ -150,10 +151,11 @@ def select(
     ctx: g.InputsContext | None = None,
 ) -> dict[str, tuple[str, Any]]:
     """``{key: (runner, case)}`` of the goldens to regenerate."""
-    runners = list(runners) if runners else list(g.GOLDEN_RUNNERS)
-    unknown = [r for r in runners if r not in g.GOLDEN_RUNNERS]
+    sets = registry.golden_sets()
+    runners = list(runners) if runners else list(sets)
+    unknown = [r for r in runners if r not in sets]
     if unknown:
-        raise ValueError(f"no goldens for runner(s) {unknown}; known: {', '.join(g.GOLDEN_RUNNERS)}")
+        raise ValueError(f"no goldens for runner(s) {unknown}; known: {', '.join(sets)}")
     chosen = g.golden_cases(runners)
     if case_glob:
         chosen = {k: (r, c) for k, (r, c) in chosen.items()
@@ -189,7 +191,7 @@ def _remove_leftovers(golden_dir: Path) -> None:
 
 
 def _progress(total: int) -> Any:
-    from specparity.progress import progress
+    from specparity.cli.progress import progress
 
     return progress(total, "regen goldens", "golden")
 
@@ -275,9 +277,9 @@ def regen(
     """Regenerate the selected goldens into ``golden_dir``; see the module doc.
 
     ``workers``: process-pool size (None: the CPU count; 0: in this process).
-    A second regen on the same directory is refused (``specparity.outdir.Busy``).
+    A second regen on the same directory is refused (``specparity.cli.outdir.Busy``).
     """
-    from specparity.outdir import lock_dir
+    from specparity.cli.outdir import lock_dir
 
     # One regen per golden directory: a second one is refused (its manifest
     # entries would otherwise overwrite ours); the lock dies with the process.
@@ -391,14 +393,13 @@ def _regen(
 
 
 def _unavailable_runners(names: Iterable[str]) -> dict[str, str]:
-    """``{runner: why}`` for oracle runners whose reference is not installed here."""
-    from specparity.runners import registry
-
+    """``{golden set: why}`` for golden sets whose reference is not installed here (a set's
+    availability is the availability of the runner that declares it)."""
     out = {}
     for name in names:
-        oracle = (g.GOLDEN_RUNNERS[name].requires if name in g.GOLDEN_RUNNERS else None) or name
-        if oracle in registry.names("reference"):
-            ok, why = registry.availability(oracle)
+        runner = registry.golden_owner(name) if name in registry.golden_sets() else None
+        if runner is not None and runner.kind == "reference":
+            ok, why = runner.availability()
             if not ok:
                 out[name] = f"oracle unavailable: {why}"
     return out

@@ -4,7 +4,7 @@
 gate of a drafter quantization is one paired acceptance A/B on the same target
 and prompts at temperature 0. This module writes the mlx affine siblings
 (:func:`engine.dspark.deepspec_module.quantize_dir`) and runs the A/B with the
-paired harness's own pieces (``specparity.ab``: AB/BA order per prompt, one
+paired harness's own pieces (``specparity.measure.ab``: AB/BA order per prompt, one
 untimed warm-up per arm, McNemar on per-emitted-token "accepted draft"
 outcomes paired up to the first differing token, bootstrap wall-time ratio,
 ``reports.stats.ab_verdict``), for drafters the two-model harness cannot load
@@ -44,11 +44,17 @@ def run_drafter_ab(
         prompts: Prompt token ids (the same for every arm).
         baseline: The label of arm A; every other arm is a B.
         timing: ``timing(arm, prompt_index, result) -> seconds`` of each timed run
-            (``specparity.ab.Timing``; default: the run's measured wall clock).
+            (``specparity.measure.ab.Timing``; default: the run's measured wall clock).
     """
     from engine.executor import GenerationParams, spec_generate
     from reports.stats import ab_verdict, median_ratio, paired_drop
-    from specparity.ab import accepted_flags, common_prefix, measured_wall, time_ratios, timed
+    from specparity.measure.ab import (
+        accepted_flags,
+        common_prefix,
+        measured_wall,
+        time_ratios,
+        timed,
+    )
 
     labels = list(arms)
     gamma = {lab: int(arms[lab][0].gamma) for lab in labels}

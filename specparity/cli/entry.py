@@ -6,14 +6,14 @@ divergence, invalid trace or a run that could not complete, 2 usage error.
 
 This is the boundary where every expected failure becomes ONE line on stderr
 naming the flag or file and what to do (``specparity: error: ...``): argparse
-errors (without the usage dump), :class:`specparity.args.UsageError` and the
+errors (without the usage dump), :class:`specparity.cli.args.UsageError` and the
 other ``ValueError`` subclasses (bad files, JSON, traces) and missing files
-exit 2; :class:`specparity.args.RunFailed` and ``OSError`` while writing
+exit 2; :class:`specparity.cli.args.RunFailed` and ``OSError`` while writing
 (disk full, permission) exit 1. Anything else is a bug: one ``internal error``
 line asking for ``--debug``. ``--debug`` (or ``SPECPARITY_DEBUG=1``) re-raises
 with the full traceback.
 
-SIGTERM (and Ctrl-C) unwind like an exception (:class:`specparity.args.Terminated`
+SIGTERM (and Ctrl-C) unwind like an exception (:class:`specparity.cli.args.Terminated`
 is a ``KeyboardInterrupt``): temp files are removed, locks released, a run's
 marker and summary say it did not finish; then one line says what was
 interrupted and what was kept, and the exit status is 143 (130 for Ctrl-C),
@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from specparity.args import RunFailed, Terminated, UsageError
+from specparity.cli.args import RunFailed, Terminated, UsageError
 from specparity.commands import discover
 
 
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specparity: {line}", file=sys.stderr)
         return 2 if code == 1 and not line.startswith("internal") else code
     commands = {m.NAME: m for m in discover()}
-    if "specparity.outdir" in sys.modules:  # a second command in one process (tests, embedding)
-        sys.modules["specparity.outdir"].interrupt_notes(clear=True)
+    if "specparity.cli.outdir" in sys.modules:  # a second command in one process (tests, embedding)
+        sys.modules["specparity.cli.outdir"].interrupt_notes(clear=True)
     try:
         with _sigterm_raises():
             return int(commands[args.command].main(args))
@@ -143,7 +143,7 @@ def _sigterm_raises() -> Iterator[None]:
 
 def _interrupted(command: str, exc: BaseException) -> int:
     """One line: what was interrupted, what was kept; 143 for SIGTERM, 130 for Ctrl-C."""
-    from specparity.outdir import interrupt_notes
+    from specparity.cli.outdir import interrupt_notes
 
     sig, code = ("SIGTERM", 143) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
     notes = interrupt_notes(clear=True)
@@ -176,6 +176,3 @@ def _classify(exc: Exception) -> tuple[int, str]:
     return 1, (f"internal error: {type(exc).__name__}: {_one_line(exc)[:300]} "
                "(run with --debug for the traceback, and please report it)")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

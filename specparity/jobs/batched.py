@@ -1,6 +1,6 @@
 """Batched speculation in the jobs: the zoo matrix's batched cases and their traces.
 
-``specparity run`` (``specparity.run.batched_comparisons``) adds, for each zoo target of the
+``specparity run`` (``specparity.jobs.run.batched_comparisons``) adds, for each zoo target of the
 selection that batches (a KV, a rotating and a recurrent target with the ``twin`` drafter, and
 model-free n-gram rows on ``llama``), batched cases of B = 2 and B = 4 rows
 (``engine/batched.py``): mixed prompt lengths (28, 16, 25, 11 tokens) and budgets (12, 20, 7,
@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import Case, file_stem
+from specparity.cases.case import Case, file_stem
 
 __all__ = ["BATCH_PAIRS", "ROW_BUDGETS", "ROW_PROMPTS", "BatchCase", "batch_cases", "batched_comparisons",
            "row_requests"]
@@ -130,8 +130,8 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
     engine (module docstring)."""
     from engine.batched import batch_generate
     from engine.batched_check import b_invariance, m_invariance, seeded_invariance, serial_flip
-    from specparity.outdir import track
-    from specparity.run import Comparison
+    from specparity.cli.outdir import track
+    from specparity.jobs.run import Comparison
     from specparity.runners import numerics_witness, run_case
     from traces.diff import Divergence, diff_traces
     from traces.io import Trace, atomic_write_text, dumps_record, write_trace

@@ -1,6 +1,6 @@
 """Grade an engine's native-MTP conventions against our ``native-mtp`` source (issue 28).
 
-``python -m specparity.mtp_conventions flyto-mlx|mtplx|vllm-mlx --out docs/scoreboard`` (in the
+``python -m specparity.grading.native_mtp_conventions flyto-mlx|mtplx|vllm-mlx --out docs/scoreboard`` (in the
 engine's environment: ``tox exec -e subject-flyto-mlx-mtp -- ...``, ``subject-mtplx``, vllm-mlx's
 server virtualenv) captures the
 engine's MTP head calls on each zoo native-MTP checkpoint
@@ -228,7 +228,7 @@ def markdown(doc: dict[str, Any]) -> str:
     """One table row per (checkpoint, prompt): the conventions measured, or why none could be."""
     cols = ("hidden", "concat", "mask_pos0", "rows/position", "depth", "identity")
     lines = [f"# Native-MTP conventions: {doc['engine']} {doc['version']} (subject {doc['subject']})", "",
-             "Measured by `python -m specparity.mtp_conventions " + doc["engine"] + "`: every MTP head call of "
+             "Measured by `python -m specparity.grading.native_mtp_conventions " + doc["engine"] + "`: every MTP head call of "
              "the engine recomputed with our `native-mtp` head under each named convention.", "",
              "| checkpoint | prompt | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for r in doc["rows"]:
@@ -250,7 +250,7 @@ def write(doc: dict[str, Any], out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specparity.mtp_conventions", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specparity.grading.native_mtp_conventions", description=__doc__.splitlines()[0])
     ap.add_argument("engine", choices=sorted(ENGINES))
     ap.add_argument("--out", type=Path, default=Path("runs/scoreboard"))
     a = ap.parse_args(argv)

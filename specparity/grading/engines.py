@@ -21,7 +21,7 @@ scoreboard. Exit 0 when every engine asked for was graded and nothing failed,
 1 when a check failed, 2 on usage or when a named engine is not installed here
 (with its install hint; ``all``: when none is).
 
-Reproduce one case: ``python -m specparity.engines ENGINE --case CASE_ID``
+Reproduce one case: ``python -m specparity.grading.engines ENGINE --case CASE_ID``
 prints the subject's stream beside plain decode and the check verdicts.
 """
 
@@ -106,7 +106,7 @@ def plain_sample(case: SubjectCase) -> list[int]:
 
 def _golden(case: SubjectCase) -> Any:
     name = f"{case.target}__{case.drafter}__{case.prompt_id}__g{case.gamma}__n{GOLDEN_MAX}.jsonl"
-    return read_trace(Path(__file__).resolve().parents[1] / "traces" / "golden" / "mlx_lm" / name)
+    return read_trace(Path(__file__).resolve().parents[2] / "traces" / "golden" / "mlx_lm" / name)
 
 
 def golden_mlx_lm(case: SubjectCase) -> list[int]:
@@ -160,7 +160,7 @@ class Recorder:
         drafter = {"path": dpath, "weights_sha256": None, "config_sha256": None} if dpath else None
         recs = to_trace(self.info, case, run, ids, list(_eos(case)), target, drafter)
         safe = case.case_id.replace(":", "__").replace("/", "__")
-        from specparity.outdir import track
+        from specparity.cli.outdir import track
 
         write_trace(track(self.dir / f"{safe}.jsonl"), recs)
 
@@ -282,7 +282,7 @@ def grade_engine_main(args: argparse.Namespace) -> int:
         print(f"specparity grade: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
-    from specparity.outdir import add_outputs
+    from specparity.cli.outdir import add_outputs
 
     with add_outputs(out, "specparity grade --engine", recognise=_engine_output) as claim:
         for n in names:  # refused before any engine runs if one of these is not ours
@@ -294,7 +294,7 @@ def grade_engine_main(args: argparse.Namespace) -> int:
 
 def _engine_output(p: Path) -> bool:
     """Whether an existing file is one ``grade --engine`` wrote (before output markers existed)."""
-    from specparity.args import is_trace, read_small_json
+    from specparity.cli.args import is_trace, read_small_json
 
     if p.suffix == ".jsonl":
         return is_trace(p)
@@ -375,7 +375,7 @@ def reproduce(name: str, case_id: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specparity.engines",
+    p = argparse.ArgumentParser(prog="python -m specparity.grading.engines",
                                 description="grade a subject, or reproduce one of its cases")
     p.add_argument("engine")
     p.add_argument("--case", default=None, help="a case id from the scoreboard: run it and show the difference")
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return reproduce(a.engine, a.case)
         except ValueError as exc:
-            print(f"specparity.engines: error: {exc}", file=sys.stderr)
+            print(f"specparity.grading.engines: error: {exc}", file=sys.stderr)
             return 2
     return grade_engine_main(a)
 

@@ -1,8 +1,8 @@
 """Suites: which cases ``specparity run`` runs, from flags or a TOML file.
 
 A suite is a list of pairs, each expanded over prompts x gammas x sampling
-settings into :class:`specparity.cases.Case` s. The zoo matrix is the built-in
-default suite (:func:`specparity.run.zoo_cases`); ``run --target/--draft`` is a
+settings into :class:`specparity.cases.case.Case` s. The zoo matrix is the built-in
+default suite (:func:`specparity.jobs.run.zoo_cases`); ``run --target/--draft`` is a
 one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
 
     # top-level keys are defaults for every [[pair]]; a pair may override any
@@ -31,13 +31,13 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     sources = ["two-model"]            # default: detected from the drafter (§3 order)
 
 Every value goes through the validator of the flag that sets the same thing
-(``specparity.args.check_value``: ``gammas`` as ``--gammas``, ``seed`` as
+(``specparity.cli.args.check_value``: ``gammas`` as ``--gammas``, ``seed`` as
 ``--seed``, ``prompts_file`` as ``--prompts-file``, ...), so a suite accepts
 exactly what the flags accept. ``suite_cases(..., max_cases=N)`` refuses a suite
 of more than N cases before any prompt is encoded.
 
 Case ids: a zoo pair keeps its zoo ids; a model path is named by
-:func:`specparity.cases.model_label` (directory name + short digest), a
+:func:`specparity.cases.case.model_label` (directory name + short digest), a
 non-two-model drafter path is prefixed by its source kind.
 """
 
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import DEFAULT_GAMMAS, Case, model_label, pick_prompts
+from specparity.cases.case import DEFAULT_GAMMAS, Case, model_label, pick_prompts
 
 __all__ = ["PairSpec", "Sampling", "SuiteError", "load_suite", "pair_cases", "suite_cases"]
 
@@ -92,7 +92,7 @@ class PairSpec:
     stop_strings: tuple[str, ...] = ()
     truncate: bool = False
     confidence_threshold: float = 0.0
-    # quantized KV and rotating rollback (specparity.kv_args); None / "guard": off
+    # quantized KV and rotating rollback (specparity.cli.kv_args); None / "guard": off
     kv_bits: int | None = None
     kv_group_size: int | None = None
     quantized_kv_start: int | None = None
@@ -111,8 +111,8 @@ def _is_zoo_target(name: str) -> bool:
 
 
 def _check(parse: Any, v: Any, where: str) -> Any:
-    """A suite value through the flag's own validator (``specparity.args``): one set of bounds."""
-    from specparity import args
+    """A suite value through the flag's own validator (``specparity.cli.args``): one set of bounds."""
+    from specparity.cli import args
 
     try:
         return args.check_value(parse, v, where)
@@ -133,7 +133,7 @@ def _processors(v: Any, where: str) -> str:
 
 
 def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
-    from specparity import args
+    from specparity.cli import args
 
     if isinstance(v, dict):
         v = [v]
@@ -167,7 +167,7 @@ def _path(v: Any, where: str, root: Path) -> Path:
 
 def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> PairSpec:
     """Apply ``raw`` over ``base``; every value goes through its flag's validator."""
-    from specparity import args
+    from specparity.cli import args
 
     s = PairSpec(**{**base.__dict__, "where": where})
     for key, v in raw.items():
@@ -197,7 +197,7 @@ def _settings(raw: dict[str, Any], base: PairSpec, where: str, root: Path) -> Pa
                 raise SuiteError(f"{w}: expected true or false, got {v!r}")
             setattr(s, key, v)
         elif key in ("kv_bits", "kv_group_size", "quantized_kv_start"):
-            from specparity import args as a
+            from specparity.cli import args as a
 
             parse = {"kv_bits": a.kv_bits, "kv_group_size": a.kv_group_size,
                      "quantized_kv_start": a.nonneg_int}[key]
@@ -261,7 +261,7 @@ def load_suite(path: str | Path) -> list[PairSpec]:
         spec.drafter = _model_ref(drafter, root) if drafter else None
         src = raw.get("sources", raw.get("source"))
         if src is not None:
-            from specparity.args import source_names
+            from specparity.cli.args import source_names
 
             src = [src] if isinstance(src, str) else src
             known = source_names()
@@ -348,7 +348,7 @@ def pair_cases(spec: PairSpec) -> list[Case]:
 
 def _drafter(spec: PairSpec, source: str, on_zoo: bool) -> tuple[str, str | None]:
     from engine.sources.kind import get
-    from specparity.runners import drafter_label
+    from specparity.cases.case import drafter_label
 
     if not get(source).takes_dir:
         if spec.drafter is not None:
@@ -365,7 +365,7 @@ def _prompts(spec: PairSpec, on_zoo: bool) -> list[tuple[str, tuple[int, ...] | 
     """``[(prompt id, token ids)]``, every prompt checked against the target's vocabulary and
     context with this pair's ``max_tokens`` (zoo prompts too: ``None`` keeps the zoo's ids)."""
     import zoo
-    from specparity.prompts import (
+    from specparity.cases.prompts import (
         PromptError,
         check_ids_for_model,
         encode_prompts,
@@ -400,7 +400,7 @@ def count_cases(spec: PairSpec) -> int:
     """How many cases :func:`pair_cases` makes of ``spec``, from the prompt count alone
     (the prompts file is parsed, nothing is encoded or loaded)."""
     import zoo
-    from specparity.prompts import PromptError, read_prompts_file
+    from specparity.cases.prompts import PromptError, read_prompts_file
 
     if spec.prompts_file is None:
         n = len(pick_prompts([p.id for p in zoo.prompts()], spec.zoo_prompts))
@@ -445,22 +445,3 @@ def check_case_count(n: int, max_cases: int) -> None:
     if n > max_cases:
         raise SuiteError(f"{n} cases exceed the limit of {max_cases} (--max-cases); select fewer "
                          f"prompts, pairs, gammas or sampling settings, or raise --max-cases")
-
-
-def suite_sessions(path: str | Path) -> list[str] | None:
-    """The suite's top-level ``sessions`` key (``run --suite`` then runs prompt-cache sessions,
-    docs/prompt-cache.md): ``true`` (every session), a list of session names, or absent (None)."""
-    from specparity.sessions import SESSIONS
-
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None  # load_suite reports it in its own words
-    v = data.get("sessions")
-    if v is None or v is False:
-        return None
-    if v is True:
-        return list(SESSIONS)
-    if not isinstance(v, list) or not v or any(n not in SESSIONS for n in v):
-        raise SuiteError(f"suite {path}: 'sessions' must be true or a list of {sorted(SESSIONS)}, got {v!r}")
-    return list(v)

@@ -1,4 +1,4 @@
-"""Draft-level goldens: the references' drafters, recorded inside their own round loops.
+"""Draft-level golden producers: the references' drafters, recorded inside their own round loops.
 
 A wrong MTP draft row (built from the wrong hidden position) or a drifted
 assistant drafter stays LOSSLESS after verification: plain-greedy identity
@@ -34,9 +34,10 @@ rounds) and a digest of the logits of every draft (header ``draft_logits``,
   mlx-vlm's own splitter, ``oracles/mlx_vlm_native_mtp.py``), pre-norm adapter:
   the engine's ``native-mtp`` source under the qwen conventions with ``hidden=pre-norm``.
 
-Both are goldens of the registry (``specparity/goldens.py``: staleness by
-package version, runner code and every other input as for any golden),
-written by ``specparity regen --runner mlx_vlm_mtp`` (``tox -e vlm``'s
+Each is a golden set its runner declares (``GoldenSet.produce``: ``specparity/runners/mlx_vlm.py``,
+``mlx_vlm_native_mtp.py``, ``optiq.py``; the cases: ``specparity/cases/golden_cases.py``), kept
+like any golden (``specparity/goldens/manifest.py``: staleness by package version, runner code
+and every other input), written by ``specparity regen --runner mlx_vlm_mtp`` (``tox -e vlm``'s
 environment) / ``--runner optiq_assistant`` (``tox -e optiq``'s) and compared
 with the live engine in the default run: rounds by ``conformance/test_goldens.py``,
 draft logits step by step by ``conformance/test_draft_goldens.py``.
@@ -47,43 +48,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-MTP_HEADS = ("qwen35-mtp", "qwen35-mtp-self")
-MTP_PROMPTS = ("nat-00", "nat-02", "rnd-00")
-MTP_GAMMAS = (1, 2)  # the zoo MTP heads' block_size is 3
-MTP_MAX_TOKENS = 24
-ASSISTANT_HEADS = ("gemma4-assistant", "gemma4-assistant-self", "gemma4-assistant-centroid-self")
-ASSISTANT_PROMPTS = ("nat-03", "rnd-14")  # prompt + budget + block inside gemma4's 32-token window
-ASSISTANT_GAMMAS = (1, 3)
-ASSISTANT_MAX_TOKENS = 14
 OPTIQ_NORMALIZATIONS = ("optiq-spec-budget-drafts", "optiq-stopping-eos")
-
-
-NATIVE_PROMPTS = ("nat-00", "nat-01", "rnd-00")
-NATIVE_GAMMAS = (1, 2)  # mlx-vlm's splitter writes block_size = depth + 2 = 3
-
-
-def native_draft_cases() -> list[Any]:
-    """``native-mtp`` on the Qwen ``mtp.*`` checkpoint (``zoo/native_mtp.py`` ``qwen35-native``),
-    the family mlx-vlm implements: the qwen conventions with §3's pre-norm hidden (mlx-vlm's
-    draft logits are recorded on its pre-norm target adapter, as for ``mlx_vlm_mtp``)."""
-    from specparity.cases import Case
-
-    return [Case("qwen35-native", "native+hidden=pre-norm", p, g, MTP_MAX_TOKENS, source="native-mtp")
-            for p in NATIVE_PROMPTS for g in NATIVE_GAMMAS]
-
-
-def mtp_draft_cases() -> list[Any]:
-    from specparity.cases import Case
-
-    return [Case("qwen35", h, p, g, MTP_MAX_TOKENS, source="mtp")
-            for h in MTP_HEADS for p in MTP_PROMPTS for g in MTP_GAMMAS]
-
-
-def assistant_draft_cases() -> list[Any]:
-    from specparity.cases import Case
-
-    return [Case("gemma4", h, p, g, ASSISTANT_MAX_TOKENS, source="assistant")
-            for h in ASSISTANT_HEADS for p in ASSISTANT_PROMPTS for g in ASSISTANT_GAMMAS]
 
 
 def _header(runner: dict[str, Any], case: Any) -> tuple[dict[str, Any], Any]:

@@ -1,6 +1,6 @@
 """Throughput of batched speculation (``engine/batched.py``): figures, never a gate.
 
-``python -m specparity.bench_batched [--target llama] [--drafter twin|ngram|self|small]
+``python -m specparity.measure.bench_batched [--target llama] [--drafter twin|ngram|self|small]
 [--size tiny|small|1b] [--rows 1,2,4,8] [--repeats 5] [--max-tokens 32] [--gamma 3]
 [--json FILE]`` — for each batch size B: B requests (zoo prompts of mixed lengths, greedy) run
 as ONE batch (``batch_generate``) and as B serial runs (``spec_generate`` one after the other),
@@ -13,7 +13,7 @@ the same ratio of the process's CPU time (``time.process_time``: steadier than w
 machine shared with other work, where the wall ratio swings with the load).
 
 ``--size 1b`` builds the seeded ≥1B bf16 pair (``zoo/big.py``, GPU-only in practice):
-``python -m specparity.bench_batched --size 1b --rows 1,2,4,8 --repeats 5 --max-tokens 64``.
+``python -m specparity.measure.bench_batched --size 1b --rows 1,2,4,8 --repeats 5 --max-tokens 64``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
     from engine.sources.ngram import NgramProvider
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
-    from specparity.ab import _pick_prompts
-    from specparity.bench import _resolve
-    from specparity.devices import describe_device
+    from specparity.cli.devices import describe_device
+    from specparity.measure.ab import _pick_prompts
+    from specparity.measure.bench import _resolve
     from specparity.runners import load_model
 
     say = log or (lambda _m: None)
@@ -125,7 +125,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specparity.bench_batched", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specparity.measure.bench_batched", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=None)
     p.add_argument("--drafter", default=None, help="a zoo drafter (twin, self, small) or ngram")
     p.add_argument("--size", default=None, choices=("tiny", "small", "1b"))

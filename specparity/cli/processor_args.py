@@ -5,7 +5,7 @@ The flags are mlx-lm 0.32.2's ``sample_utils.make_logits_processors`` arguments
 ``--processor-history``, where the processor history starts
 (``engine.sampler.ProcessorParams.history_prompt``). :func:`processors_from_args`
 turns them into a ``ProcessorParams``; its ``tag()`` is the case-id form
-(``specparity.cases.Case.processors``).
+(``specparity.cases.case.Case.processors``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specparity.args import finite_float, nonneg_int, positive_int, rng_mode
+from specparity.cli.args import finite_float, nonneg_int, positive_int, rng_mode
 
 
 def _bias(text: str) -> tuple[tuple[int, float], ...]:

@@ -16,7 +16,7 @@ same task function and backends as ``specparity run`` (``--workers``,
 ``--ray``). The graded traces go under ``OUT/traces/engine/`` (as the subject
 under test; their header keeps the engine's own runner name), the re-runs under
 ``OUT/traces/<runner>/`` with the graded trace's case id, and the comparisons,
-summary and report are the run's (``specparity.run.finish``).
+summary and report are the run's (``specparity.jobs.run.finish``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specparity.cases import Case, model_label
-from specparity.outdir import track
-from specparity.run import (
+from specparity.cases.case import Case, model_label
+from specparity.cli.outdir import track
+from specparity.jobs.run import (
     Comparison,
     Job,
     RunResult,
@@ -82,7 +82,7 @@ def reused_prefix(trace: Trace) -> int:
 
 
 def warm_as_cold(warm: Trace, cold: Trace, exact: bool = True) -> tuple[Trace, Trace]:
-    """The warm-vs-cold rules (``specparity.sessions.compare_records``): a warm request's prefill
+    """The warm-vs-cold rules (``specparity.jobs.sessions.compare_records``): a warm request's prefill
     legitimately prefills only the suffix (``target_tokens``/``drafter_tokens``) and says what it
     reused (``prompt_cache``); everything else — every round, the cache digests after the prefill
     and after each round, the footer — must equal the cold run's. Where the backend is not
@@ -165,7 +165,7 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
     drafter: str | None = None
     if spec:
         from engine.sources.kind import get
-        from specparity.runners import drafter_label
+        from specparity.cases.case import drafter_label
 
         desc = get(source)
         if desc.takes_dir and dpath is None:
@@ -309,10 +309,10 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
     The source must be one of the §3 roster the engine knows (a plain trace has
     none); γ, max_tokens, the sampling params, prompt and EOS ids go through the
     validators of ``--gammas``, ``--max-tokens``, ``--temps``, ``--top-p``,
-    ``--top-k``, ``--seed`` and ``--prompt-ids`` (``specparity.args``), so a header
+    ``--top-k``, ``--seed`` and ``--prompt-ids`` (``specparity.cli.args``), so a header
     γ of 10^9 is refused here instead of driving per-γ work.
     """
-    from specparity import args
+    from specparity.cli import args
 
     out: list[tuple[str, str]] = []
     source, mode = header.get("source"), header.get("mode")
@@ -336,7 +336,7 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
     g = p.get("gamma")
     if g is not None and (mode == "spec" or g != 0):  # a plain trace may say 0
         checks.append(("params.gamma", args.gamma, g))
-    if p.get("kv_bits") is not None:  # quantized KV: the flags' bounds (specparity.kv_args)
+    if p.get("kv_bits") is not None:  # quantized KV: the flags' bounds (specparity.cli.kv_args)
         checks += [("params.kv_bits", args.kv_bits, p["kv_bits"]),
                    ("params.kv_group_size", args.kv_group_size, p.get("kv_group_size", 64)),
                    ("params.quantized_kv_start", args.nonneg_int, p.get("quantized_kv_start", 5000))]
@@ -380,7 +380,7 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _grammar_problems(block: Any) -> list[tuple[str, str]]:
     """``params.grammar`` checked as ``--grammar``/``--reasoning-end`` check theirs."""
-    from specparity import args
+    from specparity.cli import args
 
     if block is None:
         return []
@@ -463,7 +463,7 @@ def grade(
     trace_dir = Path(trace_dir)
     out = Path(out_dir) if out_dir is not None else trace_dir / "graded"
     graded = collect(trace_dir, out)  # before claiming OUT: a bad folder leaves OUT as it was
-    from specparity.run import in_run_dir
+    from specparity.jobs.run import in_run_dir
 
     return in_run_dir(out, "specparity grade",
                       lambda: _grade(graded, out, runners, workers, ray_address, progress, t0))
@@ -471,7 +471,7 @@ def grade(
 
 def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: int,
            ray_address: str | None, progress: bool, t0: float) -> RunResult:
-    from specparity.progress import Progress
+    from specparity.cli.progress import Progress
 
     all_runners, unavailable = available_runners(runners)
     oracles = all_runners[1:]

@@ -139,10 +139,10 @@ def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | No
                   max_tokens: int = 0, chat_template: bool = False) -> list[Any]:
     """``n`` zoo prompts, or every prompt of ``prompts_file``; checked against ``model_dir``."""
     import zoo
-    from specparity.cases import pick_prompts
+    from specparity.cases.case import pick_prompts
 
     if prompts_file is not None:
-        from specparity.prompts import prompts_for_model
+        from specparity.cases.prompts import prompts_for_model
 
         assert model_dir is not None
         return prompts_for_model(model_dir, prompts_file=prompts_file, max_tokens=max_tokens,
@@ -154,7 +154,7 @@ def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | No
     if n > len(all_ids):
         raise ValueError(f"--prompts {n}: the zoo has {len(all_ids)} prompts")
     if model_dir is not None:
-        from specparity.prompts import prompts_for_model
+        from specparity.cases.prompts import prompts_for_model
 
         return prompts_for_model(model_dir, zoo_ids=pick_prompts(all_ids, n), max_tokens=max_tokens)
     return [zoo.prompt(i) for i in pick_prompts(all_ids, n)]
@@ -183,7 +183,7 @@ def run_ab(
 ) -> dict[str, Any]:
     """Run the A/B and return its result (the ``ab.json`` content).
 
-    ``cache``: :func:`specparity.kv_args.cache_fields` (``kv_bits``, ``kv_group_size``,
+    ``cache``: :func:`specparity.cli.kv_args.cache_fields` (``kv_bits``, ``kv_group_size``,
     ``quantized_kv_start``, ``rotating``), applied to both arms and recorded.
 
     ``timing`` gives each timed run's seconds (default: its measured wall

@@ -160,6 +160,29 @@ def model_label(path: str | Path) -> str:
     return f"{name}-{h.hexdigest()[:8]}"
 
 
+def drafter_label(kind: str, draft_dir: str | Path | None, *, confidence_threshold: float | None = None,
+                  conventions: str | None = None) -> str:
+    """A case's ``drafter`` for a drafter PATH run by ``kind`` (``generate``/``record`` flags, a
+    suite's pair), derived from the kind's descriptor: a model-free kind is its name; else the
+    directory's :func:`model_label`, prefixed ``<kind>-`` (``label_prefix``),
+    then ``-t<threshold>`` for a kind taking a confidence threshold (none given: the kind's
+    default; a default of None, the checkpoint's own: no suffix), then ``+<conventions>``."""
+    from engine.sources.kind import get
+
+    desc = get(kind)
+    if not desc.takes_dir:
+        return desc.name
+    assert draft_dir is not None
+    label = model_label(draft_dir)
+    out = f"{kind}-{label}" if desc.label_prefix else label
+    if "confidence_threshold" in desc.options:
+        thr = confidence_threshold if confidence_threshold is not None else desc.threshold_default
+        out += f"-t{thr:g}" if thr is not None else ""
+    if conventions:
+        out += f"+{conventions}"
+    return out
+
+
 _DIGESTS: dict[str, str] = {}
 # Smaller checkpoints hash faster than a cache file is worth (and tests' tmp models would
 # litter the user's cache): only these go to disk.

@@ -4,7 +4,7 @@
 ``generate_step`` / ``speculative_generate_step``'s ``kv_bits``,
 ``kv_group_size`` (default 64) and ``quantized_kv_start`` (default 5000).
 ``--rotating guard|exact``: how rotating (sliding-window) caches roll back past
-the ring wrap (``engine.rollback``). All become :class:`specparity.cases.Case`
+the ring wrap (``engine.rollback``). All become :class:`specparity.cases.case.Case`
 fields; unset, case ids and traces are unchanged.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specparity import args as a
+from specparity.cli import args as a
 
 
 def add_kv_arguments(p: argparse.ArgumentParser | Any, *, rotating: bool = True) -> None:

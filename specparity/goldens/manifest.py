@@ -1,4 +1,4 @@
-"""Golden traces: the registry, the manifest, staleness and comparison helpers.
+"""Golden traces: which exist, the manifest, staleness and comparison helpers.
 
 A golden is one committed trace per (runner, zoo case):
 ``traces/golden/<runner>/<case file_stem>.jsonl``. ``traces/golden/manifest.json``
@@ -14,7 +14,7 @@ golden file's bytes:
   own, so a zoo refactor that builds the same models does not stale anything);
   for an oracle, its ``oracles/<runner>.py`` module and ``oracles/__init__.py``;
 - ``harness_sha256``: the code shared by every runner that shapes a trace
-  (``specparity/runners.py``, ``traces/records.py``, ``traces/digest.py``);
+  (``specparity/runners/``, ``traces/records.py``, ``traces/digest.py``);
 - ``mlx``: the mlx version (the kernels decide the numerics);
 - ``target`` / ``drafter``: zoo name, weights and config digests;
 - ``tokenizer_sha256``; ``prompt``: id and sha256 of its token ids;
@@ -33,8 +33,10 @@ change spelled out, e.g. ``mlx-lm 0.32.2 → 0.33.0``) or ``unregistered``
 never compared: a comparison against it would report a divergence that is
 really an input change. ``specparity regen --stale-only`` refreshes them.
 
-New runners slot in through :data:`GOLDEN_RUNNERS` (which runner, which
-package, which code, which cases).
+Which goldens exist is the runner registry's: each runner declares its golden
+sets in its own module (``Runner.goldens``, ``specparity.runners.registry.GoldenSet``:
+which package, which code, which cases; docs/runners.md), and
+:func:`specparity.runners.registry.golden_sets` lists them.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
@@ -50,20 +52,18 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from specparity.runners.registry import golden_sets, package_version, supports
 from traces.io import SCHEMA_VERSION, Record, Trace, read_trace
 
 __all__ = [
     "GOLDEN_DIR",
-    "GOLDEN_RUNNERS",
     "GoldenComparison",
     "GoldenProblem",
     "GoldenLockError",
-    "GoldenRunner",
     "InputsContext",
     "assert_lock_held",
     "check_goldens",
     "compare_to_goldens",
-    "default_cases",
     "file_sha256",
     "golden_cases",
     "golden_key",
@@ -73,17 +73,13 @@ __all__ = [
     "lock_held",
     "normalize_records",
     "package_commit",
-    "package_version",
     "save_manifest",
 ]
 
 # Golden traces are data of the trace format package; this job module reads and writes them.
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "traces" / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "traces" / "golden"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
-GOLDEN_GAMMAS = (1, 3)
-GOLDEN_PROMPTS = 2
-GOLDEN_MAX_TOKENS = 32
 HARNESS_MODULES = ("specparity.runners", "traces.records", "traces.digest")
 NORMALIZATION = (
     "timing fields (round.time_s, plain.time_s, footer.wall_s) set to null; "
@@ -91,200 +87,7 @@ NORMALIZATION = (
 )
 
 
-# ---------------------------------------------------------------------- registry
-
-
-def default_cases() -> list[Any]:
-    """Every zoo pair × γ ∈ {1, 3} × 2 prompts (one natural, one random), 32
-    tokens, greedy, plus the plain decode of each (target, prompt)."""
-    import zoo
-    from specparity.cases import pick_prompts, spec_matrix
-
-    prompt_ids = pick_prompts([p.id for p in zoo.prompts()], GOLDEN_PROMPTS)
-    spec = spec_matrix(zoo.pairs(), prompt_ids, GOLDEN_GAMMAS, GOLDEN_MAX_TOKENS)
-    plains = list(dict.fromkeys(c.plain() for c in spec))
-    return [*plains, *spec, *processor_cases()]
-
-
-def processor_cases() -> list[Any]:
-    """Logits-processor goldens (``Case.processors``, engine.sampler.ProcessorParams tags):
-    ``+hlast`` spec cases start the history where mlx-lm's speculative_generate_step does (both
-    runners); the default (whole-prompt) history in spec mode is the engine's alone (mlx-lm
-    refuses it: known entry mlx-lm-spec-processor-history-omits-prompt), in plain mode both."""
-    from specparity.cases import Case
-
-    n = GOLDEN_MAX_TOKENS
-    return [
-        # rewarding repetition over a short context: a wrong history flips picks, so these
-        # catch the planted history bugs of conformance/test_logits_processors.py
-        Case("llama", "twin", "nat-00", 3, n, processors="fp-1c8+hlast"),
-        Case("llama", "twin", "nat-00", 3, n, processors="rp0.7c6+hlast"),
-        Case("llama", "twin", "nat-00", 3, n, temperature=0.8, processors="rp0.7c6+fp-0.5c8+hlast"),
-        Case("llama", "twin", "nat-00", 3, n, temperature=0.8, processors="pp-1.5c4+fp1c16+hlast"),
-        Case("qwen3", "twin", "nat-01", 1, n, processors="fp-1c8+hlast"),
-        Case("llama", "small", "rnd-01", 3, n, temperature=0.8, processors="pp0.5c20+fp1c64+lb5=1.5,7=-2+hlast"),
-        Case("llama", "twin", "nat-00", 3, n, processors="rp1.3c64"),
-        Case("llama", "twin", "nat-00", 3, n, processors="lb5=1.5,7=-2"),
-        Case("llama", None, "nat-00", 0, n, processors="rp1.3c64"),
-        Case("qwen3", None, "nat-01", 0, n, processors="fp-1c8"),
-    ]
-
-
-def mlx_lm_runs_processors(case: Any) -> bool:
-    """Whether mlx-lm applies the case's processor history convention (``generate_step``:
-    the whole prompt; ``speculative_generate_step``: the last prompt token)."""
-    tag = getattr(case, "processors", "")
-    if not any(part[:2] in ("rp", "pp", "fp") for part in tag.split("+")):
-        return True
-    return tag.endswith("+hlast") == (case.drafter is not None)
-
-
-@dataclass(frozen=True)
-class GoldenRunner:
-    """A runner that has goldens.
-
-    Attributes:
-        name: The runner name ``specparity.runners.run_case`` takes (a registry runner,
-            ``specparity/runners/``, unless ``produce`` makes its records).
-        package: The distribution whose version (and VCS commit) is an input.
-        code_modules: Modules or packages whose source is the runner's code
-            (a package means all its ``.py`` files, recursively;
-            ``pkg.__init__`` means the package's ``__init__.py`` alone).
-        code_exclude: Sub-packages left out of ``code_modules``.
-        cases: The cases that have goldens for this runner.
-        supports: Filter on ``cases`` (a reference that cannot run a case
-            has no golden for it, rather than a golden of an error).
-        oracle: True for a reference runner (its goldens are what the live
-            engine is compared against).
-        identity: For a reference that is not an installed distribution
-            (DeepSpec: a checkout named by ``DEEPSPEC_PATH``): returns its
-            ``{"version", "commit"}`` (None where unknown here) instead of the
-            package metadata.
-        produce: Makes the golden's records of a case (header to footer)
-            instead of ``specparity.runners.run_case`` (the draft-level
-            runners of ``specparity/draft_goldens.py``).
-        requires: The registry runner (``specparity.runners.registry``) whose
-            availability decides whether this runner can run here (default: its own name).
-    """
-
-    name: str
-    package: str
-    code_modules: tuple[str, ...]
-    code_exclude: tuple[str, ...] = ()
-    cases: Callable[[], list[Any]] = default_cases
-    oracle: bool = True
-    supports: Callable[[Any], bool] = lambda case: True
-    identity: Callable[[], dict[str, str | None]] | None = None
-    produce: Callable[[Any], list[dict[str, Any]]] | None = None
-    requires: str | None = None
-
-
-GOLDEN_RUNNERS: dict[str, GoldenRunner] = {
-    "engine": GoldenRunner(
-        "engine", "specparity", ("engine",), oracle=False
-    ),
-    "mlx_lm": GoldenRunner("mlx_lm", "mlx-lm", ("oracles.__init__", "oracles.recording", "oracles.mlx_lm"),
-                           supports=lambda case: mlx_lm_runs_processors(case)  # type: ignore[has-type]
-                           and (case.drafter is None or _trimmable(case.target))),  # type: ignore[has-type]
-}
-GOLDEN_RUNNERS["deepspec"] = GoldenRunner(
-    "deepspec", "deepspec", ("oracles.__init__", "oracles.recording", "oracles.deepspec", "traces.normalize"),
-    cases=lambda: deepspec_cases(),
-    identity=lambda: deepspec_identity(),
-)
-GOLDEN_RUNNERS["mlx_vlm_mtp"] = GoldenRunner(
-    "mlx_vlm_mtp", "mlx-vlm",
-    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.draft_goldens"),
-    cases=lambda: _draft_goldens().mtp_draft_cases(),
-    produce=lambda case: _draft_goldens().produce_mlx_vlm_mtp(case),
-    requires="mlx_vlm",
-)
-GOLDEN_RUNNERS["mlx_vlm_native_mtp"] = GoldenRunner(
-    "mlx_vlm_native_mtp", "mlx-vlm",
-    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "oracles.mlx_vlm_native_mtp",
-     "specparity.draft_goldens"),
-    cases=lambda: _draft_goldens().native_draft_cases(),
-    produce=lambda case: _draft_goldens().produce_mlx_vlm_native_mtp(case),
-    requires="mlx_vlm_native_mtp",
-)
-GOLDEN_RUNNERS["mlx_vlm_assistant"] = GoldenRunner(
-    "mlx_vlm_assistant", "mlx-vlm",
-    ("oracles.__init__", "oracles.drafts", "oracles.mlx_vlm", "specparity.draft_goldens"),
-    cases=lambda: _draft_goldens().assistant_draft_cases(),
-    produce=lambda case: _draft_goldens().produce_mlx_vlm_assistant(case),
-    requires="mlx_vlm",
-)
-GOLDEN_RUNNERS["optiq_assistant"] = GoldenRunner(
-    "optiq_assistant", "mlx-optiq",
-    ("oracles.__init__", "oracles.recording", "oracles.drafts", "oracles.optiq", "traces.normalize",
-     "specparity.draft_goldens"),
-    cases=lambda: _draft_goldens().assistant_draft_cases(),
-    produce=lambda case: _draft_goldens().produce_optiq_assistant(case),
-    requires="optiq",
-)
-"""Which runners have goldens. Add e.g. ``"optiq": GoldenRunner("optiq",
-"mlx-optiq", ("oracles.__init__", "oracles.optiq"), cases=optiq_cases)``."""
-
-
-def _draft_goldens() -> Any:
-    from specparity import draft_goldens
-
-    return draft_goldens
-
-
-def deepspec_identity() -> dict[str, str | None]:
-    """DeepSpec's golden identity: the checkout's commit (``DEEPSPEC_PATH``: ``.deepspec-commit``
-    or ``git rev-parse HEAD``) and, as its version, the torch/transformers it runs on. None where
-    unknown here (no ``DEEPSPEC_PATH``, or no torch): such a field is not checked."""
-    from oracles.deepspec import checkout_commit
-
-    commit = checkout_commit()
-    torch, tf = package_version("torch"), package_version("transformers")
-    return {"version": f"torch {torch}, transformers {tf}" if commit and torch and tf else None,
-            "commit": commit}
-
-
-DEEPSPEC_PROMPTS = ("nat-03", "nat-09", "nat-22", "rnd-14", "rnd-15")
-DEEPSPEC_MAX_TOKENS = 14
-
-
-def deepspec_cases() -> list[Any]:
-    """DeepSpec (torch) goldens: the zoo ``gemma4`` target + its DeepSpec-format drafter
-    (block 4), confidence thresholds 0 and 0.5, five prompts short enough that prompt +
-    budget + block stays inside the target's 32-token sliding window, 14 tokens; plus
-    EOS-inside-accepted-drafts cases (an extra EOS id, 281, that the drafter proposes
-    and the target accepts mid-block); plus the non-K≡V drafter (v_proj + v_norm).
-    Regenerate with DeepSpec present (README "DSpark block drafters")."""
-    from specparity.cases import Case
-
-    out = [Case("gemma4", f"deepspec-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, source="deepspec")
-           for t in ("0", "0.5") for p in DEEPSPEC_PROMPTS]
-    out += [Case("gemma4", f"deepspec-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, eos_ids=(1, 281), source="deepspec")
-            for t in ("0", "0.5") for p in ("nat-09", "nat-03")]
-    # the v_proj + v_norm path (attention_k_eq_v False), taps [0]: also run by mlx-vlm
-    out += [Case("gemma4", f"deepspec-kv-t{t}", p, 4, DEEPSPEC_MAX_TOKENS, source="deepspec")
-            for t in ("0", "0.5") for p in ("nat-03", "rnd-14")]
-    return out
-
-
-@cache
-def _trimmable(target: str) -> bool:
-    """Whether the zoo target's prompt cache can be trimmed (mlx-lm's
-    ``speculative_generate_step`` refuses a target whose cache cannot)."""
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-    import zoo
-    from specparity.runners import load_model
-
-    return bool(can_trim_prompt_cache(make_prompt_cache(load_model(str(zoo.model_dir(target))).model)))
-
-
-def _runs(runner: str, case: Any) -> bool:
-    """Whether the registry's runner implements the case (``specparity.runners.registry``):
-    a golden is never a plain decode recorded under a speculative label."""
-    from specparity.runners import registry
-
-    return registry.supports(runner, case)
+# ------------------------------------------------------------- which goldens exist
 
 
 def golden_key(runner: str, case: Any) -> str:
@@ -298,23 +101,16 @@ def golden_path(golden_dir: Path, key: str) -> Path:
 def golden_cases(runners: Iterable[str] | None = None) -> dict[str, tuple[str, Any]]:
     """``{key: (runner, case)}`` for every golden the registry expects."""
     out: dict[str, tuple[str, Any]] = {}
-    for name in runners if runners is not None else GOLDEN_RUNNERS:
-        info = GOLDEN_RUNNERS[name]
+    for name in runners if runners is not None else golden_sets():
+        info = golden_sets()[name]
         for case in info.cases():
-            if info.supports(case) and (info.produce is not None or _runs(name, case)):
+            # a golden is never a plain decode recorded under a speculative label
+            if info.supports(case) and (info.produce is not None or supports(name, case)):
                 out[golden_key(name, case)] = (name, case)
     return out
 
 
 # ------------------------------------------------------------------------ inputs
-
-
-def package_version(dist: str) -> str | None:
-    """Installed version of distribution ``dist``, or None when absent."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def package_commit(dist: str) -> str | None:
@@ -411,7 +207,7 @@ class InputsContext:
 
     def runner_code(self, runner: str) -> str:
         if runner not in self._code:
-            r = GOLDEN_RUNNERS[runner]
+            r = golden_sets()[runner]
             self._code[runner] = code_digest(r.code_modules, r.code_exclude)
         return self._code[runner]
 
@@ -424,7 +220,7 @@ class InputsContext:
         import zoo
         from specparity.runners import case_params
 
-        info = GOLDEN_RUNNERS[runner]
+        info = golden_sets()[runner]
         if case.drafter is not None and case.source in ("mtp", "assistant"):
             drafter = _head_identity(case.drafter)  # a zoo head (draft goldens)
         elif case.drafter is not None and case.source == "native-mtp":
@@ -533,9 +329,9 @@ def save_manifest(manifest: dict[str, Any], golden_dir: Path | str = GOLDEN_DIR)
     Inside ``regen`` (which holds the lock for its whole read-modify-write) the
     lock is this process's already; a standalone call takes it for this one
     write, so a manifest is never written while another process holds it
-    (``specparity.outdir.Busy``).
+    (``specparity.cli.outdir.Busy``).
     """
-    from specparity.outdir import DirLock
+    from specparity.cli.outdir import DirLock
 
     d = Path(golden_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -555,7 +351,7 @@ class GoldenLockError(RuntimeError):
 
 
 def lock_held(golden_dir: Path | str) -> bool:
-    """Whether THIS process holds ``golden_dir``'s lock (``specparity.outdir.DirLock``).
+    """Whether THIS process holds ``golden_dir``'s lock (``specparity.cli.outdir.DirLock``).
 
     The kernel's view, not a flag: the lock file's ``flock`` is taken (a probe
     on a new descriptor is refused, even in the holder's own process) and the
@@ -564,7 +360,7 @@ def lock_held(golden_dir: Path | str) -> bool:
     import fcntl
     import os
 
-    from specparity.outdir import LOCK_NAME
+    from specparity.cli.outdir import LOCK_NAME
 
     try:
         fd = os.open(Path(golden_dir) / LOCK_NAME, os.O_RDONLY)
@@ -591,7 +387,7 @@ def assert_lock_held(golden_dir: Path | str, what: str) -> None:
     if not lock_held(golden_dir):
         raise GoldenLockError(f"{what} in {golden_dir} would be written without holding the "
                               "directory's lock (.specparity.lock): every golden, manifest and "
-                              "journal write happens inside specparity.regen.regen's lock")
+                              "journal write happens inside specparity.goldens.regen.regen's lock")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -694,7 +490,7 @@ def check_goldens(
             continue
         recorded = entry.get("inputs") or {}
         unknown: tuple[str, ...] = ()
-        if GOLDEN_RUNNERS[runner].identity is not None:  # a checkout: each field unknown on its own
+        if golden_sets()[runner].identity is not None:  # a checkout: each field unknown on its own
             unknown = tuple(k for k in ("version", "commit") if current["runner"][k] is None)
         elif current["runner"]["version"] is None:  # package absent: cannot check it
             unknown = ("version", "commit")
@@ -705,7 +501,7 @@ def check_goldens(
         if reasons:
             problems.append(GoldenProblem(key, "stale", tuple(reasons)))
     if keys is None:
-        prefixes = tuple(f"{r}/" for r in (runners if runners is not None else GOLDEN_RUNNERS))
+        prefixes = tuple(f"{r}/" for r in (runners if runners is not None else golden_sets()))
         for key in entries:
             if key.startswith(prefixes) and key not in expected:
                 problems.append(GoldenProblem(key, "unregistered", (
@@ -737,13 +533,13 @@ class GoldenComparison:
 
 
 def _registered(runner: str, case: Any) -> bool:
-    info = GOLDEN_RUNNERS[runner]
+    info = golden_sets()[runner]
     return any(c == case for c in _cases_of(runner)) and info.supports(case)
 
 
 @cache
 def _cases_of(runner: str) -> tuple[Any, ...]:
-    return tuple(GOLDEN_RUNNERS[runner].cases())
+    return tuple(golden_sets()[runner].cases())
 
 
 def compare_to_goldens(
@@ -777,7 +573,7 @@ def compare_to_goldens(
         witness = numerics_witness()
     bad = {p.key: p for p in problems}
     out: list[GoldenComparison] = []
-    for runner in runners if runners is not None else GOLDEN_RUNNERS:
+    for runner in runners if runners is not None else golden_sets():
         key = golden_key(runner, case)
         if runners is None and not _registered(runner, case):
             continue  # a runner whose registry has no such case (e.g. deepspec for two-model cases)

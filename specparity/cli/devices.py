@@ -4,7 +4,7 @@ The device is process-wide: every model call of the command (engine, live
 references, plain decode, serial replays) runs on it, so a GPU run compares
 engine vs references and speculative vs plain on the same device. Trace headers
 record it (``platform.device``, plus ``platform.backend`` off the CPU:
-``traces.records.platform_info``). Goldens are CPU traces (``specparity/goldens.py``).
+``traces.records.platform_info``). Goldens are CPU traces (``specparity/goldens/manifest.py``).
 """
 
 from __future__ import annotations
