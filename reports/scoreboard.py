@@ -336,7 +336,7 @@ def readme_served(docs: list[dict[str, Any]]) -> str:
              "cause) or why not graded |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for d in servers:
-        name = f"{d['engine'].removeprefix('server:')} {d.get('version') or ''}".strip()
+        name = f"{d['engine']} {d.get('version') or ''}".strip()
         name += " (stale)" if d.get("stale") else ""
         model = _model_name(d)
         if not d.get("available", True):

@@ -1,7 +1,7 @@
 """The one HTTP client every server-facing check uses (``grade --server`` / ``--serve``).
 
 Every request to an OpenAI-compatible server made by ``subjects/served.py`` and
-``specparity/served.py`` goes through :class:`HttpClient`; nothing else in the
+``specparity/grading/http_servers.py`` goes through :class:`HttpClient`; nothing else in the
 harness opens a connection to a server. What it promises:
 
 - **A deadline per request**, not per socket read: the whole exchange (connect,

@@ -15,7 +15,7 @@ The request and response shapes are those of mlx-lm 0.32.2 ``mlx_lm/server.py``
 through the one bounded client, ``subjects/http_client.py``.
 
 A server exposes no rounds, so it is judged against a :class:`Reference`
-computed in process by the grader (``specparity/served.py``: plain greedy decode
+computed in process by the grader (``specparity/grading/http_servers.py``: plain greedy decode
 of the same weights on the prompt the server builds — the tokenizer's encoding,
 the token ids sent, its chat template or mlx-lm's ``convert_chat``).
 

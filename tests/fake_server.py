@@ -1,7 +1,7 @@
 """A test double of an OpenAI-compatible server over real in-process decode, with planted bugs.
 
 Not a server users grade (it lives under ``tests/``): the served checks
-(``subjects/served.py``) and the grader (``specparity/served.py``) are tested
+(``subjects/served.py``) and the grader (``specparity/grading/http_servers.py``) are tested
 against it. It speaks the API of mlx-lm 0.32.2 ``mlx_lm/server.py`` with the same
 response shapes (``APIHandler.generate_response`` / ``handle_completion`` /
 ``completion_usage_response`` / ``handle_health_check``: ``/v1/completions`` with
@@ -638,7 +638,7 @@ if __name__ == "__main__":
 
 
 class Shared:
-    """A launcher for ``specparity.served.grade_arms`` over long-lived fake server processes.
+    """A launcher for ``specparity.grading.http_servers.grade_arms`` over long-lived fake server processes.
 
     One ``python -m tests.fake_server --control`` process per (model, draft) is started once
     and kept (a model loads in seconds; MLX streams belong to a thread, so the fake cannot share
@@ -660,7 +660,7 @@ class Shared:
     def port(self, draft: str | None) -> int:
         import subprocess
 
-        from specparity.served import free_port
+        from specparity.grading.http_servers import free_port
 
         key = (self.model, draft)
         if key not in self.procs:
@@ -684,7 +684,7 @@ class Shared:
     def __call__(self, arm: str, draft: str | None, cache_off: bool) -> Any:
         import contextlib
 
-        from specparity.served import Launch, ServeFailed
+        from specparity.grading.http_servers import Launch, ServeFailed
         from subjects.http_client import HttpClient, Limits
 
         @contextlib.contextmanager

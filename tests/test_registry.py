@@ -228,7 +228,7 @@ def _flag_help(command: str, flag: str) -> str:
 
 
 def _servers_graded() -> list[str]:
-    from specparity.served import SERVERS
+    from subjects.server_rows import SERVERS
 
     return [n for n in registry.names("server") if not SERVERS[n].test_double]
 

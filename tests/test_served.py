@@ -1,4 +1,4 @@
-"""Served engines (subjects/served.py, specparity/served.py) on the fake server, loopback only.
+"""Served engines (subjects/served.py, specparity/grading/http_servers.py) on the fake server, loopback only.
 
 The fake (``tests/fake_server.py``) is a real server's double: batched (requests in
 flight together), a streaming detokenizer, bf16-rounded logprobs, a prompt cache,
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from specparity.served import (
+from specparity.grading.http_servers import (
     SERVERS,
     ServedEngine,
     ServeFailed,
@@ -300,7 +300,7 @@ def test_a_server_without_a_tool_parser_is_n_a_for_tool_calls(tmpl, fakes) -> No
 def test_the_all_reject_drafter_has_zero_weights_and_applies_to_two_model_spec_arms_only(pair) -> None:
     import mlx.core as mx
 
-    from specparity.served import grade_arm
+    from specparity.grading.http_servers import grade_arm
 
     d = rejecting_drafter(pair[1], pair[1].parent)
     assert d == rejecting_drafter(pair[1], pair[1].parent) and d.parent == pair[1].parent and json.loads((d / "config.json").read_text()) == json.loads(
@@ -411,7 +411,7 @@ def test_exit_codes_tell_findings_from_nothing_graded() -> None:
 
 
 def test_attribution_without_a_rerun() -> None:
-    from specparity.served import ArmResult, attribute
+    from specparity.grading.http_servers import ArmResult, attribute
     from subjects.served import CellResult
 
     def arm(states, cache):
@@ -478,7 +478,7 @@ def test_a_server_that_generates_nothing_on_the_warm_up_did_not_start(tmp_path) 
 
 
 def test_prompts_file_feeds_the_plan(pair, tmp_path) -> None:
-    from specparity.served import prompts_from_file
+    from specparity.grading.http_servers import prompts_from_file
     from tests.foreign import WORDS
 
     f = tmp_path / "p.txt"
@@ -506,7 +506,7 @@ def test_cli_serve_writes_named_results_and_scoreboard_and_leaves_nothing_runnin
     assert doc["model"]["name"] == f"$MODELS/{target.name}" and "path" not in doc["model"], doc["model"]
     assert str(target) not in json.dumps(doc), "a machine path in the committed row"
     md = (tmp_path / "o" / "scoreboard.md").read_text()
-    assert "## Served engines" in md and "server:fake" in md
+    assert "## Served engines" in md and "| fake " in md
     assert not _pids_with(str(target))
 
 
@@ -610,7 +610,7 @@ def test_cli_usage_errors_are_one_line_and_never_echo_credentials(args, msg) -> 
 def test_every_server_is_a_registry_runner_of_kind_server() -> None:
     """One registry: `grade --serve` takes exactly the registry's servers, graded elsewhere (not per case)."""
     from specparity.runners import registry
-    from specparity.served import availability
+    from subjects.server_rows import availability
 
     assert registry.names("server") == list(SERVERS)
     for name in SERVERS:
@@ -623,19 +623,19 @@ def test_every_server_is_a_registry_runner_of_kind_server() -> None:
 def test_scoreboard_renders_four_states_attribution_and_no_secret(tmp_path) -> None:
     from reports.scoreboard import failures, render_html, render_markdown
 
-    doc = {"engine": "server:fake", "kind": "server", "version": "1", "tox_env": "py311", "available": True,
+    doc = {"engine": "fake", "kind": "server", "version": "1", "tox_env": "py311", "available": True,
            "platform": {}, "model": {"name": "phi3-tiny"}, "checks": list(SERVER_CHECKS),
            "blame": {"budget": "cache × speculation: passes when rerun with the prompt cache off"},
            "modes": {"spec": {"note": "n", "targets": ["phi3-tiny"], "checks": {
                "budget": {"status": "fail", "detail": "max_tokens=2: 3 tokens", "case": "budget: POST /v1/x",
                           "attribution": "cache × speculation: passes when rerun with the prompt cache off",
-                          "reproduce": "python -m specparity.served --server http://u:pw@127.0.0.1:1 --check budget"},
+                          "reproduce": "python -m specparity.grading.http_servers --server http://u:pw@127.0.0.1:1 --check budget"},
                "identity": {"status": "cannot-grade", "detail": "server did not start: boom", "log": "E: no"},
                "stop": {"status": "not-engaged", "detail": "passed, but speculation was not engaged"},
                "eos": {"status": "unsupported", "detail": "no EOS"},
                "usage": {"status": "pass", "detail": "ok"}}}}}
     md = render_markdown([doc])
-    assert "| server:fake 1 | phi3-tiny | spec |" in md
+    assert "| fake 1 | phi3-tiny | spec |" in md
     assert "cannot grade: server did not start" in md and "**FAIL**" in md and "not engaged" in md
     assert "pw" not in md.replace("pwd", "") and "u:pw@" not in render_html([doc])
     f = failures([doc])

@@ -38,7 +38,7 @@ def test_the_committed_scoreboard_is_generated_from_its_rows() -> None:
 
 
 def _row(engine: str, arms: dict[str, dict[str, str]], **kw) -> dict:
-    return {"engine": f"server:{engine}", "kind": "server", "version": "1", "available": True, "platform": {},
+    return {"engine": engine, "kind": "server", "version": "1", "available": True, "platform": {},
             "model": {"name": "m"}, "checks": sorted({c for a in arms.values() for c in a}), **kw,
             "modes": {arm: {"checks": {c: {"status": s, "detail": f"{c} detail", **(
                 {"attribution": "cache × speculation: passes when rerun"} if s == "fail" and arm == "spec" else {})}

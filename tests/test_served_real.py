@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from specparity.served import SERVERS, grade_served
+from specparity.grading.http_servers import grade_served
+from subjects.server_rows import SERVERS
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "docs" / "scoreboard"

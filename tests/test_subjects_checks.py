@@ -314,10 +314,8 @@ def test_registry_names_every_package_and_reports_missing_ones() -> None:
 
 
 def runner_of(row: dict[str, Any]) -> str:
-    """The registry name of a scoreboard row's engine (what known entries are keyed by): a served
-    result's engine is labelled ``server:NAME`` by specparity/served.py (issue 34: the lead drops
-    the label when it moves the job; then this is ``row["engine"]``)."""
-    return str(row["engine"]).removeprefix("server:")
+    """The registry name of a scoreboard row's engine (what known entries are keyed by)."""
+    return str(row["engine"])
 
 
 def test_every_committed_failure_has_a_known_subject_entry() -> None:

@@ -9,7 +9,7 @@ the header's paths, checked against the header's digests) and compared with
 the same verdict table, diffs and report as ``specparity run``.
 
 ``--server URL`` / ``--serve NAME`` grade an OpenAI-compatible server
-(``specparity.served.grade_server_main``). ``--engine NAME`` grades a
+(``specparity.grading.http_servers.grade_server_main``). ``--engine NAME`` grades a
 registered third-party engine instead: it is run on
 the cases first and its traces graded (``specparity.grading.engines.grade_engine_main``).
 """
@@ -25,6 +25,14 @@ NAME = "grade"
 HELP = "grade a folder of traces from any engine (or --engine NAME) against plain decode and the references"
 
 
+def _servers() -> list[str]:
+    """The servers ``--serve`` starts: the registry's runners of kind ``server``, the test double left out."""
+    from specparity.runners import registry
+    from subjects.server_rows import SERVERS
+
+    return [n for n in registry.names("server") if not SERVERS[n].test_double]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=existing_dir, nargs="?", default=None,
                    help="folder of engine traces (*.jsonl, searched recursively)")
@@ -34,9 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"run the registered third-party engine NAME ({', '.join(registry.names('subject'))}; "
                         "or all) on the cases and grade it (see specparity.grading.engines)")
     p.add_argument("--server", default=None, metavar="URL",
-                   help="grade a running OpenAI-compatible server (with --model; specparity.served)")
+                   help="grade a running OpenAI-compatible server (with --model; specparity.grading.http_servers)")
     p.add_argument("--serve", default=None, metavar="NAME",
-                   help="start server NAME (mlx-lm, vllm-mlx, fusion-mlx, qmlx-serve, flyto-mlx, rapid-mlx, yunshu) on "
+                   help=f"start server NAME ({', '.join(_servers())}) on "
                         "127.0.0.1 with --model [--draft], grade it with and without the drafter, stop it "
                         "(exit 0 all graded cells pass, 1 a finding, 3 nothing could be graded)")
     p.add_argument("--model", default=None, metavar="PATH", help="the served model dir (or zoo name)")
@@ -51,14 +59,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run the re-runs on Ray (local when no ADDRESS)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    from specparity.served import add_server_arguments
+    from specparity.grading.http_servers import add_server_arguments
 
     add_server_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
     if args.server is not None or args.serve is not None:
-        from specparity.served import grade_server_main
+        from specparity.grading.http_servers import grade_server_main
 
         return int(grade_server_main(args))
     if args.engine is not None:

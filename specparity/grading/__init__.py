@@ -6,5 +6,5 @@
 - ``native_mtp_conventions.py``: an engine's native-MTP head calls (captured by
   ``subjects/mtp_conventions.py``) recomputed under each named convention.
 
-(The served engines' job, ``grade --serve``, is ``specparity/served.py`` for now.)
+(The served engines' job, ``grade --serve``, is ``specparity/grading/http_servers.py`` for now.)
 """

@@ -284,7 +284,7 @@ def grade_engine_main(args: argparse.Namespace) -> int:
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
     from specparity.cli.outdir import add_outputs
 
-    with add_outputs(out, "specparity grade --engine", recognise=_engine_output) as claim:
+    with add_outputs(out, "specparity grade --engine", recognise=engine_output) as claim:
         for n in names:  # refused before any engine runs if one of these is not ours
             claim.check(out / f"{n}.json")
         for name in ("scoreboard.md", "scoreboard.html"):
@@ -292,7 +292,7 @@ def grade_engine_main(args: argparse.Namespace) -> int:
         return _grade_engines(args, names, out, claim)
 
 
-def _engine_output(p: Path) -> bool:
+def engine_output(p: Path) -> bool:
     """Whether an existing file is one ``grade --engine`` wrote (before output markers existed)."""
     from specparity.cli.args import is_trace, read_small_json
 

@@ -1,10 +1,10 @@
-"""Runner declarations of the HTTP-served engines: one per ``specparity.served.SERVERS`` row.
+"""Runner declarations of the HTTP-served engines: one per ``subjects.server_rows.SERVERS`` row.
 
 A server is graded black-box over its OpenAI-compatible API by ``specparity grade
 --serve NAME --model PATH [--draft PATH]`` (started on 127.0.0.1, stopped after) or
 ``--server URL``, with and without speculation, on the checks of ``subjects/served.py``;
 it exposes no rounds, so it is not run per case. How each server is started (its argv,
-its tox environment) is its ``ServedEngine`` row in ``specparity/served.py``; this
+its tox environment) is its ``ServedEngine`` row in ``specparity/grading/http_servers.py``; this
 module turns every row into a runner of kind ``server``.
 """
 
@@ -17,7 +17,7 @@ from specparity.runners.registry import Runner
 
 def _available(name: str) -> Callable[[], tuple[bool, str]]:
     def check() -> tuple[bool, str]:
-        from specparity.served import availability
+        from subjects.server_rows import availability
 
         return availability(name)
 
@@ -25,7 +25,7 @@ def _available(name: str) -> Callable[[], tuple[bool, str]]:
 
 
 def _runners() -> tuple[Runner, ...]:
-    from specparity.served import SERVERS
+    from subjects.server_rows import SERVERS
 
     return tuple(
         Runner(

@@ -51,7 +51,7 @@ or ``$MODELS/<dir>``, and their digests, never a machine path) and regenerates
 :func:`grade_served` (one server, all arms, a result document), :func:`grade_arms`
 (any launcher: the tests start the fake in process) and :data:`SERVERS`.
 
-Reproduce one check: ``python -m specparity.served --serve NAME --model M
+Reproduce one check: ``python -m specparity.grading.http_servers --serve NAME --model M
 [--draft D] --check CHECK`` (the cell's ``reproduce``).
 """
 
@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import importlib.util
 import os
 import re
 import shlex
@@ -92,6 +91,7 @@ from subjects.served import (
     send,
     speculation_cell,
 )
+from subjects.server_rows import SERVERS, ServedEngine, availability, server_bin  # noqa: F401  (the rows the job grades)
 
 DEFAULT_OUT = Path("runs/grade-servers")
 STARTUP_TIMEOUT = 180.0
@@ -104,141 +104,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _log(msg: str) -> None:
     print(f"[grade] {redact(msg)}", file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------ servers
-
-
-@dataclass(frozen=True)
-class ServedEngine:
-    """A server ``--serve`` can start: its package, how to start it, where it runs."""
-
-    name: str
-    package: str  # the pip requirement of its tox environment
-    module: str  # importable when installed here
-    tox_env: str
-    argv: Callable[[str, str | None, int], list[str]]
-    note: str = ""
-    exe: str | None = None  # a console script (in $SPECPARITY_SERVER_BIN when set), else ``module`` is imported
-    spec_without_draft: bool = False  # a model-free speculative mode: the spec arm runs without --draft
-    cache_off: tuple[str, ...] | None = None  # the flags that turn its prompt cache off (None: it has none)
-    defaults_off: tuple[str, ...] = ()  # flags always passed: its lossy or surprising defaults turned off
-    test_double: bool = False  # a double for the harness's own tests (a checkout only), not a server to grade
-
-    def available(self) -> bool:
-        if self.exe is not None:
-            return shutil.which(server_bin(self.exe)) is not None
-        try:
-            return importlib.util.find_spec(self.module) is not None
-        except (ImportError, ValueError):
-            return False
-
-    def command(self, model: str, draft: str | None, port: int, *, cache_off: bool = False,
-                extra: Sequence[str] = ()) -> list[str]:
-        off = list(self.cache_off) if cache_off and self.cache_off else []
-        return [*self.argv(model, draft, port), *self.defaults_off, *off, *extra]
-
-
-def _mlx_lm(model: str, draft: str | None, port: int) -> list[str]:
-    extra = ["--draft-model", draft, "--num-draft-tokens", "3"] if draft else []
-    return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "WARNING", *extra]
-
-
-def _fake(model: str, draft: str | None, port: int) -> list[str]:
-    extra = ["--draft-model", draft] if draft else []
-    return [sys.executable, "-m", "tests.fake_server", "--model", model, "--port", str(port), *extra]
-
-
-def server_bin(exe: str) -> str:
-    """``exe`` from ``$SPECPARITY_SERVER_BIN`` (the server's own virtualenv: its pins conflict with ours)."""
-    d = os.environ.get("SPECPARITY_SERVER_BIN")
-    return str(Path(d) / exe) if d else exe
-
-
-def _model_dir(model: str) -> str:
-    """A fresh folder whose one subdirectory ``default_model`` links to ``model`` (servers that
-    serve every subdirectory of ``--model-dir`` by its name)."""
-    d = Path(tempfile.mkdtemp(prefix="specparity-models-"))
-    (d / "default_model").symlink_to(Path(model).resolve(), target_is_directory=True)
-    atexit.register(shutil.rmtree, d, ignore_errors=True)  # the link only, never the model
-    return str(d)
-
-
-def _cli(exe: str, *serve: str, plain: Sequence[str] = (), spec: Sequence[str] = (),
-         model_dir: bool = False) -> Callable[[str, str | None, int], list[str]]:
-    """``EXE SERVE... MODEL --host 127.0.0.1 --port P`` + the plain arm's or the speculative arm's flags
-    (``spec``: ``{draft}`` is replaced by the draft path); ``model_dir``: ``--model-dir DIR`` instead
-    of ``MODEL``, the model linked as ``DIR/default_model``."""
-    def argv(model: str, draft: str | None, port: int) -> list[str]:
-        extra = [a.replace("{draft}", draft) for a in spec] if draft else list(plain)
-        m = ["--model-dir", _model_dir(model)] if model_dir else [model]
-        return [server_bin(exe), *serve, *m, "--host", "127.0.0.1", "--port", str(port), *extra]
-
-    return argv
-
-
-KEY = ["--api-key", "specparity-local"]  # the bearer token subjects.http_client sends by default
-SUFFIX = '{"method":"suffix","num_speculative_tokens":4}'
-
-SERVERS: dict[str, ServedEngine] = {
-    s.name: s for s in (
-        ServedEngine("mlx-lm", "mlx-lm==0.32.2", "mlx_lm.server", "server-mlx-lm", _mlx_lm,
-                     note="mlx_lm.server (BatchGenerator without a drafter; stream_generate with --draft-model)",
-                     cache_off=("--prompt-cache-size", "0")),
-        ServedEngine("vllm-mlx", "vllm-mlx==0.6.0", "vllm_mlx", "server-vllm-mlx",
-                     _cli("vllm-mlx", "serve", plain=["--served-model-name", "default_model"]), exe="vllm-mlx",
-                     note="vllm-mlx serve (no two-model drafter: plain arm only)"),
-        ServedEngine("fusion-mlx", "fusion-mlx==0.10.24", "fusion_mlx", "server-fusion-mlx",
-                     _cli("fusion-mlx", "serve", model_dir=True, plain=[*KEY, "--no-spec-decode"]),
-                     exe="fusion-mlx", cache_off=("--no-prefix-cache",),
-                     # its defaults: an int4 KV cache (lossy), the 'standard' profile (mounts mlx-vlm engines),
-                     # `--spec-decode` auto-selection: turned off and named in its row
-                     defaults_off=("--kv-cache-dtype", "bf16", "--profile", "lite", "--spec-decode", "none"),
-                     note="fusion-mlx serve --model-dir (speculation needs MTP/DFlash/DSpark drafters: plain arm only)"),
-        ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve",
-                     _cli("qmlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
-                          spec=["--served-model-name", "default_model", "--speculative-config", SUFFIX]),
-                     exe="qmlx", spec_without_draft=True,
-                     note="qmlx serve; spec arm: model-free SuffixDecoding (--speculative-config suffix, 4 tokens)"),
-        ServedEngine("flyto-mlx", "flyto-mlx==0.7.0", "omlx", "server-flyto-mlx",
-                     _cli("omlx", "serve", model_dir=True), exe="omlx",
-                     note="omlx serve --model-dir (flyto-mlx's oMLX server; no two-model drafter: plain arm only)"),
-        ServedEngine("rapid-mlx", "rapid-mlx==0.16.10", "rapid_mlx", "server-rapid-mlx",
-                     _cli("rapid-mlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
-                          spec=["--served-model-name", "default_model", "--speculative-config", SUFFIX]),
-                     exe="rapid-mlx", spec_without_draft=True, cache_off=("--disable-prefix-cache",),
-                     # its defaults: caches written to / read from disk, model downloads, a pre-download check
-                     defaults_off=("--kv-cache-dtype", "bf16", "--disable-disk-caches", "--disable-model-downloads",
-                                   "--no-preflight"),
-                     note="rapid-mlx serve; spec arm: model-free SuffixDecoding (--speculative-config suffix, 4 tokens)"),
-        ServedEngine("yunshu", "yunshu==0.1.5", "yunshu_engine", "server-yunshu",
-                     _cli("yunshu", "serve", plain=["--no-console"],
-                          spec=["--no-console", "--set", "YUNSHU_NGRAM_DEFAULT=true"]),
-                     exe="yunshu", spec_without_draft=True,
-                     # its defaults: KV quantization chosen per request (a tiny model's dims read as 0: int8 KV,
-                     # which fails on head_dim 12) and a prefix cache persisted to disk: turned off
-                     defaults_off=("--set", "YUNSHU_KV_QUANT_BITS=off", "--set", "YUNSHU_SSD_CACHE=false"),
-                     note="yunshu serve (Python >= 3.13); spec arm: its lossless n-gram speculation on greedy "
-                          "requests (YUNSHU_NGRAM_DEFAULT=true); counters from its /metrics"),
-        ServedEngine("fake", "specparity", "tests.fake_server", "py311", _fake,
-                     note="tests/fake_server.py: the harness's test double (a checkout only; "
-                          "SPECPARITY_FAKE_SERVER_BUG plants a bug)",
-                     cache_off=("--prompt-cache-size", "0"), test_double=True),
-    )
-}
-
-
-def availability(name: str) -> tuple[bool, str]:
-    """(available, reason) for ``--serve name``: what a runner registry needs to list it."""
-    eng = SERVERS.get(name)
-    if eng is None:
-        return False, f"unknown server {name!r}; known: {', '.join(SERVERS)}"
-    if not eng.available():
-        if eng.test_double:
-            return False, "the test double lives in the repository's tests/ (run from a checkout)"
-        return False, f"{eng.package} is not installed here; run: tox -e {eng.tox_env}"
-    return True, "ok"
 
 
 class ServeFailed(RuntimeError):
@@ -765,7 +630,7 @@ def reproduce_cmd(name: str, model: str, draft: str | None, arm: str, check: str
     d = f" --draft {draft}" if draft and arm == "spec" else ""
     extra = "".join(f" {shlex.quote('--serve-arg=' + a)}" for a in serve_args)
     extra += "".join(f" --serve-env {shlex.quote(e.split('=', 1)[0] + '=…')}" for e in serve_env)
-    cmd = f"python -m specparity.served {where} --model {model}{d} --check {check}{extra}"
+    cmd = f"python -m specparity.grading.http_servers {where} --model {model}{d} --check {check}{extra}"
     if url or name == "fake":
         return cmd
     return f"tox exec -e {SERVERS[name].tox_env} -- {cmd}"
@@ -820,7 +685,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
     dname = model_ref(draft, ddir) if draft and ddir else None
     env_keys = sorted((env or {}).keys())
     doc: dict[str, Any] = {
-        "engine": f"server:{name}" if serve else f"server:{redact(url or '')}", "kind": "server",
+        "engine": name if serve else redact(url or ""), "kind": "server",
         "package": eng.package.split("==")[0] if eng else None, "pinned": eng.package if eng else None,
         "tox_env": eng.tox_env if eng else None, "platform": platform_info(), "modes": {},
         "model": model_record(model, mdir), "draft": model_record(draft, ddir) if draft and ddir else None,
@@ -1010,9 +875,9 @@ def grade_server_main(args: argparse.Namespace) -> int:
 
 def _served_output(p: Path) -> bool:
     """A result, scoreboard or server log this command wrote before output markers existed."""
-    from specparity.grading.engines import _engine_output
+    from specparity.grading.engines import engine_output
 
-    if _engine_output(p):
+    if engine_output(p):
         return True
     if p.parent.name != "logs" or p.suffix != ".log" or not p.is_file():
         return False
@@ -1085,7 +950,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specparity.served", description="grade an OpenAI-compatible server")
+    p = argparse.ArgumentParser(prog="python -m specparity.grading.http_servers", description="grade an OpenAI-compatible server")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--server", default=None, metavar="URL")
     g.add_argument("--serve", default=None, metavar="NAME")
