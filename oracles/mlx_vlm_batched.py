@@ -32,8 +32,8 @@ row's verify window and its float32 logits: ``mtp._mtp_logits_from_hidden`` on t
 the verify output's logits for DFlash), the walks (each row's OWN accepted count, before any
 clamp) and ``commit_speculative_round`` (what the loop committed per row). The rows present at
 a step are the loop's own ``active_idx`` (read from its frame while it runs). Every row's stream
-is rebuilt from these records and must equal what the generator handed the consumer, else the
-run raises (an instrumentation mismatch is never graded).
+is rebuilt from these records and compared with what the generator handed the consumer
+(``RowRun.mismatch``: the first token a row received that its own walk did not emit for it).
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ class RowRun:
     finish: str  # "stop" (EOS) | "length"
     steps: list[RowStep] = field(default_factory=list)
     stream: list[int] = field(default_factory=list)  # as received, the EOS that ended it included
+    # the first output token where what the consumer received is not what the loop's walk emitted
+    # for this row ({"pos", "received", "walk"}), None when they agree
+    mismatch: dict[str, Any] | None = None
 
     def kept(self, index: int) -> tuple[list[int], bool]:
         """The tokens the consumer kept of step ``index`` (of :attr:`steps`) and whether that step
@@ -397,8 +400,10 @@ def run_batch(
 
 def _rebuild(row: int, loop_row: int, prompt: list[int], budget: int, stream: list[int], finish: str | None,
              steps: list[dict[str, Any]], eos: set[int]) -> RowRun:
-    """Row ``row`` (the loop's row ``loop_row``)'s steps from the loop's records; its stream rebuilt from them must equal what
-    the consumer received (RuntimeError otherwise: the instrumentation, never the subject)."""
+    """Row ``row`` (the loop's row ``loop_row``)'s steps from the loop's records. Its stream rebuilt
+    from the walks and commits should be what the consumer received; where it is not (the loop
+    handed a row tokens its own walk did not emit for it) :attr:`RowRun.mismatch` names the first
+    such output token and batch step, for the grading to report."""
     if not stream:
         raise RuntimeError(f"mlx_vlm_batched row {row}: no token received")
     out = RowRun(row, len(prompt), budget, [], "stop" if stream[-1] in eos else (finish or "length"))
@@ -421,7 +426,9 @@ def _rebuild(row: int, loop_row: int, prompt: list[int], budget: int, stream: li
         if t in eos or len(cut) >= budget:
             break
     if cut != stream:
-        raise RuntimeError(f"mlx_vlm_batched row {row}: rebuilt stream {cut} != received {stream}")
+        pos = next((i for i, (x, y) in enumerate(zip(cut, stream, strict=False)) if x != y), min(len(cut), len(stream)))
+        out.mismatch = {"pos": pos, "received": stream[pos] if pos < len(stream) else None,
+                        "walk": cut[pos] if pos < len(cut) else None}
     out.tokens = stream[:-1] if stream[-1] in eos else list(stream)
     out.stream = list(stream)
     # the steps whose tokens the consumer took (a row finished by its budget runs on until the

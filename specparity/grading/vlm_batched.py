@@ -156,15 +156,30 @@ def _weigh(batched: Any, alone: Any, pos: int, bound: float, reproduced: bool) -
     margins = [float(np.diff(np.sort(x)[-2:])[0]) for x in (la, lb)]
     ev = [f"the two verify rows differ by |Δ| {delta:.3g} (stated bound {bound:g})",
           f"each run's token is its own row's pick: {picks}; top-2 margins {margins[0]:.3g} / {margins[1]:.3g}",
-          f"both runs reproduce on a re-run: {reproduced}"]
+          (f"both runs reproduce on a re-run: {reproduced}" if bound > 0 else
+           "the backend is bit-exact (stated bound 0): no arithmetic explains a flip")]
     ok = bound > 0 and reproduced and delta <= 2 * bound and all(picks) and min(margins) <= 2 * delta
     return ("numerics" if ok else "logic"), ev
+
+
+def stream_problem(pair: str, prompt: str, batch: int, row: Any, against: str) -> RowVerdict | None:
+    """A row handed tokens its own walk did not emit for it (``RowRun.mismatch``): logic."""
+    m = row.mismatch
+    if m is None:
+        return None
+    return RowVerdict(pair, row.row, prompt, batch, against, "logic",
+                      f"row r{row.row} ({prompt}) at B = {batch}: output token {m['pos']}, {_where(row, m['pos'])}: "
+                      f"the consumer received {m['received']} but the loop's walk emitted {m['walk']} for this row")
 
 
 def compare_rows(pair: str, prompt: str, batch: int, batched: Any, alone: Any, *, against: str = "B=1",
                  bound: float = 0.0, reproduced: bool = False) -> RowVerdict:
     """A captured row (``oracles.mlx_vlm_batched.RowRun``) against ``alone``: the first differing
     output token, named by row, prompt, batch step and the rows present; identical / numerics / logic."""
+    for r, n in ((batched, batch), (alone, 1)):
+        bad = stream_problem(pair, prompt, n, r, against)
+        if bad is not None:
+            return bad
     i = first_divergence(batched.tokens, alone.tokens)
     if i is None and batched.finish == alone.finish:
         return RowVerdict(pair, batched.row, prompt, batch, against, "identical",
@@ -185,6 +200,9 @@ def compare_rows(pair: str, prompt: str, batch: int, batched: Any, alone: Any, *
 
 def compare_tokens(pair: str, prompt: str, batch: int, row: Any, engine_ids: list[int]) -> RowVerdict:
     """A captured row's content tokens against the engine's serial ``output_ids`` (greedy, lossless)."""
+    bad = stream_problem(pair, prompt, batch, row, "engine serial")
+    if bad is not None:
+        return bad
     i = first_divergence(row.tokens, engine_ids)
     if i is None:
         return RowVerdict(pair, row.row, prompt, batch, "engine serial", "identical", f"{len(row.tokens)} tokens")
