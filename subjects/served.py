@@ -59,12 +59,14 @@ other check uses (first words distinct, :func:`make_plan`); the properties:
   each = cold plain decode and credited only when the server's own
   ``usage.prompt_tokens`` / ``cached_tokens`` show the hit meant was made;
 - ``concurrency``: requests in flight together (asserted: all sent before any
-  answered) each = plain decode;
+  answered) each = plain decode; reported in the B-invariance words of docs/batched.md
+  (``engine.batched_check``: holds / identical, or ``logic``: over HTTP there is no
+  numerics witness, so a flip is never called ``numerics``);
 - ``seeded``: a seeded sampled request (temperature 1, ``seed``) with batch-mates in
   flight together (asserted, 3 bursts) draws what it draws alone (server against
   itself; cannot-grade when the seed is not reproducible alone, when temperature is
   ignored, or when its logprobs show batch-mates moved the computation itself, which
-  is ``concurrency``'s finding);
+  is ``concurrency``'s finding); the seeded invariance's words, as ``concurrency``'s;
 - ``tools``: the tool calls a server parses (chat ``tools``; streamed deltas
   reassembled) under speculation = without (the plain arm's, request for request);
   on the plain arm streamed = non-streamed; n/a where the model has no chat template
@@ -1256,8 +1258,9 @@ def check_concurrency(ctx: Ctx) -> str:
                 raise Finding(req, f"bad response: {res}")
             why = compare(ref, res, ps[i].out[:17], exact=False)
             if why:
-                raise Finding(req, f"sent with {len(reqs) - 1} others in flight: {why}")
-    return f"{len(reqs)} requests in flight together: each = plain decode"
+                raise Finding(req, f"B-invariance: logic (no numerics witness over HTTP): sent with {len(reqs) - 1} "
+                                   f"others in flight: {why}")
+    return f"B-invariance holds (identical): {len(reqs)} requests in flight together: each = plain decode"
 
 
 def _out(ref: Reference, r: Reply) -> list[int] | str:
@@ -1354,11 +1357,12 @@ def check_seeded(ctx: Ctx) -> str:
                     raise CannotGrade(f"with batch-mates the output differs ({why}), but so do the logprobs of its own "
                                       f"tokens ({moved}): batch-mates changed the computation itself (the concurrency "
                                       "check's finding), so the draws cannot be judged")
-                raise Finding(probe, f"the same seeded request (seed {SEED}, temperature {SEED_TEMPERATURE:g}) with "
+                raise Finding(probe, f"seeded invariance: logic: the same seeded request (seed {SEED}, temperature "
+                                     f"{SEED_TEMPERATURE:g}) with "
                                      f"{len(mates)} batch-mates in flight draws other tokens than alone (the "
                                      f"logprobs are the model's): {why}")
-    return (f"a seeded sampled request with {len(mates)} batch-mates in flight ({SEED_BURSTS} bursts) = the same "
-            "request alone")
+    return (f"seeded invariance holds (identical): a seeded sampled request with {len(mates)} batch-mates in flight "
+            f"({SEED_BURSTS} bursts) = the same request alone")
 
 
 def _calls(r: Reply) -> list[tuple[str, Any]]:
