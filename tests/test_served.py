@@ -624,7 +624,7 @@ def test_every_server_is_a_registry_runner_of_kind_server() -> None:
 def test_qmlx_serve_is_graded_with_its_prompt_cache_off_and_a_lossless_kv_cache() -> None:
     """qmlx-serve 0.16.0 has `--disable-prefix-cache` (default on) and an int4 KV cache by default
     (`--kv-cache-dtype`, default int4): the graded arms run with the cache off (only the cache check
-    keeps it on) and every launch with a bf16 KV cache, as rapid-mlx (its fork) is graded."""
+    keeps it on) and every launch with a bf16 KV cache, as rapid-mlx (the same vllm_mlx code base) is graded."""
     eng = SERVERS["qmlx-serve"]
     for draft in (None, "d"):
         off, on = eng.command("m", draft, 1, cache_off=True), eng.command("m", draft, 1)
