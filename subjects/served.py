@@ -281,6 +281,7 @@ class SpecCounters:
     drafted: float = 0.0
     accepted: float = 0.0
     sources: set[str] = field(default_factory=set)
+    other_methods: set[str] = field(default_factory=set)  # counters labelled for a method the arm does not run
 
     _DRAFT = re.compile(r"draft", re.I)
     _ACCEPT = re.compile(r"accept", re.I)
@@ -305,9 +306,13 @@ class SpecCounters:
                     self.sources.add(f"{where}.{k}")
 
     @staticmethod
-    def from_metrics(text: str) -> SpecCounters:
+    def from_metrics(text: str, method: str | None = None) -> SpecCounters:
         """Counters in a Prometheus ``/metrics`` page: ``*spec*draft*`` and ``*spec*accept*`` totals
-        (vLLM's ``vllm:spec_decode_num_draft_tokens_total`` / ``..._accepted_tokens_total``)."""
+        (vLLM's ``vllm:spec_decode_num_draft_tokens_total`` / ``..._accepted_tokens_total``).
+
+        ``method``: the speculation method the arm runs (``suffix``); a sample labelled
+        ``method="<another>"`` (qmlx-serve 0.16.0: MTP / DFlash counters only, zero under SuffixDecoding)
+        says nothing about it: kept out of the counts, named in ``other_methods``."""
         c = SpecCounters()
         for line in text.splitlines():
             if not line or line.startswith("#"):
@@ -317,6 +322,10 @@ class SpecCounters:
             low = name.lower()
             if not m or "spec" not in low or not low.endswith("_total"):
                 continue  # counters only (a ratio gauge is not a count)
+            labelled = re.search(r'(?:^|[{,\s])method="([^"]*)"', m.group(2) or "")
+            if method is not None and labelled and labelled.group(1).lower() != method.lower():
+                c.other_methods.add(f"/metrics {name}{{method=\"{labelled.group(1)}\"}}")
+                continue
             try:
                 v = float(m.group(3))
             except ValueError:
@@ -331,11 +340,11 @@ class SpecCounters:
 
     def minus(self, other: SpecCounters) -> SpecCounters:
         return SpecCounters(self.drafted - other.drafted, self.accepted - other.accepted,
-                            self.sources | other.sources)
+                            self.sources | other.sources, self.other_methods | other.other_methods)
 
     def plus(self, other: SpecCounters) -> SpecCounters:
         return SpecCounters(self.drafted + other.drafted, self.accepted + other.accepted,
-                            self.sources | other.sources)
+                            self.sources | other.sources, self.other_methods | other.other_methods)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -347,16 +356,17 @@ def _flat(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield key, v
 
 
-def metrics(client: HttpClient) -> SpecCounters | None:
-    """The server's ``/metrics`` speculation counters, or None (no such page, or no such counter)."""
+def metrics(client: HttpClient, method: str | None = None) -> SpecCounters | None:
+    """The server's ``/metrics`` speculation counters, or None (no such page, or no such counter);
+    ``method``: the arm's speculation method (counters labelled for another are not counted)."""
     try:
         status, text = client.get("/metrics")
     except (ServerDown, ServerError):
         return None
     if status != 200:
         return None
-    c = SpecCounters.from_metrics(text)
-    return c if c.sources else None
+    c = SpecCounters.from_metrics(text, method)
+    return c if c.sources or c.other_methods else None
 
 
 def send(client: HttpClient, req: Request, counters: SpecCounters | None = None) -> Reply:
@@ -1593,6 +1603,10 @@ def speculation_cell(arm: str, counters: SpecCounters | None) -> CellResult:
     if counters is None or not counters.sources:
         if arm != "spec":
             return CellResult("speculation", "unsupported", "plain arm; the server reports no speculation counters")
+        if counters is not None and counters.other_methods:
+            other = ", ".join(sorted(counters.other_methods))[:200]
+            return CellResult("speculation", "cannot-grade", "the server's speculation counters are for methods "
+                              f"this arm does not run ({other}): whether it speculated is not known")
         return CellResult("speculation", "cannot-grade", "the server reports no speculation counters (/metrics, "
                           "usage or timings extensions): whether it speculated is not known")
     src = ", ".join(sorted(counters.sources))[:160]

@@ -39,6 +39,7 @@ class ServedEngine:
     cache_off: tuple[str, ...] | None = None  # the flags that turn its prompt cache off (None: it has none)
     defaults_off: tuple[str, ...] = ()  # flags always passed: its lossy or surprising defaults turned off
     test_double: bool = False  # a double for the harness's own tests (a checkout only), not a server to grade
+    spec_method: str | None = None  # the spec arm's method as its /metrics label it (method="..."): others not counted
 
     def available(self) -> bool:
         if self.exe is not None:
@@ -114,7 +115,11 @@ SERVERS: dict[str, ServedEngine] = {
         ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve",
                      _cli("qmlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],
                           spec=["--served-model-name", "default_model", "--speculative-config", SUFFIX]),
-                     exe="qmlx", spec_without_draft=True,
+                     exe="qmlx", spec_without_draft=True, cache_off=("--disable-prefix-cache",),
+                     # its default: an int4 KV cache (lossy; `--kv-cache-dtype` default int4): turned off and
+                     # named in its row
+                     defaults_off=("--kv-cache-dtype", "bf16"),
+                     spec_method="suffix",  # its /metrics counters are MTP's and DFlash's (method="mtp"/"dflash")
                      note="qmlx serve; spec arm: model-free SuffixDecoding (--speculative-config suffix, 4 tokens)"),
         ServedEngine("flyto-mlx", "flyto-mlx==0.7.0", "omlx", "server-flyto-mlx",
                      _cli("omlx", "serve", model_dir=True), exe="omlx",

@@ -68,6 +68,9 @@ check meant to catch it, and only that check):
   every later request that sends none;
 - ``models-500`` (liveness): ``GET /v1/models`` answers 500;
 - ``spec-off`` (speculation): the draft model is loaded and never used;
+- ``metrics-other-method`` (none: a limitation): ``/metrics`` has only zero counters labelled
+  ``method="mtp"`` (qmlx-serve 0.16.0 under SuffixDecoding): an arm of another method cannot tell
+  whether it speculated (cannot grade, never not-engaged);
 - ``no-template`` (a set-up failure: cannot grade): chat requests are refused with
   transformers' "no chat template" error;
 - ``no-token-ids`` (none: a limitation): token-id prompts are refused (HTTP 400), as
@@ -102,7 +105,7 @@ from typing import Any
 BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-label", "usage-reencode", "eos-leak",
         "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "seed-batch",
         "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
-        "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die")
+        "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method")
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
                "argument was passed!")
 
@@ -410,6 +413,14 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                     return
                 self._json(200, {"object": "list", "data": [{"id": "default_model", "object": "model",
                                                              "created": int(time.time())}]})
+            elif self.path == "/metrics" and engine.bug == "metrics-other-method":
+                raw = (b'spec_decode_attempts_total{family="x",method="mtp"} 0\n'  # qmlx-serve 0.16.0's page
+                       b'spec_decode_accepts_total{family="x",method="mtp"} 0\n')
+                self.send_response(200)
+                self.send_header("Content-type", "text/plain")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
             elif self.path == "/metrics":
                 raw = (f"# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
                        f"vllm:spec_decode_num_draft_tokens_total{{model_name=\"default_model\"}} {engine.drafted}\n"

@@ -209,7 +209,8 @@ NOT_ENGAGED = {"spec-off": "speculation"}  # the speculation check's failure bra
 OTHER_PLANTS = {  # set-up failures and limitations (never a finding), a server that stops: each has its own test
     "no-template": "cannot-grade", "crash-start": "cannot-grade", "no-token-ids": "pass (as text)",
     "seed-ignored": "cannot-grade", "no-tool-parser": "n/a", "slow": "pass",
-    "hang": "one finding, the rest cannot-grade", "die": "one finding, the rest cannot-grade"}
+    "hang": "one finding, the rest cannot-grade", "die": "one finding, the rest cannot-grade",
+    "metrics-other-method": "speculation cannot-grade"}
 
 
 def test_every_served_check_has_a_plant_that_reaches_its_failure_branch() -> None:
@@ -618,6 +619,59 @@ def test_every_server_is_a_registry_runner_of_kind_server() -> None:
         assert not r.per_case and f"--serve {name}" in (r.elsewhere or ""), r
         assert r.available() == availability(name)
     assert SERVERS["fake"].test_double and SERVERS["fake"].module == "tests.fake_server"
+
+
+def test_qmlx_serve_is_graded_with_its_prompt_cache_off_and_a_lossless_kv_cache() -> None:
+    """qmlx-serve 0.16.0 has `--disable-prefix-cache` (default on) and an int4 KV cache by default
+    (`--kv-cache-dtype`, default int4): the graded arms run with the cache off (only the cache check
+    keeps it on) and every launch with a bf16 KV cache, as rapid-mlx (the same vllm_mlx code base) is graded."""
+    eng = SERVERS["qmlx-serve"]
+    for draft in (None, "d"):
+        off, on = eng.command("m", draft, 1, cache_off=True), eng.command("m", draft, 1)
+        assert "--disable-prefix-cache" in off and "--disable-prefix-cache" not in on, (off, on)
+        for argv in (off, on):
+            assert argv[argv.index("--kv-cache-dtype") + 1] == "bf16", argv
+
+
+def test_metrics_counters_labelled_for_another_method_are_no_evidence_about_this_arm() -> None:
+    """qmlx-serve 0.16.0's /metrics: MTP / DFlash counters (``method="mtp"``), zero under SuffixDecoding."""
+    from subjects.served import SpecCounters, speculation_cell
+
+    page = ('# TYPE qmlx_spec_decode_attempts_total counter\n'
+            'qmlx_spec_decode_attempts_total{family="unknown",method="mtp"} 0\n'
+            'qmlx_spec_decode_accepts_total{family="unknown",method="mtp"} 0\n'
+            'qmlx_spec_decode_dflash_accepts_total{method="dflash"} 0\n')
+    c = SpecCounters.from_metrics(page, "suffix")
+    assert not c.sources and c.drafted == 0 and len(c.other_methods) == 3, c
+    cell = speculation_cell("spec", c)
+    assert cell.status == "cannot-grade" and 'method="mtp"' in cell.detail, cell
+    ours = SpecCounters.from_metrics(page + 'qmlx_spec_decode_attempts_total{method="suffix"} 5\n', "suffix")
+    assert ours.drafted == 5 and speculation_cell("spec", ours).status == "pass"
+    assert speculation_cell("spec", SpecCounters.from_metrics(page)).status == "not-engaged"  # no method: as before
+    assert SERVERS["qmlx-serve"].spec_method == "suffix"
+
+
+def test_a_model_free_speculator_given_a_draft_model_is_graded_without_one(pair, tmp_path, monkeypatch) -> None:
+    """`grade --serve qmlx-serve --draft D` (tox -e server-qmlx-serve): D only switches SuffixDecoding on and is
+    never loaded, so the row names no drafter, `reject` (every draft of a zeroed drafter rejected) is n/a, and
+    counters of another method leave `speculation` cannot-grade instead of passing cells off as not-engaged."""
+    import dataclasses
+
+    import subjects.server_rows as rows
+
+    target, twin = pair
+    monkeypatch.setitem(rows.SERVERS, "fake", dataclasses.replace(rows.SERVERS["fake"], spec_without_draft=True,
+                                                                  spec_method="suffix"))
+    doc = grade_served(model=str(target), draft=str(twin), serve="fake", out=tmp_path, timeout=10,
+                       checks=("identity", "reject", "speculation"),
+                       env={"SPECPARITY_FAKE_SERVER_BUG": "metrics-other-method"})
+    assert doc["draft"] is None and "model-free" in doc["note"] and "reject_drafter" not in doc["setup"], doc
+    spec = doc["modes"]["spec"]
+    assert spec["drafter"] == "model-free", spec
+    assert spec["checks"]["reject"]["status"] == "unsupported" and "model-free" in spec["checks"]["reject"]["detail"]
+    assert spec["checks"]["speculation"]["status"] == "cannot-grade", spec["checks"]["speculation"]
+    assert spec["checks"]["identity"]["status"] == "pass", spec["checks"]["identity"]
+    assert not _pids_with(str(target))
 
 
 def test_scoreboard_renders_four_states_attribution_and_no_secret(tmp_path) -> None:

@@ -181,6 +181,7 @@ class Launch:
     log: Path | None = None
     cache: str = "unknown"  # "off" (a flag turned it off), "on", "unknown"
     argv: list[str] = field(default_factory=list)
+    spec_method: str | None = None  # the speculation method it runs, as its /metrics label it (None: any)
 
 
 Launcher = Callable[[str, "str | None", bool], AbstractContextManager[Launch]]
@@ -230,7 +231,8 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
                 client = HttpClient(f"http://127.0.0.1:{port}", limits=Limits(deadline=timeout))
                 _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output)
                 yield Launch(client, log_path, "off" if cache_off and engine.cache_off else
-                             ("on" if engine.cache_off else "unknown"), argv)
+                             ("on" if engine.cache_off else "unknown"), argv,
+                             engine.spec_method if draft else None)
             finally:
                 _stop(proc)
     finally:
@@ -492,11 +494,11 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                                          "argv": [_public_arg(a) for a in srv.argv]}
                                         | ({"drafter": "the spec arm's drafter with zero weights (every draft "
                                                        "rejected)"} if rejecting else {}))
-                m0 = None if rejecting else metrics(srv.client)
+                m0 = None if rejecting else metrics(srv.client, srv.spec_method)
                 res = run_checks(srv.client, ref, names, log=lambda m, a=arm: log(f"[{a}] {m}"), plan=plan,
                                  counters=SpecCounters() if rejecting else counters, arm=arm, baseline=baseline,
                                  reject=rejecting)
-                m1 = None if rejecting else metrics(srv.client)
+                m1 = None if rejecting else metrics(srv.client, srv.spec_method)
                 if m1 is not None:
                     d = m1.minus(m0) if m0 is not None else m1
                     met_total = d if met_total is None else met_total.plus(d)
@@ -695,6 +697,11 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
                   "prompt_cache_off_flag": list(eng.cache_off) if eng and eng.cache_off else None,
                   "isolated_home": bool(serve)},
     }
+    if eng is not None and eng.spec_without_draft and ddir is not None and url is None:
+        # a model-free speculative mode: --draft only switches it on; the draft model is never loaded, so
+        # the row names none (no drafter in the spec arm, no all-rejecting drafter for `reject`)
+        doc["note"] = f"{eng.name}'s speculation is model-free: the draft model {dname} is not used"
+        ddir, dname, doc["draft"] = None, None, None
     if eng is not None:
         doc["version"] = _version(eng)
         if not eng.available():
