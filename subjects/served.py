@@ -312,18 +312,25 @@ class SpecCounters:
 
         ``method``: the speculation method the arm runs (``suffix``); a sample labelled
         ``method="<another>"`` (qmlx-serve 0.16.0: MTP / DFlash counters only, zero under SuffixDecoding)
-        says nothing about it: kept out of the counts, named in ``other_methods``."""
+        says nothing about it: kept out of the counts, named in ``other_methods``. A ``*_total`` labelled
+        ``method="<method>"`` is that method's counter whatever its name (rapid-mlx 0.16.10:
+        ``rapid_mlx_suffix_decode_draft_tokens_proposed_total{method="suffix"}``, no "spec" in it)."""
         c = SpecCounters()
+        tokens: float | None = None
+        rounds = 0.0
         for line in text.splitlines():
             if not line or line.startswith("#"):
                 continue
             m = re.match(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|\+Inf)\s*", line)
             name = m.group(1) if m else ""
             low = name.lower()
-            if not m or "spec" not in low or not low.endswith("_total"):
+            if not m or not low.endswith("_total"):
                 continue  # counters only (a ratio gauge is not a count)
             labelled = re.search(r'(?:^|[{,\s])method="([^"]*)"', m.group(2) or "")
-            if method is not None and labelled and labelled.group(1).lower() != method.lower():
+            ours = method is not None and labelled is not None and labelled.group(1).lower() == method.lower()
+            if "spec" not in low and not ours:
+                continue  # not a speculation counter (one labelled with the arm's method is, whatever its name)
+            if method is not None and labelled and not ours:
                 c.other_methods.add(f"/metrics {name}{{method=\"{labelled.group(1)}\"}}")
                 continue
             try:
@@ -333,9 +340,14 @@ class SpecCounters:
             if "accept" in low:
                 c.accepted += v
                 c.sources.add(f"/metrics {name}")
-            elif any(w in low for w in ("draft", "propos", "attempt", "verify")):
-                c.drafted += v  # speculation activity: drafted tokens, proposals, verify rounds
+            elif any(w in low for w in ("draft", "propos")):
+                tokens = (tokens or 0.0) + v  # drafted tokens, proposals
                 c.sources.add(f"/metrics {name}")
+            elif any(w in low for w in ("attempt", "verify")):
+                rounds += v  # speculation activity: verify rounds
+                c.sources.add(f"/metrics {name}")
+        # a page with a drafted-token counter: that count (its verify-step counter beside it is not tokens)
+        c.drafted = tokens if tokens is not None else rounds
         return c
 
     def minus(self, other: SpecCounters) -> SpecCounters:

@@ -131,6 +131,9 @@ SERVERS: dict[str, ServedEngine] = {
                      # its defaults: caches written to / read from disk, model downloads, a pre-download check
                      defaults_off=("--kv-cache-dtype", "bf16", "--disable-disk-caches", "--disable-model-downloads",
                                    "--no-preflight"),
+                     # its rapid_mlx_spec_decode_* counters are MTP's (method="mtp"); SuffixDecoding's are
+                     # rapid_mlx_suffix_decode_*{method="suffix"} (rapid_mlx/routes/metrics.py)
+                     spec_method="suffix",
                      note="rapid-mlx serve; spec arm: model-free SuffixDecoding (--speculative-config suffix, 4 tokens)"),
         ServedEngine("yunshu", "yunshu==0.1.5", "yunshu_engine", "server-yunshu",
                      _cli("yunshu", "serve", plain=["--no-console"],

@@ -71,6 +71,10 @@ check meant to catch it, and only that check):
 - ``metrics-other-method`` (none: a limitation): ``/metrics`` has only zero counters labelled
   ``method="mtp"`` (qmlx-serve 0.16.0 under SuffixDecoding): an arm of another method cannot tell
   whether it speculated (cannot grade, never not-engaged);
+- ``metrics-method-named`` (none: a limitation of the page, read right): ``/metrics`` has zero
+  ``*spec_decode*`` counters labelled ``method="mtp"`` and the arm's real counts under names
+  without "spec", labelled ``method="suffix"`` (rapid-mlx 0.16.10 under SuffixDecoding): an arm of
+  method suffix reads those (speculation passes, never not-engaged);
 - ``no-template`` (a set-up failure: cannot grade): chat requests are refused with
   transformers' "no chat template" error;
 - ``no-token-ids`` (none: a limitation): token-id prompts are refused (HTTP 400), as
@@ -105,7 +109,8 @@ from typing import Any
 BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-label", "usage-reencode", "eos-leak",
         "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "seed-batch",
         "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
-        "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method")
+        "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
+        "metrics-method-named")
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
                "argument was passed!")
 
@@ -416,6 +421,20 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             elif self.path == "/metrics" and engine.bug == "metrics-other-method":
                 raw = (b'spec_decode_attempts_total{family="x",method="mtp"} 0\n'  # qmlx-serve 0.16.0's page
                        b'spec_decode_accepts_total{family="x",method="mtp"} 0\n')
+                self.send_response(200)
+                self.send_header("Content-type", "text/plain")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+            elif self.path == "/metrics" and engine.bug == "metrics-method-named":
+                lbl = 'family="x",method="suffix"'  # rapid-mlx 0.16.10's page (rapid_mlx/routes/metrics.py)
+                raw = (f'rapid_mlx_spec_decode_attempts_total{{family="x",method="mtp"}} 0\n'
+                       f'rapid_mlx_spec_decode_accepts_total{{family="x",method="mtp"}} 0\n'
+                       f'rapid_mlx_spec_decode_verify_calls_total{{family="x",method="mtp"}} 0\n'
+                       f"rapid_mlx_suffix_decode_verify_steps_total{{{lbl}}} {engine.drafted}\n"
+                       f"rapid_mlx_suffix_decode_draft_tokens_proposed_total{{{lbl}}} {engine.drafted}\n"
+                       f"rapid_mlx_suffix_decode_draft_tokens_accepted_total{{{lbl}}} {engine.accepted}\n"
+                       f"rapid_mlx_suffix_decode_accept_ratio{{{lbl}}} 1.0\n").encode()
                 self.send_response(200)
                 self.send_header("Content-type", "text/plain")
                 self.send_header("Content-Length", str(len(raw)))

@@ -210,7 +210,7 @@ OTHER_PLANTS = {  # set-up failures and limitations (never a finding), a server 
     "no-template": "cannot-grade", "crash-start": "cannot-grade", "no-token-ids": "pass (as text)",
     "seed-ignored": "cannot-grade", "no-tool-parser": "n/a", "slow": "pass",
     "hang": "one finding, the rest cannot-grade", "die": "one finding, the rest cannot-grade",
-    "metrics-other-method": "speculation cannot-grade"}
+    "metrics-other-method": "speculation cannot-grade", "metrics-method-named": "speculation pass"}
 
 
 def test_every_served_check_has_a_plant_that_reaches_its_failure_branch() -> None:
@@ -671,6 +671,59 @@ def test_a_model_free_speculator_given_a_draft_model_is_graded_without_one(pair,
     assert spec["checks"]["reject"]["status"] == "unsupported" and "model-free" in spec["checks"]["reject"]["detail"]
     assert spec["checks"]["speculation"]["status"] == "cannot-grade", spec["checks"]["speculation"]
     assert spec["checks"]["identity"]["status"] == "pass", spec["checks"]["identity"]
+    assert not _pids_with(str(target))
+
+
+RAPID_PAGE = ('# TYPE rapid_mlx_spec_decode_attempts_total counter\n'  # rapid-mlx 0.16.10, rapid_mlx/routes/metrics.py
+              'rapid_mlx_spec_decode_attempts_total{family="phi3-tiny",method="mtp"} 0\n'
+              'rapid_mlx_spec_decode_accepts_total{family="phi3-tiny",method="mtp"} 0\n'
+              'rapid_mlx_spec_decode_verify_calls_total{family="phi3-tiny",method="mtp"} 0\n'
+              'rapid_mlx_suffix_decode_verify_steps_total{family="phi3-tiny",method="suffix"} %d\n'
+              'rapid_mlx_suffix_decode_fallthrough_steps_total{family="phi3-tiny",method="suffix"} 40\n'
+              'rapid_mlx_suffix_decode_draft_tokens_proposed_total{family="phi3-tiny",method="suffix"} %d\n'
+              'rapid_mlx_suffix_decode_draft_tokens_accepted_total{family="phi3-tiny",method="suffix"} %d\n'
+              'rapid_mlx_suffix_decode_accept_ratio{family="phi3-tiny",method="suffix"} 0.5\n'
+              'rapid_mlx_suffix_decode_fallthrough_total{family="phi3-tiny",method="suffix",reason="no_draft"} 40\n'
+              'http_requests_total{method="POST"} 7\n')
+
+
+def test_counters_labelled_with_the_arms_method_count_whatever_their_name() -> None:
+    """rapid-mlx 0.16.10: its ``rapid_mlx_spec_decode_*`` counters are MTP's (``method="mtp"``, zero under
+    SuffixDecoding); SuffixDecoding's are ``rapid_mlx_suffix_decode_*{method="suffix"}`` (no "spec" in the
+    name). The suffix arm reads those: drafted = proposed draft tokens (not the verify steps beside them)."""
+    from subjects.served import SpecCounters, speculation_cell
+
+    c = SpecCounters.from_metrics(RAPID_PAGE % (3, 12, 6), "suffix")
+    assert (c.drafted, c.accepted) == (12, 6), c
+    assert "/metrics rapid_mlx_suffix_decode_draft_tokens_proposed_total" in c.sources, c
+    assert not any("rapid_mlx_spec_decode" in s or "http" in s for s in c.sources), c
+    assert len(c.other_methods) == 3 and all('method="mtp"' in o for o in c.other_methods), c
+    assert speculation_cell("spec", c).status == "pass"
+    zero = SpecCounters.from_metrics(RAPID_PAGE % (0, 0, 0), "suffix")  # its own counters at zero: a finding
+    assert zero.sources and speculation_cell("spec", zero).status == "not-engaged"
+    assert SERVERS["rapid-mlx"].spec_method == "suffix"
+
+
+def test_a_model_free_speculator_whose_counters_carry_their_method_in_a_label_is_read_by_it(
+        pair, tmp_path, monkeypatch) -> None:
+    """`grade --serve rapid-mlx --model M` (tox -e server-rapid-mlx): zero MTP counters named spec_decode and
+    SuffixDecoding's under other names, labelled method="suffix": the spec arm's speculation passes on the
+    suffix counts, never "not engaged" on the MTP zeros (the v2 row's misreading)."""
+    import dataclasses
+
+    import subjects.server_rows as rows
+
+    target, _ = pair
+    monkeypatch.setitem(rows.SERVERS, "fake", dataclasses.replace(rows.SERVERS["fake"], spec_without_draft=True,
+                                                                  spec_method="suffix"))
+    doc = grade_served(model=str(target), serve="fake", out=tmp_path, timeout=10,
+                       checks=("identity", "speculation"),
+                       env={"SPECPARITY_FAKE_SERVER_BUG": "metrics-method-named"})
+    spec = doc["modes"]["spec"]
+    cell = spec["checks"]["speculation"]
+    assert cell["status"] == "pass" and "rapid_mlx_suffix_decode_draft_tokens_proposed_total" in cell["detail"], cell
+    assert spec["checks"]["identity"]["status"] == "pass", spec["checks"]["identity"]
+    assert doc["modes"]["plain"]["checks"]["speculation"]["status"] == "unsupported", doc["modes"]["plain"]
     assert not _pids_with(str(target))
 
 
