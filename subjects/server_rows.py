@@ -40,6 +40,9 @@ class ServedEngine:
     defaults_off: tuple[str, ...] = ()  # flags always passed: its lossy or surprising defaults turned off
     test_double: bool = False  # a double for the harness's own tests (a checkout only), not a server to grade
     spec_method: str | None = None  # the spec arm's method as its /metrics label it (method="..."): others not counted
+    # files written into its isolated home before it starts ((path under HOME, text)): defaults it takes from a
+    # settings file only (no flag), turned off there and named in its row, as ``defaults_off``
+    home_files: tuple[tuple[str, str], ...] = ()
 
     def available(self) -> bool:
         if self.exe is not None:
@@ -96,6 +99,9 @@ def _cli(exe: str, *serve: str, plain: Sequence[str] = (), spec: Sequence[str] =
 
 KEY = ["--api-key", "specparity-local"]  # the bearer token subjects.http_client sends by default
 SUFFIX = '{"method":"suffix","num_speculative_tokens":4}'
+# fusion-mlx 0.10.24's per-model settings (model_settings/__init__.py ModelSettingsManager: {"version": 1,
+# "models": {id: ModelSettings}}), the model served as default_model: TurboQuant KV off
+FUSION_SETTINGS = '{"version": 1, "models": {"default_model": {"turboquant_kv_enabled": false}}}'
 
 SERVERS: dict[str, ServedEngine] = {
     s.name: s for s in (
@@ -111,6 +117,9 @@ SERVERS: dict[str, ServedEngine] = {
                      # its defaults: an int4 KV cache (lossy), the 'standard' profile (mounts mlx-vlm engines),
                      # `--spec-decode` auto-selection: turned off and named in its row
                      defaults_off=("--kv-cache-dtype", "bf16", "--profile", "lite", "--spec-decode", "none"),
+                     # and its TurboQuant 4-bit KV cache, auto-enabled for a model without per-model settings
+                     # (engines/batched.py; head dim 64 is eligible): off only in ~/.fusion-mlx/model_settings.json
+                     home_files=((".fusion-mlx/model_settings.json", FUSION_SETTINGS),),
                      note="fusion-mlx serve --model-dir (speculation needs MTP/DFlash/DSpark drafters: plain arm only)"),
         ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve",
                      _cli("qmlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],

@@ -13,7 +13,10 @@ zoo's. Each model directory holds ``config.json`` + ``model.safetensors`` +
 ``tokenizer.json`` / ``tokenizer_config.json`` so ``mlx_lm.load`` works.
 
 ``python -m tests.foreign OUT_DIR`` writes them (and ``prompts.jsonl``) for a
-hand run of the README's "Your own models and engine" commands.
+hand run of the README's "Your own models and engine" commands, plus ``phi3-chat64``
+(+ twin, :func:`build_chat64`): phi3 with the same tokenizer and a chat template, head
+dim 64, the served fixture for servers that phi3-tiny's missing template or head dim 12
+stops (``tox -e server-fusion-mlx``, ``server-yunshu``).
 """
 
 from __future__ import annotations
@@ -83,10 +86,13 @@ def _shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
 
 
-def weights(arch: str, drafter: bool = False, cfg: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+def weights(arch: str, drafter: bool = False, cfg: dict[str, Any] | None = None,
+            key: str | None = None) -> dict[str, np.ndarray]:
+    """Seeded weights of ``arch`` (``cfg``: another shape; ``key``: the seed prefix, ``arch`` by default)."""
+    key = key or arch
     out = {}
     for name, shape in sorted(_shapes(cfg or config(arch)).items()):
-        rng = _rng(f"{arch}:{name}")
+        rng = _rng(f"{key}:{name}")
         if name.endswith("norm.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif "embed_tokens" in name:
@@ -97,7 +103,7 @@ def weights(arch: str, drafter: bool = False, cfg: dict[str, Any] | None = None)
             w = 0.02 * rng.standard_normal(shape)
         if drafter:
             scale = 0.1 * TWIN_NOISE if name.endswith("norm.weight") else TWIN_NOISE * float(w.std() or 1.0)
-            w = w + scale * _rng(f"{arch}:twin:{name}").standard_normal(shape)
+            w = w + scale * _rng(f"{key}:twin:{name}").standard_normal(shape)
         out[name] = w.astype(np.float32)
     return out
 
@@ -112,19 +118,26 @@ def tokenizer_json() -> str:
     return tok.to_str()
 
 
-def write_model(arch: str, out: Path, *, drafter: bool = False) -> Path:
+def write_model(arch: str, out: Path, *, drafter: bool = False, cfg: dict[str, Any] | None = None,
+                key: str | None = None, chat_template: str | None = None) -> Path:
+    """``arch``'s seeded model in ``out`` (``cfg``/``key``: another shape and seed, :func:`weights`;
+    ``chat_template``: written into ``tokenizer_config.json``)."""
     import mlx.core as mx
 
     out.mkdir(parents=True, exist_ok=True)
-    w = weights(arch, drafter)
+    cfg = cfg or config(arch)
+    w = weights(arch, drafter, cfg, key)
     mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(v) for k, v in w.items()},
                         metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(config(arch), indent=2, sort_keys=True) + "\n")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     (out / "tokenizer.json").write_text(tokenizer_json())
-    (out / "tokenizer_config.json").write_text(json.dumps({
+    tok_cfg: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "unk_token": UNK,
         "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": CONTEXT}, indent=2) + "\n")
+        "model_max_length": CONTEXT}
+    if chat_template is not None:
+        tok_cfg["chat_template"] = chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     return out
 
 
@@ -141,13 +154,6 @@ def build(root: Path, archs: tuple[str, ...] = ARCHS) -> dict[str, tuple[Path, P
         out[arch] = (t, d)
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return out
-
-
-if __name__ == "__main__":
-    dest = Path(sys.argv[1] if len(sys.argv) > 1 else "foreign-models")
-    for arch, (t, d) in build(dest).items():
-        print(f"{arch}: {t} {d}")
-    print(f"prompts: {dest / 'prompts.jsonl'}")
 
 
 # ---------------------------------------------------------------- checkpoint shapes (issue 22)
@@ -239,3 +245,42 @@ def convert_checkpoint(src: Path, out: Path, *, dtype: str, quant: str = "none",
     finally:
         mu.make_shards = real
     return out
+
+
+# ---------------------------------------------------------------- a served fixture servers can serve (issue 32)
+
+CHAT64 = "phi3-chat64"
+# phi3 with a head dim of 64 (hidden 128 = 2 heads x 64): servers that quantize their KV cache in groups
+# of 64 (yunshu 0.1.5) can run it, where phi3-tiny's head dim of 12 fails them.
+CHAT64_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+                "num_key_value_heads": 2}
+
+
+def chat64_config() -> dict[str, Any]:
+    return {**config("phi3"), **CHAT64_SHAPE}
+
+
+def build_chat64(root: Path) -> tuple[Path, Path]:
+    """``(target, twin)``: :data:`CHAT64` and its twin drafter under ``root``.
+
+    phi3-tiny's word-level tokenizer and vocabulary WITH a chat template (:data:`CHAT_TEMPLATE`,
+    role markers that are vocabulary words) for servers that route every request, completions
+    included, through one (fusion-mlx 0.10.24); head dim 64 (:data:`CHAT64_SHAPE`). Seeded like
+    the others, under the key ``phi3-chat64``: the same files on every machine.
+    """
+    root = Path(root)
+    t, d = root / CHAT64, root / f"{CHAT64}-twin"
+    for out, drafter in ((t, False), (d, True)):
+        if not (out / "model.safetensors").exists():
+            write_model("phi3", out, drafter=drafter, cfg=chat64_config(), key=CHAT64,
+                        chat_template=CHAT_TEMPLATE)
+    return t, d
+
+
+if __name__ == "__main__":
+    dest = Path(sys.argv[1] if len(sys.argv) > 1 else "foreign-models")
+    for arch, (t, d) in build(dest).items():
+        print(f"{arch}: {t} {d}")
+    t, d = build_chat64(dest)
+    print(f"{CHAT64}: {t} {d}")
+    print(f"prompts: {dest / 'prompts.jsonl'}")

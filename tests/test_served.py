@@ -444,7 +444,9 @@ class H(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with open(record, "w") as f:
             json.dump({"argv": sys.argv[3:], "home": os.environ["HOME"], "xdg": os.environ.get("XDG_CONFIG_HOME"),
-                       "foo": os.environ.get("FOO"), "prompt": body.get("prompt")}, f)
+                       "foo": os.environ.get("FOO"), "prompt": body.get("prompt"),
+                       "settings": open(os.path.join(os.environ["HOME"], ".stub", "settings.json")).read()
+                       if os.path.exists(os.path.join(os.environ["HOME"], ".stub", "settings.json")) else None}, f)
         text = "" if os.environ.get("STUB_EMPTY") else "x"
         self._ok({"choices": [{"text": text, "finish_reason": "stop"}], "usage": {"completion_tokens": 0}})
 ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
@@ -463,6 +465,28 @@ def test_serve_args_env_and_an_isolated_home_reach_the_server_and_the_warm_up_us
     assert seen["foo"] == "bar" and seen["prompt"] == "gu lo fin", seen
     assert seen["home"] != os.environ.get("HOME") and "specparity-stub-home-" in seen["home"], seen
     assert seen["xdg"].startswith(seen["home"]) and not Path(seen["home"]).exists()  # removed after
+
+
+def test_a_default_turned_off_in_a_settings_file_reaches_the_isolated_home_and_the_row(pair, tmp_path,
+                                                                                        monkeypatch) -> None:
+    """fusion-mlx 0.10.24 auto-enables a TurboQuant 4-bit KV cache (lossy; it needs mlx_vlm, which it does not
+    install: every request HTTP 500 on a head-dim-64 model) with no flag to turn it off, only
+    ~/.fusion-mlx/model_settings.json: ``home_files`` are written into the server's own home before it starts
+    and named in the row's set-up."""
+    import dataclasses
+
+    record = tmp_path / "record.json"
+    stub = ServedEngine("stub", "x", "x", "x", lambda m, d, p: [sys.executable, "-c", STUB, str(p), str(record)],
+                        home_files=((".stub/settings.json", '{"lossy": false}'),))
+    with launch_process(stub, "m", None, tmp_path / "stub.log", startup_timeout=30):
+        seen = json.loads(record.read_text())
+    assert seen["settings"] == '{"lossy": false}', seen
+    fusion = SERVERS["fusion-mlx"]
+    settings = json.loads(dict(fusion.home_files)[".fusion-mlx/model_settings.json"])
+    assert settings["models"]["default_model"] == {"turboquant_kv_enabled": False}, settings
+    monkeypatch.setitem(SERVERS, "fake", dataclasses.replace(SERVERS["fake"], home_files=stub.home_files))
+    doc = grade_served(model=str(pair[0]), serve="fake", out=tmp_path / "out", checks=("liveness",))
+    assert doc["setup"]["home_files"] == {".stub/settings.json": '{"lossy": false}'}, doc["setup"]
 
 
 def test_a_server_that_generates_nothing_on_the_warm_up_did_not_start(tmp_path) -> None:

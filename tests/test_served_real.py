@@ -38,25 +38,26 @@ pytestmark = [
                        reason="real servers run in their tox environments (tox -e server-<name>)"),
 ]
 
-CASES = [  # (server, model, draft): zoo names, or the user pair built under runs/served-models
+CASES = [  # (server, model, draft): zoo names, or the user pairs built under runs/served-models
     ("mlx-lm", "llama", "twin"),
     ("mlx-lm", "runs/served-models/phi3-tiny", "runs/served-models/phi3-tiny-twin"),
     ("vllm-mlx", "runs/served-models/phi3-tiny", None),
-    ("fusion-mlx", "runs/served-models/phi3-tiny", None),
+    ("fusion-mlx", "runs/served-models/phi3-chat64", None),  # a chat template: its completions use one
     ("qmlx-serve", "runs/served-models/phi3-tiny", "runs/served-models/phi3-tiny-twin"),
     ("flyto-mlx", "runs/served-models/phi3-tiny", None),
     ("rapid-mlx", "runs/served-models/phi3-tiny", None),
-    ("yunshu", "runs/served-models/phi3-tiny", None),
+    ("yunshu", "runs/served-models/phi3-chat64", None),  # head dim 64: it quantizes in groups of 64
 ]
 
 
 @pytest.fixture(scope="session")
 def user_models() -> Path:
-    from tests.foreign import build
+    from tests.foreign import build, build_chat64
 
     root = ROOT / "runs" / "served-models"
     if not (root / "phi3-tiny" / "config.json").is_file():
         build(root, ("phi3",))
+    build_chat64(root)  # phi3-chat64: builds only what is missing
     return root
 
 

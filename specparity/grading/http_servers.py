@@ -215,6 +215,9 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
                        ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state")):
             (homedir / sub).mkdir(parents=True, exist_ok=True)
             penv[k] = str(homedir / sub)
+        for rel, text in engine.home_files:  # settings-file-only defaults turned off (the row names them)
+            (homedir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (homedir / rel).write_text(text)
         penv.setdefault("HF_HUB_OFFLINE", "1")
     penv.update(env or {})
     try:
@@ -694,6 +697,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         "available": True, "reason": "ok", "version": None, "checks": list(checks), "checks_version": 2,
         "setup": {"serve_args": [_public_arg(a) for a in serve_args], "serve_env": env_keys,
                   "defaults_off": list(eng.defaults_off) if eng else [],
+                  **({"home_files": dict(eng.home_files)} if eng and eng.home_files else {}),
                   "prompt_cache_off_flag": list(eng.cache_off) if eng and eng.cache_off else None,
                   "isolated_home": bool(serve)},
     }
