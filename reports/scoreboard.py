@@ -105,6 +105,12 @@ def _html_cells(r: dict[str, Any], checks: list[str]) -> str:
     return "".join(tds)
 
 
+def _wrap_note(doc: dict[str, Any]) -> str:
+    """A served row's declared prompt wrapping (``setup.completions_wrap``), as the Modes list says it."""
+    wrap = (doc.get("setup") or {}).get("completions_wrap") if is_server(doc) else None
+    return f"; completions prompt wrapped as the row declares: {wrap}" if wrap else ""
+
+
 def rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for doc in docs:
@@ -247,7 +253,7 @@ def render_markdown(docs: list[dict[str, Any]]) -> str:
             lines.append(f"- **{r['engine']}** `{r['mode']}`: {r['note']} (targets: {targets}; "
                          f"platform {r['doc']['platform'].get('device')}, mlx {r['doc']['platform'].get('mlx')}"
                          + "".join(f", {k} {v}" for k, v in r["doc"].get("deps", {}).items() if v != "unknown")
-                         + ")")
+                         + ")" + _wrap_note(r["doc"]))
     unavailable = [r for r in rows(docs) if "unavailable" in r]
     if unavailable:
         lines += ["", "## Engines that could not be run", ""]

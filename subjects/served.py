@@ -83,6 +83,14 @@ other check uses (first words distinct, :func:`make_plan`); the properties:
   counters, or draft/accept counters in ``usage``/``timings``); 0 drafted =
   ``not-engaged``; no counters = ``cannot-grade``.
 
+**Prompt fidelity.** Before the checks (:func:`prompt_fidelity`), two completions prompts:
+where the server's ``usage.prompt_tokens`` differs from the prompt's length for both, it does
+not complete the prompt as sent (a chat template, an injected system message): ONE finding, in
+the ``identity`` cell, and every check of ``GATED`` (judged against plain decode of the prompt)
+reads ``cannot-grade`` pointing there. A row that declares the server's wrapping
+(``Reference.completion_prompt`` / ``wrap``, from ``ServedEngine.completions_wrap``) is judged
+against plain decode of the wrapped prompt, while ``usage.prompt_tokens`` agrees with it.
+
 A server that stops answering fails the case in progress (``ServerDown``) and
 every later check of the arm is ``cannot-grade`` without waiting again.
 """
@@ -464,8 +472,11 @@ class _ToolCalls:
 class Reference:
     """Plain greedy decode of the served weights, in process (built by the grader).
 
-    ``encode`` / ``chat_prompt``: the prompt ids the server builds for a completions /
-    chat request; ``greedy(ids, n)``: (output ids without EOS, ended on EOS);
+    ``encode``: the tokenizer's encoding of a text (the ids a token-id prompt sends);
+    ``chat_prompt``: the prompt ids the server builds for a chat request;
+    ``completion_prompt``: the prompt ids the server builds for a completions text prompt where a
+    row declares that it wraps it (``wrap``, its description; None: ``encode``, the prompt as sent);
+    ``greedy(ids, n)``: (output ids without EOS, ended on EOS);
     ``logprobs(ids, out, k)``: per output position the emitted token's logprob and the
     top-k ``(id, logprob)`` sorted descending, teacher-forced on ``out``; ``prompts``:
     prompt texts to use (each check takes its own, :func:`make_plan`).
@@ -481,11 +492,17 @@ class Reference:
     eos_text: tuple[str, ...] = ()
     has_chat_template: bool = True
     bos_id: int | None = None
+    completion_prompt: Callable[[str], list[int]] | None = None
+    wrap: str | None = None  # the declared wrapping of a completions prompt, in words (None: sent as is)
+
+    def completion_ids(self, text: str) -> list[int]:
+        """The prompt the server builds for a completions request of ``text``."""
+        return list(self.completion_prompt(text) if self.completion_prompt is not None else self.encode(text))
 
     def prompt_ids(self, req: Request) -> list[int]:
         if isinstance(req.prompt, tuple):
             return list(req.prompt)
-        return list(self.chat_prompt(req.prompt) if req.chat else self.encode(req.prompt))
+        return list(self.chat_prompt(req.prompt) if req.chat else self.completion_ids(req.prompt))
 
     def expect(self, req: Request) -> tuple[list[int], bool]:
         return self.greedy(tuple(self.prompt_ids(req)), req.max_tokens)
@@ -667,6 +684,9 @@ class Ctx:
         self.fresh: dict[str, Reply | BaseException] | None = None  # leak: the probes on the fresh server
         self.fresh_at = 0  # leak: requests answered when the probes were sent
         self.n_requests = 0  # requests sent to this server so far (by the checks)
+        self.fidelity: CaseResult | None = None  # the prompt-fidelity finding (prompt_fidelity), else None
+        self.fidelity_as = "as sent"  # or "as its row declares it wraps it"
+        self.gate: str | None = None  # why a check judged against plain decode of the prompt cannot grade
 
     @contextlib.contextmanager
     def case(self, what: Request | str) -> Iterator[None]:
@@ -762,8 +782,8 @@ def _down(req: Request, why: object) -> ServerDown:
 @dataclass
 class PromptInfo:
     text: str
-    ids: tuple[int, ...]
-    out: list[int]  # plain greedy output, up to MAX_BUDGET tokens, without EOS
+    ids: tuple[int, ...]  # the text's encoding (a token-id prompt sends these)
+    out: list[int]  # plain greedy output of the completions prompt built from ``text``, up to MAX_BUDGET, no EOS
     eos: bool  # plain decode ends on EOS within MAX_BUDGET
 
 
@@ -803,7 +823,7 @@ def make_plan(ref: Reference, checks: Sequence[str] = SERVER_CHECKS) -> Plan:
             continue  # a shared first word would let a prompt cache carry state across checks
         firsts.add(first)
         ids = tuple(ref.encode(p))
-        out, hit = ref.greedy(ids, MAX_BUDGET)
+        out, hit = ref.greedy(tuple(ref.completion_ids(p)), MAX_BUDGET)  # what the server completes
         infos.append(PromptInfo(p, ids, list(out), bool(hit and len(out) >= 2)))
     if len(infos) < 2:
         raise ValueError("fewer than 2 usable prompts (each needs its own first word)")
@@ -855,9 +875,16 @@ def make_plan(ref: Reference, checks: Sequence[str] = SERVER_CHECKS) -> Plan:
 
 def check_identity(ctx: Ctx) -> str:
     ps = ctx.plan.no_eos("identity")
+    gated = ctx.fidelity is not None
+    if gated:  # the one finding (prompt_fidelity); the completions cases would only repeat it
+        ctx.cases.append(ctx.fidelity)
     for p in ps[:2]:
         req = Request(p.text, 24, logprobs=True, tag="identity")
         with ctx.case(req):
+            if gated:
+                raise CannotGrade(f"not sent: the server does not complete the prompt {ctx.fidelity_as} (the "
+                                  "prompt-fidelity case of this cell): its output cannot be compared with plain "
+                                  "decode of it")
             why = compare(ctx.ref, ctx.ask(req), p.out[:24], exact=False)
             if why:
                 raise Finding(req, why)
@@ -865,9 +892,17 @@ def check_identity(ctx: Ctx) -> str:
         req = Request(p.text, 24, chat=True, logprobs=True, tag="identity (chat)")
         with ctx.case(req):
             ids, _ = ctx.ref.expect(req)
-            why = compare(ctx.ref, ctx.ask(req), ids, exact=False)
+            r = ctx.ask(req)
+            pt = (r.usage or {}).get("prompt_tokens")
+            if gated and pt is not None and pt != len(ctx.ref.prompt_ids(req)):
+                raise CannotGrade(f"the server counted {pt} prompt tokens for a chat prompt of "
+                                  f"{len(ctx.ref.prompt_ids(req))} (as the prompt-fidelity case of this cell): its "
+                                  "output cannot be compared with plain decode of the chat prompt")
+            why = compare(ctx.ref, r, ids, exact=False)
             if why:
                 raise Finding(req, f"{why} (the chat prompt the server builds, or its decode)")
+    if gated:
+        return ""
     return "greedy output = plain decode (completions and chat)"
 
 
@@ -1138,7 +1173,7 @@ def check_logprobs(ctx: Ctx) -> str:
             if not r.logprobs:
                 raise Finding(req, "no logprobs in the response")
             got_ids = r.ids
-            ids = got_ids if got_ids is not None else p.out[: len(r.logprobs)]
+            ids = got_ids if got_ids is not None else ref.expect(req)[0][: len(r.logprobs)]
             want = ref.logprobs(pids, tuple(ids), TOP_K)
             for i, (g, (lp, top)) in enumerate(zip(r.logprobs, want, strict=False)):
                 if not _lp_close(g.logprob, lp):
@@ -1178,6 +1213,16 @@ def _hit(ctx: Ctx, req: Request, r: Reply, n_prompt: int, need: int, what: str) 
     return None
 
 
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the common prefix of ``a`` and ``b``."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def check_cache(ctx: Ctx) -> str:
     ref, ps = ctx.ref, ctx.plan.no_eos("cache")
     if not ps:
@@ -1187,9 +1232,11 @@ def check_cache(ctx: Ctx) -> str:
     p = ps[0]
     notes: set[str] = set()
     cold_reply: Reply | None = None
+    cold_built = list(p.ids)
     with ctx.case("cache: cold"):
         req, cold_reply = ctx.ask_ids(p.ids, 17, tag="cache: cold", logprobs=True)
-        why = compare(ref, cold_reply, p.out[:17], exact=False)
+        cold_built = ref.prompt_ids(req)  # the prompt the server completed (a declared wrapping applied)
+        why = compare(ref, cold_reply, ref.expect(req)[0], exact=False)
         if why:
             raise Finding(req, f"first (cold) request: {why}")
     if cold_reply is None:
@@ -1197,19 +1244,20 @@ def check_cache(ctx: Ctx) -> str:
     out = strip_eos(ref, cold_reply.ids) or p.out[:17]
     other = ps[1].ids if len(ps) > 1 else p.out[17:20]
     body = list(other[1:]) if ref.bos_id is not None and other and other[0] == ref.bos_id else list(other)
-    plan = [
-        ("cache: repeated identical request", list(p.ids), len(p.ids) - 1),
-        ("cache: shared-prefix follow-up", list(p.ids) + body, max(1, len(p.ids) - 1)),
+    plan = [  # (case, ids sent, the cached tokens it needs given the prompt the server builds from them)
+        ("cache: repeated identical request", list(p.ids), lambda b: len(b) - 1),
+        ("cache: shared-prefix follow-up", list(p.ids) + body, lambda b: max(1, _common(b, cold_built) - 1)),
         ("cache: exact continuation (prompt ids + the server's completion ids)", list(p.ids) + list(out),
-         len(p.ids) + 1),
+         lambda b: len(cold_built) + 1),  # more than the cold prompt: its generated tokens reused
     ]
     for tag, ids, need in plan:
         with ctx.case(tag):
             req, r = ctx.ask_ids(ids, 17, tag=tag, logprobs=True)
-            note = _hit(ctx, req, r, len(ids), need, tag)
+            built = ref.prompt_ids(req)
+            note = _hit(ctx, req, r, len(built), need(built), tag)
             if note:
                 notes.add(note)
-            want, _ = ref.greedy(tuple(ids), 17)
+            want, _ = ref.greedy(tuple(built), 17)
             why = compare(ref, r, want, exact=False)  # lengths are the budget check's
             if why:
                 raise Finding(req, f"warm != cold plain decode: {why}")
@@ -1634,6 +1682,50 @@ def speculation_cell(arm: str, counters: SpecCounters | None) -> CellResult:
                       f"over the arm ({src})")
 
 
+# checks judged against plain decode of the prompt the server builds: ungradeable where it builds another
+GATED = ("budget", "finish_reason", "usage", "eos", "stop", "logprobs", "cache", "concurrency", "reject")
+
+
+def prompt_fidelity(ctx: Ctx) -> None:
+    """Does the server complete the completions prompt it is sent (or, where its row declares a
+    wrapping, the wrapped one)? Two text prompts (the warm-up prompt and its first half: no check's
+    words), ``max_tokens`` 1: when the server's ``usage.prompt_tokens`` differs from the prompt's
+    length for both, that is one finding, ``ctx.fidelity`` (the identity cell's), and ``ctx.gate`` the
+    reason every check of ``GATED`` reads cannot-grade. No usage, an error or a server that stopped
+    answering: no verdict here (the checks meet it)."""
+    words = ctx.plan.warmup.split()
+    texts = [ctx.plan.warmup] + ([" ".join(words[: len(words) // 2])] if len(words) > 1 else [])
+    seen: list[tuple[Request, int, int]] = []
+    for text in texts:
+        req = Request(text, 1, tag="identity (prompt fidelity)")
+        ctx.n_requests += 1
+        try:
+            r = send(ctx.client, req, ctx.counters)
+        except (ServerDown, ServerError):
+            return
+        pt = (r.usage or {}).get("prompt_tokens")
+        if isinstance(pt, bool) or not isinstance(pt, int):
+            return
+        seen.append((req, pt, len(ctx.ref.prompt_ids(req))))
+    if not seen or any(pt == n for _, pt, n in seen):
+        return
+    req, pt, n = seen[0]
+    more = "".join(f" (and {p} for one of {k})" for _, p, k in seen[1:])
+    if ctx.ref.wrap:
+        ctx.fidelity_as = "as its row declares it wraps it"
+        short = f"usage.prompt_tokens {pt} where the declared wrapping builds {n}{more}"
+        detail = (f"the server does not complete the prompt as its row declares it wraps it: {short} "
+                  f"(declared: {ctx.ref.wrap}); every check judged against plain decode of the prompt cannot grade")
+    else:
+        short = f"usage.prompt_tokens {pt} for a completions prompt of {n} tokens{more}"
+        detail = (f"the server does not complete the prompt as sent: {short}: it builds another prompt around it (a "
+                  "chat template, a system message); every check judged against plain decode of the prompt as sent "
+                  "cannot grade (a row may declare the wrapping: ServedEngine.completions_wrap)")
+    ctx.fidelity = CaseResult(req.label, "fail", detail)
+    ctx.gate = (f"the server does not complete the prompt {ctx.fidelity_as} ({short}): its output cannot be "
+                "compared with plain decode of it; see identity")
+
+
 def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVER_CHECKS,
                log: Callable[[str], None] | None = None, plan: Plan | None = None,
                counters: SpecCounters | None = None, require_hits: bool = True, *, arm: str = "plain",
@@ -1654,11 +1746,19 @@ def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVE
     ctx = Ctx(client, ref, plan, counters, require_hits, arm=arm, baseline=baseline, reject=reject)
     if "leak" in checks and down is None:
         fresh_probes(ctx)
+    if down is None and any(c in checks for c in ("identity", *GATED)) and not any(
+            isinstance(v, ServerDown) for v in (ctx.fresh or {}).values()):
+        prompt_fidelity(ctx)
     for name in checks:
         if name not in CHECK_FNS:
             continue
         if down is not None:
             out[name] = CellResult(name, "cannot-grade", f"not graded: {down}")
+            continue
+        if ctx.gate is not None and name in GATED:
+            out[name] = CellResult(name, "cannot-grade", ctx.gate)
+            if log is not None:
+                log(f"{name}: cannot-grade - {ctx.gate}")
             continue
         t0 = time.monotonic()
         ctx.cases = []

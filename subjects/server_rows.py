@@ -25,6 +25,29 @@ from traces import env
 
 
 @dataclass(frozen=True)
+class ChatWrap:
+    """How a server wraps a ``/v1/completions`` prompt before it completes it: the prompt text as
+    the one user message of a chat, after the system message ``system`` (None: none), rendered by
+    the model's own chat template (``add_generation_prompt``) and the rendered text encoded by the
+    tokenizer (its special tokens, a BOS, as its ``encode`` adds them); ``chat_system``: the server
+    also injects ``system`` into chat requests that carry no system message. Declared on a row
+    (``ServedEngine.completions_wrap``), the grader's reference for each request is plain decode of
+    the wrapped prompt, credited only where the server's ``usage.prompt_tokens`` is its length."""
+
+    system: str | None = None
+    add_generation_prompt: bool = True
+    chat_system: bool = True
+
+    def describe(self) -> str:
+        sys_part = f" after the system message {self.system!r}" if self.system else ""
+        chat = (f"; chat requests without a system message get {self.system!r} too"
+                if self.system and self.chat_system else "")
+        return (f"every /v1/completions prompt is sent as the one user message of a chat{sys_part}, rendered by "
+                f"the model's chat template (add_generation_prompt={self.add_generation_prompt}) and the text "
+                f"encoded{chat}: the reference is plain decode of that wrapped prompt")
+
+
+@dataclass(frozen=True)
 class ServedEngine:
     """A server ``--serve`` can start: its package, how to start it, where it runs."""
 
@@ -43,6 +66,10 @@ class ServedEngine:
     # files written into its isolated home before it starts ((path under HOME, text)): defaults it takes from a
     # settings file only (no flag), turned off there and named in its row, as ``defaults_off``
     home_files: tuple[tuple[str, str], ...] = ()
+    # how it wraps a completions prompt where no flag turns that off (None: it completes the prompt as sent); named
+    # in its row, as ``defaults_off``; without it, a server whose usage.prompt_tokens shows another prompt is one
+    # identity finding and every check judged against plain decode of the prompt as sent cannot grade
+    completions_wrap: ChatWrap | None = None
 
     def available(self) -> bool:
         if self.exe is not None:
@@ -120,6 +147,10 @@ SERVERS: dict[str, ServedEngine] = {
                      # and its TurboQuant 4-bit KV cache, auto-enabled for a model without per-model settings
                      # (engines/batched.py; head dim 64 is eligible): off only in ~/.fusion-mlx/model_settings.json
                      home_files=((".fusion-mlx/model_settings.json", FUSION_SETTINGS),),
+                     # its /v1/completions (api/openai/completions.py) runs the prompt as one user message through
+                     # the chat path, whose _apply_chat_template (engines/batched.py) inserts this system message
+                     # into every chat without one (completions included; no flag) and encodes the rendered text
+                     completions_wrap=ChatWrap(system="You are a helpful assistant."),
                      note="fusion-mlx serve --model-dir (speculation needs MTP/DFlash/DSpark drafters: plain arm only)"),
         ServedEngine("qmlx-serve", "qmlx-serve==0.16.0", "vllm_mlx", "server-qmlx-serve",
                      _cli("qmlx", "serve", plain=["--served-model-name", "default_model", "--no-spec-decode"],

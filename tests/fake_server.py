@@ -83,6 +83,12 @@ check meant to catch it, and only that check):
   afresh), so seeded sampling cannot be judged: cannot grade, never a finding;
 - ``no-tool-parser`` (none: a limitation): ``tools`` reach the chat template but no tool
   call is parsed from the output (plain content): n/a;
+- ``wrap-system`` (identity, once: every check judged against plain decode of the prompt cannot
+  grade; none where the row declares the wrapping): a completions text prompt is run as the one
+  user message of a chat after the injected system message ``WRAP_SYSTEM`` (the chat template's
+  rendered text encoded), chat requests without a system message get it too, token-id prompts are
+  refused (fusion-mlx 0.10.24's ``/v1/completions``); it combines with another plant,
+  ``wrap-system+stop-label`` (the other one's finding stays);
 - ``crash-start`` (a set-up failure: cannot grade): exits at start with a log line;
 - ``slow`` (none: a correct but slow server, must pass): 0.2 s per answer, 10 ms per event;
 - ``hang`` / ``die``: stops answering (sleeps) / exits from the 3rd generation request on.
@@ -110,7 +116,8 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "seed-batch",
         "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
-        "metrics-method-named")
+        "metrics-method-named", "wrap-system")
+WRAP_SYSTEM = "You are a helpful assistant."  # wrap-system's system message (fusion-mlx 0.10.24's)
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
                "argument was passed!")
 
@@ -150,9 +157,15 @@ class FakeEngine:
 
     def reset(self, bug: str | None = None, prompt_cache_size: int = 16) -> None:
         """A fresh server state (as a new process would have): cache, counters and stats cleared."""
-        if bug is not None and bug not in BUGS:
-            raise ValueError(f"unknown bug {bug!r}; known: {', '.join(BUGS)}")
-        self.bug, self.cache_size = bug, prompt_cache_size
+        parts = bug.split("+") if bug else []
+        for b in parts:
+            if b not in BUGS:
+                raise ValueError(f"unknown bug {b!r}; known: {', '.join(BUGS)}")
+        self.wrap = "wrap-system" in parts  # combines with one other plant
+        rest = [b for b in parts if b != "wrap-system"]
+        if len(rest) > 1:
+            raise ValueError(f"one plant besides wrap-system at a time, not {bug!r}")
+        self.bug, self.cache_size = (rest[0] if rest else None), prompt_cache_size
         self.cache: list[tuple[int, ...]] = []
         self.requests = 0
         self.drafted = self.accepted = 0
@@ -217,6 +230,8 @@ class FakeEngine:
     # -- requests
 
     def prompt(self, body: dict[str, Any], chat: bool) -> list[int]:
+        if self.wrap:
+            return self._wrapped(body, chat)
         if not chat:
             p = body["prompt"]
             if isinstance(p, list) and self.bug == "no-token-ids":
@@ -239,6 +254,21 @@ class FakeEngine:
         from mlx_lm.server import convert_chat
 
         return list(self.tok.encode(convert_chat(msgs, body.get("role_mapping"))))
+
+    def _wrapped(self, body: dict[str, Any], chat: bool) -> list[int]:
+        """wrap-system: every prompt through the chat template, the system message injected."""
+        if chat:
+            msgs = list(body["messages"])
+        else:
+            p = body["prompt"]
+            if not isinstance(p, str):
+                raise ValueError("prompt must be a string")
+            msgs = [{"role": "user", "content": p}]
+        if not msgs or msgs[0].get("role") != "system":
+            msgs = [{"role": "system", "content": WRAP_SYSTEM}, *msgs]
+        kw = {"tools": body["tools"]} if chat and body.get("tools") else {}
+        return list(self.tok.encode(self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
+                                                                 **kw)))
 
     @property
     def vocab(self) -> int:

@@ -85,9 +85,10 @@ def fakes():
     Shared.stop_all(procs)
 
 
-def _grade(fakes, target: Path, draft: Path | None, bug: str | None = None, checks=SERVER_CHECKS):
-    """Grade the fake (plain arm; with ``draft`` the spec arm too, and its all-reject server)."""
-    ref = engine_reference(str(target))
+def _grade(fakes, target: Path, draft: Path | None, bug: str | None = None, checks=SERVER_CHECKS, wrap=None):
+    """Grade the fake (plain arm; with ``draft`` the spec arm too, and its all-reject server); ``wrap``: the
+    completions wrapping the row declares (``ServedEngine.completions_wrap``)."""
+    ref = engine_reference(str(target), **({"wrap": wrap} if wrap is not None else {}))
     launcher = Shared(fakes, str(target), str(draft) if draft else None, bug, deadline=20)
     arms = [("plain", None)] + ([("spec", str(draft))] if draft else [])
     reject = str(rejecting_drafter(draft, draft.parent)) if draft and "reject" in checks else None
@@ -210,7 +211,8 @@ OTHER_PLANTS = {  # set-up failures and limitations (never a finding), a server 
     "no-template": "cannot-grade", "crash-start": "cannot-grade", "no-token-ids": "pass (as text)",
     "seed-ignored": "cannot-grade", "no-tool-parser": "n/a", "slow": "pass",
     "hang": "one finding, the rest cannot-grade", "die": "one finding, the rest cannot-grade",
-    "metrics-other-method": "speculation cannot-grade", "metrics-method-named": "speculation pass"}
+    "metrics-other-method": "speculation cannot-grade", "metrics-method-named": "speculation pass",
+    "wrap-system": "one identity finding, the reference-judged checks cannot-grade; declared: pass"}
 
 
 def test_every_served_check_has_a_plant_that_reaches_its_failure_branch() -> None:
@@ -247,6 +249,80 @@ def test_each_planted_bug_is_caught_by_exactly_its_check(bug, pair, llama, tmpl,
     else:  # the plain arm is clean, the finding is speculation's
         assert not [c for c, s in _statuses(results, "plain").items() if s not in ("pass", "unsupported")]
         assert list(blame) == [check] and blame[check].startswith("speculation: fails with the prompt cache off"), blame
+
+
+# ------------------------------------------------------------------ a server that wraps the prompt (issue 32)
+
+
+GATED_CELLS = {"budget", "finish_reason", "usage", "eos", "stop", "logprobs", "cache", "concurrency"}
+
+
+def test_a_server_that_wraps_the_prompt_is_one_identity_finding_and_the_rest_cannot_grade(tmpl, fakes) -> None:
+    """fusion-mlx 0.10.24 runs every completions prompt as a chat with an injected system message: ONE root
+    cause, so ONE cell (identity, naming usage.prompt_tokens); every check judged against plain decode of the
+    prompt as sent reads cannot-grade pointing there, never FAIL; the checks of the server against itself pass."""
+    results, blame, _ = _grade(fakes, tmpl[0], None, "wrap-system")
+    st = _statuses(results, "plain")
+    assert {c for c, s in st.items() if s == "fail"} == {"identity"}, st
+    ident = results["plain"].cells["identity"]
+    assert "does not complete the prompt as sent: usage.prompt_tokens" in ident.detail, ident.detail
+    assert "prompt fidelity" in ident.case and "POST /v1/completions" in ident.case, ident.case
+    assert [k["status"] for k in ident.cases].count("fail") == 1, ident.cases
+    for c in GATED_CELLS:
+        cell = results["plain"].cells[c]
+        assert cell.status == "cannot-grade", (c, cell)
+        assert cell.detail.startswith("the server does not complete the prompt as sent (usage.prompt_tokens ")
+        assert cell.detail.endswith("its output cannot be compared with plain decode of it; see identity"), cell
+    assert {c for c, s in st.items() if s == "pass"} == {"stream", "seeded", "tools", "leak", "liveness"}, st
+    assert blame == {"identity": "server: fails without speculation"}, blame
+
+
+def test_a_declared_wrapping_is_the_reference_and_the_correct_wrapping_server_passes(tmpl, fakes, tmp_path,
+                                                                                     monkeypatch) -> None:
+    """Declared on its row (``completions_wrap``), the reference is plain decode of the wrapped prompt: the
+    fake that wraps exactly so passes every check; a server that does NOT wrap, graded as if it did, is the one
+    identity finding again (the declaration is credited only where usage.prompt_tokens agrees)."""
+    from subjects.server_rows import ChatWrap
+    from tests.fake_server import WRAP_SYSTEM
+
+    wrap = ChatWrap(system=WRAP_SYSTEM)
+    results, blame, _ = _grade(fakes, tmpl[0], None, "wrap-system", wrap=wrap)
+    bad = {c: cell.detail for c, cell in results["plain"].cells.items()
+           if cell.status != "pass" and c not in ("reject", "speculation")}
+    assert not bad and blame == {}, bad
+    assert all(len(cell.cases) >= 2 for c, cell in results["plain"].cells.items()
+               if c not in ("speculation", "tools", "reject")), {c: len(x.cases) for c, x in results["plain"].cells.items()}
+    results, _, _ = _grade(fakes, tmpl[0], None, None, checks=("identity", "stop"), wrap=wrap)
+    ident, stop = results["plain"].cells["identity"], results["plain"].cells["stop"]
+    assert ident.status == "fail" and "as its row declares it wraps it" in ident.detail, ident
+    assert stop.status == "cannot-grade" and stop.detail.endswith("see identity"), stop
+    # the row and the scoreboard say the wrapping was applied (fusion-mlx's row declares its wrapping)
+    import dataclasses
+
+    from reports.scoreboard import render_markdown
+
+    assert SERVERS["fusion-mlx"].completions_wrap == ChatWrap(system="You are a helpful assistant.")
+    monkeypatch.setitem(SERVERS, "fake", dataclasses.replace(SERVERS["fake"], completions_wrap=wrap))
+    doc = grade_served(model=str(tmpl[0]), serve="fake", out=tmp_path, checks=("identity", "liveness"),
+                       env={"SPECPARITY_FAKE_SERVER_BUG": "wrap-system"})
+    assert doc["setup"]["completions_wrap"] == wrap.describe(), doc["setup"]
+    assert {c: r["status"] for c, r in doc["modes"]["plain"]["checks"].items()} == {
+        "identity": "pass", "liveness": "pass"}, doc["modes"]["plain"]["checks"]
+    assert f"completions prompt wrapped as the row declares: {wrap.describe()}" in render_markdown([doc])
+
+
+def test_a_wrapping_server_with_a_stop_bug_still_fails_the_stop_check(tmpl, fakes) -> None:
+    """The declared wrapping hides no finding: the wrapping fake with the stop-trailing-logprob plant is
+    caught by the stop check (and only it)."""
+    from subjects.server_rows import ChatWrap
+    from tests.fake_server import WRAP_SYSTEM
+
+    results, _, _ = _grade(fakes, tmpl[0], None, "wrap-system+stop-trailing-logprob",
+                           wrap=ChatWrap(system=WRAP_SYSTEM))
+    st = _statuses(results, "plain")
+    assert {c for c, s in st.items() if s == "fail"} == {"stop"}, st
+    assert "logprob entries came back" in results["plain"].cells["stop"].detail
+    assert {c for c, s in st.items() if s == "cannot-grade"} == set(), st
 
 
 def test_usage_reencode_shows_on_a_word_level_model_only_where_a_stop_trims_the_text(pair, fakes) -> None:

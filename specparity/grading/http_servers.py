@@ -91,7 +91,13 @@ from subjects.served import (
     send,
     speculation_cell,
 )
-from subjects.server_rows import SERVERS, ServedEngine, availability, server_bin  # noqa: F401  (the rows the job grades)
+from subjects.server_rows import (  # noqa: F401  (the rows the job grades)
+    SERVERS,
+    ChatWrap,
+    ServedEngine,
+    availability,
+    server_bin,
+)
 
 DEFAULT_OUT = Path("runs/grade-servers")
 STARTUP_TIMEOUT = 180.0
@@ -320,8 +326,14 @@ def model_record(arg: str, mdir: Path) -> dict[str, Any]:
 
 
 @cache
-def engine_reference(model_dir: str, prompts: tuple[str, ...] | None = None) -> Reference:
-    """Plain greedy decode of ``model_dir`` by our engine, as the checks' :class:`Reference`."""
+def engine_reference(model_dir: str, prompts: tuple[str, ...] | None = None, wrap: ChatWrap | None = None
+                     ) -> Reference:
+    """Plain greedy decode of ``model_dir`` by our engine, as the checks' :class:`Reference`.
+
+    ``wrap``: how the server wraps a completions prompt (its row's ``completions_wrap``): the
+    reference's completions prompt is that chat (the system message, the prompt as the user's),
+    rendered by the model's chat template and the text encoded, and its chat prompt gets the
+    system message too where ``wrap.chat_system``."""
     import mlx.core as mx
 
     from engine.executor import GenerationParams, plain_generate
@@ -334,8 +346,18 @@ def engine_reference(model_dir: str, prompts: tuple[str, ...] | None = None) -> 
     def encode(text: str) -> list[int]:
         return list(tok.encode(text))
 
+    def wrapped(text: str, completions: bool) -> list[int]:
+        assert wrap is not None
+        sys_msg = [{"role": "system", "content": wrap.system}] if wrap.system and (
+            completions or wrap.chat_system) else []
+        rendered = tok.apply_chat_template([*sys_msg, {"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=wrap.add_generation_prompt)
+        return list(tok.encode(rendered))
+
     def chat_prompt(text: str) -> list[int]:
         msgs = [{"role": "user", "content": text}]
+        if wrap is not None and tok.has_chat_template:
+            return wrapped(text, completions=False)
         if tok.has_chat_template:
             return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
         from mlx_lm.server import convert_chat
@@ -370,7 +392,9 @@ def engine_reference(model_dir: str, prompts: tuple[str, ...] | None = None) -> 
                      prompts=list(prompts) if prompts else _prompts(tok),
                      eos_text=tuple(str(tok.convert_ids_to_tokens(e)) for e in eos),
                      has_chat_template=bool(tok.has_chat_template),
-                     bos_id=bos if bos is not None and with_bos[:1] == [bos] else None)
+                     bos_id=bos if bos is not None and with_bos[:1] == [bos] else None,
+                     completion_prompt=(lambda text: wrapped(text, completions=True)) if wrap is not None else None,
+                     wrap=wrap.describe() if wrap is not None else None)
 
 
 def _prompts(tok: Any, n: int = N_PROMPTS, seed: int = 24) -> list[str]:
@@ -698,6 +722,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         "setup": {"serve_args": [_public_arg(a) for a in serve_args], "serve_env": env_keys,
                   "defaults_off": list(eng.defaults_off) if eng else [],
                   **({"home_files": dict(eng.home_files)} if eng and eng.home_files else {}),
+                  **({"completions_wrap": eng.completions_wrap.describe()} if eng and eng.completions_wrap else {}),
                   "prompt_cache_off_flag": list(eng.cache_off) if eng and eng.cache_off else None,
                   "isolated_home": bool(serve)},
     }
@@ -711,7 +736,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         if not eng.available():
             doc.update(available=False, reason=availability(eng.name)[1])
             return doc
-    ref = engine_reference(str(mdir), prompts)
+    ref = engine_reference(str(mdir), prompts, eng.completions_wrap if eng is not None else None)
     plan = make_plan(ref, checks)
     doc["setup"]["plan_notes"] = plan.notes
     if url is not None:
