@@ -169,15 +169,15 @@ def _server_table(docs: list[dict[str, Any]]) -> list[str]:
              "endpoint it cannot serve for this model; never a finding), not engaged (a spec arm that never "
              "speculated) or n/a.", ""]
     head = ["server", "model", "arm"] + [SERVER_TITLES[c] for c in order]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += _md_head(head)
     for r in rows(servers):
         eng = f"{r['engine']} {r['version'] or ''}".strip() + (" (stale)" if r["doc"].get("stale") else "")
         model = _model_name(r["doc"])
         if "unavailable" in r:
-            lines.append(f"| {eng} | {model} | — | " + " | ".join(["not run"] * len(order)) + " |")
+            lines.append(_md_row([eng, model, "—", *["not run"] * len(order)]))
             continue
         cells = ["—" if r["checks"].get(c) is None else _md_escape(_cell(r["checks"][c])[1]) for c in order]
-        lines.append(f"| {eng} | {model} | {r['mode']} | " + " | ".join(cells) + " |")
+        lines.append(_md_row([eng, model, r["mode"], *cells]))
     stale = [d for d in servers if d.get("stale")]
     if stale:
         lines += ["", "Rows marked (stale) were graded by an older version of the checks:", ""]
@@ -207,19 +207,29 @@ def _batched_table(docs: list[dict[str, Any]]) -> list[str]:
              "position, every greedy row against the engine's serial run, and what the loop commits per row "
              "(docs/batched.md).", ""]
     head = ["loop", "mode"] + [BATCHED_TITLES[c] for c in order]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += _md_head(head)
     for r in rows(batched):
         eng = f"{r['engine']} {r['version'] or ''}".strip()
         if "unavailable" in r:
-            lines.append(f"| {eng} | — | " + " | ".join(["not run"] * len(order)) + " |")
+            lines.append(_md_row([eng, "—", *["not run"] * len(order)]))
             continue
         cells = []
         for c in order:
             res = r["checks"].get(c)
             text = "—" if res is None else _cell(res)[1] + (f" ({res['summary']})" if res.get("summary") else "")
             cells.append(_md_escape(text))
-        lines.append(f"| {eng} | {r['mode']} | " + " | ".join(cells) + " |")
+        lines.append(_md_row([eng, r["mode"], *cells]))
     return lines
+
+
+def _md_row(cells: list[str]) -> str:
+    """One markdown table row of ``cells`` (already escaped)."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def _md_head(head: list[str]) -> list[str]:
+    """A markdown table's header row and its separator."""
+    return [_md_row(head), "|" + "---|" * len(head)]
 
 
 def _md_escape(s: str) -> str:
@@ -233,17 +243,17 @@ def render_markdown(docs: list[dict[str, Any]]) -> str:
              "unmodified through its public API on the tiny zoo targets (`subjects/`); the checks "
              "are `subjects/checks.py`.", ""]
     head = ["engine", "mode"] + [CHECK_TITLES[c] for c in CHECK_ORDER]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += _md_head(head)
     for r in rows([d for d in docs if not is_server(d) and not is_batched(d)]):
         eng = f"{r['engine']} {r['version'] or ''}".strip()
         if "unavailable" in r:
-            lines.append(f"| {eng} | — | " + " | ".join(["not run"] * len(CHECK_ORDER)) + " |")
+            lines.append(_md_row([eng, "—", *["not run"] * len(CHECK_ORDER)]))
             continue
         cells = []
         for c in CHECK_ORDER:
             res = r["checks"].get(c)
             cells.append("—" if res is None else _md_escape(_cell(res)[1]))
-        lines.append(f"| {eng} | {r['mode']} | " + " | ".join(cells) + " |")
+        lines.append(_md_row([eng, r["mode"], *cells]))
     lines += _batched_table(docs)
     lines += _server_table(docs)
     lines += ["", "## Modes", ""]
