@@ -108,6 +108,7 @@ from typing import Any
 
 from subjects.checks import first_divergence
 from subjects.http_client import HttpClient, ServerDown, ServerError
+from traces.diff import common_prefix
 
 __all__ = ["SERVER_CHECKS", "CellResult", "HttpClient", "Reference", "Request", "ServerDown", "ServerError",
            "SpecCounters", "make_plan", "run_checks", "send"]
@@ -1213,16 +1214,6 @@ def _hit(ctx: Ctx, req: Request, r: Reply, n_prompt: int, need: int, what: str) 
     return None
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the common prefix of ``a`` and ``b``."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def check_cache(ctx: Ctx) -> str:
     ref, ps = ctx.ref, ctx.plan.no_eos("cache")
     if not ps:
@@ -1246,7 +1237,7 @@ def check_cache(ctx: Ctx) -> str:
     body = list(other[1:]) if ref.bos_id is not None and other and other[0] == ref.bos_id else list(other)
     plan = [  # (case, ids sent, the cached tokens it needs given the prompt the server builds from them)
         ("cache: repeated identical request", list(p.ids), lambda b: len(b) - 1),
-        ("cache: shared-prefix follow-up", list(p.ids) + body, lambda b: max(1, _common(b, cold_built) - 1)),
+        ("cache: shared-prefix follow-up", list(p.ids) + body, lambda b: max(1, common_prefix(b, cold_built) - 1)),
         ("cache: exact continuation (prompt ids + the server's completion ids)", list(p.ids) + list(out),
          lambda b: len(cold_built) + 1),  # more than the cold prompt: its generated tokens reused
     ]
