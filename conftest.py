@@ -8,7 +8,9 @@ never reaches the Hugging Face hub (``HF_HUB_OFFLINE``): every model is built lo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
@@ -56,6 +58,42 @@ def short_target_trim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(caches, "trim", trim)
 
 
+# ------------------------------------------------------------------ parallel workers
+# The default run is ``python -m pytest -n auto --dist loadgroup`` (pytest-xdist): tests run in
+# several processes at once, so none may write into the checkout's ``runs/`` (the default output
+# folders ``runs/latest``, ``runs/ab``, ``runs/bench``, ``runs/regen``): two workers would collide
+# on one folder's lock, and a user's own runs would be overwritten. Give ``--out tmp_path`` or use
+# the ``in_tmp`` fixture. Folders the tox environments build on purpose are left out.
+_RUNS = Path(__file__).resolve().parent / "runs"
+_RUNS_OWNED_BY_TOX = {"served-models", "scoreboard"}
+
+
+def runs_entries(runs: Path = _RUNS) -> set[str]:
+    """The entries of the checkout's ``runs/`` a test may not add."""
+    try:
+        return {p.name for p in runs.iterdir()} - _RUNS_OWNED_BY_TOX
+    except FileNotFoundError:
+        return set()
+
+
+def runs_written(before: set[str], runs: Path = _RUNS) -> str | None:
+    """The one-line failure when entries were added to ``runs/`` since ``before``, else None."""
+    new = sorted(runs_entries(runs) - before)
+    if not new:
+        return None
+    return (f"this test wrote into the checkout's runs/ ({', '.join(new)}): unsafe under parallel "
+            "workers; give --out under tmp_path or use the in_tmp fixture")
+
+
+@pytest.fixture(autouse=True)
+def _no_writes_into_the_checkouts_runs() -> Iterator[None]:
+    before = runs_entries()
+    yield
+    why = runs_written(before)
+    if why:
+        pytest.fail(why, pytrace=False)
+
+
 # ------------------------------------------------------------------ heavy matrices
 def pytest_runtest_setup(item):  # noqa: ANN001, ANN201
     """``@pytest.mark.heavy`` tests (whole-zoo matrices of minutes) run only when asked for:
@@ -67,3 +105,72 @@ def pytest_runtest_setup(item):  # noqa: ANN001, ANN201
     asked = any(m in expr and f"not {m}" not in expr for m in ("slow", "heavy"))
     if not (asked or os.environ.get("SPECPARITY_PROMPTS") == "all"):
         pytest.skip("heavy matrix: run with -m slow or SPECPARITY_PROMPTS=all (nightly)")
+
+
+# ------------------------------------------------------------------ which oracles ran (tox summary)
+# Every pytest run under tox (or with SPECPARITY_RESULTS_DIR set) writes one JSON into
+# $SPECPARITY_RESULTS_DIR, else $TOX_WORK_DIR/results/: its environment, each reference/subject/
+# server runner's availability there (with the reason when missing), and the outcome and skip
+# reason of every `oracle`/`subject`-marked test. `tox -e summary` (last in `tox -m oracles`,
+# `-m subjects`, `-m servers`) combines them: reports/oracle_runs.py.
+_MARKED = ("oracle", "subject")
+
+
+def results_dir() -> Path | None:
+    d = os.environ.get("SPECPARITY_RESULTS_DIR")
+    if d:
+        return Path(d)
+    return Path(os.environ["TOX_WORK_DIR"]) / "results" if os.environ.get("TOX_WORK_DIR") else None
+
+
+_RESULTS: list[dict] | None = None  # the controller's records (xdist workers keep None)
+
+
+def pytest_configure(config):  # noqa: ANN001, ANN201
+    global _RESULTS
+    if results_dir() is not None and not hasattr(config, "workerinput"):
+        _RESULTS = []
+
+
+def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
+    if _RESULTS is None or not any(m in report.keywords for m in _MARKED):
+        return
+    if report.when != "call" and report.outcome == "passed":
+        return  # setup/teardown that passed: the call's report says it
+    outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    reason = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+    elif report.failed:
+        reason = f"failed in {report.when}"
+    _RESULTS.append({"id": report.nodeid, "outcome": outcome, "reason": reason,
+                     "markers": [m for m in _MARKED if m in report.keywords]})
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201
+    out = results_dir()
+    if _RESULTS is None or out is None:
+        return
+    import hashlib
+    import json
+    import time
+
+    try:
+        from specparity.runners.registry import all_runners
+
+        runners = {}
+        for name, r in sorted(all_runners().items()):
+            if r.kind in ("reference", "subject", "server"):
+                ok, why = r.availability()
+                runners[name] = {"kind": r.kind, "available": ok, "why": "" if ok else why}
+    except Exception as exc:  # the summary names it instead of losing the run's results
+        runners = {"<registry>": {"kind": "error", "available": False, "why": f"{type(exc).__name__}: {exc}"}}
+    env = os.environ.get("TOX_ENV_NAME", "local")
+    args = " ".join(session.config.invocation_params.args)
+    doc = {"env": env, "args": args, "exitstatus": int(exitstatus), "finished": time.strftime(
+        "%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runners": runners, "tests": _RESULTS}
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{env}--{hashlib.sha256(args.encode()).hexdigest()[:8]}.json"
+    from traces.io import atomic_write_text
+
+    atomic_write_text(out / name, json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -186,9 +186,9 @@ def ref_from_header(block: dict[str, Any]) -> str:
     root = env.get("SPECPARITY_CACHE_DIR", Path.home() / ".cache" / "specparity")
     path = root / "grammars" / hashlib.sha256(g.digest.encode()).hexdigest()[:16] / (
         "".join(c if c.isalnum() or c in "-_." else "_" for c in name) + _SUFFIX[str(kind)])
-    if not path.exists():
+    if not path.exists():  # a unique temp name: concurrent writers (parallel test workers) never share one
+        from traces.io import atomic_write_text
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, text)
     return str(path)

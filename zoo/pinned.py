@@ -7,17 +7,19 @@ files with their pinned sha256 (also for the committed trained pair, ``zoo.train
 artifact is built into a temp dir
 beside its final name and renamed into place (a killed build leaves nothing
 under the final name; a concurrent build's result is kept), then its files
-are checked against the pinned digests. The check is repeated whenever a
+are checked against the pinned digests. Concurrent builders (parallel test workers) take a
+file lock beside the artifact, so one builds and the others wait for its result. The check is repeated whenever a
 file's size, mtime or inode changes, so tampering after a build is caught.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +44,32 @@ def stamp(d: Path, files: Sequence[str]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+@contextlib.contextmanager
+def _build_lock(root: Path, dirname: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``root/.dirname.lock`` across processes (parallel test workers,
+    two runs at once): one builds, the others wait and find its result. Where ``fcntl`` is
+    missing the atomic rename below still keeps a concurrent build safe (only slower)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{dirname}.lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def build(root: Path, dirname: str, write: Callable[[Path], Any]) -> Path:
     """``root/dirname``, written by ``write(tmp_dir)`` and renamed into place if absent."""
     d = root / dirname
-    with _LOCK:
-        if (d / MARKER).exists():
+    if (d / MARKER).exists():
+        return d
+    with _LOCK, _build_lock(root, dirname):
+        if (d / MARKER).exists():  # built by another process while we waited
             return d
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dirname}.tmp-", dir=root))

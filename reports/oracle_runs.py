@@ -1,0 +1,115 @@
+"""One summary of every oracle, subject and server run: which ran, in which tox environment,
+which were skipped and why.
+
+The references, third-party engines and servers live in their own tox environments (their pins
+conflict): ``tox -m oracles``, ``tox -m subjects``, ``tox -m servers``. Every pytest run under tox
+writes one JSON result into ``.tox/results/`` (the root ``conftest.py``: the environment, each
+reference/subject/server runner's availability there with the reason when missing, and the
+outcome and skip reason of each ``oracle``/``subject``-marked test). This module combines them::
+
+    python -m reports.oracle_runs .tox/results [--out .tox/results/summary.md]
+
+(``tox -e summary``, the last environment of each label). Exit 0 when every recorded test passed
+or was skipped, 1 when one failed (the table names it), 2 when the folder holds no results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+OUTCOMES = ("passed", "failed", "skipped", "xfailed")
+
+
+def load(folder: Path) -> list[dict[str, Any]]:
+    """Every result document in ``folder`` (``*.json``), ordered by environment name.
+
+    Raises ``ValueError`` naming the file when one is not a result document."""
+    docs = []
+    for p in sorted(folder.glob("*.json")):
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{p}: not a readable JSON result ({exc})") from exc
+        if not isinstance(doc, dict) or not {"env", "runners", "tests"} <= doc.keys():
+            raise ValueError(f"{p}: not a test-results document (needs env, runners, tests)")
+        docs.append(doc)
+    return sorted(docs, key=lambda d: (d["env"], d.get("args", "")))
+
+
+def _counts(tests: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(t["outcome"] for t in tests)
+
+
+def summarize(docs: list[dict[str, Any]]) -> str:
+    """The Markdown summary: per environment the outcomes, per runner where it ran or why not,
+    every failure, and the skip reasons with their counts."""
+    lines = ["# Oracle, subject and server runs", ""]
+    lines += ["| environment | pytest args | finished | " + " | ".join(OUTCOMES) + " |",
+              "|---|---|---|" + "---|" * len(OUTCOMES)]
+    for d in docs:
+        c = _counts(d["tests"])
+        lines.append(f"| {d['env']} | `{d.get('args', '')}` | {d.get('finished', '?')} | "
+                     + " | ".join(str(c.get(o, 0)) for o in OUTCOMES) + " |")
+    ran: dict[str, list[str]] = defaultdict(list)
+    missing: dict[str, dict[str, str]] = defaultdict(dict)
+    kinds: dict[str, str] = {}
+    for d in docs:
+        for name, r in d["runners"].items():
+            kinds[name] = r.get("kind", "?")
+            if r.get("available"):
+                if d["env"] not in ran[name]:
+                    ran[name].append(d["env"])
+            else:
+                missing[name].setdefault(d["env"], r.get("why", ""))
+    lines += ["", "## Where each runs", "",
+              "| runner | kind | ran in | not available in (why, first environment's words) |", "|---|---|---|---|"]
+    for name in sorted(kinds, key=lambda n: (kinds[n], n)):
+        gone = missing.get(name, {})
+        why = ""
+        if gone:
+            first = next(iter(gone.values()))
+            why = f"{len(gone)} environment(s): {first}"
+        lines.append(f"| {name} | {kinds[name]} | {', '.join(ran.get(name, [])) or '**nowhere**'} | {why} |")
+    failed = [(d["env"], t) for d in docs for t in d["tests"] if t["outcome"] == "failed"]
+    lines += ["", f"## Failures ({len(failed)})", ""]
+    lines += [f"- {env}: `{t['id']}` ({t.get('reason', '')})" for env, t in failed] or ["none"]
+    skips: Counter[tuple[str, str]] = Counter(
+        (d["env"], t.get("reason", "")) for d in docs for t in d["tests"] if t["outcome"] == "skipped")
+    lines += ["", "## Skipped, and why", "", "| environment | tests | reason |", "|---|---|---|"]
+    for (env, reason), n in sorted(skips.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1])):
+        lines.append(f"| {env} | {n} | {reason.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reports.oracle_runs", description=__doc__.split("\n")[0])
+    ap.add_argument("folder", type=Path, help="the results folder (.tox/results)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
+    a = ap.parse_args(argv)
+    if not a.folder.is_dir():
+        print(f"error: {a.folder}: no results folder (run `tox -m oracles` first)", file=sys.stderr)
+        return 2
+    try:
+        docs = load(a.folder)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not docs:
+        print(f"error: {a.folder}: no results (*.json) in it (run `tox -m oracles` first)", file=sys.stderr)
+        return 2
+    text = summarize(docs)
+    if a.out is not None:
+        from traces.io import atomic_write_text
+
+        atomic_write_text(a.out, text)
+    sys.stdout.write(text)
+    return 1 if any(t["outcome"] == "failed" for d in docs for t in d["tests"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
