@@ -332,8 +332,8 @@ def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: To
 def as_trace(mode: str, prompt: Sequence[int], params: Any, records: Sequence[dict[str, Any]],
              source: str | None = None) -> Trace:
     """An in-memory trace of one run's records (the header fields the witness reads: the sampling
-    pipeline's keys through ``engine.pipeline.header_params``, the prefill and quantized KV)."""
-    from engine.pipeline import header_params
+    pipeline's keys through ``engine.params.header_params``, the prefill and quantized KV)."""
+    from engine.params import header_params
 
     core, extra = header_params(params.sampler, params.seed)
     p: dict[str, Any] = {**core, **extra, "prefill": getattr(params, "prefill", None),

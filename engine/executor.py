@@ -43,18 +43,18 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from engine import caches as cache_ops
 from engine.hooks import NO_OBSERVER, NO_REUSE, Reuse, RoundObserver, observing
+from engine.params import GenerationParams
 from engine.pipeline import SamplingPipeline, WalkResult
-from engine.rollback import ROTATING_MODES, CacheRollback
-from engine.sampler import SamplerParams, StepSampler, margin_array, margins_list, token_ids
+from engine.rollback import CacheRollback
+from engine.sampler import StepSampler, margin_array, margins_list, token_ids
 from engine.seam import (
-    PREFILL_MODES,
     DraftProvider,
     DraftSource,
     PrefillMode,
@@ -73,54 +73,6 @@ from engine.telemetry import SpecCounters, Usage
 
 __all__ = ["PLAIN_PREFILL_STEP", "SPEC_PREFILL_STEP", "GenerationParams", "GenerationResult", "OnToken",
            "generation_stream", "plain_generate", "refeed", "spec_generate"]
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Per-request settings shared by plain and speculative decode."""
-
-    max_tokens: int = 32
-    gamma: int = 3
-    sampler: SamplerParams = field(default_factory=SamplerParams)
-    seed: int | None = 0
-    prefill: PrefillMode | None = None
-    prefill_step_size: int | None = None
-    eos_ids: tuple[int, ...] = ()
-    stop_sequences: tuple[tuple[int, ...], ...] = ()
-    cache_digests: bool = True
-    on_no_rollback: str = "plain"  # "plain": finish with plain decode; "error": raise
-    # Rotating caches past the ring wrap: "guard" (§2: finish with plain decode) or
-    # "exact" (engine/rollback.py RingRound: keep, restore and re-apply; guard as fallback).
-    rotating: str = "guard"
-    # Quantized KV (mlx-lm generate_step / speculative_generate_step parameters).
-    kv_bits: int | None = None
-    kv_group_size: int = 64
-    quantized_kv_start: int = 5000
-    # Grammar-constrained decoding (engine.grammar: mask in the accept walk, drafter free).
-    grammar: Any = None
-
-    @property
-    def kv(self) -> cache_ops.KVQuantization | None:
-        if self.kv_bits is None:
-            return None
-        return cache_ops.KVQuantization(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
-
-    def __post_init__(self) -> None:
-        self.kv  # noqa: B018  # validates kv_bits / kv_group_size / quantized_kv_start
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {self.gamma}")
-        if self.prefill is not None and self.prefill not in PREFILL_MODES:
-            raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
-        if self.prefill_step_size is not None and self.prefill_step_size < 1:
-            raise ValueError("prefill_step_size must be >= 1")
-        if self.on_no_rollback not in ("plain", "error"):
-            raise ValueError(f"on_no_rollback must be 'plain' or 'error', got {self.on_no_rollback!r}")
-        if self.rotating not in ROTATING_MODES:
-            raise ValueError(f"rotating must be one of {ROTATING_MODES}, got {self.rotating!r}")
-        if any(len(s) == 0 for s in self.stop_sequences):
-            raise ValueError("stop sequences must not be empty")
 
 
 @dataclass

@@ -333,75 +333,12 @@ def allowed_top2(view: mx.array) -> tuple[tuple[int, float], tuple[int, float] |
     return first, second
 
 
-# ---------------------------------------------------------------------- the trace header
-# The pipeline's part of a trace header's ``params`` (traces/INTERPRETING.md): written by
-# :func:`header_params` (every runner's header builder, ``specparity.runners``) and read back
-# by :func:`params_from_header` (the numerics witness). ``tests/test_pipeline.py`` plants a
-# non-default value in every ``SamplerParams`` field and checks the round trip, so a stage
-# added to the pipeline cannot be forgotten by the replay.
-
-_PROCESSOR_KEYS = ("repetition_penalty", "repetition_context_size", "presence_penalty",
-                   "presence_context_size", "frequency_penalty", "frequency_context_size")
-
-
-def processors_block(proc: Any) -> dict[str, Any]:
-    """The header's ``params.logits_processors`` block of a ``ProcessorParams``."""
-    kw = proc.kwargs()
-    kw["logit_bias"] = [[t, v] for t, v in (kw["logit_bias"] or {}).items()]
-    return {**kw, "history_prompt": proc.history_prompt}
-
-
-def processors_from_block(block: Any) -> Any:
-    """Inverse of :func:`processors_block` (a ``ProcessorParams``; ValueError on a bad block)."""
-    from engine.sampler import ProcessorParams
-
-    if not isinstance(block, dict):
-        raise ValueError(f"params.logits_processors must be an object, got {type(block).__name__}")
-    bias = block.get("logit_bias") or ()
-    return ProcessorParams(
-        logit_bias=tuple((int(t), float(v)) for t, v in bias),
-        **{k: block[k] for k in (*_PROCESSOR_KEYS, "history_prompt") if k in block and block[k] is not None})
-
-
-def header_params(sampler: Any, seed: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(core, extra)``: the header keys of a request's sampling pipeline.
-
-    ``core`` (always present, in this order): temperature, top_p, top_k, min_p, seed; ``extra``
-    (present only when not the default, so older traces keep their bytes): logits_processors,
-    min_tokens, rng.
-    """
-    core = {"temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k,
-            "min_p": sampler.min_p, "seed": seed}
-    extra: dict[str, Any] = {}
-    if sampler.effective_processors.active:
-        extra["logits_processors"] = processors_block(sampler.effective_processors)
-    if sampler.min_tokens:
-        extra["min_tokens"] = sampler.min_tokens
-    if sampler.rng != "stream":
-        extra["rng"] = sampler.rng
-    return core, extra
-
-
-def sampler_from_header(params: dict[str, Any]) -> Any:
-    """The ``SamplerParams`` a header's ``params`` records (inverse of :func:`header_params`)."""
-    from engine.sampler import ProcessorParams, SamplerParams
-
-    lp = params.get("logits_processors")
-    proc = processors_from_block(lp) if lp is not None else ProcessorParams()
-    return SamplerParams(
-        temperature=float(params.get("temperature") or 0.0), top_p=float(params.get("top_p") or 0.0),
-        top_k=int(params.get("top_k") or 0), min_p=float(params.get("min_p") or 0.0),
-        processors=proc if proc.active else ProcessorParams(),
-        min_tokens=int(params.get("min_tokens") or 0), rng=str(params.get("rng") or "stream"))
-
-
-def params_from_header(header: dict[str, Any], grammar: Any = None) -> Any:
-    """The ``GenerationParams`` a run's pipeline was built from, as its trace header records
-    them (sampler, seed, EOS ids, max tokens; ``grammar``: the compiled grammar, which needs
-    the tokenizer: ``engine.grammar.grammar_from_header``)."""
-    from engine.executor import GenerationParams
-
-    p = header.get("params") or {}
-    return GenerationParams(max_tokens=int(p.get("max_tokens") or 1), gamma=0, sampler=sampler_from_header(p),
-                            seed=p.get("seed"), eos_ids=tuple(int(t) for t in header.get("eos_ids") or ()),
-                            grammar=grammar)
+# The trace-header codec lives in engine/params.py beside GenerationParams; re-exported here for
+# specparity.runners (its source is digested by every golden: it keeps this import path).
+from engine.params import (  # noqa: E402, F401
+    header_params,
+    params_from_header,
+    processors_block,
+    processors_from_block,
+    sampler_from_header,
+)

@@ -65,12 +65,8 @@ import mlx.core as mx
 
 from engine.audit import clone_caches
 from engine.caches import KVQuantization, quantize_kv
-from engine.pipeline import (
-    SamplingPipeline,
-    allowed_top2,
-    params_from_header,
-    processors_from_block,
-)
+from engine.params import params_from_header, processors_from_block
+from engine.pipeline import SamplingPipeline, allowed_top2
 from engine.rollback import RECURRENT_MIXERS, is_arrays, is_kv, is_rotating
 from engine.sampler import SamplerParams, StepSampler, token_ids
 from engine.stream import PLAIN_PREFILL_STEP, SPEC_PREFILL_STEP, prefill_chunks
@@ -176,7 +172,7 @@ PipelineFactory = Callable[[Trace], SamplingPipeline]
 
 
 def header_pipeline(trace: Trace, grammar: Any = None) -> SamplingPipeline:
-    """The run's sampling pipeline as its header records it (``engine.pipeline.params_from_header``):
+    """The run's sampling pipeline as its header records it (``engine.params.params_from_header``):
     processors, min_tokens, the draw's RNG mode; ``grammar``: its compiled grammar (needs the
     tokenizer; :class:`NumericsWitness` resolves it)."""
     params = params_from_header(trace.header, grammar)

@@ -28,12 +28,8 @@ from typing import Any
 import pytest
 
 from engine.nonexact import emulate_nonexact, exact
-from engine.pipeline import (
-    SamplingPipeline,
-    header_params,
-    params_from_header,
-    sampler_from_header,
-)
+from engine.params import header_params, params_from_header, sampler_from_header
+from engine.pipeline import SamplingPipeline
 from engine.sampler import ProcessorParams, SamplerParams
 from specparity.cases.case import Case
 from specparity.runners import case_paths, load_model, numerics_witness, run_case
