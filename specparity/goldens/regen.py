@@ -4,8 +4,9 @@ The matrix is every golden set the runner registry declares (``Runner.goldens``)
 narrowed by runner, by a glob on the case id / file stem, or to the goldens
 that are stale, corrupt or missing (``--stale-only``). Each (runner, case) is
 one task, :func:`regen_task`, run on a local process pool (``spawn``; each
-worker loads the zoo models once) or on Ray (``--ray [ADDRESS]``): the same
-function on both paths, so their goldens are byte-identical.
+worker loads the zoo models once) or on Ray (``--ray [ADDRESS]``), both from
+``specparity.cli.pool`` (shared with the main job): the same function on both
+paths, so their goldens are byte-identical.
 
 Only this (parent) process writes. For each result it compares the new trace
 with the old golden (``diff_traces`` at round level) and then:
@@ -37,13 +38,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from specparity.cli.pool import execute
 from specparity.goldens import manifest as g
 from specparity.runners import registry
 
@@ -60,47 +61,6 @@ def regen_task(runner: str, case: Any) -> tuple[str, list[dict[str, Any]]]:
     produce = registry.golden_sets()[runner].produce
     records = produce(case) if produce is not None else run_case(runner, case)
     return g.golden_key(runner, case), g.normalize_records(records)
-
-
-def die_with_parent() -> None:
-    """Make this (worker) process end when its parent dies, even by ``kill -9``.
-
-    Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` through ctypes (prctl(2)), plus
-    a daemon thread that exits when the process is re-parented (other
-    platforms, or a parent that died before the prctl). Pool workers of a
-    killed ``regen``/``run`` thus never linger.
-    """
-    import multiprocessing as mp
-    import signal
-    import threading
-
-    # The parent multiprocessing recorded at spawn, not getppid(): a parent killed while this
-    # worker was still starting up has already been replaced by the reaper.
-    spawner = mp.parent_process()
-    parent = spawner.pid if spawner is not None and spawner.pid else os.getppid()
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
-
-
-def _pool_init() -> None:
-    # Workers of a 2-core pool: keep each to one BLAS thread.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    die_with_parent()
 
 
 @dataclass
@@ -194,72 +154,6 @@ def _progress(total: int) -> Any:
     from specparity.cli.progress import progress
 
     return progress(total, "regen goldens", "golden")
-
-
-def _run_pool(jobs: list[tuple[str, Any]], workers: int,
-              on_result: Callable[[str, Any, BaseException | None], None]) -> None:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init) as ex:
-        futs = {ex.submit(regen_task, r, c): g.golden_key(r, c) for r, c in jobs}
-        try:
-            for fut in as_completed(futs):
-                exc = fut.exception()
-                on_result(futs[fut], None if exc else fut.result()[1], exc)
-        except BaseException:  # SIGTERM, Ctrl-C, a failed write: queued goldens are not started
-            ex.shutdown(wait=True, cancel_futures=True)
-            raise
-
-
-def _run_inline(jobs: list[tuple[str, Any]],
-                on_result: Callable[[str, Any, BaseException | None], None]) -> None:
-    """In this process, one after another (``workers=0``: tests, debugging)."""
-    for r, c in jobs:
-        key = g.golden_key(r, c)
-        try:
-            records = regen_task(r, c)[1]
-        except Exception as exc:
-            on_result(key, None, exc)
-            continue
-        on_result(key, records, None)
-
-
-@contextmanager
-def ray_session(address: str | None, num_cpus: int | None) -> Iterator[Any]:
-    """Ray, joined at ``address`` or started locally (and shut down after) — shared by
-    ``regen --ray`` and ``run``/``grade --ray``."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ValueError("--ray needs Ray: pip install 'specparity[ray]'") from exc
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _run_ray(jobs: list[tuple[str, Any]], address: str | None,
-             on_result: Callable[[str, Any, BaseException | None], None]) -> None:
-    with ray_session(address, 2) as ray:
-        task = ray.remote(regen_task)
-        refs = {task.remote(r, c): g.golden_key(r, c) for r, c in jobs}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                try:
-                    on_result(refs[ref], ray.get(ref)[1], None)
-                except ray.exceptions.RayTaskError as exc:
-                    on_result(refs[ref], None, exc)
 
 
 def regen(
@@ -380,12 +274,9 @@ def _regen(
 
     with _progress(len(jobs)) if progress else _NoBar() as bar:
         if jobs:
-            if ray:
-                _run_ray(jobs, ray_address, on_result)
-            elif workers == 0:
-                _run_inline(jobs, on_result)
-            else:
-                _run_pool(jobs, workers if workers is not None else os.cpu_count() or 1, on_result)
+            execute(regen_task, jobs, lambda job, res, exc: on_result(g.golden_key(*job), None if exc else res[1], exc),
+                    workers=workers if workers is not None else os.cpu_count() or 1,
+                    ray_address=(ray_address or "") if ray else None, ray_cpus=2)
     outcomes = [Outcome(**journal["done"][k]) for k in sorted(journal["done"])]
     g.assert_lock_held(golden_dir, "removing the regen journal")
     (golden_dir / JOURNAL_NAME).unlink(missing_ok=True)

@@ -2,9 +2,9 @@
 
 Runs the engine and every available oracle on the cases — the zoo matrix (the
 built-in default suite), a user's pair or a TOML suite (``specparity/cases/suite.py``)
-— on one of the backends of ``specparity/goldens/regen.py`` (in process, a ``spawn``
-process pool, or Ray; the same task function, so identical traces), writes one trace
-per (runner, case) under ``OUT/traces/<runner>/``, compares them — engine vs
+— on one of the backends of ``specparity/cli/pool.py`` (in process, a ``spawn``
+process pool, or Ray, as ``specparity regen``; the same task function, so identical
+traces), writes one trace per (runner, case) under ``OUT/traces/<runner>/``, compares them — engine vs
 each oracle round for round, engine speculative vs engine plain at the token
 level — and writes the summary (``OUT/summary.md``) and the report
 (``OUT/report.md``, ``OUT/report.html``; ``reports/report.py``). Exit status: 0 when every
@@ -184,13 +184,6 @@ def run_task(runner: str, case: Case) -> tuple[str, Any]:
         return "unsupported", info
 
 
-def _pool_init() -> None:
-    # One BLAS thread per worker; workers die with a killed parent (regen's init).
-    from specparity.goldens.regen import _pool_init as regen_pool_init
-
-    regen_pool_init()
-
-
 Job = tuple[str, Case]
 OnResult = Callable[[Job, tuple[str, Any]], None]
 
@@ -203,37 +196,14 @@ def execute(jobs: list[Job], on_result: OnResult, *, workers: int = 0,
     worker loads its models once); ``ray_address`` not None: Ray ("" = a local
     cluster). The first task error is raised (after the results already in).
     """
-    if ray_address is not None:
-        _execute_ray(jobs, on_result, ray_address or None, workers)
-    elif workers <= 0:
-        for job in jobs:
-            on_result(job, run_task(*job))
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    from specparity.cli.pool import execute as run_on_backend
 
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                 initializer=_pool_init) as ex:
-            futs = {ex.submit(run_task, *job): job for job in jobs}
-            try:
-                for fut in as_completed(futs):
-                    on_result(futs[fut], fut.result())
-            except BaseException:  # an error, SIGTERM, Ctrl-C: queued jobs are not started
-                ex.shutdown(wait=True, cancel_futures=True)
-                raise
+    def done(job: Any, result: Any, exc: BaseException | None) -> None:
+        if exc is not None:
+            raise exc
+        on_result(job, result)
 
-
-def _execute_ray(jobs: list[Job], on_result: OnResult, address: str | None, workers: int) -> None:
-    from specparity.goldens.regen import ray_session
-
-    with ray_session(address, workers or None) as ray:
-        task = ray.remote(run_task)
-        refs = {task.remote(*job): job for job in jobs}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                on_result(refs[ref], ray.get(ref))
+    run_on_backend(run_task, jobs, done, workers=workers, ray_address=ray_address, ray_cpus=workers or None)
 
 
 def available_runners(runners: list[str] | None) -> tuple[list[str], dict[str, str]]:
