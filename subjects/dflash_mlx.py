@@ -51,7 +51,7 @@ def version() -> str:
     return dist_version("dflash-mlx")
 
 
-def _config(target: str) -> dict[str, Any]:
+def drafter_config(target: str) -> dict[str, Any]:
     t = json.loads((zoo.model_dir(target) / "config.json").read_text())
     return {
         "model_type": t["model_type"], "architectures": ["DFlashDraftModel"],
@@ -71,7 +71,7 @@ def drafter_dir(target: str) -> str:
 
     from subjects.drafters import module_checkpoint
 
-    cfg = _config(target)
+    cfg = drafter_config(target)
     d = module_checkpoint(f"dflash-mlx-{version()}-{target}-random",
                           lambda: DFlashDraftModel(DFlashDraftModelArgs.from_dict(cfg)), cfg)
     return str(d)

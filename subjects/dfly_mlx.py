@@ -54,10 +54,10 @@ def drafter_dir(target: str) -> str:
     from dflash_mlx.model import DFlashDraftModelArgs
     from dfly_mlx.model import DFlyDraftModel
 
-    from subjects.dflash_mlx import _config
+    from subjects.dflash_mlx import drafter_config
     from subjects.drafters import module_checkpoint
 
-    cfg = _config(target)
+    cfg = drafter_config(target)
     cfg["num_target_layers"] = 2
     cfg["target_hidden_size"] = cfg["hidden_size"]
     cfg["target_num_hidden_layers"] = int(

@@ -93,7 +93,7 @@ def test_timing_source_must_give_seconds() -> None:
 
 def test_cli_ab_writes_and_refuses_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ab", "--target", "llama", "--drafter-a", "twin", "--drafter-b", "small",
-                 "--prompts", "8"]) == 2
+                 "--prompts", "8", "--out", str(tmp_path / "refused")]) == 2
     assert "--allow-small" in capsys.readouterr().err
     out = tmp_path / "ab"
     rc = main(["ab", "--target", "llama", "--drafter-a", "twin", "--drafter-b", "small",
@@ -107,9 +107,9 @@ def test_cli_ab_writes_and_refuses_small(tmp_path: Path, capsys: pytest.CaptureF
                  "--strict"]) == 1
 
 
-def test_cli_ab_unknown_drafter(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_ab_unknown_drafter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ab", "--target", "llama", "--drafter-a", "twin", "--drafter-b", "nope",
-                 "--allow-small", "--prompts", "2"]) == 2
+                 "--allow-small", "--prompts", "2", "--out", str(tmp_path / "refused")]) == 2
     assert "neither a zoo drafter" in capsys.readouterr().err
 
 

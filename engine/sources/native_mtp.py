@@ -410,7 +410,7 @@ def load_head(path: str | Path) -> tuple[NativeMTPHead, dict[str, Any]]:
 # ---------------------------------------------------------------------- source
 
 
-def _target_parts(target_model: Any) -> tuple[Any, Any, Any]:
+def target_parts(target_model: Any) -> tuple[Any, Any, Any]:
     """(embed_tokens, lm_head callable, final norm) of an mlx-lm target."""
     lm = getattr(target_model, "language_model", target_model)
     inner = lm.model
@@ -429,7 +429,7 @@ class NativeMTPSource(DraftSourceBase):
         self.head = head
         self.conv = conv
         self.sampler = sampler
-        t_embed, t_head, self.final_norm = _target_parts(target.model)
+        t_embed, t_head, self.final_norm = target_parts(target.model)
         b0 = head.blocks[0]
         own_embed, own_head = getattr(b0, "embed", None), getattr(b0, "head", None)
         self.embed = t_embed if own_embed is None else own_embed
@@ -573,7 +573,7 @@ class NativeMTPProvider:
                 "depth_layers": len(self.head.blocks), **self.conventions.to_json()}
 
     def check_target(self, target_model: Any, target_tokenizer: Any = None) -> None:
-        embed, _, _ = _target_parts(target_model)
+        embed, _, _ = target_parts(target_model)
         th = int(embed.weight.shape[-1])
         if th != self.head.hidden_size:
             raise ValueError(f"native-mtp: head hidden_size {self.head.hidden_size} != target hidden_size {th}")

@@ -164,7 +164,7 @@ def model_limits(config: dict[str, Any]) -> tuple[int | None, int | None]:
     return (int(vocab) if isinstance(vocab, int) else None), ctx
 
 
-def _config(model_dir: str | Path) -> dict[str, Any]:
+def read_model_config(model_dir: str | Path) -> dict[str, Any]:
     from traces.io import regular_file
 
     path = Path(model_dir) / "config.json"
@@ -216,7 +216,7 @@ def check_prompt(
 def check_ids_for_model(ids: Sequence[int], model_dir: str | Path, *, max_tokens: int = 0,
                         prompt_id: str = "prompt", truncate: bool = False) -> list[int]:
     """:func:`check_prompt` with the limits read from ``model_dir/config.json``."""
-    vocab, ctx = model_limits(_config(model_dir))
+    vocab, ctx = model_limits(read_model_config(model_dir))
     return check_prompt(ids, vocab_size=vocab, context=ctx, max_tokens=max_tokens,
                         prompt_id=prompt_id, truncate=truncate)
 
@@ -234,7 +234,7 @@ def encode_prompts(prompts: Sequence[Prompt], model_dir: str | Path, *, max_toke
     if chat_template and all(pr.text is None for pr in prompts):
         raise PromptError("--chat-template renders text prompts, and these are all token ids "
                           "(used as they are): drop --chat-template or give text prompts")
-    vocab, ctx = model_limits(_config(model_dir))
+    vocab, ctx = model_limits(read_model_config(model_dir))
     out = []
     for pr in prompts:
         pid = pr.id

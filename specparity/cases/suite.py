@@ -254,11 +254,11 @@ def load_suite(path: str | Path) -> list[PairSpec]:
         if not isinstance(target, str) or not target:
             raise SuiteError(f"{where}: 'target' (a zoo target or a model path) is required")
         spec = _settings({k: v for k, v in raw.items() if k in _SUITE_KEYS}, base, where, root)
-        spec.target = _model_ref(target, root)
+        spec.target = resolve_model_ref(target, root)
         drafter = raw.get("drafter")
         if drafter is not None and (not isinstance(drafter, str) or not drafter):
             raise SuiteError(f"{where}: 'drafter' must be a zoo drafter name or a path")
-        spec.drafter = _model_ref(drafter, root) if drafter else None
+        spec.drafter = resolve_model_ref(drafter, root) if drafter else None
         src = raw.get("sources", raw.get("source"))
         if src is not None:
             from specparity.cli.args import source_names
@@ -272,7 +272,7 @@ def load_suite(path: str | Path) -> list[PairSpec]:
     return out
 
 
-def _model_ref(ref: str, root: Path) -> str:
+def resolve_model_ref(ref: str, root: Path) -> str:
     """A zoo name as it is; a path made absolute (relative to the suite file)."""
     import zoo
 

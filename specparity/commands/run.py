@@ -170,11 +170,11 @@ def cases_from_args(args: argparse.Namespace) -> list:
     if args.prompts is not None and args.prompts_file is not None:
         raise ValueError("--prompts N picks zoo prompts; with --prompts-file every prompt of the "
                          "file runs: drop one of them")
-    from specparity.cases.suite import _model_ref
+    from specparity.cases.suite import resolve_model_ref
 
     spec = PairSpec(
-        target=_model_ref(args.target, Path.cwd()),
-        drafter=_model_ref(args.draft, Path.cwd()) if args.draft else None,
+        target=resolve_model_ref(args.target, Path.cwd()),
+        drafter=resolve_model_ref(args.draft, Path.cwd()) if args.draft else None,
         sources=(args.source,) if args.source else (),
         gammas=gammas, max_tokens=max_tokens,
         prompts_file=args.prompts_file, zoo_prompts=args.prompts or 8,

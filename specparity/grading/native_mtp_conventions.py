@@ -44,14 +44,14 @@ def _our_parts(target: str) -> tuple[Any, tuple[Any, Any, Any], Any, Any]:
     from mlx_lm.utils import load_model
 
     import zoo
-    from engine.sources.native_mtp import _target_parts, load_head
+    from engine.sources.native_mtp import load_head, target_parts
     from zoo.native_mtp import target_paths
 
     tpath, cpath = target_paths(target)
     # the trunk without MTP tensors: mlx-lm's qwen3_5 sanitize shifts every norm by +1 when it
     # sees mtp.* keys (it assumes a Hugging Face checkpoint), so the native dir is not read as is
     model = load_model(zoo.model_dir(PLAIN[target]) if target in PLAIN else Path(tpath))[0]
-    embed, lm_head, norm = _target_parts(model)
+    embed, lm_head, norm = target_parts(model)
     head, _ = load_head(cpath)
     return model, (embed, lm_head, norm), head, cpath
 

@@ -550,7 +550,7 @@ def check_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) ->
     (a constrained request's grammar state is not part of a saved prompt cache) and a session
     whose follow-ups could run past the target's context (each follow-up's prompt holds the
     earlier outputs: :func:`request_reach`)."""
-    from specparity.cases.prompts import _config, model_limits
+    from specparity.cases.prompts import model_limits, read_model_config
     from specparity.runners import case_paths
 
     if any(c.grammar for c in cases):
@@ -563,7 +563,7 @@ def check_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) ->
             groups.setdefault(_group_key(c), []).append(c)
     for group in groups.values():
         c0 = group[0]
-        _, ctx = model_limits(_config(case_paths(c0)[0]))
+        _, ctx = model_limits(read_model_config(case_paths(c0)[0]))
         if ctx is None:
             continue
         first = len(_prompt_ids(c0))

@@ -135,8 +135,8 @@ def accepted_flags(records: list[dict[str, Any]]) -> list[bool]:
     return flags
 
 
-def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | None = None,
-                  max_tokens: int = 0, chat_template: bool = False) -> list[Any]:
+def choose_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | None = None,
+                   max_tokens: int = 0, chat_template: bool = False) -> list[Any]:
     """``n`` zoo prompts, or every prompt of ``prompts_file``; checked against ``model_dir``."""
     import zoo
     from specparity.cases.case import pick_prompts
@@ -160,7 +160,7 @@ def _pick_prompts(n: int, model_dir: Path | None = None, prompts_file: Path | No
     return [zoo.prompt(i) for i in pick_prompts(all_ids, n)]
 
 
-def _engine_cache(cache: dict[str, Any] | None) -> dict[str, Any]:
+def engine_cache(cache: dict[str, Any] | None) -> dict[str, Any]:
     """``GenerationParams`` keywords of the cache flags (None values: the engine's defaults)."""
     return {k: v for k, v in (cache or {}).items() if v is not None}
 
@@ -197,7 +197,7 @@ def run_ab(
     from specparity.runners import load_model
 
     _tname, tpath = resolve_target(target)
-    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
+    prompts = choose_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     n_prompts = len(prompts)
     if n_prompts < MIN_PROMPTS and not allow_small:
         raise ValueError(f"--prompts {n_prompts} < {MIN_PROMPTS}: §4.5 asks for >= {MIN_PROMPTS} "
@@ -213,7 +213,7 @@ def run_ab(
         provider.check_target(tgt.model, tgt.tokenizer)
         arms[label] = (Arm(label, spec, path, loaded.model), provider)
     params = GenerationParams(max_tokens=max_tokens, gamma=gamma, eos_ids=tgt.eos_ids,
-                              cache_digests=False, **_engine_cache(cache))
+                              cache_digests=False, **engine_cache(cache))
 
     def go(label: str, ids: list[int]) -> Any:
         return spec_generate(tgt.model, arms[label][1], ids, params)

@@ -138,8 +138,10 @@ def arm_order(warm: bool, index: int) -> list[str]:
     return [*cold[index % 4], "forwards"]
 
 
-def _resolve(target: str | None, drafter: str | None, size: str | None, seed: int,
-             log: Callable[[str], None]) -> tuple[str, str, Path, Path]:
+def resolve_pair(target: str | None, drafter: str | None, size: str | None, seed: int,
+                 log: Callable[[str], None]) -> tuple[str, str, Path, Path]:
+    """``(target name, drafter name, target dir, drafter dir)`` of the bench's pair: a ``--size``
+    pair built by ``zoo/big.py``, else ``--target``/``--drafter`` (zoo names or model dirs)."""
     from specparity.measure.ab import resolve_drafter, resolve_target
 
     if size is not None:
@@ -238,13 +240,13 @@ def run_bench(
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
     from specparity.cli.devices import describe_device
-    from specparity.measure.ab import _engine_cache, _pick_prompts
+    from specparity.measure.ab import choose_prompts, engine_cache
     from specparity.runners import load_model
 
     say = log or (lambda _m: None)
     gs = tuple(gammas) if gammas else (gamma or 3,)
-    tname, dname, tpath, dpath = _resolve(target, drafter, size, seed, say)
-    prompts = _pick_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
+    tname, dname, tpath, dpath = resolve_pair(target, drafter, size, seed, say)
+    prompts = choose_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     tgt, drf = load_model(str(tpath)), load_model(str(dpath))
     provider = TwoModelProvider(drf.model, draft_tokenizer=drf.tokenizer)
     provider.check_target(tgt.model, tgt.tokenizer)
@@ -255,9 +257,9 @@ def run_bench(
 
     def params(g: int) -> GenerationParams:
         return GenerationParams(max_tokens=max_tokens, gamma=g, eos_ids=tgt.eos_ids, cache_digests=False,
-                                **_engine_cache(cache))
+                                **engine_cache(cache))
 
-    mlx_kv = {k: v for k, v in _engine_cache(cache).items() if k != "rotating"}
+    mlx_kv = {k: v for k, v in engine_cache(cache).items() if k != "rotating"}
 
     def arm(name: str, g: int, pid: str, ids: list[int]) -> tuple[int, float]:
         t0 = time.perf_counter()

@@ -39,8 +39,8 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
     from specparity.cli.devices import describe_device
-    from specparity.measure.ab import _pick_prompts
-    from specparity.measure.bench import _resolve
+    from specparity.measure.ab import choose_prompts as _pick_prompts
+    from specparity.measure.bench import resolve_pair as _resolve
     from specparity.runners import load_model
 
     say = log or (lambda _m: None)
