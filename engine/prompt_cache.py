@@ -413,7 +413,7 @@ class PromptCacheSession:
     """
 
     keep_caches = False
-    # False where the backend is not bit-exact (engine.cache_compare.arithmetic): every split of a
+    # False where the backend is not bit-exact (engine.backend.arithmetic): every split of a
     # prefill changes the cache bytes there, so the byte probe (split_profile) is skipped and
     # reuse splits anywhere; warm ≡ cold is then judged within a calibrated tolerance.
     exact_arithmetic = True

@@ -13,7 +13,7 @@ cache, reused prefix included; every round's feed, drafts, samples, k_accept,
 end and target/drafter cache digests), and the footer's output and usage. The
 first divergence is named by request index, round and position.
 
-Off the CPU (``engine.cache_compare.arithmetic``: MLX's default device is not the
+Off the CPU (``engine.backend.arithmetic``: MLX's default device is not the
 CPU, or a model is wrapped by the non-exact double ``engine.nonexact``) warm and
 cold cannot be byte-equal: a warm request prefills only its suffix, so the same
 prompt is prefilled in chunks of other shapes. There the record fields that are
@@ -172,7 +172,7 @@ class SessionVerdict:
     error: str | None = None
     plain: list[RequestVerdict] | None = None  # the plain arm's requests (None: not run)
     plain_error: str | None = None
-    arithmetic: str | None = None  # not bit-exact: why (engine.cache_compare.arithmetic); None: byte-exact
+    arithmetic: str | None = None  # not bit-exact: why (engine.backend.arithmetic); None: byte-exact
 
     @property
     def spec_identical(self) -> bool:
@@ -363,7 +363,7 @@ def run_session(target_model: Any, make_provider: Callable[[], Any], name: str, 
     ``i // 2`` is even, the plain pair first otherwise, the plain pair's warm/cold order
     the opposite of the spec pair's.
 
-    Where the backend is not bit-exact (``engine.cache_compare.arithmetic``; ``exact``
+    Where the backend is not bit-exact (``engine.backend.arithmetic``; ``exact``
     overrides it: True forces byte equality, False the tolerance path) each request is
     judged by ``engine.cache_compare.judge_request`` (module docstring)."""
     from engine.backend import arithmetic
