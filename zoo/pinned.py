@@ -55,11 +55,14 @@ def _build_lock(root: Path, dirname: str) -> Iterator[None]:
         yield
         return
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{dirname}.lock", "a") as fh:
+    lock = root / f".{dirname}.lock"
+    with open(lock, "a") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
+            if (root / dirname / MARKER).exists():  # built: waiters holding this inode find it;
+                lock.unlink(missing_ok=True)  # nothing is left beside the artifact
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
