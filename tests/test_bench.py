@@ -102,8 +102,8 @@ def test_bench_tiny_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "## γ=2: acceptance" in out and "cold (first sight" in out
 
 
-def test_bench_size_excludes_target(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--size", "tiny", "--target", "llama"]) == 2
+def test_bench_size_excludes_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--size", "tiny", "--target", "llama", "--out", str(tmp_path / "refused")]) == 2
     assert "--size builds its own pair" in capsys.readouterr().err
 
 
