@@ -126,10 +126,16 @@ def results_dir() -> Path | None:
 _RESULTS: list[dict] | None = None  # the controller's records (xdist workers keep None)
 
 
+_OWNER = "SPECPARITY_RESULTS_OWNER"  # set by the recording run: a pytest a test starts does not record
+
+
 def pytest_configure(config):  # noqa: ANN001, ANN201
     global _RESULTS
-    if results_dir() is not None and not hasattr(config, "workerinput"):
+    if os.environ.get(_OWNER) or hasattr(config, "workerinput"):
+        return  # a pytest run inside a recording one, or an xdist worker (the controller records)
+    if results_dir() is not None:
         _RESULTS = []
+        os.environ[_OWNER] = str(os.getpid())
 
 
 def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201

@@ -4,6 +4,7 @@ subjects and servers ran in which tox environment, and which were skipped and wh
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,7 @@ def test_the_root_conftest_writes_the_results_of_a_run(tmp_path: Path) -> None:
                     "@pytest.mark.oracle\ndef test_skipped():\n    pytest.skip('oracle planted unavailable: why')\n\n"
                     "def test_unmarked():\n    pass\n")
     out = tmp_path / "results"
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TOX_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOX_") and k != "SPECPARITY_RESULTS_OWNER"}
     env.update(SPECPARITY_RESULTS_DIR=str(out), TOX_ENV_NAME="planted-env", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", str(test)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
@@ -81,3 +82,9 @@ def test_the_root_conftest_writes_the_results_of_a_run(tmp_path: Path) -> None:
     assert got == {"test_ran": ("passed", ""), "test_skipped": ("skipped", "oracle planted unavailable: why")}, got
     assert doc["runners"]["mlx_lm"]["kind"] == "reference"
     assert "planted-env" in summarize([doc])
+    # a pytest started by a recording run (a test's subprocess) records nothing
+    nested = tmp_path / "nested"
+    env.update(SPECPARITY_RESULTS_DIR=str(nested), SPECPARITY_RESULTS_OWNER="1234")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", str(test)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and not nested.exists(), proc.stdout + proc.stderr
