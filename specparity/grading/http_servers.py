@@ -825,7 +825,7 @@ def _version(eng: ServedEngine) -> str | None:
             if out.returncode == 0 and out.stdout.strip():
                 return out.stdout.strip()
         return None
-    from subjects._common import dist_version
+    from subjects.common import dist_version
 
     v = dist_version(dist)
     return None if v == "unknown" else v
