@@ -224,7 +224,7 @@ def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: s
 def grade_engine(name: str, out: Path) -> dict[str, Any]:
     """Grade subject ``name`` here; returns (and writes) its result document."""
     info = SUBJECTS[name]
-    from subjects._common import dist_version
+    from subjects.common import dist_version
 
     doc: dict[str, Any] = {"engine": name, "package": info.package.split("==")[0], "pinned": info.package,
                            "tox_env": info.tox_env, "platform": platform_info(), "modes": {},

@@ -186,7 +186,7 @@ def _mtplx() -> tuple[str, str, Any, Any]:
 
 
 def _vllm_mlx() -> tuple[str, str, Any, Any]:
-    from subjects._common import dist_version
+    from subjects.common import dist_version
     from subjects.mtp_conventions import vllm_mlx_support
 
     def capture(*a: Any, **kw: Any) -> Any:  # pragma: no cover - reached only if its loop could run
