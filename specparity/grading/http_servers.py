@@ -1027,9 +1027,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--serve", default=None, metavar="NAME")
     p.add_argument("--model", required=True)
     p.add_argument("--draft", default=None)
-    p.add_argument("--out", type=Path, default=None)
+    from specparity.cli.args import UsageError, writable_dir
+    from specparity.cli.outdir import refusal
+
+    p.add_argument("--out", type=writable_dir, default=None)
     add_server_arguments(p)
-    return grade_server_main(p.parse_args(argv))
+    args = p.parse_args(argv)
+    try:
+        return grade_server_main(args)
+    except UsageError as exc:  # --out holding a user's file: one line, before any server starts
+        return refusal(p.prog, exc)
 
 
 if __name__ == "__main__":
