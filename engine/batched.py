@@ -825,8 +825,10 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
     samples: list[list[int]] = []
     margins: list[list[float]] = []
     for p in plans:
-        samples.append(host_ids[at : at + p.d + 1])
-        at += p.d + 1
+        assert p.samples is not None
+        count = p.samples.size  # d + 1, or none for a row-wise (constrained) pipeline
+        samples.append(host_ids[at : at + count])
+        at += count
         if p.margins is None:
             margins.append([float("inf")] * (p.d + 1))
         else:
