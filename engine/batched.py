@@ -216,6 +216,12 @@ def _drops(keeps: list[int], width: int) -> list[int]:
     return [width - k for k in keeps]
 
 
+def _drafter_keeps(d: int, k: int) -> int:
+    """Of the ``d - 1`` positions a row's further draft steps wrote, those its drafter keeps
+    after accepting ``k`` (mlx-lm ``_rewind_cache``: trim ``max(d - k - 1, 0)``)."""
+    return min(k, d - 1)
+
+
 def _join_start(idx: int, length: int) -> int:
     """Where a joining row's ``length`` positions start in a batch written up to ``idx``
     (right-justified: its last position is the batch's last)."""
@@ -1045,7 +1051,7 @@ class _Drafters:
         for b, dk in by_batch.values():
             rows = b.rows
             steps = max(dk[r.rid][0] for r in rows) - 1
-            keeps = [min(dk[r.rid][1], dk[r.rid][0] - 1) for r in rows]
+            keeps = [_drafter_keeps(*dk[r.rid]) for r in rows]
             if steps > 0:
                 b.rollback(keeps, steps)
             else:
