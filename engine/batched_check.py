@@ -38,8 +38,9 @@ import mlx.core as mx
 from engine.batched import BatchRequest, BatchResult, batch_generate
 from engine.executor import GenerationResult, plain_generate, spec_generate
 
-__all__ = ["FIELD_ORDER", "Invariance", "RowDivergence", "BlockRecorder", "b_invariance", "check_rows",
-           "compare_row", "m_invariance", "seeded_invariance", "serial_flip", "serial_results", "step_of", "ulp_distance"]
+__all__ = ["ARITHMETIC_FIELDS", "FIELD_ORDER", "Invariance", "RowDivergence", "RowJudge", "RowVerdict", "BlockRecorder",
+           "b_invariance", "backend_bound", "check_rows", "classify_row", "compare_row", "m_invariance",
+           "seeded_invariance", "serial_flip", "serial_results", "step_of", "ulp_distance"]
 
 # A record's fields in the order a divergence is named (the earliest cause first).
 FIELD_ORDER = ("type", "index", "feed", "drafts", "window", "samples", "margins", "k_accept", "emitted", "end",
@@ -47,6 +48,11 @@ FIELD_ORDER = ("type", "index", "feed", "drafts", "window", "samples", "margins"
                "target_cache_digest", "drafter_cache_digest", "confidence", "grammar_masks", "grammar_state",
                "grammar_mask")
 _IGNORED = {"time_s", "detail", "batch"}  # batch: where the row ran, not what it did
+# Record fields that are pure arithmetic: byte-compared only where the backend is bit-exact (the
+# same set as ``engine.cache_compare.ARITHMETIC_FIELDS``, warm ≡ cold's).
+ARITHMETIC_FIELDS = frozenset({"target_cache_digest", "drafter_cache_digest", "margins", "margin", "confidence"})
+# Fields in which a token flip first shows (the target's samples, what the walk emitted).
+_TOKEN_FIELDS = ("samples", "emitted", "k_accept", "end", "sample", "output_ids")
 
 
 @dataclass
@@ -97,11 +103,11 @@ def _where(steps: list[dict[str, Any]], rid: str, rec: dict[str, Any]) -> tuple[
     return str(kind), None, None, []
 
 
-def _first_field(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+def _first_field(a: dict[str, Any], b: dict[str, Any], ignore: frozenset[str] = frozenset()) -> str | None:
     keys = [k for k in FIELD_ORDER if k in a or k in b]
     keys += sorted(k for k in set(a) | set(b) if k not in keys and k not in _IGNORED)
     for k in keys:
-        if k in _IGNORED:
+        if k in _IGNORED or k in ignore:
             continue
         if a.get(k) != b.get(k):
             return k
@@ -109,18 +115,20 @@ def _first_field(a: dict[str, Any], b: dict[str, Any]) -> str | None:
 
 
 def compare_row(rid: str, batched: GenerationResult, other: GenerationResult, steps: list[dict[str, Any]],
-                against: str = "serial", *, records: bool = True) -> RowDivergence | None:
+                against: str = "serial", *, records: bool = True,
+                ignore: frozenset[str] = frozenset()) -> RowDivergence | None:
     """The first divergence of a batched row from ``other`` (None: identical).
 
     ``records``: compare record for record (the serial run); False: tokens, rounds' ``k_accept``
-    and the footer only (a run of another shape, e.g. the row alone vs mixed).
+    and the footer only (a run of another shape, e.g. the row alone vs mixed). ``ignore``: record
+    fields left out (:data:`ARITHMETIC_FIELDS` off a bit-exact backend).
     """
     ra, rb = batched.records, other.records
     if records:
         for i in range(max(len(ra), len(rb))):
             a = ra[i] if i < len(ra) else {"type": None}
             b = rb[i] if i < len(rb) else {"type": None}
-            f = _first_field(a, b)
+            f = _first_field(a, b, ignore)
             if f is not None:
                 where, step, rnd, nbrs = _where(steps, rid, a if a.get("type") else b)
                 return RowDivergence(rid, where, f, a.get(f), b.get(f), nbrs, step, rnd, against)
@@ -188,15 +196,24 @@ def ulp_distance(a: float, b: float) -> int:
 
 
 class BlockRecorder:
-    """A ``BatchObserver`` keeping every row's verify block (float32, on the host)."""
+    """A ``BatchObserver`` keeping every row's verify block (float32, on the host) and, with
+    ``caches``, a copy of every row's caches after each of its rounds (``after_round``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, caches: bool = False) -> None:
         self.blocks: dict[tuple[str, int], tuple[int, list[int], Any]] = {}
+        self.caches: dict[tuple[str, int], list[Any]] = {}
+        self._keep = caches
 
     def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None:
         import numpy as np
 
         self.blocks[(rid, round_index)] = (step, list(window), np.array(block.astype(mx.float32)))
+
+    def after_round(self, step: int, rid: str, round_index: int, caches: list[Any]) -> None:
+        if self._keep:
+            from engine.audit import clone_caches
+
+            self.caches[(rid, round_index)] = clone_caches(caches)
 
 
 def _max_ulp(a: Any, b: Any) -> float:
@@ -331,7 +348,7 @@ def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checke
     difference); otherwise ``logic``."""
     import numpy as np
 
-    if budget <= 0 or div.round is None or div.field != "emitted":
+    if budget <= 0 or div.round is None or div.field not in ("emitted", "samples"):
         return Invariance(name, "logic", div.message, checked=checked)
     first = [paths[0](), paths[1]()]
     again = [paths[0](), paths[1]()]

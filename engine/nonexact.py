@@ -109,7 +109,11 @@ def _perturb_caches(cache: Any, before: list[int | None], length: int, scale: fl
 
 def _batched(cache: Any) -> bool:
     """mlx-lm's batch caches: a KV layer with per-row ``left_padding`` (the batched executor's)."""
-    return any(hasattr(c, "left_padding") for c in cache or ())
+    return any(_batch_kv(c) for c in cache or ())
+
+
+def _batch_kv(c: Any) -> bool:
+    return hasattr(c, "keys") and getattr(c, "left_padding", None) is not None
 
 
 def batch_row_key(seed: int, batch: int, row: int, left_padding: int, width: int, write_index: int,
@@ -123,7 +127,7 @@ def batch_row_key(seed: int, batch: int, row: int, left_padding: int, width: int
 def _perturb_batch(cache: Any, idx: list[int | None], keys: list[int], width: int, kv_scale: float) -> None:
     """Add each row's cache-write noise to what one batched ``width``-wide forward wrote."""
     for i, c in enumerate(cache):
-        if hasattr(c, "left_padding"):
+        if _batch_kv(c):
             if c.keys is None or not isinstance(c.keys, mx.array) or idx[i] is None:
                 continue
             if hasattr(c, "max_size"):  # BatchRotatingKVCache: a W >= 2 update concatenates at the end
@@ -158,9 +162,9 @@ def _batch_call(base: type, self: Any, inputs: mx.array, cache: Any, args: tuple
                 scale: float, seed: int, kv_scale: float) -> Any:
     """A forward over mlx-lm's batch caches: per-row noise keyed by where the row runs."""
     bsz, width = int(inputs.shape[0]), int(inputs.shape[-1])
-    lp = next((c.left_padding for c in cache if hasattr(c, "left_padding")), None)
+    lp = next((c.left_padding for c in cache if _batch_kv(c)), None)
     pads = [int(x) for x in lp.tolist()] if lp is not None else [0] * bsz
-    idx = [int(c._idx) if hasattr(c, "left_padding") and hasattr(c, "_idx") else None for c in cache]
+    idx = [int(c._idx) if _batch_kv(c) and hasattr(c, "_idx") else None for c in cache]
     write = next((x for x in idx if x is not None), 0)
     rows = inputs.tolist()
     keys = [batch_row_key(seed, bsz, b, pads[b] if b < len(pads) else 0, width, write, rows[b]) for b in range(bsz)]
