@@ -171,6 +171,9 @@ class BatchObserver(Protocol):
 
     def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None: ...
 
+    # optional: ``after_round(step, rid, round_index, caches)``, the row's caches (B = 1, a copy) after
+    # its round's rollback (the batched checks compare them with the serial run's within a bound)
+
 
 class NoBatchObserver:
     """The null :class:`BatchObserver`."""
@@ -885,6 +888,9 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
         if req.params.cache_digests:
             req.caches = batch.extract(row)
             drafters.sync_back(row)
+        after_round = getattr(observer, "after_round", None)  # the batched checks' cache probe (optional)
+        if after_round is not None:
+            after_round(step, row.rid, row.round_index, req.caches if req.params.cache_digests else batch.extract(row))
         rec = round_record(req, row.source, row.round_index, row.feed, p.drafts, window, walk, margins[b],
                            p.confidence, p.tr0)
         neighbours = [r for r in rids if r != row.rid]
