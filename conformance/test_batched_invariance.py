@@ -76,11 +76,14 @@ def test_recurrent_target_m_and_b_hold() -> None:
     assert b_invariance(t, rows(d)).verdict == "holds"
 
 
-def test_double_m_is_numerics_with_evidence(twin: Any) -> None:
+def test_double_m_is_numerics_with_evidence(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.batched_check as bc
+
     noisy = _load("llama", 0.01)
     m = m_invariance(noisy, rows(twin), budget=0.01)
     assert m.verdict == "numerics", m.to_dict()
     assert any("same prefix" in e for e in m.evidence) and any("reproduced" in e for e in m.evidence), m.evidence
+    monkeypatch.setattr(bc, "logit_spread", lambda *a: 0.0)  # no measured spread: the stated bound alone
     tight = m_invariance(noisy, rows(twin), budget=1e-4)  # a bound the backend does not keep
     assert tight.verdict == "logic" and "beyond the stated bound" in tight.detail, tight.to_dict()
 

@@ -94,6 +94,7 @@ from engine.executor import (
     GenerationParams,
     GenerationResult,
     Request,
+    _lazy_drafts,
     draft_round,
     generation_stream,
     refeed,
@@ -113,9 +114,10 @@ from engine.rollback import (
     recording_projection,
     serving_projection,
 )
-from engine.sampler import margin_array, margins_list, token_ids
+from engine.sampler import NonFiniteLogits, margin_array
 from engine.seam import DraftProvider, DraftSource, PrefillMode, TargetView
 from engine.stream import SPEC_PREFILL_STEP, OnToken
+from engine.telemetry import active_profile, cache_arrays
 
 __all__ = ["NO_BATCH_OBSERVER", "PAD_ID", "BatchObserver", "BatchRequest", "BatchResult", "RowRng", "batch_generate", "batch_record", "serial_reason"]
 
@@ -157,6 +159,8 @@ class BatchResult:
     steps: list[dict[str, Any]]
     wall_s: float
     lanes: dict[str, str] = field(default_factory=dict)  # rid -> "batch" or "serial: <reason>"
+    # rid -> "batched" (drafts in its drafter's batch) or "per row: <reason>" (batch lane rows only)
+    drafting: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- the observer
@@ -166,6 +170,9 @@ class BatchObserver(Protocol):
     """Told about every row's verify block (the M invariance's probe); must not mutate it."""
 
     def after_verify(self, step: int, rid: str, round_index: int, window: list[int], block: mx.array) -> None: ...
+
+    # optional: ``after_round(step, rid, round_index, caches)``, the row's caches (B = 1, a copy) after
+    # its round's rollback (the batched checks compare them with the serial run's within a bound)
 
 
 class NoBatchObserver:
@@ -210,6 +217,12 @@ def _row_rng(row: _Row) -> RowRng:
 def _drops(keeps: list[int], width: int) -> list[int]:
     """Positions each row drops after a ``width``-wide forward, keeping ``keeps[b]``."""
     return [width - k for k in keeps]
+
+
+def _drafter_keeps(d: int, k: int) -> int:
+    """Of the ``d - 1`` positions a row's further draft steps wrote, those its drafter keeps
+    after accepting ``k`` (mlx-lm ``_rewind_cache``: trim ``max(d - k - 1, 0)``)."""
+    return min(k, d - 1)
 
 
 def _join_start(idx: int, length: int) -> int:
@@ -375,7 +388,7 @@ class _Batch:
         for c in self.caches:
             c.filter(idx)
             if _is_rot(c):
-                _drop_common_padding(c)  # BatchKVCache.filter does it itself
+                _drop_common_padding([c])  # BatchKVCache.filter does it itself
         self.slots = [self.slots[i] for i in keep]
 
     def extract(self, row: _Row) -> list[Any]:
@@ -422,8 +435,11 @@ class _Batch:
             for obj, cls in reversed(swapped):
                 obj.__class__ = cls
 
-    def rollback(self, keeps: list[int], width: int) -> None:
-        """Row ``b`` keeps ``keeps[b]`` of the ``width`` positions the forward wrote."""
+    def rollback(self, keeps: list[int], width: int, *, drop_padding: bool = True) -> None:
+        """Row ``b`` keeps ``keeps[b]`` of the ``width`` positions the forward(s) wrote, in ONE
+        operation per layer for every row (a trim, then one roll of the rows that drop more).
+        ``drop_padding=False`` leaves the padding every row shares for the next rollback to cut
+        (no host read of the padding: the drafter's mid-round rollback)."""
         drops = _drops(keeps, width)
         live = [i for i, r in enumerate(self.slots) if r is not None]
         if len(live) != len(self.slots):
@@ -443,9 +459,8 @@ class _Batch:
             rec: _RecurrentRound = entry["rec"]
             rec.rollback([width - dr for dr in drops], width)
         self._recurrent = []
-        for c in self.caches:
-            if _is_kv(c):
-                _drop_common_padding(c)
+        if drop_padding:
+            _drop_common_padding([c for c in self.caches if _is_kv(c)])
 
 
 def _is_rotating_row(c: Any) -> bool:
@@ -458,21 +473,24 @@ def _empty_ring(c: Any) -> Any:
     return RotatingKVCache(int(c.max_size))
 
 
-def _drop_common_padding(c: Any) -> None:
+def _drop_common_padding(caches: list[Any]) -> None:
     """Cut the padding every row has (``BatchKVCache.filter``'s left shift): the write index
     stays at the longest row, so a rotating batch never reaches its ring through padding alone
     (mlx-lm's concatenating update would cut its front, after which a trim no longer matches
-    its mask)."""
-    if c.keys is None or (_is_rot(c) and c.rotated):
+    its mask). Every layer's smallest padding is read back in ONE host transfer."""
+    live = [c for c in caches if c.keys is not None and not (_is_rot(c) and c.rotated)]
+    if not live:
         return
-    m = int(cast(int, mx.min(c.left_padding).item()))
-    if m <= 0:
-        return
-    c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
-    c._idx -= m
-    if _is_rot(c):
-        c._offset -= m
-    c.left_padding = c.left_padding - m
+    mins = cast(list, mx.stack([mx.min(c.left_padding) for c in live]).tolist())
+    for c, m in zip(live, mins, strict=True):
+        m = int(m)
+        if m <= 0:
+            continue
+        c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
+        c._idx -= m
+        if _is_rot(c):
+            c._offset -= m
+        c.left_padding = c.left_padding - m
 
 
 def _roll_rows(c: Any, extra: list[int]) -> None:
@@ -622,6 +640,8 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
     paused: list[_Row] = []
     steps: list[dict[str, Any]] = []
     lanes: dict[str, str] = {}
+    drafting: dict[str, str] = {}
+    drafters = _Drafters()
     step = 0
     while waiting or batch.rows or paused:
         ts = time.perf_counter()
@@ -632,12 +652,14 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
             if row.spec.pause is not None and row.spec.pause[0] == step:
                 row.swapped = batch.extract(row)
                 batch.release(row)
+                drafters.leave(row, keep=True)
                 paused.append(row)
                 left.append({"row": row.rid, "why": "preempted"})
         for row in list(paused):
             if row.spec.pause is not None and row.spec.pause[1] <= step and _room(batch, max_batch):
                 assert row.swapped is not None
                 batch.join(row, row.swapped)
+                drafters.admit(row)
                 row.swapped = None
                 paused.remove(row)
                 joined.append(row.rid)
@@ -655,6 +677,9 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
                 left.append({"row": row.rid, "why": "done"})
                 continue
             batch.join(row, row.req.caches)
+            assert row.source is not None
+            why = drafter_reason(row.source, row.req.sampler)
+            drafting[row.rid] = "batched" if drafters.admit(row) else f"per row: {why}"
             joined.append(row.rid)
         batch.compact()
         active = batch.rows
@@ -664,17 +689,18 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
             nxt = [r.arrive for r in waiting] + [r.spec.pause[1] for r in paused if r.spec.pause is not None]
             step = max(step + 1, min(nxt)) if nxt else step + 1
             continue
-        entries, width = _step(batch, active, step, left, observer)
+        entries, width = _step(batch, drafters, active, step, left, observer)
         steps.append(batch_record(step, width, entries, joined, left, time.perf_counter() - ts))
         for row in list(batch.rows):
             if row.done:
                 batch.release(row)
+                drafters.leave(row)
         step += 1
     results = {rid: row.result for rid, row in rows.items() if row.result is not None}
     missing = [rid for rid in ids if rid not in results]
     if missing:
         raise RuntimeError(f"batched run ended without results for rows {missing}")
-    return BatchResult(results, steps, time.perf_counter() - t0, lanes)
+    return BatchResult(results, steps, time.perf_counter() - t0, lanes, drafting)
 
 
 def _room(batch: _Batch, max_batch: int | None) -> bool:
@@ -723,14 +749,31 @@ class _Plan:
     window_arr: mx.array
     confidence: list[float] | None
     tr0: float
+    drafter: _Batch | None = None  # the row drafted in this drafter batch (its commit is the batch's)
     samples: mx.array | None = None
     margins: mx.array | None = None
 
 
-def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str]],
+def _plan(row: _Row, drafts: list[int], drafts_arr: mx.array | None, n: int, tr0: float,
+          drafter: _Batch | None = None) -> _Plan:
+    assert row.source is not None
+    d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
+    if d > n:
+        raise RuntimeError(f"row {row.rid}: draft source returned {d} tokens, more than n={n}")
+    head = mx.array(row.pending, mx.uint32)
+    tail = mx.array(drafts, mx.uint32) if drafts_arr is None else drafts_arr.astype(mx.uint32)
+    return _Plan(row, drafts, drafts_arr, d, mx.concatenate([head, tail]), source_confidence(row.source, d), tr0,
+                 drafter)
+
+
+def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, left: list[dict[str, str]],
           observer: BatchObserver) -> tuple[list[dict[str, Any]], int]:
-    """One batch step: every active row's round, ONE target forward."""
+    """One batch step: every active row's round, ONE target forward, ONE host sync."""
+    prof = active_profile()
+    if prof is not None:
+        prof.start()
     plans: list[_Plan] = []
+    grouped: list[tuple[_Row, int, float]] = []  # rows drafting in a drafter batch
     for row in active:
         req, source = row.req, row.source
         assert source is not None
@@ -739,6 +782,7 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
         guard = _ring_guard(batch, row, n) or source_guard(source, row.feed, n)
         if guard is not None:
             # the serial run stops speculating here: the row leaves for the serial lane
+            drafters.leave(row)
             req.caches = batch.extract(row)
             with _row_rng(row):
                 req.plain_loop(row.pending[-1], guard.split(":")[0], guard)
@@ -746,17 +790,19 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
             batch.release(row)
             left.append({"row": row.rid, "why": f"serial: {guard.split(':')[0]}"})
             continue
+        if drafters.holds(row):
+            grouped.append((row, n, tr0))
+            continue
         with _row_rng(row):
             drafts, drafts_arr = draft_round(req, source, row.feed, n, None, NO_OBSERVER, ())
-        d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
-        if d > n:
-            raise RuntimeError(f"row {row.rid}: draft source returned {d} tokens, more than n={n}")
-        head = mx.array(row.pending, mx.uint32)
-        tail = mx.array(drafts, mx.uint32) if drafts_arr is None else drafts_arr.astype(mx.uint32)
-        plans.append(_Plan(row, drafts, drafts_arr, d, mx.concatenate([head, tail]), source_confidence(source, d), tr0))
+        plans.append(_plan(row, drafts, drafts_arr, n, tr0))
+    for row, n, tr0, arr, dbatch in drafters.draft(grouped):
+        plans.append(_plan(row, [], arr, n, tr0, dbatch))
     batch.compact()
     if not plans:
         return [], 0
+    if prof is not None:
+        prof.lap("draft", [p.drafts_arr for p in plans])
     width = max(p.d + 1 for p in plans)
     if batch.rotating:
         width = max(width, 2)  # the concatenating update (module docstring)
@@ -765,30 +811,72 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
     plans = [plans[i] for i in order]
     inputs = mx.stack([mx.concatenate([p.window_arr, mx.full((width - p.d - 1,), PAD_ID, mx.uint32)])
                        for p in plans])
+    if prof is not None:
+        prof.lap("window", inputs)
     logits = batch.forward(inputs)
-    lazy: list[mx.array] = []
+    if prof is not None:
+        prof.lap("forward", logits)
     for b, p in enumerate(plans):
         block = logits[b, : p.d + 1, :]
         window = p.row.pending + p.drafts
         with _row_rng(p.row):
             p.samples = p.row.req.pipe.window_samples(block, window)
         p.margins = margin_array(block)
-        lazy += [p.samples, *([p.margins] if p.margins is not None else []),
-                 *([p.drafts_arr] if p.drafts_arr is not None else [])]
-    mx.eval(*lazy)  # the step's one sync
+    # the step's one sync, every row's samples, drafts and margins in one host transfer each
+    ids = mx.concatenate([p.samples.astype(mx.uint32).reshape(-1) for p in plans if p.samples is not None]
+                         + [p.drafts_arr.astype(mx.uint32).reshape(-1) for p in plans if p.drafts_arr is not None])
+    margin_arrs = [p.margins for p in plans if p.margins is not None]
+    flat_margins = mx.concatenate(margin_arrs) if margin_arrs else None
+    mx.eval(ids, *([flat_margins] if flat_margins is not None else []))
+    host_ids = [int(t) for t in cast(list, ids.tolist())]
+    host_margins = [float(m) for m in cast(list, flat_margins.tolist())] if flat_margins is not None else []
+    at, mat = 0, 0
+    samples: list[list[int]] = []
+    margins: list[list[float]] = []
+    for p in plans:
+        assert p.samples is not None
+        count = p.samples.size  # d + 1, or none for a row-wise (constrained) pipeline
+        samples.append(host_ids[at : at + count])
+        at += count
+        if p.margins is None:
+            margins.append([float("inf")] * (p.d + 1))
+        else:
+            margins.append(host_margins[mat : mat + p.d + 1])
+            mat += p.d + 1
+    for p in plans:
+        if p.drafts_arr is not None:
+            p.drafts = host_ids[at : at + p.d]
+            at += p.d
+    for b, row_margins in enumerate(margins):
+        bad = [i for i, m in enumerate(row_margins) if m != m]
+        if bad:
+            raise NonFiniteLogits(f"the model produced non-finite logits (NaN or +inf) in row {bad[0]} "
+                                  f"of a step (batch row {plans[b].row.rid}): its weights or inputs are "
+                                  "broken; no output is produced from them")
+    if prof is not None:
+        prof.lap("sync")
     walks: list[WalkResult] = []
     for b, p in enumerate(plans):
         row, req = p.row, p.row.req
-        if p.drafts_arr is not None:
-            p.drafts = token_ids(p.drafts_arr)
         window = row.pending + p.drafts
         block = logits[b, : p.d + 1, :]
         observer.after_verify(step, row.rid, row.round_index, window, block)
         with _row_rng(row):
-            assert p.samples is not None
-            walk = req.pipe.walk(block, p.drafts, token_ids(p.samples), req.stream.offer, req.stream.terminate)
+            walk = req.pipe.walk(block, p.drafts, samples[b], req.stream.offer, req.stream.terminate)
         walks.append(walk)
+    if prof is not None:
+        prof.lap("walk")
     batch.rollback([w.k_accept + 1 for w in walks], width)
+    if prof is not None:
+        prof.lap("rollback", cache_arrays(batch.caches))
+    drafters.commit([(p.row, p.drafter, p.d, w.k_accept) for p, w in zip(plans, walks, strict=True)])
+    for p, walk in zip(plans, walks, strict=True):
+        if p.drafter is None:
+            assert p.row.source is not None
+            with _row_rng(p.row):
+                p.row.source.commit(p.d, walk.k_accept, None, None, p.drafts[: walk.k_accept])
+    if prof is not None:
+        prof.lap("commit", drafters.arrays(), *[_source_arrays(p.row.source) for p in plans if p.drafter is None])
     entries: list[dict[str, Any]] = []
     rids = [p.row.rid for p in plans]
     for b, (p, walk) in enumerate(zip(plans, walks, strict=True)):
@@ -796,14 +884,15 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
         assert row.source is not None
         k = walk.k_accept
         window = row.pending + p.drafts
-        margins = margins_list(p.margins, p.d + 1)
-        with _row_rng(row):
-            row.source.commit(p.d, k, None, None, p.drafts[:k])
         req.counters.record_round(p.d, k)
         if req.params.cache_digests:
             req.caches = batch.extract(row)
-        rec = round_record(req, row.source, row.round_index, row.feed, p.drafts, window, walk, margins,
-                            p.confidence, p.tr0)
+            drafters.sync_back(row)
+        after_round = getattr(observer, "after_round", None)  # the batched checks' cache probe (optional)
+        if after_round is not None:
+            after_round(step, row.rid, row.round_index, req.caches if req.params.cache_digests else batch.extract(row))
+        rec = round_record(req, row.source, row.round_index, row.feed, p.drafts, window, walk, margins[b],
+                           p.confidence, p.tr0)
         neighbours = [r for r in rids if r != row.rid]
         rec["batch"] = {"row": row.rid, "step": step, "slot": b, "width": width, "neighbours": neighbours}
         req.records.append(rec)
@@ -815,7 +904,164 @@ def _step(batch: _Batch, active: list[_Row], step: int, left: list[dict[str, str
             continue
         row.pending = [walk.walked[k]]
         row.feed = refeed(p.drafts, k, walk.walked[k])
+    if prof is not None:
+        prof.lap("records")
+        prof.end_round(len(plans))
     return entries, width
+
+
+def _source_arrays(source: DraftSource | None) -> list[Any]:
+    caches = getattr(source, "caches", None)
+    return cache_arrays(caches) if isinstance(caches, list) else []
+
+
+# ---------------------------------------------------------------------- batched drafting
+
+
+def drafter_reason(source: DraftSource, sampler: Any) -> str | None:
+    """Why a row's source drafts on its own rather than in a drafter batch (None: it batches).
+
+    Batched: the two-model source whose drafter caches are all plain ``KVCache`` (no rotating
+    ring, no recurrent layer to replay, no quantized KV), drafting through its lazy
+    ``draft_array`` (no logits processors: their history needs each draft's value), with no
+    padded-vocabulary check on its drafts. Every other source drafts per row (an n-gram
+    lookup is host work with no device call to batch)."""
+    from mlx_lm.models.cache import KVCache
+
+    from engine.sources.two_model import TwoModelSource
+
+    if type(source) is not TwoModelSource:
+        return f"the {type(source).__name__} source drafts per row"
+    src = cast(TwoModelSource, source)
+    if _lazy_drafts(src, NO_OBSERVER, (), sampler) is None:
+        return "logits processors read each draft's value (the list path)"
+    if src.kv_quantization is not None or src.rings or src.target_vocab is not None:
+        return "quantized KV, exact rings or a wider drafter vocabulary"
+    if not all(type(c) is KVCache for c in src.caches):
+        return "drafter caches other than KVCache (rotating or recurrent)"
+    return None
+
+
+class _Drafters:
+    """The two-model rows' drafter caches as one batch per drafter model.
+
+    The batch is a :class:`_Batch` of the drafter (left-padded ``BatchKVCache`` per layer,
+    one slot per row). A round drafts every row in ``max_b n_b`` drafter forwards: the first
+    over the right-padded feeds (``[correction]`` or ``[last draft, bonus]``), each row's first
+    draft read at its last feed position and the pad rolled off (the target's per-row
+    rollback), then one forward per further draft step over every row's previous draft. A
+    row drafting fewer than the longest (fewer tokens left) keeps writing and drops the extra
+    positions at the commit, in the same one rollback that applies each row's
+    ``_rewind_cache`` trim (``max(d - k - 1, 0)``). The row's draws are its own sampler's,
+    on its own logits row, under its own generator (:class:`RowRng`): the serial run's draws.
+    """
+
+    def __init__(self) -> None:
+        self.batches: dict[int, _Batch] = {}
+        self.of: dict[str, _Batch] = {}
+
+    def holds(self, row: _Row) -> bool:
+        return row.rid in self.of
+
+    def admit(self, row: _Row) -> bool:
+        """Place a joining row's drafter caches in its drafter's batch (False: it drafts alone)."""
+        source = row.source
+        if source is None or drafter_reason(source, row.req.sampler) is not None:
+            return False
+        model = cast(Any, source).model
+        b = self.batches.setdefault(id(model), _Batch(model))
+        b.join(row, cast(Any, source).caches)
+        self.of[row.rid] = b
+        return True
+
+    def leave(self, row: _Row, keep: bool = False) -> None:
+        """The row leaves its drafter batch; ``keep``: its caches go back to its source first."""
+        b = self.of.pop(row.rid, None)
+        if b is None:
+            return
+        if keep:
+            cast(Any, row.source).caches = b.extract(row)
+        b.release(row)
+
+    def sync_back(self, row: _Row) -> None:
+        """The row's source sees its caches as they are now (its cache digest reads them)."""
+        b = self.of.get(row.rid)
+        if b is not None:
+            cast(Any, row.source).caches = b.extract(row)
+
+    def arrays(self) -> list[Any]:
+        return [a for b in self.batches.values() for a in cache_arrays(b.caches)]
+
+    def draft(self, grouped: list[tuple[_Row, int, float]]) -> list[tuple[_Row, int, float, mx.array, _Batch]]:
+        out: list[tuple[_Row, int, float, mx.array, _Batch]] = []
+        by_batch: dict[int, list[tuple[_Row, int, float]]] = {}
+        for item in grouped:
+            by_batch.setdefault(id(self.of[item[0].rid]), []).append(item)
+        for items in by_batch.values():
+            b = self.of[items[0][0].rid]
+            b.compact()
+            arrs = self._draft_batch(b, {row.rid: (row, n) for row, n, _ in items})
+            out += [(row, n, tr0, arrs[row.rid], b) for row, n, tr0 in items]
+        return out
+
+    def _draft_batch(self, b: _Batch, want: dict[str, tuple[_Row, int]]) -> dict[str, mx.array]:
+        rows = b.rows
+        if {r.rid for r in rows} != set(want):
+            raise RuntimeError(f"drafter batch holds rows {[r.rid for r in rows]} but rows "
+                               f"{sorted(want)} draft this step")
+        ns = [want[r.rid][1] for r in rows]
+        if min(ns) < 1:
+            raise RuntimeError(f"drafter batch: a row with n = {min(ns)} drafts (rows {[r.rid for r in rows]})")
+        feeds = [list(r.feed) for r in rows]
+        for r, feed in zip(rows, feeds, strict=True):
+            src = cast(Any, r.source)
+            if src.vocab is not None and any(int(t) >= src.vocab for t in feed):
+                src.draft_array(feed, want[r.rid][1], 0, None)  # raises the serial run's VocabMismatchError
+            src._first_feed = False
+        width = max(len(f) for f in feeds)
+        steps = max(ns)
+        inputs = mx.array([f + [PAD_ID] * (width - len(f)) for f in feeds], mx.uint32)
+        logits = b.forward(inputs)
+        ys = [self._sample(r, logits[i : i + 1, len(f) - 1 : len(f), :]) for i, (r, f) in enumerate(zip(rows, feeds, strict=True))]
+        if width > min(len(f) for f in feeds):
+            b.rollback([len(f) for f in feeds], width, drop_padding=False)
+        drafts: list[list[mx.array]] = [[y] for y in ys]
+        for t in range(1, steps):
+            y = mx.concatenate(ys)[:, None]
+            logits = b.forward(y)
+            # a row past its own n draws nothing more (its generator must not move): it re-feeds
+            # its last draft, and the commit drops those positions
+            ys = [self._sample(r, logits[i : i + 1, -1:, :]) if t < ns[i] else ys[i] for i, r in enumerate(rows)]
+            for i, y_i in enumerate(ys):
+                if t < ns[i]:
+                    drafts[i].append(y_i)
+        return {r.rid: mx.concatenate(drafts[i]) for i, r in enumerate(rows)}
+
+    @staticmethod
+    def _sample(row: _Row, logits: mx.array) -> mx.array:
+        """The row's draw on its ``[1, 1, V]`` logits (the serial ``draft_array``'s step)."""
+        req = row.req
+        with _row_rng(row), req.sampler.drafting(req.pipe.history):
+            y = req.sampler.sample_window(logits.squeeze(0))
+        mx.async_eval(y)
+        return y
+
+    def commit(self, rounds: list[tuple[_Row, _Batch | None, int, int]]) -> None:
+        """Every drafter batch's rollback after the walk: row ``b`` keeps ``min(k_b, n_b - 1)``
+        of the ``max n - 1`` positions its further draft steps wrote (the serial source's
+        ``max(d - k - 1, 0)`` trim, plus the steps it ran only because a batch-mate drafted more)."""
+        by_batch: dict[int, tuple[_Batch, dict[str, tuple[int, int]]]] = {}
+        for row, b, d, k in rounds:
+            if b is not None:
+                by_batch.setdefault(id(b), (b, {}))[1][row.rid] = (d, k)
+        for b, dk in by_batch.values():
+            rows = b.rows
+            steps = max(dk[r.rid][0] for r in rows) - 1
+            keeps = [_drafter_keeps(*dk[r.rid]) for r in rows]
+            if steps > 0:
+                b.rollback(keeps, steps)
+            else:
+                _drop_common_padding([c for c in b.caches if _is_kv(c)])
 
 
 def _ring_guard(batch: _Batch, row: _Row, n: int) -> str | None:

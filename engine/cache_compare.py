@@ -261,18 +261,21 @@ def _position(c: Any, name: str, shape: tuple[int, ...], where: tuple[int, ...])
     return f"index {list(where)}"
 
 
-def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: Tolerance, point: str) -> CacheCheck:
-    """``warm`` vs ``cold`` per layer and array within ``tol`` (module docstring)."""
+def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: Tolerance, point: str,
+                 labels: tuple[str, str] = ("warm", "cold")) -> CacheCheck:
+    """``warm`` vs ``cold`` per layer and array within ``tol`` (module docstring); ``labels``: how
+    the two are named in a message (the batched checks: ``("batched", "serial")``)."""
+    wa, co = labels
     out = CacheCheck(point, tol.model)
     if warm is None or cold is None:
         if (warm is None) != (cold is None):
             out.equal = False
-            out.error = (f"{point}: {tol.model} caches: warm {'none' if warm is None else 'captured'}, cold "
+            out.error = (f"{point}: {tol.model} caches: {wa} {'none' if warm is None else 'captured'}, {co} "
                          f"{'none' if cold is None else 'captured'}")
         return out
     if len(warm) != len(cold):
         out.equal = False
-        out.error = f"{point}: {tol.model} caches: warm has {len(warm)} layers, cold {len(cold)}"
+        out.error = f"{point}: {tol.model} caches: {wa} has {len(warm)} layers, {co} {len(cold)}"
         return out
     closest = -1.0
     for layer, (a, b) in enumerate(zip(warm, cold, strict=True)):
@@ -282,19 +285,19 @@ def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: To
         if ma != mb:
             out.equal = False
             out.error = (f"{point}: {tol.model} layer {layer} ({type(a).__name__}): metadata differs: "
-                         f"{meta_diff(ma, mb)} (warm first)")
+                         f"{meta_diff(ma, mb)} ({wa} first)")
             return out
         if len(xa) != len(xb):
             out.equal = False
-            out.error = f"{point}: {tol.model} layer {layer}: warm {len(xa)} arrays, cold {len(xb)}"
+            out.error = f"{point}: {tol.model} layer {layer}: {wa} {len(xa)} arrays, {co} {len(xb)}"
             return out
         for (nm, x), (_, y) in zip(xa, xb, strict=True):
             if x is None and y is None:
                 continue
             if x is None or y is None or tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
                 out.equal = False
-                out.error = (f"{point}: {tol.model} layer {layer} {nm}: warm "
-                             f"{None if x is None else (list(x.shape), str(x.dtype))} vs cold "
+                out.error = (f"{point}: {tol.model} layer {layer} {nm}: {wa} "
+                             f"{None if x is None else (list(x.shape), str(x.dtype))} vs {co} "
                              f"{None if y is None else (list(y.shape), str(y.dtype))}")
                 return out
             xn, yn = as_numpy(x), as_numpy(y)
@@ -314,7 +317,7 @@ def check_caches(warm: Sequence[Any] | None, cold: Sequence[Any] | None, tol: To
             if over[where] > 0:
                 plus = "" if step is None else f" + its quantization step {float(step[where]):.3g}"
                 out.error = (f"{point}: {tol.model} layer {layer} {nm} {_position(a, nm, tuple(x.shape), where)}: "
-                             f"warm {float(xn[where]):.7g} != cold {float(yn[where]):.7g}, |Δ| {delta:.3g} beyond "
+                             f"{wa} {float(xn[where]):.7g} != {co} {float(yn[where]):.7g}, |Δ| {delta:.3g} beyond "
                              f"the bound {lim:.3g} ({tol.factor:g} × the measured |Δ| "
                              f"{tol.scales.get((layer, nm), 0.0):.3g} between correct prefill paths{plus})")
                 return out

@@ -69,7 +69,7 @@ from engine.stream import (
     prefill_chunks,
 )
 from engine.taps import capture_layers
-from engine.telemetry import SpecCounters, Usage
+from engine.telemetry import SpecCounters, Usage, active_profile, cache_arrays
 
 __all__ = ["PLAIN_PREFILL_STEP", "SPEC_PREFILL_STEP", "GenerationParams", "GenerationResult", "OnToken",
            "generation_stream", "plain_generate", "refeed", "spec_generate"]
@@ -395,6 +395,8 @@ def spec_generate(
     anchor = None if mode == "tail-split" else _anchor(pre_ctx, n_layers, len(drained) - 1)
     feed = list(pending)
     round_index = 0
+    prof = active_profile()  # None unless a bench's --profile: then each phase is timed
+    lazy = _lazy_drafts(source, observer, taps, req.sampler)  # fixed for the request
     while not stream.done:
         tr0 = time.perf_counter()
         n = req.kv_cap(min(params.gamma, stream.left))
@@ -402,19 +404,29 @@ def spec_generate(
         if guard is not None:
             req.plain_loop(pending[-1], guard.split(":")[0], guard, ahead=ahead)
             break
-        drafts, drafts_arr = draft_round(req, source, feed, n, anchor, observer, taps)
+        if prof is not None:
+            prof.start()
+        drafts, drafts_arr = draft_round(req, source, feed, n, anchor, observer, taps, lazy)
         d = len(drafts) if drafts_arr is None else int(drafts_arr.shape[0])
         if d > n:
             raise RuntimeError(f"draft source returned {d} tokens, more than n={n}")
+        if prof is not None:
+            prof.lap("draft", drafts_arr)
         confidence = source_confidence(source, d)
         window = pending + drafts
         observer.before_verify(round_index, window, caches)
         with plan.round():  # ONE target forward over [pending, *drafts]
             if drafts_arr is None:
+                if prof is not None:
+                    prof.lap("window")
                 logits, ctx = _forward(target_model, caches, window, taps)
             else:
                 inputs = mx.concatenate([mx.array(pending, mx.uint32), drafts_arr.astype(mx.uint32)])
+                if prof is not None:
+                    prof.lap("window", inputs)
                 logits, ctx = target_model(inputs[None], cache=caches), None
+            if prof is not None:
+                prof.lap("forward", logits)
             block = logits[0, -(d + 1) :, :]
             samples_arr = req.pipe.window_samples(block, window)
             margins_arr = margin_array(block)
@@ -425,19 +437,31 @@ def spec_generate(
             window = pending + drafts
         observer.after_verify(round_index, window, block, caches)
         margins = margins_list(margins_arr, d + 1)
+        samples = token_ids(samples_arr)
+        if prof is not None:
+            prof.lap("sync")
 
-        walk = req.pipe.walk(block, drafts, token_ids(samples_arr), stream.offer, stream.terminate)
+        walk = req.pipe.walk(block, drafts, samples, stream.offer, stream.terminate)
         k = walk.k_accept
+        if prof is not None:
+            prof.lap("walk")
         plan.rollback(d, k)
         observer.after_rollback(round_index, k, caches)
         if req.quantize():  # on the committed offset: where plain decode converts
             plan = CacheRollback(target_model, caches, rotating=params.rotating)
+        if prof is not None:
+            prof.lap("rollback", cache_arrays(caches))
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
+        if prof is not None:
+            prof.lap("commit", *_source_state(source))
         req.counters.record_round(d, k)
         reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
         req.records.append(round_record(req, source, round_index, feed, drafts, window, walk, margins,
                                          confidence, tr0))
+        if prof is not None:
+            prof.lap("records")
+            prof.end_round()
         round_index += 1
         if stream.done:
             break
@@ -458,11 +482,16 @@ def _plain_instead(req: Request, reuse: Reuse, mode: PrefillMode, reason: str, d
     return req.result(speculative=True)
 
 
+_UNSET: Any = object()
+
+
 def draft_round(req: Request, source: DraftSource, feed: list[int], n: int, anchor: mx.array | None,
-           observer: RoundObserver, taps: tuple[int, ...]) -> tuple[list[int], mx.array | None]:
+                observer: RoundObserver, taps: tuple[int, ...], lazy: Any = _UNSET) -> tuple[list[int], mx.array | None]:
     """The source's drafts for this round: host ids, or a lazy device array kept until the
-    verify's one sync (mlx-lm) where the source offers one (:func:`_lazy_drafts`)."""
-    lazy = _lazy_drafts(source, observer, taps, req.sampler)
+    verify's one sync (mlx-lm) where the source offers one (:func:`_lazy_drafts`; ``lazy``:
+    its answer for this request, looked up once by the caller)."""
+    if lazy is _UNSET:
+        lazy = _lazy_drafts(source, observer, taps, req.sampler)
     with req.sampler.drafting(req.pipe.history):
         if lazy is not None:
             return [], lazy(list(feed), n, len(req.stream.output), anchor)
@@ -513,6 +542,12 @@ def _lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, 
     if observing(observer) or taps or sampler.has_processors:
         return None
     return hook
+
+
+def _source_state(source: DraftSource) -> list[Any]:
+    """The arrays a source's caches hold (the profile's commit boundary; none for model-free sources)."""
+    caches = getattr(source, "caches", None)
+    return cache_arrays(caches) if isinstance(caches, list) else []
 
 
 def source_confidence(source: DraftSource, d: int) -> list[float] | None:

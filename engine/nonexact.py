@@ -31,8 +31,25 @@ suffix) leave different cache bytes, as measured on the H200 (warm ≠ cold
 writes the same bytes. One-token forwards (plain decode, a drafter's drafting
 steps) write exact bytes. A ``QuantizedKVCache`` is left alone.
 
+**A batch** (the batched executor ``engine/batched.py``: mlx-lm's left-padded batch caches,
+``BatchKVCache`` / ``BatchRotatingKVCache`` / a batched ``ArraysCache``): on a GPU a row's
+arithmetic depends on the batch it runs in -- the batch size B, the row's index, its left
+padding, the window length M and where the batch writes (measured on MLX 0.32.4 CUDA, H200
+and H100, issue 39: a batched row's ``target_cache_digest`` differs from its serial run's
+from the first round, its verify rows from one-token decode's). So every forward over a
+batch (any M, any B: the batch's kernels are not one-token decode's) gets, per row ``b``,
+logit noise in ``[-scale, scale]`` and (``kv_scale > 0``) cache-write noise in
+``[-kv_scale, kv_scale]`` on the positions row ``b`` wrote (a batched KV layer's
+``[write index, write index + M)``, a rotating batch's last M, a batched ``ArraysCache``'s
+row), keyed by :func:`batch_row_key` ``(seed, B, b, left padding of b, M, write index, the
+row's input ids)`` (plus the layer index for the caches). The same batch re-run writes the
+same bytes (what the batched checks' replays rely on); the same row in another batch, or
+alone through the serial executor, gets other noise -- as on the GPU.
+
 ``SPECPARITY_EMULATE_NONEXACT=SCALE[:SEED[:KV_SCALE]]`` asks ``specparity``'s
-model loader to wrap every model it loads (:func:`from_env`).
+model loader to wrap every model it loads (:func:`from_env`). What the GPU does, measured
+(docs/backends.md "The CPU double"): ``0.01:0:0.001`` (logit rows within ~1e-2, cache
+writes within ~1e-3).
 """
 
 from __future__ import annotations
@@ -44,7 +61,7 @@ import mlx.core as mx
 
 ENV = "SPECPARITY_EMULATE_NONEXACT"
 
-__all__ = ["ENV", "emulate_nonexact", "exact", "from_env", "emulated_kv_scale", "is_emulated"]
+__all__ = ["ENV", "batch_row_key", "emulate_nonexact", "exact", "from_env", "emulated_kv_scale", "is_emulated"]
 
 
 def _offset(cache: Any) -> int:
@@ -90,6 +107,77 @@ def _perturb_caches(cache: Any, before: list[int | None], length: int, scale: fl
                        else a + _noise(a, scale, k + j) for j, a in enumerate(c.cache)]
 
 
+def _batched(cache: Any) -> bool:
+    """mlx-lm's batch caches: a KV layer with per-row ``left_padding`` (the batched executor's)."""
+    return any(_batch_kv(c) for c in cache or ())
+
+
+def _batch_kv(c: Any) -> bool:
+    return hasattr(c, "keys") and getattr(c, "left_padding", None) is not None
+
+
+def batch_row_key(seed: int, batch: int, row: int, left_padding: int, width: int, write_index: int,
+                  inputs: list[int]) -> int:
+    """The noise key of row ``row`` of a ``batch``-row forward over ``width`` positions written at
+    ``write_index`` (module docstring): a pure function of where the row runs and what it feeds."""
+    h = hashlib.sha256(f"{seed}:batch:{batch}:{row}:{left_padding}:{width}:{write_index}:{inputs}".encode())
+    return int.from_bytes(h.digest()[:4], "little")
+
+
+def _perturb_batch(cache: Any, idx: list[int | None], keys: list[int], width: int, kv_scale: float) -> None:
+    """Add each row's cache-write noise to what one batched ``width``-wide forward wrote."""
+    for i, c in enumerate(cache):
+        if _batch_kv(c):
+            if c.keys is None or not isinstance(c.keys, mx.array) or idx[i] is None:
+                continue
+            if hasattr(c, "max_size"):  # BatchRotatingKVCache: a W >= 2 update concatenates at the end
+                if width < 2:
+                    continue
+                n = min(width, int(c.keys.shape[2]))
+                lo, hi = int(c.keys.shape[2]) - n, int(c.keys.shape[2])
+            else:
+                lo, hi = int(idx[i] or 0), int(c._idx)
+            if hi <= lo:
+                continue
+            kk, vv = mx.array(c.keys), mx.array(c.values)
+            for b, key in enumerate(keys):
+                k = (key + 7919 * (i + 1)) % (1 << 32)
+                kk[b : b + 1, :, lo:hi, :] = kk[b : b + 1, :, lo:hi, :] + _noise(kk[b : b + 1, :, lo:hi, :], kv_scale, k)
+                vv[b : b + 1, :, lo:hi, :] = vv[b : b + 1, :, lo:hi, :] + _noise(vv[b : b + 1, :, lo:hi, :], kv_scale,
+                                                                                  k + 1)
+            c.keys, c.values = kk, vv
+        elif isinstance(getattr(c, "cache", None), list):  # a batched ArraysCache: each row's state
+            new = []
+            for j, a in enumerate(c.cache):
+                if a is None or not mx.issubdtype(a.dtype, mx.floating) or a.shape[0] != len(keys):
+                    new.append(a)
+                    continue
+                rows = [a[b : b + 1] + _noise(a[b : b + 1], kv_scale, (key + 7919 * (i + 1) + j) % (1 << 32))
+                        for b, key in enumerate(keys)]
+                new.append(mx.concatenate(rows, axis=0))
+            c.cache = new
+
+
+def _batch_call(base: type, self: Any, inputs: mx.array, cache: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                scale: float, seed: int, kv_scale: float) -> Any:
+    """A forward over mlx-lm's batch caches: per-row noise keyed by where the row runs."""
+    bsz, width = int(inputs.shape[0]), int(inputs.shape[-1])
+    lp = next((c.left_padding for c in cache if _batch_kv(c)), None)
+    pads = [int(x) for x in lp.tolist()] if lp is not None else [0] * bsz
+    idx = [int(c._idx) if _batch_kv(c) and hasattr(c, "_idx") else None for c in cache]
+    write = next((x for x in idx if x is not None), 0)
+    rows = inputs.tolist()
+    keys = [batch_row_key(seed, bsz, b, pads[b] if b < len(pads) else 0, width, write, rows[b]) for b in range(bsz)]
+    out = base.__call__(self, inputs, *args, **kwargs)
+    if kv_scale:
+        _perturb_batch(cache, idx, keys, width, kv_scale)
+    if scale == 0:
+        return out
+    noise = mx.concatenate([mx.random.uniform(-scale, scale, (1, *out.shape[1:]), key=mx.random.key(k))
+                            for k in keys], axis=0)
+    return out + noise.astype(out.dtype)
+
+
 def emulate_nonexact(model: Any, scale: float, seed: int = 0, kv_scale: float = 0.0) -> Any:
     """Perturb ``model``'s multi-token forwards in place (module docstring); returns ``model``.
 
@@ -102,6 +190,8 @@ def emulate_nonexact(model: Any, scale: float, seed: int = 0, kv_scale: float = 
 
     def __call__(self: Any, inputs: mx.array, *args: Any, **kwargs: Any) -> Any:
         cache = kwargs.get("cache", args[0] if args else None)
+        if cache and inputs.ndim >= 2 and _batched(cache):
+            return _batch_call(base, self, inputs, cache, args, kwargs, scale, seed, kv_scale)
         offset = _offset(cache)
         multi = inputs.ndim >= 2 and inputs.shape[-1] > 1
         before = [int(c.offset) if _kv_layer(c) else None for c in cache] if multi and kv_scale and cache \

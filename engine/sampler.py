@@ -34,6 +34,17 @@ import mlx.core as mx
 LogitsProcessor = Callable[[mx.array | None, mx.array], mx.array]
 
 
+def tag_number(v: float) -> str:
+    """A finite float in tag form: ``:g`` where that reads back exactly (every value the
+    goldens hold keeps its text), else the shortest round-trip ``repr`` with an exponent's
+    ``+`` dropped (``1e20``, not ``1e+20``: ``+`` joins a tag's parts). ``float()`` of the
+    result is ``v`` for every finite float."""
+    text = f"{v:g}"
+    if float(text) != v:
+        text = repr(float(v))
+    return text.replace("e+", "e")
+
+
 HISTORY_PROMPTS = ("full", "last")
 
 
@@ -108,19 +119,26 @@ class ProcessorParams:
             ("fp", self.frequency_penalty, self.frequency_context_size),
         ):
             if pen is not None and pen != 0:
-                parts.append(f"{key}{pen:g}c{ctx}")
+                parts.append(f"{key}{tag_number(pen)}c{ctx}")
         if self.logit_bias:
-            parts.append("lb" + ",".join(f"{t}={v:g}" for t, v in self.logit_bias))
+            parts.append("lb" + ",".join(f"{t}={tag_number(v)}" for t, v in self.logit_bias))
         if parts and self.history_prompt != "full":
             parts.append(f"h{self.history_prompt}")
         return "+".join(parts)
 
     @classmethod
     def parse(cls, text: str) -> ProcessorParams:
-        """Read :meth:`tag`'s form; a ValueError names the bad part."""
+        """Read :meth:`tag`'s form; a ValueError names the bad part (a processor given twice
+        too: ``rp1.2+rp1.3`` is refused, never last-wins)."""
         kw: dict[str, Any] = {}
         names = {"rp": "repetition", "pp": "presence", "fp": "frequency"}
+        seen: dict[str, str] = {}
         for part in filter(None, text.strip().split("+")):
+            key = part[:2] if part[:2] in names or part.startswith("lb") else part[:1]
+            if key in seen:
+                raise ValueError(f"logits processor {key!r} given twice in {text!r} ({seen[key]!r} and "
+                                 f"{part!r}); give each processor once")
+            seen[key] = part
             try:
                 if part[:2] in names:
                     pen, _, ctx = part[2:].partition("c")

@@ -84,7 +84,8 @@ def _cell(r: dict[str, Any]) -> tuple[str, str]:
         return "pass", "pass"
     if s == "fail":
         who = r.get("attribution")
-        return "fail", "**FAIL**: " + r["detail"] + (f" [{who}]" if who else "")
+        cause = f" ({r['cause']})" if r.get("cause") else ""  # what the failure is (subjects/failure_causes.py)
+        return "fail", f"**FAIL**{cause}: " + r["detail"] + (f" [{who}]" if who else "")
     if s == "cannot-grade":
         return "cgrade", "cannot grade: " + r["detail"]
     if s == "not-engaged":
@@ -131,8 +132,9 @@ def failures(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             res = r["checks"].get(c)
             if res and res["status"] == "fail":
                 blame = res.get("attribution") or (r["doc"].get("blame") or {}).get(c)
+                cause = f"({res['cause']}) " if res.get("cause") else ""
                 out.append({"engine": r["engine"], "version": r["version"], "mode": r["mode"], "check": c,
-                            "detail": res["detail"] + (f" [{blame}]" if blame else ""), "case": res.get("case"),
+                            "detail": cause + res["detail"] + (f" [{blame}]" if blame else ""), "case": res.get("case"),
                             "reproduce": redact(res.get("reproduce")
                                                 or reproduce_cmd(r["engine"], r["doc"]["tox_env"], res.get("case")))})
     return out

@@ -29,8 +29,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
 from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
+from subjects.common import case_mode, dist_version, eos_for, prompt_ids, require_module
 
 NAME = "dflash-mlx"
 _STOP = "stop_token_ids is the EOS list itself: no separate stop-id parameter"

@@ -27,8 +27,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
 from subjects.base import SubjectCase, SubjectRun, timed
+from subjects.common import case_mode, dist_version, eos_for, prompt_ids, require_module
 from subjects.dflash_mlx import summary_counters
 
 NAME = "dfly-mlx"

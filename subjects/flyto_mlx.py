@@ -45,8 +45,8 @@ from functools import cache
 from typing import Any
 
 from subjects import Mode
-from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
 from subjects.base import SubjectCase, SubjectRun, timed
+from subjects.common import case_mode, dist_version, eos_for, prompt_ids, require_module
 
 NAME = "flyto-mlx-mtp"
 MODES = {

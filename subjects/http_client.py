@@ -185,6 +185,7 @@ class HttpClient:
         self.allow_remote = allow_remote
         self.limits = limits or Limits()
         self.api_key = api_key if api_key is not None else env.get("SPECPARITY_SERVER_API_KEY", API_KEY)
+        self.dialect: Any = None  # what the server's API takes, learnt from its answers (subjects/served.py Dialect)
 
     @property
     def url(self) -> str:
@@ -199,6 +200,7 @@ class HttpClient:
         c = HttpClient.__new__(HttpClient)
         c.endpoint, c.allow_remote, c.api_key = self.endpoint, self.allow_remote, self.api_key
         c.limits = self.limits.scaled(deadline)
+        c.dialect = self.dialect  # learnt once per server, whatever the deadline
         return c
 
     # -- plumbing

@@ -8,7 +8,7 @@ callback; targets loaded with ``mlx_dspark.load_target`` (mlx-lm route, tap
 probe on), drafters with ``mlx_dspark.load_drafter(path, quantize=False)``.
 EOS: ``generate.eos_token_ids(tokenizer)`` reads ``tokenizer.eos_token_ids`` /
 ``eos_token_id``, so the case's EOS set is passed through a delegating
-tokenizer (``subjects._common.EosTokenizer``). Stop: the API takes stop
+tokenizer (``subjects.common.EosTokenizer``). Stop: the API takes stop
 *strings* only (``stop=[str]``), no stop token ids. Sampling: ``temperature``,
 ``top_k``, ``seed``.
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import EosTokenizer, dist_version, eos_for, prompt_ids, require_module
 from subjects.base import RoundReport, SubjectCase, SubjectRun, SubjectUnsupported, timed
+from subjects.common import EosTokenizer, dist_version, eos_for, prompt_ids, require_module
 
 NAME = "mlx-dspark"
 HOOKS_SPEC = ["mlx_dspark.speculative_generate(on_round=)", "mlx_dspark.load_target", "mlx_dspark.load_drafter"]

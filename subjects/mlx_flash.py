@@ -41,7 +41,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import (
+from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
+from subjects.common import (
     EosTokenizer,
     case_mode,
     dist_version,
@@ -49,7 +50,6 @@ from subjects._common import (
     prompt_ids,
     require_module,
 )
-from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
 from traces.diff import common_prefix
 
 NAME = "mlx-flash"

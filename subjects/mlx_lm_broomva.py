@@ -33,8 +33,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
 from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
+from subjects.common import case_mode, dist_version, eos_for, prompt_ids, require_module
 
 NAME = "mlx-lm-broomva"
 _NO_STOP = "stream_generate takes no stop ids (stop sequences live in mlx_lm.server only)"

@@ -36,8 +36,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import case_mode, dist_version, eos_for, prompt_ids
 from subjects.base import SubjectCase, SubjectRun, SubjectUnavailable, timed
+from subjects.common import case_mode, dist_version, eos_for, prompt_ids
 
 NAME = "mtplx"
 _NO_STOP = "stop_token_ids is the EOS set itself: no separate stop-id parameter"

@@ -28,8 +28,8 @@ from typing import Any
 
 import zoo
 from subjects import Mode
-from subjects._common import case_mode, dist_version, eos_for, prompt_ids, require_module
 from subjects.base import RoundReport, SubjectCase, SubjectRun, timed
+from subjects.common import case_mode, dist_version, eos_for, prompt_ids, require_module
 
 NAME = "nunspark"
 _NO_STOP = "no stop-token parameter (speculative_generate takes one eos_id)"

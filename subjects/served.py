@@ -103,10 +103,17 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from subjects.checks import first_divergence
+from subjects.failure_causes import (
+    SETUP,
+    TRANSPORT,
+    WRONG_OUTPUT,
+    classify_error,
+    error_as_success,
+)
 from subjects.http_client import HttpClient, ServerDown, ServerError
 from traces.diff import common_prefix
 
@@ -162,8 +169,8 @@ class Request:
     def by_ids(self) -> bool:
         return isinstance(self.prompt, tuple)
 
-    def body(self, legacy_logprobs: bool = False) -> dict[str, Any]:
-        b: dict[str, Any] = {"model": "default_model", "max_tokens": self.max_tokens,
+    def body(self, legacy_logprobs: bool = False, model: str = "default_model") -> dict[str, Any]:
+        b: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens,
                              "temperature": self.temperature, "stream": self.stream}
         if self.seed is not None:
             b["seed"] = self.seed
@@ -390,21 +397,92 @@ def metrics(client: HttpClient, method: str | None = None) -> SpecCounters | Non
     return c if c.sources or c.other_methods else None
 
 
-def send(client: HttpClient, req: Request, counters: SpecCounters | None = None) -> Reply:
-    """Send ``req``; the reply reassembled (streamed chunks concatenated)."""
-    legacy = getattr(client, "legacy_logprobs", False)
+@dataclass
+class Dialect:
+    """What a server's API takes, learnt from its own answers (kept on its client, ``client.dialect``):
+    the model name it serves (``default_model`` until it refuses that name: then the first one its
+    ``GET /v1/models`` lists), whether it has ``/v1/completions`` (a chat-only server: every request
+    is sent through chat, graded against its chat prompt), whether it wants OpenAI's legacy integer
+    ``logprobs``. ``notes``: each thing learnt, one line each (the row's set-up records them)."""
+
+    model: str = "default_model"
+    chat_only: bool = False
+    legacy_logprobs: bool = False
+    probed: bool = False  # a first request was answered (or refused) with this dialect
+    notes: list[str] = field(default_factory=list)
+
+    def adapt(self, req: Request) -> Request:
+        """``req`` as this server takes it (a chat-only server: a text prompt through chat)."""
+        if self.chat_only and not req.chat:
+            if req.by_ids:
+                raise ServerError("the server has no /v1/completions (HTTP 404): a token-id prompt cannot be "
+                                  "sent through chat", 404)
+            return replace(req, chat=True)
+        return req
+
+
+def dialect(client: HttpClient) -> Dialect:
+    """The client's :class:`Dialect` (a fresh one the first time)."""
+    d = getattr(client, "dialect", None)
+    if not isinstance(d, Dialect):
+        d = Dialect()
+        client.dialect = d  # type: ignore[attr-defined]
+    return d
+
+
+def served_model_name(client: HttpClient) -> str | None:
+    """The first model id the server lists at ``GET /v1/models`` (None: none, or no such route)."""
     try:
-        return _send(client, req, legacy, counters)
-    except ServerError as exc:
-        if req.chat or legacy or not (req.logprobs or req.top_logprobs) or "logprobs" not in str(exc):
+        status, text = client.get("/v1/models")
+        doc = json.loads(text) if status == 200 else None
+    except (ServerDown, ServerError, ValueError, RecursionError):
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    return next((i for i in ids if isinstance(i, str) and i), None)
+
+
+def send(client: HttpClient, req: Request, counters: SpecCounters | None = None) -> Reply:
+    """Send ``req`` in the server's dialect (learnt from its refusals, one retry each: a completions
+    route it lacks, a model name it does not serve, the legacy logprobs field); the reply reassembled
+    (streamed chunks concatenated)."""
+    from subjects.failure_causes import no_route, refuses_model_name
+
+    d = dialect(client)
+    for _ in range(4):
+        sent = d.adapt(req)
+        try:
+            reply = _send(client, sent, d, counters)
+            d.probed = True
+            return reply
+        except ServerError as exc:
+            d.probed = True
+            text = str(exc)
+            if no_route(exc.status) and not sent.chat and not d.chat_only:
+                d.chat_only = True
+                d.notes.append(f"no /v1/completions ({text[:80]}): every request sent through "
+                               "/v1/chat/completions and graded against the chat prompt")
+                continue
+            if refuses_model_name(exc.status, text, d.model):
+                name = served_model_name(client)
+                if name is not None and name != d.model:
+                    d.notes.append(f"the model name {d.model!r} was refused ({text[:80]}): sent as {name!r}, "
+                                   "the name its /v1/models reports")
+                    d.model = name
+                    continue
+            if (not sent.chat and not d.legacy_logprobs and (sent.logprobs or sent.top_logprobs)
+                    and "logprobs" in text):
+                d.legacy_logprobs = True  # it wants OpenAI's legacy `logprobs: N`
+                d.notes.append("legacy completions logprobs (an integer `logprobs`)")
+                continue
             raise
-        client.legacy_logprobs = True  # type: ignore[attr-defined]  # it wants OpenAI's legacy `logprobs: N`
-        return _send(client, req, True, counters)
+    raise ServerError("the server refused every dialect tried for this request")
 
 
-def _send(client: HttpClient, req: Request, legacy: bool, counters: SpecCounters | None) -> Reply:
+def _send(client: HttpClient, req: Request, d: Dialect, counters: SpecCounters | None) -> Reply:
+    body = req.body(d.legacy_logprobs, d.model)
     if not req.stream:
-        doc = client.post(req.path, req.body(legacy))
+        doc = client.post(req.path, body)
         ch = _choice(doc)
         msg = ch.get("message") if isinstance(ch.get("message"), dict) else {}
         text = msg.get("content") if req.chat else ch.get("text")
@@ -417,7 +495,7 @@ def _send(client: HttpClient, req: Request, legacy: bool, counters: SpecCounters
         calls.add(msg.get("tool_calls") if req.chat else None)
         return Reply(text or "", ch.get("finish_reason"), usage, _parse_logprobs(ch.get("logprobs")), doc=doc,
                      tool_calls=calls.done())
-    events = client.post_stream(req.path, req.body(legacy))
+    events = client.post_stream(req.path, body)
     text, finish, usage = [], None, None
     calls = _ToolCalls()
     for ev in events:
@@ -495,6 +573,13 @@ class Reference:
     bos_id: int | None = None
     completion_prompt: Callable[[str], list[int]] | None = None
     wrap: str | None = None  # the declared wrapping of a completions prompt, in words (None: sent as is)
+
+    def through_chat(self) -> Reference:
+        """This reference for a server without ``/v1/completions``: every text prompt is sent as a chat
+        message, so the prompt it completes is the chat prompt."""
+        return replace(self, completion_prompt=self.chat_prompt,
+                       wrap="sent through /v1/chat/completions (the server has no /v1/completions): the "
+                            "reference is plain decode of the chat prompt")
 
     def completion_ids(self, text: str) -> list[int]:
         """The prompt the server builds for a completions request of ``text``."""
@@ -608,15 +693,21 @@ def _tail(s: str, n: int = 24) -> str:
 
 
 class Finding(Exception):
-    """A case failed: the server's answer is wrong (``req`` names the request)."""
+    """A case failed: the server's answer is wrong (``req`` names the request; ``cause``: what the
+    failure is, ``subjects/failure_causes.py``; None: wrong output unless the reply hid an error)."""
 
-    def __init__(self, req: Request | None, msg: str) -> None:
+    def __init__(self, req: Request | None, msg: str, cause: str | None = None) -> None:
         super().__init__(msg)
         self.req = req
+        self.cause = cause
 
 
 class CannotGrade(Exception):
     """A case could not be set up (not the server's fault as far as this check can tell)."""
+
+    def __init__(self, msg: str, cause: str = SETUP) -> None:
+        super().__init__(msg)
+        self.cause = cause
 
 
 class Unsupported(Exception):
@@ -628,6 +719,7 @@ class CaseResult:
     label: str
     status: str
     detail: str
+    cause: str | None = None  # a fail's or cannot-grade's class (``failure_causes.CAUSES``)
 
 
 @dataclass
@@ -641,6 +733,7 @@ class CellResult:
     cases: list[dict[str, str]] = field(default_factory=list)
     attribution: str | None = None
     log: str | None = None  # a server log line that explains a cannot-grade
+    cause: str | None = None  # what the first failing (else ungradeable) case's failure is
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -649,12 +742,13 @@ class CellResult:
 
 def cell_from_cases(check: str, cases: list[CaseResult], summary: str) -> CellResult:
     by = {s: [c for c in cases if c.status == s] for s in ("pass", "fail", "cannot-grade", "unsupported")}
-    rows = [{"label": c.label, "status": c.status, "detail": c.detail} for c in cases]
+    rows = [{"label": c.label, "status": c.status, "detail": c.detail} | ({"cause": c.cause} if c.cause else {})
+            for c in cases]
     counts = ", ".join(f"{len(v)} {k}" for k, v in by.items() if v)
     if by["fail"]:
         f = by["fail"][0]
         more = f" ({len(by['fail'])} of {len(cases)} cases fail)" if len(cases) > 1 else ""
-        return CellResult(check, "fail", f"{f.detail}{more}", case=f.label, cases=rows)
+        return CellResult(check, "fail", f"{f.detail}{more}", case=f.label, cases=rows, cause=f.cause or WRONG_OUTPUT)
     note = ""
     if by["cannot-grade"]:
         g = by["cannot-grade"][0]
@@ -663,7 +757,7 @@ def cell_from_cases(check: str, cases: list[CaseResult], summary: str) -> CellRe
         return CellResult(check, "pass", f"{summary} [{counts}]{note}", cases=rows)
     if by["cannot-grade"]:
         g = by["cannot-grade"][0]
-        return CellResult(check, "cannot-grade", f"{g.detail} [{counts}]", case=g.label, cases=rows)
+        return CellResult(check, "cannot-grade", f"{g.detail} [{counts}]", case=g.label, cases=rows, cause=g.cause)
     why = by["unsupported"][0].detail if by["unsupported"] else "no case applies"
     return CellResult(check, "unsupported", why, cases=rows)
 
@@ -673,8 +767,10 @@ class Ctx:
 
     def __init__(self, client: HttpClient, ref: Reference, plan: Plan, counters: SpecCounters,
                  require_hits: bool = True, *, arm: str = "plain", baseline: dict[str, Any] | None = None,
-                 reject: bool = False) -> None:
+                 reject: bool = False, server_log: Callable[[], str] | None = None) -> None:
         self.client, self.ref, self.plan, self.counters = client, ref, plan, counters
+        self.server_log = server_log  # what the server's log gained since the last call ("" without a log)
+        self.last: Reply | None = None  # the last reply of the case in progress
         self.require_hits = require_hits  # False: an attribution rerun judges outputs only
         self.cases: list[CaseResult] = []
         self.token_prompts: bool | None = None  # learnt: does /v1/completions take token-id prompts?
@@ -692,42 +788,82 @@ class Ctx:
     @contextlib.contextmanager
     def case(self, what: Request | str) -> Iterator[None]:
         """Run one case: a Finding is ``fail``, CannotGrade ``cannot-grade``, Unsupported ``n/a``."""
-        label = what.label if isinstance(what, Request) else what
+        label = self.label(what) if isinstance(what, Request) else what
         self.sent: list[str] = []
+        self.last = None
+        if self.server_log is not None:
+            self.server_log()  # what the log said before this case is not this case's evidence
         try:
             yield
         except Finding as f:
-            self.cases.append(CaseResult(f.req.label if f.req is not None else label, "fail", str(f)))
+            detail, cause = str(f), f.cause
+            if cause is None:
+                hidden = self.hidden_error()
+                cause = hidden.kind if hidden is not None else WRONG_OUTPUT
+                if hidden is not None:
+                    detail = f"{detail} ({hidden.kind}: {hidden.evidence})"
+            self.cases.append(CaseResult(self.label(f.req) if f.req is not None else label, "fail", detail, cause))
         except CannotGrade as g:
-            self.cases.append(CaseResult(label, "cannot-grade", str(g)))
+            self.cases.append(CaseResult(label, "cannot-grade", str(g), g.cause))
         except Unsupported as u:
             self.cases.append(CaseResult(label, "unsupported", str(u)))
         else:
             self.cases.append(CaseResult(self.sent[-1] if self.sent and not isinstance(what, Request) else label,
                                          "pass", "ok"))
 
+    def label(self, req: Request) -> str:
+        """``req``'s label as the server is sent it (a chat-only server's: through chat)."""
+        try:
+            return dialect(self.client).adapt(req).label
+        except ServerError:
+            return req.label
+
+    def hidden_error(self) -> Any:
+        """An error the last reply hid behind HTTP 200 (``failure_causes.error_as_success``), or None."""
+        if self.last is None:
+            return None
+        return error_as_success(self.last.doc, self.last.text, self.server_log() if self.server_log else "")
+
     def ask(self, req: Request, optional: str | None = None) -> Reply:
         """Send ``req``: its reply, or the case's verdict raised (``optional``: what a 4xx refusal
         means the server does not take, e.g. ``"tools"``: that case is n/a, not a finding)."""
-        self.sent.append(req.label)
+        self.sent.append(self.label(req))
         self.n_requests += 1
         try:
-            return send(self.client, req, self.counters)
+            self.last = send(self.client, req, self.counters)
+            return self.last
         except ServerDown as exc:
             raise self._on_down(req, exc) from None
         except ServerError as exc:
-            if not self.ref.has_chat_template and exc.status is not None and exc.status >= 400 and (
-                    req.chat or _TEMPLATE.search(str(exc))):
-                where = "the chat endpoint" if req.chat else "the server (it routes this through a chat template)"
-                raise CannotGrade(f"{where} refused ({exc}); the model has no chat template, so the server "
-                                  "cannot build a chat prompt") from None
-            if optional and exc.status is not None and 400 <= exc.status < 500:
-                raise Unsupported(f"the server refuses {optional}: {exc}") from None
-            if exc.status is None:  # the connection closed mid-answer: is the server still there?
-                alive, why = self.client.healthy()
-                if not alive:
-                    raise _down(req, f"{exc} ({why})") from None
-            raise Finding(req, f"bad response: {exc}") from None
+            raise self._refused(req, exc, optional) from None
+
+    def verdict_on(self, req: Request, exc: BaseException) -> Exception:
+        """The case's verdict on an exception a request sent outside :meth:`ask` raised (sent together)."""
+        if isinstance(exc, ServerError):
+            return self._refused(req, exc)
+        if isinstance(exc, ServerDown):
+            return self._on_down(req, exc)
+        cause = classify_error(exc, req.path)
+        return Finding(req, f"bad response: {exc}", cause.kind)
+
+    def _refused(self, req: Request, exc: ServerError, optional: str | None = None) -> Exception:
+        """The case's verdict on an error answer, classified (``failure_causes.classify_error``): a
+        set-up or dialect refusal cannot grade, a 5xx or a non-API answer is a finding."""
+        cause = classify_error(exc, req.path)
+        if not self.ref.has_chat_template and exc.status is not None and exc.status >= 400 and (
+                req.chat or _TEMPLATE.search(str(exc))):
+            where = "the chat endpoint" if req.chat else "the server (it routes this through a chat template)"
+            return CannotGrade(f"{where} refused ({exc}); the model has no chat template, so the server "
+                               "cannot build a chat prompt")
+        if optional and exc.status is not None and 400 <= exc.status < 500:
+            return Unsupported(f"the server refuses {optional}: {exc}")
+        if cause.kind == SETUP or (exc.status in (404, 405)):
+            return CannotGrade(f"{cause.kind}: {cause.evidence}", cause.kind)
+        if exc.status is None:  # the connection closed mid-answer: is the server still there?
+            alive, why = self.client.healthy()
+            if not alive:
+                return _down(req, f"{exc} ({why})")
+        return Finding(req, f"bad response: {exc}", cause.kind)
 
     def _on_down(self, req: Request, exc: ServerDown) -> Exception:
         """A Finding when the connection closed without an answer but the server is still up (it
@@ -735,7 +871,7 @@ class Ctx:
         if getattr(exc, "kind", "closed") == "closed":
             alive, why = self.client.healthy()
             if alive:
-                return Finding(req, f"no answer: {exc} (the server is still up)")
+                return Finding(req, f"no answer: {exc} (the server is still up)", TRANSPORT)
             return _down(req, f"{exc} ({why})")
         return _down(req, exc)
 
@@ -747,7 +883,7 @@ class Ctx:
             self.sent.append(req.label)
             self.n_requests += 1
             try:
-                reply = send(self.client, req, self.counters)
+                reply = self.last = send(self.client, req, self.counters)
                 pt = (reply.usage or {}).get("prompt_tokens")
                 if pt is not None and pt != len(ids):
                     raise CannotGrade(f"the server counted {pt} prompt tokens for a token-id prompt of "
@@ -757,8 +893,8 @@ class Ctx:
             except ServerDown as exc:
                 raise self._on_down(req, exc) from None
             except ServerError as exc:
-                if self.token_prompts or exc.status is None or exc.status < 400:
-                    raise Finding(req, f"bad response: {exc}") from None
+                if self.token_prompts or exc.status is None or exc.status < 400 or exc.status >= 500:
+                    raise self._refused(req, exc) from None
                 self.token_prompts = False  # it refuses token-id prompts: text, where the ids round-trip
         text = self.ref.text_for(ids)
         if text is None:
@@ -1316,7 +1452,8 @@ def check_concurrency(ctx: Ctx) -> str:
         with ctx.case(req):
             res = results[i]
             if isinstance(res, BaseException):
-                raise Finding(req, f"bad response: {res}")
+                raise ctx.verdict_on(req, res)
+            ctx.last = res
             why = compare(ref, res, ps[i].out[:17], exact=False)
             if why:
                 raise Finding(req, f"B-invariance: logic (no numerics witness over HTTP): sent with {len(reqs) - 1} "
@@ -1410,7 +1547,7 @@ def check_seeded(ctx: Ctx) -> str:
         with ctx.case(probe):
             res = results[0]
             if isinstance(res, BaseException):
-                raise Finding(probe, f"bad response: {res}")
+                raise ctx.verdict_on(probe, res)
             why = same_reply(ref, res, a1, "with batch-mates", "alone", logprobs=False)
             if why:
                 moved = _logits_moved(ctx, probe, res)
@@ -1612,8 +1749,9 @@ def check_leak(ctx: Ctx) -> str:
         with ctx.case(again):
             first = ctx.fresh.get(key)
             if isinstance(first, BaseException) or first is None:
-                raise CannotGrade(f"the request on the fresh server got no usable answer ({first}): nothing to "
-                                  "compare with")
+                why = f"{classify_error(first, g.path).kind}: {first}" if first is not None else "no answer"
+                raise CannotGrade(f"the request on the fresh server got no usable answer ({why}): nothing to "
+                                  "compare with", TRANSPORT if first is None else classify_error(first).kind)
             if key == "seeded":
                 second = ctx.fresh.get("seeded again")
                 if isinstance(second, BaseException) or second is None or same_reply(
@@ -1717,16 +1855,30 @@ def prompt_fidelity(ctx: Ctx) -> None:
                 "compared with plain decode of it; see identity")
 
 
+def learn_dialect(client: HttpClient, text: str) -> None:
+    """One 1-token request of ``text`` (a prompt no check uses) unless the server already answered
+    one: what it refuses teaches its dialect (``Dialect``) before any check is judged."""
+    d = dialect(client)
+    if d.probed:
+        return
+    with contextlib.suppress(ServerDown, ServerError):
+        send(client, Request(text, 1, tag="dialect"))
+
+
 def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVER_CHECKS,
                log: Callable[[str], None] | None = None, plan: Plan | None = None,
                counters: SpecCounters | None = None, require_hits: bool = True, *, arm: str = "plain",
-               baseline: dict[str, Any] | None = None, reject: bool = False) -> dict[str, CellResult]:
+               baseline: dict[str, Any] | None = None, reject: bool = False,
+               server_log: Callable[[], str] | None = None) -> dict[str, CellResult]:
     """Every check in order (``speculation`` is the grader's: it needs the whole arm);
     once the server stops answering, the rest are ``cannot-grade`` with that reason.
 
     ``arm``: ``plain`` or ``spec``; ``baseline``: shared by the arms of one grading (the plain
     arm's tool calls, compared on the spec arm); ``reject``: this server's drafts are all rejected.
-    With ``leak`` among the checks, its probes are the server's first requests."""
+    With ``leak`` among the checks, its probes are the server's first requests after the one that
+    learns its dialect (:func:`learn_dialect`); a chat-only server is graded through chat, against
+    its chat prompt. ``server_log``: what the server's log gained since the last call (the evidence
+    of an error returned as success)."""
     plan = plan if plan is not None else make_plan(ref)
     counters = counters if counters is not None else SpecCounters()
     out: dict[str, CellResult] = {}
@@ -1734,7 +1886,13 @@ def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVE
     ok, why = client.healthy()
     if not ok:
         down = f"the server was not answering before the first check: {why}"
-    ctx = Ctx(client, ref, plan, counters, require_hits, arm=arm, baseline=baseline, reject=reject)
+    else:
+        learn_dialect(client, plan.warmup)
+        if dialect(client).chat_only:
+            ref = ref.through_chat()
+            plan = make_plan(ref, checks)
+    ctx = Ctx(client, ref, plan, counters, require_hits, arm=arm, baseline=baseline, reject=reject,
+              server_log=server_log)
     if "leak" in checks and down is None:
         fresh_probes(ctx)
     if down is None and any(c in checks for c in ("identity", *GATED)) and not any(
@@ -1757,7 +1915,7 @@ def run_checks(client: HttpClient, ref: Reference, checks: Sequence[str] = SERVE
             summary = CHECK_FNS[name](ctx)
             out[name] = cell_from_cases(name, ctx.cases, summary)
         except ServerDown as d:
-            ctx.cases.append(CaseResult(getattr(d, "label", name), "fail", str(d)))
+            ctx.cases.append(CaseResult(getattr(d, "label", name), "fail", str(d), TRANSPORT))
             out[name] = cell_from_cases(name, ctx.cases, "")
             _, health = client.healthy()
             down = f"the server stopped answering in check {name!r} ({health})"

@@ -89,6 +89,14 @@ check meant to catch it, and only that check):
   rendered text encoded), chat requests without a system message get it too, token-id prompts are
   refused (fusion-mlx 0.10.24's ``/v1/completions``); it combines with another plant,
   ``wrap-system+stop-label`` (the other one's finding stays);
+- ``chat-only`` (none: a dialect the harness speaks): no ``/v1/completions`` (HTTP 404, mlx-vlm's
+  server): every request is graded through chat, against the chat prompt;
+- ``model-name`` (none: a dialect the harness speaks): a model name other than ``SERVED_NAME`` is
+  refused (HTTP 400 "model ... not found"); ``/v1/models`` lists ``SERVED_NAME``;
+- ``empty-error`` (an error returned as success, in the cells it breaks): the first generation
+  request (the warm-up) and every one whose prompt has an odd length raise inside the engine: the
+  exception is printed to the log and the answer is HTTP 200 with an empty text and
+  ``finish_reason`` 'stop';
 - ``crash-start`` (a set-up failure: cannot grade): exits at start with a log line;
 - ``slow`` (none: a correct but slow server, must pass): 0.2 s per answer, 10 ms per event;
 - ``hang`` / ``die``: stops answering (sleeps) / exits from the 3rd generation request on.
@@ -116,7 +124,8 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "seed-batch",
         "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
-        "metrics-method-named", "wrap-system")
+        "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error")
+SERVED_NAME = "fake/served-model"  # the model-name plant's one model name (its /v1/models lists it)
 WRAP_SYSTEM = "You are a helpful assistant."  # wrap-system's system message (fusion-mlx 0.10.24's)
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
                "argument was passed!")
@@ -446,7 +455,8 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 if engine.bug == "models-500":
                     self._json(500, {"error": "internal error"})
                     return
-                self._json(200, {"object": "list", "data": [{"id": "default_model", "object": "model",
+                name = SERVED_NAME if engine.bug == "model-name" else "default_model"
+                self._json(200, {"object": "list", "data": [{"id": name, "object": "model",
                                                              "created": int(time.time())}]})
             elif self.path == "/metrics" and engine.bug == "metrics-other-method":
                 raw = (b'spec_decode_attempts_total{family="x",method="mtp"} 0\n'  # qmlx-serve 0.16.0's page
@@ -495,7 +505,7 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 self._json(200, stats)
                 return
             chat = self.path in ("/v1/chat/completions", "/chat/completions")
-            if not chat and self.path != "/v1/completions":
+            if not chat and (self.path != "/v1/completions" or engine.bug == "chat-only"):
                 self._json(404, {"error": "Not Found"})
                 return
             with engine._lock:
@@ -513,6 +523,9 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens", 512))
                 stop = body.get("stop") or []
                 stop = [stop] if isinstance(stop, str) else list(stop)
+                if engine.bug == "model-name" and body.get("model") != SERVED_NAME:
+                    self._json(400, {"error": {"message": f"model {body.get('model')!r} not found"}})
+                    return
                 prompt = engine.prompt(body, chat)
             except LookupError as exc:
                 self._json(500, {"error": str(exc)})
@@ -529,6 +542,14 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                     raise ValueError("temperature must be >= 0")
             except (ValueError, TypeError, AttributeError) as exc:
                 self._json(400, {"error": str(exc)})
+                return
+            engine.stats["generated"] = engine.stats.get("generated", 0) + 1
+            if engine.bug == "empty-error" and (engine.stats["generated"] == 1 or len(prompt) % 2):
+                print("Traceback (most recent call last):\n  File \"engine.py\", line 1, in step\n"
+                      f"IndexError: index {len(prompt)} is out of bounds for axis 0", file=sys.stderr, flush=True)
+                r = {"ids": [], "finish": "stop", "eos": False, "stopped": False, "n_usage": 0, "cached": 0,
+                     "blocks": [], "top": [], "spec": False}
+                self._respond(body, chat, prompt, r, stop)
                 return
             r = engine.generate(prompt, max_tokens, stop, sampling)
             if engine.bug == "slow":

@@ -43,3 +43,98 @@ def test_bench_refuses_rows_that_differ(monkeypatch: pytest.MonkeyPatch) -> None
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert bb.main(["--rows", "0", "--drafter", "ngram"]) == 2
     assert capsys.readouterr().err.startswith("bench_batched: ")
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--gamma", "5000"], "--gamma"),
+    (["--seed", "-1"], "--seed"),
+    (["--rows", "1,,2"], "--rows"),
+    (["--rows", "100"], "--rows"),
+    (["--rows", "0"], "--rows"),
+    (["--repeats", "0"], "--repeats"),
+    (["--max-tokens", "0"], "--max-tokens"),
+])
+def test_bad_values_name_their_flag_in_one_line(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bb, "bench_batched", lambda *a, **k: pytest.fail("measured despite a bad value"))
+    assert bb.main(["--drafter", "ngram", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"bench_batched: argument {flag}"), err
+
+
+def test_rows_beyond_the_prompts_name_rows() -> None:
+    import zoo
+
+    n = len(zoo.prompts())
+    if n >= bb.MAX_ROWS:
+        pytest.skip("the zoo has as many prompts as the row limit")
+    with pytest.raises(ValueError, match=r"^--rows"):
+        bb.bench_batched(drafter="ngram", rows=(n + 1,), repeats=1, max_tokens=2)
+
+
+def test_json_destination_is_checked_before_measuring(tmp_path: Any, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bb, "bench_batched", lambda *a, **k: pytest.fail("measured before refusing --json"))
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": true}')
+    for dest, says in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "is a directory"),
+                       (foreign, "not written by this tool")):
+        assert bb.main(["--drafter", "ngram", "--json", str(dest)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("bench_batched: argument --json") and says in err, err
+    assert foreign.read_text() == '{"mine": true}'
+
+
+def test_json_is_written_atomically_and_may_replace_its_own(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import os
+
+    out = tmp_path / "b.json"
+    assert bb.main(["--drafter", "ngram", "--rows", "1", "--repeats", "1", "--max-tokens", "3", "--json",
+                    str(out)]) == 0
+    first = json.loads(out.read_text())
+    assert first["kind"] == "bench-batched" and first["table"][0]["row_status"] == {"r0": "identical"}
+    # its own file is replaced without --overwrite; a full disk leaves the old file whole, no temp behind
+    real = os.replace
+
+    def full(*_a: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    assert bb.main(["--drafter", "ngram", "--rows", "1", "--repeats", "1", "--max-tokens", "3", "--json",
+                    str(out)]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == first and sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+    monkeypatch.setattr(os, "replace", real)
+    foreign = tmp_path / "f.json"
+    foreign.write_text("[]")
+    assert bb.main(["--drafter", "ngram", "--rows", "1", "--repeats", "1", "--max-tokens", "3", "--json",
+                    str(foreign), "--overwrite"]) == 0
+    assert json.loads(foreign.read_text())["kind"] == "bench-batched"
+
+
+def test_a_logic_row_refuses_in_one_line_exit_1(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import engine.batched as eb
+
+    real = eb.batch_generate
+
+    def wrong(model: Any, reqs: Any, **kw: Any) -> Any:
+        res = real(model, reqs, **kw)
+        rec = next(r for r in res.rows["r1"].records if r["type"] == "round" and r["emitted"])
+        rec["emitted"] = [t + 1 for t in rec["emitted"]]
+        res.rows["r1"].output_ids[0] += 1
+        return res
+
+    monkeypatch.setattr(eb, "batch_generate", wrong)
+    assert bb.main(["--drafter", "ngram", "--rows", "2", "--repeats", "1", "--max-tokens", "4"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench_batched:")]
+    assert len(err) == 1 and "row r1" in err[0] and "round" in err[0] and "logic" in err[0], err
+
+
+def test_profile_prints_the_phase_split(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bb.main(["--drafter", "ngram", "--rows", "2", "--repeats", "1", "--max-tokens", "4", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "Per-phase split" in out and "| forward |" in out and "| rollback |" in out, out
+    assert "| r1 | identical | batch | per row: the NgramSource source drafts per row |" in out, out

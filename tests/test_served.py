@@ -212,7 +212,10 @@ OTHER_PLANTS = {  # set-up failures and limitations (never a finding), a server 
     "seed-ignored": "cannot-grade", "no-tool-parser": "n/a", "slow": "pass",
     "hang": "one finding, the rest cannot-grade", "die": "one finding, the rest cannot-grade",
     "metrics-other-method": "speculation cannot-grade", "metrics-method-named": "speculation pass",
-    "wrap-system": "one identity finding, the reference-judged checks cannot-grade; declared: pass"}
+    "wrap-system": "one identity finding, the reference-judged checks cannot-grade; declared: pass",
+    # tests/test_served_causes.py: dialects spoken (pass), an error returned as success (its finding's cause)
+    "chat-only": "pass (through chat)", "model-name": "pass (the served name)",
+    "empty-error": "findings classified 'server error returned as success'"}
 
 
 def test_every_served_check_has_a_plant_that_reaches_its_failure_branch() -> None:

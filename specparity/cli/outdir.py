@@ -29,7 +29,14 @@
     FILE``): a lock beside it, its content its marker (a trace, an audit JSON).
 
   Every command that writes uses one of these three (``tests/test_hostile_outdir.py``
-  sweeps every writing flag of the CLI parser: :data:`WRITERS`).
+  sweeps every writing flag of the CLI parser: :data:`WRITERS`), and so does every
+  ``python -m`` module and tool (:data:`MODULE_WRITERS`, swept by
+  ``tests/test_hostile_module_writers.py`` from the modules' own parsers). A module's
+  ``main`` turns a refusal into its one line with :func:`refusal` (exit 2). A single
+  JSON output file (``--json FILE``): ``type=specparity.cli.args.output_file(ours, what)``
+  checks it at parse time, then ``with claim_output_file(path, command, flag=..., what=...,
+  ours=...)`` around the work and the write (:func:`json_of_kind` builds ``ours`` for a
+  document with a ``"kind"`` key).
 - Files are published with :func:`traces.io.atomic_write_text` /
   :func:`traces.io.atomic_write_json` (temp file, fsync, rename, mode
   ``0666 & ~umask``): never a 0-byte or partial file under a final name.
@@ -76,8 +83,11 @@ __all__ = [
     "claim_output_file",
     "claim_run_dir",
     "interrupt_notes",
+    "MODULE_WRITERS",
+    "json_of_kind",
     "note_interrupt",
     "prepare_dir",
+    "refusal",
     "track",
 ]
 
@@ -109,8 +119,41 @@ the module doc). ``tests/test_hostile_outdir.py`` derives the writing flags from
 parser, checks they are exactly these, and plants a foreign file, a lock and an earlier run
 for each."""
 
+MODULE_WRITERS: dict[str, str] = {
+    "specparity.grading.engines --out": "beside",  # grade_engine_main: add_outputs, each file checked first
+    "specparity.grading.http_servers --out": "beside",  # grade_server_main: add_outputs
+    "specparity.grading.native_mtp_conventions --out": "beside",  # add_outputs, before the capture
+    "specparity.grading.vlm_batched --out": "beside",  # add_outputs, before the availability check
+    "specparity.measure.bench_batched --json": "file",  # claim_output_file (the perf helper's)
+    "tools/mutation.py --out": "folder",  # add_outputs(own_folder=True), before any mutation
+}
+"""Every writing flag of a ``python -m`` module or tool (``"module flag"`` -> the scope, as in
+:data:`WRITERS`). ``tests/test_hostile_module_writers.py`` finds the modules with a parser,
+reads each parser's flags, checks the writing ones are exactly these, and plants a user's
+file in each destination: refused in one line before any work."""
+
 _NOTES: list[str] = []
 _ACTIVE: list[Claim] = []
+
+
+def refusal(prog: str, exc: BaseException) -> int:
+    """A ``python -m`` module's one line for a refused destination (or other bad input): exit 2."""
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def json_of_kind(kind: str, key: str = "kind") -> Callable[[Path], bool]:
+    """``ours`` for :func:`claim_output_file`: an existing file is ours if it is a JSON object
+    whose ``key`` is ``kind`` (the marker a writer puts in its own document)."""
+
+    def ours(p: Path) -> bool:
+        from specparity.cli.args import read_small_json
+
+        doc = read_small_json(p)
+        return isinstance(doc, dict) and doc.get(key) == kind
+
+    ours.__name__ = f"json_of_kind_{kind}"
+    return ours
 
 
 def note_interrupt(text: str) -> None:

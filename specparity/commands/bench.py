@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=a.max_tokens, default=32)
     p.add_argument("--repeats", type=a.positive_int, default=3, help="warm passes (after one cold pass)")
     p.add_argument("--profile", action="store_true",
-                   help="also profile one warm engine generation (cProfile: where host time goes)")
+                   help="also print the per-phase split of an engine round (draft, window, forward, sync, "
+                        "walk, rollback, commit, records) and profile one warm generation (cProfile)")
     p.add_argument("--out", type=a.writable_dir, default=Path("runs/bench"))
     add_kv_arguments(p)
     add_device_argument(p)

@@ -224,7 +224,7 @@ def grade_mode(name: str, gen: Callable[[SubjectCase], SubjectRun], mode_name: s
 def grade_engine(name: str, out: Path) -> dict[str, Any]:
     """Grade subject ``name`` here; returns (and writes) its result document."""
     info = SUBJECTS[name]
-    from subjects._common import dist_version
+    from subjects.common import dist_version
 
     doc: dict[str, Any] = {"engine": name, "package": info.package.split("==")[0], "pinned": info.package,
                            "tox_env": info.tox_env, "platform": platform_info(), "modes": {},
@@ -375,12 +375,16 @@ def reproduce(name: str, case_id: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specparity.cli.args import writable_dir
+
     p = argparse.ArgumentParser(prog="python -m specparity.grading.engines",
                                 description="grade a subject, or reproduce one of its cases")
     p.add_argument("engine")
     p.add_argument("--case", default=None, help="a case id from the scoreboard: run it and show the difference")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=writable_dir, default=None)
     a = p.parse_args(argv)
+    from specparity.cli.args import UsageError
+    from specparity.cli.outdir import refusal
     from specparity.runners import RunnerUnsupported
 
     try:
@@ -393,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"specparity.grading.engines: error: {exc}", file=sys.stderr)
             return 2
-    return grade_engine_main(a)
+    try:
+        return grade_engine_main(a)
+    except UsageError as exc:  # --out holding a user's file: one line, before any engine runs
+        return refusal(p.prog, exc)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
+from subjects.failure_causes import SERVER_ERROR, SETUP, classify_error, error_as_success
 from subjects.http_client import HttpClient, Limits, ServerDown, ServerError, UsageError, redact
 from subjects.served import (
     SERVER_CHECKS,
@@ -85,6 +86,7 @@ from subjects.served import (
     Reference,
     Request,
     SpecCounters,
+    dialect,
     make_plan,
     metrics,
     run_checks,
@@ -188,6 +190,21 @@ class Launch:
     cache: str = "unknown"  # "off" (a flag turned it off), "on", "unknown"
     argv: list[str] = field(default_factory=list)
     spec_method: str | None = None  # the speculation method it runs, as its /metrics label it (None: any)
+    _log_at: int = 0
+
+    def log_since(self) -> str:
+        """What the server's log gained since the last call ("" without a log): the evidence an error
+        returned as success leaves (``subjects/failure_causes.py``)."""
+        if self.log is None:
+            return ""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self._log_at)
+                data = fh.read(1 << 20)
+        except OSError:
+            return ""
+        self._log_at += len(data)
+        return redact(data.decode("utf-8", "replace"))
 
 
 Launcher = Callable[[str, "str | None", bool], AbstractContextManager[Launch]]
@@ -252,6 +269,7 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
 def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen[bytes], log_path: Path,
                 startup_timeout: float, warmup: str, expect_output: bool = False) -> None:
     t0 = time.monotonic()
+    dialect(client)  # learnt by the warm-up, shared by every copy of the client
     probe = client.with_deadline(5.0)
     while True:
         code = proc.poll()
@@ -267,16 +285,29 @@ def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen
     try:  # the first request loads the model in some servers: inside the startup bound
         r = send(client.with_deadline(left), Request(warmup, 1, tag="startup"))
         if expect_output and not r.text and not (r.usage or {}).get("completion_tokens"):
-            raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the model's "
-                              f"own vocabulary) came back empty (finish_reason {r.finish_reason!r}, usage "
-                              f"{r.usage}): it generates nothing for this model", _why(log_path))
-    except ServerError as exc:  # it answers, but not a plain one-token completion: set-up, not a finding
+            hidden = error_as_success(r.doc, r.text, _read(log_path))
+            if hidden is None:  # no exception behind it: this server generates nothing for the model (set-up)
+                raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the "
+                                  f"model's own vocabulary) came back empty (finish_reason {r.finish_reason!r}, "
+                                  f"usage {r.usage}): it generates nothing for this model", _why(log_path))
+            # an error returned as success: the server started; the checks' cases it breaks are findings
+    except ServerError as exc:  # it answers, but not a plain one-token completion
+        cause = classify_error(exc, "/v1/completions")
+        if cause.kind == SERVER_ERROR:
+            return  # it started and answers with errors: findings in the cells they break, not set-up
         raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the "
-                          f"model's own vocabulary) was refused: {exc}", _why(log_path)) from exc
+                          f"model's own vocabulary) was refused ({cause.kind}): {exc}", _why(log_path)) from exc
     except ServerDown as exc:
         code = proc.poll()
         raise ServeFailed(f"{engine.name}: the warm-up request got no answer ({exc})"
                           + (f"; exited with code {code}" if code is not None else ""), _why(log_path)) from exc
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-(1 << 20):]
+    except OSError:
+        return ""
 
 
 # ------------------------------------------------------------------ models and the reference
@@ -471,8 +502,9 @@ def rejecting_drafter(draft: str | Path, root: str | Path | None = None) -> Path
 # ------------------------------------------------------------------ grading arms
 
 
-def _cells(checks: Sequence[str], status: str, detail: str, log: str = "") -> dict[str, CellResult]:
-    return {c: CellResult(c, status, detail, log=log or None) for c in checks}
+def _cells(checks: Sequence[str], status: str, detail: str, log: str = "", cause: str | None = None
+           ) -> dict[str, CellResult]:
+    return {c: CellResult(c, status, detail, log=log or None, cause=cause) for c in checks}
 
 
 @dataclass
@@ -524,7 +556,10 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                 m0 = None if rejecting else metrics(srv.client, srv.spec_method)
                 res = run_checks(srv.client, ref, names, log=lambda m, a=arm: log(f"[{a}] {m}"), plan=plan,
                                  counters=SpecCounters() if rejecting else counters, arm=arm, baseline=baseline,
-                                 reject=rejecting)
+                                 reject=rejecting, server_log=srv.log_since if srv.log is not None else None)
+                learnt = dialect(srv.client).notes
+                if learnt:
+                    setup["servers"][-1]["dialect"] = list(learnt)
                 m1 = None if rejecting else metrics(srv.client, srv.spec_method)
                 if m1 is not None:
                     d = m1.minus(m0) if m0 is not None else m1
@@ -538,7 +573,7 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                         cells[c].log = _error_lines(srv.log) or _tail(srv.log, 2) or None
         except ServeFailed as exc:
             log(f"[{arm}] server did not start: {exc} | {exc.log_line}")
-            cells.update(_cells(names, "cannot-grade", f"server did not start: {exc}", exc.log_line))
+            cells.update(_cells(names, "cannot-grade", f"server did not start: {exc}", exc.log_line, SETUP))
     if "speculation" in checks:
         started_any = any(not c.detail.startswith("server did not start") for c in cells.values()
                           if c.status != "unsupported")
@@ -825,7 +860,7 @@ def _version(eng: ServedEngine) -> str | None:
             if out.returncode == 0 and out.stdout.strip():
                 return out.stdout.strip()
         return None
-    from subjects._common import dist_version
+    from subjects.common import dist_version
 
     v = dist_version(dist)
     return None if v == "unknown" else v
@@ -992,9 +1027,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--serve", default=None, metavar="NAME")
     p.add_argument("--model", required=True)
     p.add_argument("--draft", default=None)
-    p.add_argument("--out", type=Path, default=None)
+    from specparity.cli.args import UsageError, writable_dir
+    from specparity.cli.outdir import refusal
+
+    p.add_argument("--out", type=writable_dir, default=None)
     add_server_arguments(p)
-    return grade_server_main(p.parse_args(argv))
+    args = p.parse_args(argv)
+    try:
+        return grade_server_main(args)
+    except UsageError as exc:  # --out holding a user's file: one line, before any server starts
+        return refusal(p.prog, exc)
 
 
 if __name__ == "__main__":

@@ -186,7 +186,7 @@ def _mtplx() -> tuple[str, str, Any, Any]:
 
 
 def _vllm_mlx() -> tuple[str, str, Any, Any]:
-    from subjects._common import dist_version
+    from subjects.common import dist_version
     from subjects.mtp_conventions import vllm_mlx_support
 
     def capture(*a: Any, **kw: Any) -> Any:  # pragma: no cover - reached only if its loop could run
@@ -241,21 +241,59 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(doc: dict[str, Any], out: Path) -> Path:
+def out_paths(engine: str, out: Path) -> tuple[Path, Path]:
+    """``OUT/mtp-conventions-<engine>.json`` and its ``.md``."""
+    p = out / f"mtp-conventions-{engine}.json"
+    return p, p.with_suffix(".md")
+
+
+def write(doc: dict[str, Any], out: Path, track: Any = None) -> Path:
+    """Write the document and its table (atomically; ``track`` registers each file with its
+    output directory before it is written: ``specparity.cli.outdir.Claim.track``)."""
+    from traces.io import atomic_write_text
+
     out.mkdir(parents=True, exist_ok=True)
-    p = out / f"mtp-conventions-{doc['engine']}.json"
-    p.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    p.with_suffix(".md").write_text(markdown(doc))
+    p, md = out_paths(doc["engine"], out)
+    for path, text in ((p, json.dumps(doc, indent=2, sort_keys=True) + "\n"), (md, markdown(doc))):
+        if track is not None:
+            track(path)
+        atomic_write_text(path, text)
     return p
 
 
+def is_conventions_output(p: Path) -> bool:
+    """A ``mtp-conventions-*.json``/``.md`` this module wrote (before output markers existed)."""
+    from specparity.cli.args import read_small_json
+
+    if p.suffix == ".json":
+        doc = read_small_json(p)
+        return isinstance(doc, dict) and doc.get("kind") == "mtp-conventions"
+    try:
+        with open(p, encoding="utf-8") as fh:
+            return fh.read(40).startswith("# Native-MTP conventions: ")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+PROG = "python -m specparity.grading.native_mtp_conventions"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specparity.grading.native_mtp_conventions", description=__doc__.splitlines()[0])
+    from specparity.cli.args import UsageError, writable_dir
+    from specparity.cli.outdir import add_outputs, refusal
+
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("engine", choices=sorted(ENGINES))
-    ap.add_argument("--out", type=Path, default=Path("runs/scoreboard"))
+    ap.add_argument("--out", type=writable_dir, default=Path("runs/scoreboard"))
     a = ap.parse_args(argv)
-    doc = grade(a.engine)
-    print(write(doc, a.out))
+    try:
+        with add_outputs(a.out, PROG, recognise=is_conventions_output) as claim:
+            for path in out_paths(a.engine, a.out):
+                claim.check(path)  # refused before any engine runs if not ours
+            doc = grade(a.engine)
+            print(write(doc, a.out, claim.track))
+    except UsageError as exc:
+        return refusal(PROG, exc)
     print(markdown(doc))
     return 0
 

@@ -446,14 +446,37 @@ def grade(modes: list[str], pair: str | None = None) -> dict[str, Any]:
     return doc
 
 
+PROG = "python -m specparity.grading.vlm_batched"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specparity.grading.vlm_batched",
+    import contextlib
+
+    from specparity.cli.args import UsageError, writable_dir
+    from specparity.cli.outdir import add_outputs, refusal
+    from specparity.grading.engines import engine_output
+
+    ap = argparse.ArgumentParser(prog=PROG,
                                  description="grade mlx-vlm's batched MTP/DFlash loops (B-invariance) and write "
                                              "their scoreboard row")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of the scoreboard's result documents")
+    ap.add_argument("--out", type=writable_dir, default=DEFAULT_OUT,
+                    help="folder of the scoreboard's result documents")
     ap.add_argument("--mode", choices=sorted(MODES), action="append", help="a loop (repeatable; default: both)")
     ap.add_argument("--pair", choices=[p.name for p in PAIRS], help="one pair only (a reproduction)")
     args = ap.parse_args(argv)
+    try:
+        with contextlib.ExitStack() as stack:
+            claim = None
+            if args.pair is None:  # a reproduction writes nothing
+                claim = stack.enter_context(add_outputs(args.out, PROG, recognise=engine_output))
+                for name in (f"{NAME}.json", "scoreboard.md", "scoreboard.html"):
+                    claim.check(args.out / name)  # refused before anything runs if not ours
+            return _grade_main(args, claim)
+    except UsageError as exc:
+        return refusal(PROG, exc)
+
+
+def _grade_main(args: argparse.Namespace, claim: Any) -> int:
     from specparity.runners.registry import get
 
     ok, why = get(NAME).availability()
@@ -470,13 +493,12 @@ def main(argv: list[str] | None = None) -> int:
             r = m["checks"][c]
             fails += r["status"] == "fail"
             print(f"{mode:7s} {c:10s} {r['status']:5s} {r['detail']}")
-    if args.pair is None:
+    if claim is not None:
         from reports.scoreboard import write_scoreboard
         from traces.io import atomic_write_text
 
-        args.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out / f"{NAME}.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        for p in write_scoreboard(args.out):
+        atomic_write_text(claim.track(args.out / f"{NAME}.json"), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        for p in write_scoreboard(args.out, claim.track):
             print(p)
     return 1 if fails else 0
 

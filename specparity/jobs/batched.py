@@ -112,24 +112,18 @@ def row_requests(bc: BatchCase) -> tuple[Any, list[Any], list[dict[str, Any]]]:
     return target, reqs, headers
 
 
-def _bound(model: Any) -> float:
-    """The stated bound on |batched row - one-token row| of this backend: 0 where bit-exact,
-    the double's logit noise scale, else the H200 fp32 zoo measurement (docs/backends.md)."""
-    from engine.backend import arithmetic
-    from engine.nonexact import is_emulated
-
-    if arithmetic(model).exact:
-        return 0.0
-    em = is_emulated(model)
-    return float(em[0]) if em is not None else 1e-2
-
-
 def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
     """Run the batched cases of ``cases`` (:func:`batch_cases`), write their traces and return one
     ``batched-vs-serial`` comparison per row and, per pair, ``batched-M``/``-B``/``-seeded`` per
     engine (module docstring)."""
     from engine.batched import batch_generate
-    from engine.batched_check import b_invariance, m_invariance, seeded_invariance, serial_flip
+    from engine.batched_check import (
+        RowJudge,
+        b_invariance,
+        backend_bound,
+        m_invariance,
+        seeded_invariance,
+    )
     from specparity.cli.outdir import track
     from specparity.jobs.run import Comparison
     from specparity.runners import numerics_witness, run_case
@@ -141,8 +135,9 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
     witness = numerics_witness()
     for bc in batch_cases(cases):
         model, reqs, headers = row_requests(bc)
-        bound = _bound(model.model)
+        bound = backend_bound(model.model)
         res = batch_generate(model.model, reqs)
+        judge = RowJudge(model.model, reqs, res, bound=bound)
         folder = out_dir / "batched" / file_stem(bc.name)
         atomic_write_text(track(folder / "batch.jsonl"), "".join(dumps_record(r) + "\n" for r in res.steps))
         entry: dict[str, Any] = {"case": bc.name, "rows": {}, "lanes": res.lanes, "bound": bound}
@@ -155,17 +150,17 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
             div = diff_traces(Trace.from_records(records), Trace.from_records(serial), level="round",
                               witness=witness)
             status = None
-            if div is not None and bound > 0:  # off a bit-exact backend: weighed with the blocks
-                flip = serial_flip(model.model, reqs, rid, res, budget=bound)
-                if flip is not None:
-                    klass = "numerics" if flip.verdict == "numerics" else "logic"
-                    div = replace(div, klass=klass, basis="witness", message="\n".join(
-                        [div.message, f"  batched vs serial: {flip.verdict}: {flip.detail}",
-                         *(f"    {e}" for e in flip.evidence)]))
+            if div is not None:  # the one classification path (engine.batched_check.classify_row)
+                v = judge.classify(rid)
+                entry["rows"].setdefault(rid, {})["classified"] = v.to_dict()
+                if v.verdict != "identical":  # identical records: the trace-level difference stands
+                    div = replace(div, klass=v.verdict, basis="witness" if v.verdict == "numerics" else div.basis,
+                                  message="\n".join([div.message, f"  batched vs serial: {v.verdict}: {v.message}",
+                                                     *(f"    {e}" for e in v.evidence)]))
                 status = "numerics" if div.klass == "numerics" else None
             out.append(Comparison("batched-vs-serial", f"{bc.name}/{rid} ({case.case_id})", "round", div,
                                   status=status))
-            entry["rows"][rid] = {"case_id": case.case_id, "lane": res.lanes[rid],
+            entry["rows"][rid] = {**entry["rows"].get(rid, {}), "case_id": case.case_id, "lane": res.lanes[rid],
                                   "verdict": "identical" if div is None else div.label}
         if bc.invariances:
             invs = [m_invariance(model.model, reqs, budget=bound), b_invariance(model.model, reqs, res, budget=bound),

@@ -316,6 +316,13 @@ def zoo_cases(
                            reasoning_end=reasoning_end)
     side = side_state_cases(targets=targets, drafters=drafters, gammas=tuple(gammas), max_tokens=max_tokens,
                             eos_ids=eos_ids, cache=cache) if sampling is None else []
+    # the default run: every two sampling stages combined, against mlx-lm and spec-vs-plain
+    # (specparity/cases/pairwise.py)
+    if targets is None and drafters is None and sampling is None and eos_ids is None and not cache \
+            and not grammar:
+        from specparity.cases.pairwise import pairwise_cases
+
+        side += pairwise_cases()
     # cache settings given for the whole matrix can make the two quantized-KV cases one
     return list(dict.fromkeys([*suite_cases(specs, max_cases=max_cases), *native_cases, *gcases, *side]))
 

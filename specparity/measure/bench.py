@@ -34,7 +34,9 @@ or an EOS (counted as a generated token in both, as in mlx-lm's
 Each is a median with a 95 % percentile bootstrap interval
 (``reports.stats.median_ratio``), warm and cold separately, per γ.
 ``profile`` (optional) runs one warm engine-spec generation under cProfile and
-keeps the functions with the most own time: where the host time goes.
+keeps the functions with the most own time: where the host time goes; and, per γ, one warm
+pass over the prompts under ``engine.telemetry.profiling``: the per-phase split of a round
+(draft, window, forward, sync, walk, rollback, commit, records).
 """
 
 from __future__ import annotations
@@ -365,7 +367,19 @@ def run_bench(
     if profile:
         res["profile"] = _profile(lambda: spec_generate(tgt.model, provider, list(prompts[0].token_ids),
                                                         params(gs[-1])))
+        res["phases"] = {str(g): _phases(lambda g=g: [spec_generate(tgt.model, provider, list(p.token_ids), params(g))
+                                                      for p in prompts]) for g in gs}
     return res
+
+
+def _phases(fn: Callable[[], Any]) -> dict[str, Any]:
+    """Where a round's time goes (``engine.telemetry.profiling``): one warm pass over the prompts."""
+    from engine.telemetry import profiling
+
+    fn()  # warm
+    with profiling() as prof:
+        fn()
+    return prof.to_dict()
 
 
 def _arm_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -439,6 +453,12 @@ def bench_markdown(res: dict[str, Any]) -> str:
     if res.get("goal"):
         lines += ["## goal (issue 13: efficiency >= 0.95, engine/mlx-lm upper bound <= 1.0)", "",
                   *[f"- {g}" for g in res["goal"]], ""]
+    if res.get("phases"):
+        from engine.telemetry import phase_table
+
+        lines += ["## per-phase split of an engine round (one warm pass over the prompts, each phase "
+                  "evaluated at its end)", "",
+                  phase_table({f"γ={g}": d for g, d in res["phases"].items()}).rstrip("\n"), ""]
     if res.get("profile"):
         lines += ["## where the engine's host time goes (cProfile, one warm generation, own time)", "",
                   pd.DataFrame(res["profile"]).to_markdown(index=False), ""]

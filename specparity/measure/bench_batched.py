@@ -5,8 +5,7 @@
 [--json FILE]`` — for each batch size B: B requests (zoo prompts of mixed lengths, greedy) run
 as ONE batch (``batch_generate``) and as B serial runs (``spec_generate`` one after the other),
 both with cache digests off; the two arms alternate order every repeat (AB, BA, ...) after one
-untimed warm-up of each, and each row's output must be identical in the two arms (else the
-figure is refused). Printed per B: rows per second of each arm (median over repeats), tokens
+untimed warm-up of each, and every row's output is compared between the two arms (below). Printed per B: rows per second of each arm (median over repeats), tokens
 per second, and the paired speedup ``serial wall / batched wall`` — the median of the
 per-repeat ratios with its 95 % percentile-bootstrap interval (``reports.stats.median_ratio``), and
 the same ratio of the process's CPU time (``time.process_time``: steadier than wall time on a
@@ -14,29 +13,86 @@ machine shared with other work, where the wall ratio swings with the load).
 
 ``--size 1b`` builds the seeded ≥1B bf16 pair (``zoo/big.py``, GPU-only in practice):
 ``python -m specparity.measure.bench_batched --size 1b --rows 1,2,4,8 --repeats 5 --max-tokens 64``.
+
+``--profile`` adds, per B, one untimed run of each arm under ``engine.telemetry.profiling``:
+the per-phase split of a row's round (draft, window assembly, target forward, sync, walk,
+rollback, commit, records), each phase's device work evaluated at its end. Off, the timed
+repeats carry no profiling cost (the executors read one global per generation).
+
+Identity of every row: each repeat compares every row's output batched vs serial. Equal:
+``identical``. Different: classified (``engine.batched_check.classify_row``: on a bit-exact
+backend any difference is ``logic``; elsewhere a token flip the numerics witness explains is
+``numerics``). Throughput is reported over identical-or-``numerics`` rows (the counts are
+printed); a ``logic`` row refuses the figure in one line naming the row and its round, exit 1.
+Printed too: each row's lane (batched, or serial with the reason: taps, quantized KV, a
+rotating ring past its wrap) and how it drafts (in its drafter's batch, or per row, why).
+
+``--json FILE`` is checked before measuring (its folder must exist; a directory, or an existing
+file this tool did not write, is refused unless ``--overwrite``) and written atomically.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bench_batched", "main", "markdown"]
+__all__ = ["MAX_ROWS", "RowLogic", "bench_batched", "classify", "main", "markdown"]
+
+KIND = "bench-batched"  # the ``kind`` of the JSON this tool writes (an existing --json FILE must carry it)
+MAX_ROWS = 64  # the most rows in one batch (--rows)
+
+
+class RowLogic(RuntimeError):
+    """A row differs batched vs serial in a way arithmetic does not explain: no figure."""
+
+
+def _bound(model: Any) -> float:
+    """The stated bound on |batched row - serial row| of the backend (0: bit-exact)."""
+    from engine.backend import arithmetic
+    from engine.nonexact import is_emulated
+
+    if arithmetic(model).exact:
+        return 0.0
+    em = is_emulated(model)
+    return float(em[0]) if em is not None else 1e-2
+
+
+def classify(model: Any, requests: list[Any], rid: str, result: Any, serial: Any) -> dict[str, Any]:
+    """A row whose output differs batched vs serial: ``{"verdict": "numerics"|"logic", "message",
+    "round", "step"}`` (``engine.batched_check.classify_row`` where it exists, else the numerics
+    witness of ``engine.batched_check.serial_flip`` on the backend's bound)."""
+    from engine import batched_check
+
+    classify_row = getattr(batched_check, "classify_row", None)
+    if classify_row is not None:
+        v = classify_row(model, requests, rid, result, serial)
+        return {"verdict": v.verdict, "message": v.message, "round": v.round, "step": v.step}
+    div = batched_check.compare_row(rid, result.rows[rid], serial, result.steps, records=False)
+    if div is None:
+        div = batched_check.compare_row(rid, result.rows[rid], serial, result.steps)
+    if div is None:
+        return {"verdict": "identical", "message": "", "round": None, "step": None}
+    flip = batched_check.serial_flip(model, requests, rid, result, serial, budget=_bound(model))
+    verdict = "logic" if flip is None or flip.verdict != "numerics" else "numerics"
+    return {"verdict": verdict, "message": div.message, "round": div.round, "step": div.step}
 
 
 def bench_batched(target: str | None = None, drafter: str | None = None, *, size: str | None = None,
                   rows: Sequence[int] = (1, 2, 4, 8), repeats: int = 5, max_tokens: int = 32, gamma: int = 3,
-                  seed: int = 0, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Time batched vs serial at each batch size (module docstring); the result as a dict."""
+                  seed: int = 0, profile: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time batched vs serial at each batch size (module docstring); the result as a dict.
+
+    Raises :class:`RowLogic` when a row differs in a way the numerics witness does not explain."""
+    import zoo
     from engine.batched import BatchRequest, batch_generate
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.ngram import NgramProvider
     from engine.sources.two_model import TwoModelProvider
+    from engine.telemetry import profiling
     from reports.stats import median_ratio
     from specparity.cli.devices import describe_device
     from specparity.measure.ab import choose_prompts as _pick_prompts
@@ -46,6 +102,10 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
     say = log or (lambda _m: None)
     if repeats < 1 or not rows or min(rows) < 1:
         raise ValueError("--repeats and every --rows value must be >= 1")
+    n_prompts = len(zoo.prompts())
+    if max(rows) > min(n_prompts, MAX_ROWS):
+        raise ValueError(f"--rows {max(rows)}: at most {min(n_prompts, MAX_ROWS)} rows (one zoo prompt per row; "
+                         f"the zoo has {n_prompts}, the limit is {MAX_ROWS})")
     ngram = drafter == "ngram"
     tname, dname, tpath, dpath = _resolve(target, None if ngram else drafter, size, seed, say)
     if ngram:
@@ -59,94 +119,210 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
 
     params = GenerationParams(max_tokens=max_tokens, gamma=gamma, eos_ids=tgt.eos_ids, cache_digests=False)
 
-    def batched(b: int) -> tuple[float, float, list[list[int]], int]:
-        reqs = [BatchRequest(f"r{i}", list(prompts[i].token_ids), params, provider()) for i in range(b)]
+    def requests(b: int) -> list[Any]:
+        return [BatchRequest(f"r{i}", list(prompts[i].token_ids), params, provider()) for i in range(b)]
+
+    def batched(b: int) -> tuple[float, float, Any, list[Any]]:
+        reqs = requests(b)
         t0, c0 = time.perf_counter(), time.process_time()
         res = batch_generate(tgt.model, reqs)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        outs = [res.rows[f"r{i}"].output_ids for i in range(b)]
-        return wall, cpu, outs, sum(len(o) for o in outs)
+        return time.perf_counter() - t0, time.process_time() - c0, res, reqs
 
-    def serial(b: int) -> tuple[float, float, list[list[int]], int]:
+    def serial(b: int) -> tuple[float, float, list[Any]]:
         t0, c0 = time.perf_counter(), time.process_time()
-        outs = [spec_generate(tgt.model, provider(), list(prompts[i].token_ids), params).output_ids for i in range(b)]
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return wall, cpu, outs, sum(len(o) for o in outs)
+        outs = [spec_generate(tgt.model, provider(), list(prompts[i].token_ids), params) for i in range(b)]
+        return time.perf_counter() - t0, time.process_time() - c0, outs
 
     table = []
     for b in rows:
         say(f"B = {b}: warm-up")
-        batched(b)
+        _, _, first, _ = batched(b)
         serial(b)
         walls: dict[str, list[float]] = {"batched": [], "serial": []}
         cpus: dict[str, list[float]] = {"batched": [], "serial": []}
+        status: dict[str, str] = {f"r{i}": "identical" for i in range(b)}
+        notes: dict[str, str] = {}
         tokens = 0
         for rep in range(repeats):
             order = ("batched", "serial") if rep % 2 == 0 else ("serial", "batched")
-            outs = {}
+            got: dict[str, Any] = {}
             for arm in order:
-                wall, cpu, out, tokens = (batched if arm == "batched" else serial)(b)
+                if arm == "batched":
+                    wall, cpu, res, reqs = batched(b)
+                    got["batched"] = (res, reqs)
+                else:
+                    wall, cpu, outs = serial(b)
+                    got["serial"] = outs
                 walls[arm].append(wall)
                 cpus[arm].append(cpu)
-                outs[arm] = out
-            if outs["batched"] != outs["serial"]:
-                i = next(j for j, (x, y) in enumerate(zip(outs["batched"], outs["serial"], strict=True)) if x != y)
-                raise RuntimeError(f"B = {b}, repeat {rep}: row r{i} differs batched vs serial; no throughput "
-                                   "figure for outputs that are not identical")
+            res, reqs = got["batched"]
+            outs = got["serial"]
+            tokens = sum(len(res.rows[f"r{i}"].output_ids) for i in range(b))
+            for i in range(b):
+                rid = f"r{i}"
+                if res.rows[rid].output_ids == outs[i].output_ids:
+                    continue
+                v = classify(tgt.model, reqs, rid, res, outs[i])
+                if v["verdict"] == "logic":
+                    where = f"round {v['round']}" if v["round"] is not None else "its footer"
+                    step = f" (batch step {v['step']})" if v["step"] is not None else ""
+                    raise RowLogic(f"B = {b}, repeat {rep}: row {rid} differs batched vs serial at {where}{step}: "
+                                   f"logic: {v['message']}; no throughput figure")
+                if v["verdict"] == "numerics":
+                    status[rid] = "numerics"
+                    notes[rid] = v["message"]
             say(f"B = {b}: repeat {rep + 1}/{repeats}: batched {walls['batched'][-1]:.3f} s, "
                 f"serial {walls['serial'][-1]:.3f} s")
         ratio = median_ratio([s / bt for s, bt in zip(walls["serial"], walls["batched"], strict=True)])
         cpu_ratio = median_ratio([s / bt for s, bt in zip(cpus["serial"], cpus["batched"], strict=True)])
         med = {arm: sorted(w)[len(w) // 2] for arm, w in walls.items()}
-        table.append({"rows": b, "tokens": tokens, "repeats": repeats,
-                      "batched_wall_s": walls["batched"], "serial_wall_s": walls["serial"],
-                      "batched_rows_per_s": b / med["batched"], "serial_rows_per_s": b / med["serial"],
-                      "batched_tokens_per_s": tokens / med["batched"], "serial_tokens_per_s": tokens / med["serial"],
-                      "batched_cpu_s": cpus["batched"], "serial_cpu_s": cpus["serial"],
-                      "speedup": ratio.to_dict(), "cpu_speedup": cpu_ratio.to_dict(), "identical_outputs": True})
-    return {"kind": "bench-batched", "target": tname, "drafter": dname, "gamma": gamma, "max_tokens": max_tokens,
+        entry: dict[str, Any] = {
+            "rows": b, "tokens": tokens, "repeats": repeats,
+            "batched_wall_s": walls["batched"], "serial_wall_s": walls["serial"],
+            "batched_rows_per_s": b / med["batched"], "serial_rows_per_s": b / med["serial"],
+            "batched_tokens_per_s": tokens / med["batched"], "serial_tokens_per_s": tokens / med["serial"],
+            "batched_cpu_s": cpus["batched"], "serial_cpu_s": cpus["serial"],
+            "speedup": ratio.to_dict(), "cpu_speedup": cpu_ratio.to_dict(),
+            "identical_outputs": all(v == "identical" for v in status.values()),
+            "row_status": status, "numerics_notes": notes,
+            "lanes": dict(first.lanes), "drafting": dict(getattr(first, "drafting", {}))}
+        if profile:
+            with profiling() as pb:
+                batched(b)
+            with profiling() as ps:
+                serial(b)
+            entry["profile"] = {"batched": pb.to_dict(), "serial": ps.to_dict()}
+        table.append(entry)
+    return {"kind": KIND, "target": tname, "drafter": dname, "gamma": gamma, "max_tokens": max_tokens,
             "device": describe_device(), "table": table}
 
 
 def markdown(res: dict[str, Any]) -> str:
+    from engine.telemetry import phase_table
+
     lines = [f"Batched vs serial speculation: {res['target']} / {res['drafter']}, γ {res['gamma']}, "
-             f"{res['max_tokens']} tokens per row, greedy, on {res['device']}; every row identical in both arms.",
+             f"{res['max_tokens']} tokens per row, greedy, on {res['device']}; throughput over rows "
+             "identical or `numerics` in both arms.",
              "",
              "| B | tokens | batched rows/s | serial rows/s | batched tok/s | serial tok/s | speedup (serial/batched wall), "
-             "median [95% CI] | CPU-time speedup [95% CI] | repeats |",
-             "|---:|---:|---:|---:|---:|---:|:---|:---|---:|"]
+             "median [95% CI] | CPU-time speedup [95% CI] | rows identical / numerics | repeats |",
+             "|---:|---:|---:|---:|---:|---:|:---|:---|:---|---:|"]
     for r in res["table"]:
         s, c = r["speedup"], r["cpu_speedup"]
+        st = list(r.get("row_status", {}).values())
         lines.append(f"| {r['rows']} | {r['tokens']} | {r['batched_rows_per_s']:.2f} | {r['serial_rows_per_s']:.2f} | "
                      f"{r['batched_tokens_per_s']:.1f} | {r['serial_tokens_per_s']:.1f} | "
                      f"{s['median']:.2f} [{s['low']:.2f}, {s['high']:.2f}] | "
-                     f"{c['median']:.2f} [{c['low']:.2f}, {c['high']:.2f}] | {r['repeats']} |")
+                     f"{c['median']:.2f} [{c['low']:.2f}, {c['high']:.2f}] | "
+                     f"{st.count('identical')} / {st.count('numerics')} | {r['repeats']} |")
+    last = res["table"][-1] if res["table"] else None
+    if last is not None:
+        lines += ["", f"Rows at B = {last['rows']}:", "", "| row | identity | lane | drafting |", "|:---|:---|:---|:---|"]
+        for rid, verdict in last.get("row_status", {}).items():
+            lines.append(f"| {rid} | {verdict} | {last['lanes'].get(rid, '?')} | {last['drafting'].get(rid, '-')} |")
+        for rid, note in last.get("numerics_notes", {}).items():
+            lines.append(f"\n{rid} (numerics): {note}")
+    for r in res["table"]:
+        if "profile" in r:
+            lines += ["", f"Per-phase split of a row's round at B = {r['rows']} (one untimed run per arm, "
+                      "each phase evaluated at its end):", "", phase_table(r["profile"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the flag (``bench_batched: argument --rows: ...``), exit 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        print(f"bench_batched: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _rows(text: str) -> tuple[int, ...]:
+    from specparity.cli import args as a
+
+    out = a.positive_int_list(text)
+    if max(out) > MAX_ROWS:
+        raise argparse.ArgumentTypeError(f"{max(out)} rows is too many (limit {MAX_ROWS})")
+    return out
+
+
+def _json_path(text: str) -> Path:
+    """``--json FILE``: a file path in an existing folder, not a directory."""
+    import os
+    import stat
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    p = Path(text)
+    parent = p.parent if str(p.parent) else Path(".")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise argparse.ArgumentTypeError(f"{text}: is a directory; give a file path")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise argparse.ArgumentTypeError(f"{text}: not a regular file")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (st is not None and not os.access(p, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text}: not writable")
+    return p
+
+
+def _ours(p: Path) -> bool:
+    """Whether the existing file at ``p`` is this tool's JSON (``kind`` bench-batched)."""
+    from specparity.cli.args import read_small_json
+
+    got = read_small_json(p)
+    return isinstance(got, dict) and got.get("kind") == KIND
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specparity.measure.bench_batched", description=__doc__.splitlines()[0])
+    from specparity.cli import args as a
+
+    p = _Parser(prog="python -m specparity.measure.bench_batched", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=None)
     p.add_argument("--drafter", default=None, help="a zoo drafter (twin, self, small) or ngram")
     p.add_argument("--size", default=None, choices=("tiny", "small", "1b"))
-    p.add_argument("--rows", default="1,2,4,8")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--gamma", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(list(argv) if argv is not None else None)
+    p.add_argument("--rows", type=_rows, default=(1, 2, 4, 8), help=f"batch sizes, e.g. 1,2,4,8 (each <= {MAX_ROWS})")
+    p.add_argument("--repeats", type=a.positive_int, default=5)
+    p.add_argument("--max-tokens", type=a.max_tokens, default=32)
+    p.add_argument("--gamma", type=a.gamma, default=3)
+    p.add_argument("--seed", type=a.seed, default=0)
+    p.add_argument("--profile", action="store_true", help="also print each arm's per-phase split of a round")
+    p.add_argument("--json", type=_json_path, default=None, help="also write the figures as JSON to FILE")
+    p.add_argument("--overwrite", action="store_true", help="--json may replace a file this tool did not write")
     try:
-        rows = tuple(int(x) for x in args.rows.split(","))
-        res = bench_batched(args.target, args.drafter, size=args.size, rows=rows, repeats=args.repeats,
-                            max_tokens=args.max_tokens, gamma=args.gamma, seed=args.seed,
+        args = p.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    if args.json is not None and args.json.exists() and not args.overwrite and not _ours(args.json):
+        print(f"bench_batched: argument --json: {args.json} exists and was not written by this tool "
+              "(give --overwrite to replace it)", file=sys.stderr)
+        return 2
+    try:
+        res = bench_batched(args.target, args.drafter, size=args.size, rows=args.rows, repeats=args.repeats,
+                            max_tokens=args.max_tokens, gamma=args.gamma, seed=args.seed, profile=args.profile,
                             log=lambda m: print(m, file=sys.stderr))
+    except RowLogic as exc:
+        print(f"bench_batched: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"bench_batched: {exc}", file=sys.stderr)
         return 2
     print(markdown(res))
     if args.json is not None:
-        args.json.write_text(json.dumps(res, indent=1))
+        from traces.io import atomic_write_json
+
+        try:
+            atomic_write_json(args.json, res, nan_as_null=True)
+        except OSError as exc:
+            print(f"bench_batched: --json {args.json}: {exc.strerror or exc} (the figures above are complete; "
+                  "the file was not written)", file=sys.stderr)
+            return 1
     return 0
 
 

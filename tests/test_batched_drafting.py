@@ -1,0 +1,134 @@
+"""Batched drafting and the per-phase profile (issue 43).
+
+The two-model rows of a batch draft in ONE drafter forward per draft step (``engine.batched``
+``_Drafters``); every row must still be its serial run record for record (drafts, drafter cache
+digests, tokens), greedy and sampled, with rows drafting different lengths (token budgets). A
+planted drafter rollback off by one is caught with the row and round named. The per-phase
+profile (``engine.telemetry.profiling``) changes no token or record, and costs nothing when off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import zoo
+from engine import batched as eb
+from engine import telemetry
+from engine.batched import BatchRequest, batch_generate
+from engine.batched_check import check_rows
+from engine.executor import GenerationParams, spec_generate
+from engine.sampler import ProcessorParams, SamplerParams
+from engine.sources.ngram import NgramProvider
+from engine.sources.two_model import TwoModelProvider
+
+
+@pytest.fixture(scope="module")
+def llama() -> Any:
+    from specparity.runners import load_model
+
+    return load_model(str(zoo.model_dir("llama"))).model
+
+
+@pytest.fixture(scope="module")
+def twin() -> Any:
+    from specparity.runners import load_model
+
+    return load_model(str(zoo.model_dir(zoo.model_name("llama", "twin")))).model
+
+
+def _rows(twin: Any, temp: float = 0.0, n: int = 4, **kw: Any) -> list[BatchRequest]:
+    ps = zoo.prompts()
+    return [BatchRequest(f"r{i}", list(ps[i].token_ids),
+                         GenerationParams(max_tokens=[10, 17, 6, 13][i % 4], gamma=[3, 4, 2, 3][i % 4], seed=i,
+                                          sampler=SamplerParams(temperature=temp, **kw), eos_ids=(zoo.eos_id(),)),
+                         TwoModelProvider(twin), arrive=[0, 0, 1, 3][i % 4]) for i in range(n)]
+
+
+class _Counting:
+    """Counts the drafter's forwards and the rows of each."""
+
+    def __init__(self, model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.batch_sizes: list[int] = []
+        cls = type(model)
+        real = cls.__call__
+        seen = self.batch_sizes
+
+        def call(self_: Any, inputs: Any, *a: Any, **k: Any) -> Any:
+            if self_ is model:
+                seen.append(int(inputs.shape[0]))
+            return real(self_, inputs, *a, **k)
+
+        monkeypatch.setattr(cls, "__call__", call)
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_two_model_rows_draft_in_one_batch_and_equal_serial(llama: Any, twin: Any, temp: float,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = _rows(twin, temp)
+    serial = {r.rid: spec_generate(llama, r.provider, r.prompt_ids, r.params) for r in reqs}
+    counting = _Counting(twin, monkeypatch)
+    res = batch_generate(llama, reqs)
+    assert res.drafting == {r.rid: "batched" for r in reqs}, res.drafting
+    assert max(counting.batch_sizes) >= 3, counting.batch_sizes  # several rows in one drafter forward
+    divs = check_rows(llama, reqs, res, serial)
+    assert not divs, "\n".join(d.message for d in divs)
+    # fewer drafter forwards than the rows' serial runs made
+    serial_forwards = sum(r.speculation.drafted for r in serial.values() if r.speculation)
+    batched_forwards = sum(1 for b in counting.batch_sizes if b > 1)
+    assert batched_forwards < serial_forwards
+
+
+def test_rows_that_cannot_batch_their_drafts_say_why(llama: Any, twin: Any) -> None:
+    ps = zoo.prompts()
+    proc = SamplerParams(processors=ProcessorParams(repetition_penalty=1.3))
+    reqs = [BatchRequest("r0", list(ps[0].token_ids), GenerationParams(max_tokens=9, eos_ids=(zoo.eos_id(),)),
+                         TwoModelProvider(twin)),
+            BatchRequest("r1", list(ps[1].token_ids), GenerationParams(max_tokens=9, eos_ids=(zoo.eos_id(),),
+                                                                       sampler=proc), TwoModelProvider(twin)),
+            BatchRequest("r2", list(ps[2].token_ids), GenerationParams(max_tokens=9, eos_ids=(zoo.eos_id(),)),
+                         NgramProvider(gamma=3))]
+    res = batch_generate(llama, reqs)
+    assert res.drafting["r0"] == "batched"
+    assert res.drafting["r1"].startswith("per row: logits processors"), res.drafting
+    assert res.drafting["r2"].startswith("per row: the NgramSource source"), res.drafting
+    divs = check_rows(llama, reqs, res)
+    assert not divs, "\n".join(d.message for d in divs)
+
+
+def test_a_drafter_rollback_off_by_one_is_caught(llama: Any, twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(eb, "_drafter_keeps", lambda d, k: min(k + 1, d - 1))  # keeps a rejected draft
+    reqs = _rows(twin)
+    res = batch_generate(llama, reqs)
+    divs = check_rows(llama, reqs, res)
+    assert divs, "a drafter cache keeping a rejected draft went unnoticed"
+    first = divs[0]
+    assert first.field in ("drafter_cache_digest", "drafts"), first.message
+    assert first.round is not None and f"round {first.round}" in first.message and first.row in first.message
+
+
+def test_the_profile_changes_nothing_and_is_free_when_off(llama: Any, twin: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = _rows(twin, n=3)
+    plain_batch = batch_generate(llama, reqs)
+    plain_serial = spec_generate(llama, reqs[1].provider, reqs[1].prompt_ids, reqs[1].params)
+    with telemetry.profiling() as prof:
+        prof_batch = batch_generate(llama, _rows(twin, n=3))
+        prof_serial = spec_generate(llama, reqs[1].provider, reqs[1].prompt_ids, reqs[1].params)
+    strip = lambda recs: [{k: v for k, v in r.items() if k != "time_s"} for r in recs]  # noqa: E731
+    for rid in plain_batch.rows:
+        assert strip(prof_batch.rows[rid].records) == strip(plain_batch.rows[rid].records), rid
+    assert strip(prof_serial.records) == strip(plain_serial.records)
+    d = prof.to_dict()
+    assert d["rounds"] > 0 and set(d["phases"]) == set(telemetry.PHASES)
+    assert all(v["s"] >= 0 for v in d["phases"].values()) and d["phases"]["forward"]["s"] > 0
+    assert "| forward |" in telemetry.phase_table({"batched": d})
+
+    def no(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("profiling work while the profile is off")
+
+    monkeypatch.setattr(telemetry.PhaseProfile, "lap", no)
+    monkeypatch.setattr(telemetry.PhaseProfile, "start", no)
+    batch_generate(llama, _rows(twin, n=2))
+    spec_generate(llama, reqs[0].provider, reqs[0].prompt_ids, reqs[0].params)
