@@ -94,9 +94,9 @@ from engine.executor import (
     GenerationParams,
     GenerationResult,
     Request,
-    _lazy_drafts,
     draft_round,
     generation_stream,
+    lazy_drafts,
     refeed,
     round_record,
     set_rotating,
@@ -933,7 +933,7 @@ def drafter_reason(source: DraftSource, sampler: Any) -> str | None:
     if type(source) is not TwoModelSource:
         return f"the {type(source).__name__} source drafts per row"
     src = cast(TwoModelSource, source)
-    if _lazy_drafts(src, NO_OBSERVER, (), sampler) is None:
+    if lazy_drafts(src, NO_OBSERVER, (), sampler) is None:
         return "logits processors read each draft's value (the list path)"
     if src.kv_quantization is not None or src.rings or src.target_vocab is not None:
         return "quantized KV, exact rings or a wider drafter vocabulary"

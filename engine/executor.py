@@ -525,8 +525,8 @@ def round_record(req: Request, source: DraftSource, index: int, feed: list[int],
     return rec
 
 
-def _lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, ...],
-                 sampler: StepSampler) -> Any:
+def lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, ...],
+                sampler: StepSampler) -> Any:
     """A source's ``draft_array`` (drafts as a lazy device array), when the round may use it.
 
     Optional hook, used only while the source's ``draft`` is the one that reads it
@@ -542,6 +542,9 @@ def _lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, 
     if observing(observer) or taps or sampler.has_processors:
         return None
     return hook
+
+
+_lazy_drafts = lazy_drafts  # the executor's own call sites (tests/test_verify_path.py patches this name)
 
 
 def _source_state(source: DraftSource) -> list[Any]:

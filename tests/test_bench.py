@@ -196,14 +196,14 @@ def test_an_overridden_draft_keeps_the_list_path() -> None:
     params = GenerationParams(max_tokens=8, gamma=3, eos_ids=tgt.eos_ids)
     spec_generate(tgt.model, Provider(drf.model), list(zoo.prompt("nat-00").token_ids), params)
     assert 1 in called
-    from engine.executor import _lazy_drafts
+    from engine.executor import lazy_drafts
     from engine.hooks import NO_OBSERVER
     from engine.sampler import SamplerParams, StepSampler
 
     sub = Sub(drf.model, StepSampler.from_params(SamplerParams()), 512)
-    assert _lazy_drafts(sub, NO_OBSERVER, (), sub.sampler) is None
+    assert lazy_drafts(sub, NO_OBSERVER, (), sub.sampler) is None
     plain = two_model.TwoModelSource(drf.model, sub.sampler, 512)
-    assert _lazy_drafts(plain, NO_OBSERVER, (), sub.sampler) is not None
+    assert lazy_drafts(plain, NO_OBSERVER, (), sub.sampler) is not None
 
 
 def test_cold_passes_are_balanced() -> None:

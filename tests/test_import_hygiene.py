@@ -27,12 +27,6 @@ CYCLES_ALLOWED: dict[tuple[str, ...], str] = {
 
 # (importer, module, name): private imports being removed right now, or that cannot change.
 PRIVATE_ALLOWED: dict[tuple[str, str, str | None], str] = {
-    ("specparity.grading.engines", "subjects._common", "dist_version"):
-        "the 'served' helper renames subjects/_common.py to subjects/common.py",
-    ("specparity.grading.http_servers", "subjects._common", "dist_version"):
-        "the 'served' helper renames subjects/_common.py to subjects/common.py",
-    ("specparity.grading.native_mtp_conventions", "subjects._common", "dist_version"):
-        "the 'served' helper renames subjects/_common.py to subjects/common.py",
     ("specparity.grading.trace_folders", "specparity.jobs.run", "_reference_comparison"):
         "the 'classify' helper moves the run's result types and this helper out of jobs/run.py",
     # specparity/runners/** is digested into every golden (specparity/goldens/manifest.py
