@@ -100,6 +100,7 @@ from subjects.server_rows import (  # noqa: F401  (the rows the job grades)
     availability,
     server_bin,
 )
+from subjects.setup_evidence import observe, runtime_versions
 
 DEFAULT_OUT = Path("runs/grade-servers")
 STARTUP_TIMEOUT = 180.0
@@ -190,6 +191,7 @@ class Launch:
     cache: str = "unknown"  # "off" (a flag turned it off), "on", "unknown"
     argv: list[str] = field(default_factory=list)
     spec_method: str | None = None  # the speculation method it runs, as its /metrics label it (None: any)
+    observe: tuple[tuple[str, str], ...] = ()  # (setting asked off, regex of a log line showing it on): its row's
     _log_at: int = 0
 
     def log_since(self) -> str:
@@ -258,7 +260,7 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
                 _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output)
                 yield Launch(client, log_path, "off" if cache_off and engine.cache_off else
                              ("on" if engine.cache_off else "unknown"), argv,
-                             engine.spec_method if draft else None)
+                             engine.spec_method if draft else None, engine.observe)
             finally:
                 _stop(proc)
     finally:
@@ -544,6 +546,8 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
     setup: dict[str, Any] = {"servers": []}
     counters = SpecCounters()
     met_total: SpecCounters | None = None
+    spec_off: str | None = None  # the log line of a spec arm's server saying its speculation is off
+    not_in_effect: dict[str, str] = {}  # a setting asked off that the server's log shows on -> that line
     for names, cache_off, gdraft, rejecting in groups:
         if not names:
             continue
@@ -560,6 +564,12 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                 learnt = dialect(srv.client).notes
                 if learnt:
                     setup["servers"][-1]["dialect"] = list(learnt)
+                seen = observe(srv.client, _read(srv.log) if srv.log is not None else "", srv.observe)
+                setup["servers"][-1]["observed"] = seen.to_dict()
+                if seen.spec_off and not rejecting and arm == "spec":
+                    spec_off = spec_off or seen.spec_off
+                if not rejecting:
+                    not_in_effect.update(seen.not_in_effect)
                 m1 = None if rejecting else metrics(srv.client, srv.spec_method)
                 if m1 is not None:
                     d = m1.minus(m0) if m0 is not None else m1
@@ -584,12 +594,22 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
             first = next(c for c in cells.values() if c.status != "unsupported")
             cells["speculation"] = CellResult("speculation", "cannot-grade", first.detail, log=first.log)
         else:
-            cells["speculation"] = speculation_cell(arm, total)
+            cells["speculation"] = speculation_cell(arm, total, spec_off)
         if cells["speculation"].status == "not-engaged":
             for c in cells.values():
                 if c.status == "pass":
                     c.status = "not-engaged"
                     c.detail = f"passed, but speculation was not engaged (see the speculation cell): {c.detail}"
+        elif arm == "spec" and cells["speculation"].status == "cannot-grade" and started_any:
+            for c in cells.values():  # the arm's claim (it speculates) is not verified: every cell says so
+                if c.status == "pass":
+                    c.unverified = "speculation unverified (see the speculation cell)"
+    if not_in_effect:
+        setup["not_in_effect"] = dict(not_in_effect)
+        ran = "; ".join(f"{k} ON though asked off (its log: {v!r})" for k, v in sorted(not_in_effect.items()))
+        for c in cells.values():
+            if c.status in ("fail", "cannot-grade") and c.check != "speculation":
+                c.detail = f"{c.detail} [ran with {ran}]"
     return ArmResult({c: cells[c] for c in checks if c in cells}, setup, cache_state)
 
 
@@ -768,6 +788,11 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         ddir, dname, doc["draft"] = None, None, None
     if eng is not None:
         doc["version"] = _version(eng)
+        # the server's own interpreter (its row's virtualenv), not the grader's: what it runs with
+        doc["server_runtime"] = runtime_versions(server_bin("python") if eng.exe is not None and os.environ.get(
+            "SPECPARITY_SERVER_BIN") else sys.executable)
+    else:
+        doc["server_runtime"] = {"note": "a running server (--server): its runtime is not visible to the grader"}
         if not eng.available():
             doc.update(available=False, reason=availability(eng.name)[1])
             return doc
