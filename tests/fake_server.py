@@ -110,7 +110,8 @@ check meant to catch it, and only that check):
 - ``hang`` / ``die``: stops answering (sleeps) / exits from the 3rd generation request on.
 
 ``python -m tests.fake_server --model DIR [--draft-model DIR] [--port N] [--bug NAME]
-[--prompt-cache-size N]``.
+[--prompt-cache-size N]``. Like servers users run, it echoes what it is handed: unknown arguments,
+and environment variables whose names say they hold a token, key, secret or password.
 """
 
 from __future__ import annotations
@@ -711,7 +712,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-cache-size", type=int, default=16)
     p.add_argument("--bug", choices=BUGS, default=os.environ.get("SPECPARITY_FAKE_SERVER_BUG") or None)
     p.add_argument("--control", action="store_true", help="the tests' POST /fake/reset route (bug, cache size)")
-    a = p.parse_args(argv)
+    a, unknown = p.parse_known_args(argv)
+    if unknown:  # echoed, as servers warn about flags they do not know (secrets in them included)
+        print(f"warning: ignoring unknown arguments: {' '.join(unknown)}", file=sys.stderr, flush=True)
+    for k, v in sorted(os.environ.items()):  # echoed, as a server warns about its environment
+        if any(w in k for w in ("TOKEN", "SECRET", "PASSWORD", "API_KEY")):
+            print(f"warning: {k}={v} is set in the environment", file=sys.stderr, flush=True)
     if a.bug == "crash-start":
         print("RuntimeError: quantized KV cache needs mlx-vlm, which is not installed", file=sys.stderr, flush=True)
         return 1
