@@ -80,8 +80,8 @@ def _cell(r: dict[str, Any]) -> tuple[str, str]:
     """(css class, text) of one cell; served cells have two more states than pass / fail / n/a:
     ``cannot-grade`` (set-up: never a FAIL) and ``not-engaged`` (a spec arm that never speculated)."""
     s = r["status"]
-    if s == "pass":
-        return "pass", "pass"
+    if s == "pass":  # on an arm whose set-up claim the server did not prove: says so
+        return "pass", "pass" + (f" ({r['unverified']})" if r.get("unverified") else "")
     if s == "fail":
         who = r.get("attribution")
         cause = f" ({r['cause']})" if r.get("cause") else ""  # what the failure is (subjects/failure_causes.py)
@@ -262,8 +262,11 @@ def render_markdown(docs: list[dict[str, Any]]) -> str:
     for r in rows(docs):
         if "unavailable" not in r:
             targets = ", ".join(r["doc"]["modes"][r["mode"]].get("targets", []))
-            lines.append(f"- **{r['engine']}** `{r['mode']}`: {r['note']} (targets: {targets}; "
-                         f"platform {r['doc']['platform'].get('device')}, mlx {r['doc']['platform'].get('mlx')}"
+            rt = r["doc"].get("server_runtime") or {}
+            where = (f"the server's runtime: python {rt.get('python')}, mlx {rt.get('mlx')}, mlx-lm {rt.get('mlx-lm')}"
+                     if rt.get("python") else f"platform {r['doc']['platform'].get('device')}, "
+                                               f"mlx {r['doc']['platform'].get('mlx')}")
+            lines.append(f"- **{r['engine']}** `{r['mode']}`: {r['note']} (targets: {targets}; {where}"
                          + "".join(f", {k} {v}" for k, v in r["doc"].get("deps", {}).items() if v != "unknown")
                          + ")" + _wrap_note(r["doc"]))
     unavailable = [r for r in rows(docs) if "unavailable" in r]

@@ -20,7 +20,8 @@ harness opens a connection to a server. What it promises:
   from text that is printed or written (results, scoreboards, reproduce commands).
 - **A stated host policy**: loopback only (``127.0.0.0/8``, ``::1``,
   ``localhost``) unless the caller passes ``allow_remote=True`` (the
-  ``--allow-remote`` flag); plain ``http``/``https`` only.
+  ``--allow-remote`` flag); plain ``http``/``https`` only; the port written out
+  (a missing port or port 0 is refused, never silently port 80).
 
 Failures are one-line exceptions: :class:`ServerDown` (refused, reset, or no
 complete answer within the deadline: the server is not answering) and
@@ -41,13 +42,15 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from traces import env
 
-__all__ = ["HttpClient", "Limits", "ServerDown", "ServerError", "UsageError", "parse_url", "redact"]
+__all__ = ["HttpClient", "Limits", "Secrets", "ServerDown", "ServerError", "UsageError", "hidden_args", "parse_url",
+           "redact"]
 
 API_KEY = "specparity-local"  # the default bearer token (override: $SPECPARITY_SERVER_API_KEY)
 
@@ -85,6 +88,11 @@ class Limits:
     max_line: int = 1 << 20
     max_events: int = 100_000
 
+    @classmethod
+    def per_response(cls, deadline: float) -> Limits:
+        """The same deadline for every response, streamed or not (``--server-timeout``)."""
+        return cls(deadline=deadline, stream_deadline=deadline)
+
     def scaled(self, deadline: float) -> Limits:
         """The same caps with ``deadline`` (and a stream deadline at least as long)."""
         return replace(self, deadline=deadline, stream_deadline=max(deadline, self.stream_deadline))
@@ -100,6 +108,72 @@ _SECRET_QUERY = re.compile(r"(?i)([?&](?:api[_-]?key|key|token|access[_-]?token|
 def redact(text: str) -> str:
     """``text`` with every URL's ``user:password@`` and secret-looking query values replaced by ``***``."""
     return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
+class Secrets:
+    """The values a user hands the harness as a server's settings (``--serve-env`` values, ``--serve-arg``
+    values such as ``--api-key=…``, ``$SPECPARITY_SERVER_API_KEY``): :meth:`scrub` replaces each in a
+    text (and :func:`redact`'s URL secrets), :meth:`scrub_doc` in every string of a document, so none is
+    written anywhere (results, logs, the server's captured output, scoreboards). A value shorter than
+    ``MIN`` characters or a plain number is hidden where it is given (:func:`hidden_args`) but not
+    searched for in free text (it would erase unrelated words and counts)."""
+
+    MIN = 6
+
+    def __init__(self, values: Sequence[str] = ()) -> None:
+        keep = {v for v in values if len(v) >= self.MIN and not re.fullmatch(r"[-+0-9.eE]+", v)}
+        self.values = sorted(keep, key=len, reverse=True)
+
+    @classmethod
+    def of(cls, serve_args: Sequence[str] = (), serve_env: dict[str, str] | None = None) -> Secrets:
+        vals = [*_arg_values(serve_args), *(serve_env or {}).values()]
+        key = env.get("SPECPARITY_SERVER_API_KEY")
+        if key and key != API_KEY:
+            vals.append(key)
+        return cls(vals)
+
+    @property
+    def longest(self) -> int:
+        return len(self.values[0]) if self.values else 0
+
+    def scrub(self, text: str) -> str:
+        for v in self.values:
+            text = text.replace(v, "…")
+        return redact(text)
+
+    def scrub_doc(self, obj: Any) -> Any:
+        if isinstance(obj, str):
+            return self.scrub(obj)
+        if isinstance(obj, dict):
+            return {self.scrub_doc(k): self.scrub_doc(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.scrub_doc(v) for v in obj]
+        return obj
+
+
+def _arg_values(args: Sequence[str]) -> list[str]:
+    """The values among server arguments: ``v`` of ``--flag=v``, and every item not starting with ``-``."""
+    out = []
+    for a in args:
+        if a.startswith("-"):
+            flag, eq, val = a.partition("=")
+            if eq:
+                out.append(val)
+        else:
+            out.append(a)
+    return out
+
+
+def hidden_args(args: Sequence[str]) -> list[str]:
+    """Server arguments as the harness writes them: flags kept, every value ``…`` (``--api-key=…``)."""
+    out = []
+    for a in args:
+        if a.startswith("-"):
+            flag, eq, _ = a.partition("=")
+            out.append(f"{flag}=…" if eq else a)
+        else:
+            out.append("…")
+    return out
 
 
 @dataclass(frozen=True)
@@ -147,8 +221,14 @@ def parse_url(url: str, *, allow_remote: bool = False) -> Endpoint:
     if not allow_remote and not is_loopback(host):
         raise UsageError(f"the server URL {shown!r} is not on this machine (host {host!r}); only loopback "
                          "servers are graded unless you pass --allow-remote")
-    return Endpoint(parts.scheme, host, port or (443 if parts.scheme == "https" else 80),
-                    parts.path.rstrip("/"))
+    if port == 0:
+        raise UsageError(f"the server URL {shown!r} names port 0, which no server listens on; give the port "
+                         "the server listens on (http://HOST:PORT)")
+    if port is None:  # never a silent default: the user writes the port the server listens on
+        default = 443 if parts.scheme == "https" else 80
+        raise UsageError(f"the server URL {shown!r} gives no port; write the one the server listens on "
+                         f"(e.g. {parts.scheme}://{host}:{default} for the {parts.scheme} default)")
+    return Endpoint(parts.scheme, host, port, parts.path.rstrip("/"))
 
 
 # ------------------------------------------------------------------ the client
@@ -353,7 +433,8 @@ class HttpClient:
             raise
         except (OSError, http.client.HTTPException) as exc:
             if dog.fired or isinstance(exc, (socket.timeout, TimeoutError)):
-                raise ServerDown(f"stream still open after {seconds:g} s ({len(events)} events)", "timeout") from None
+                raise ServerDown(f"stream still open after {seconds:g} s ({len(events)} events, no 'data: [DONE]')",
+                                 "timeout") from None
             if isinstance(exc, http.client.IncompleteRead):
                 raise ServerError(f"the connection closed mid-stream (after {len(events)} events)") from None
             raise self._down(exc, dog, seconds) from None

@@ -385,16 +385,23 @@ def _flat(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def metrics(client: HttpClient, method: str | None = None) -> SpecCounters | None:
-    """The server's ``/metrics`` speculation counters, or None (no such page, or no such counter);
-    ``method``: the arm's speculation method (counters labelled for another are not counted)."""
+    """The server's speculation counters: its ``/metrics`` page and its ``/health`` body
+    (``subjects/setup_evidence.py``), or None (no such counter anywhere); ``method``: the arm's
+    speculation method (``/metrics`` counters labelled for another are not counted)."""
+    from subjects.setup_evidence import health_counters
+
+    c: SpecCounters | None = None
     try:
         status, text = client.get("/metrics")
     except (ServerDown, ServerError):
-        return None
-    if status != 200:
-        return None
-    c = SpecCounters.from_metrics(text, method)
-    return c if c.sources or c.other_methods else None
+        status, text = 0, ""
+    if status == 200:
+        m = SpecCounters.from_metrics(text, method)
+        c = m if m.sources or m.other_methods else None
+    h = health_counters(client)
+    if h is not None:
+        c = h if c is None else c.plus(h)
+    return c
 
 
 @dataclass
@@ -734,6 +741,7 @@ class CellResult:
     attribution: str | None = None
     log: str | None = None  # a server log line that explains a cannot-grade
     cause: str | None = None  # what the first failing (else ungradeable) case's failure is
+    unverified: str | None = None  # a pass on an arm whose set-up claim the server did not prove (why)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -1787,8 +1795,13 @@ CHECK_FNS: dict[str, Callable[[Ctx], str]] = {
 }
 
 
-def speculation_cell(arm: str, counters: SpecCounters | None) -> CellResult:
-    """The ``speculation`` cell of an arm from the counters gathered over it (None: the server has none)."""
+def speculation_cell(arm: str, counters: SpecCounters | None, log_off: str | None = None) -> CellResult:
+    """The ``speculation`` cell of an arm from the counters gathered over it (None: the server has none)
+    and ``log_off``, a line of its log saying speculation is off (``setup_evidence.SPEC_OFF``)."""
+    if arm == "spec" and log_off and (counters is None or counters.drafted <= 0):
+        return CellResult("speculation", "not-engaged", f"speculation not engaged: the server's log says so: "
+                          f"{log_off!r}" + (f" (and 0 drafted tokens per {', '.join(sorted(counters.sources))[:120]})"
+                                            if counters is not None and counters.sources else ""))
     if counters is None or not counters.sources:
         if arm != "spec":
             return CellResult("speculation", "unsupported", "plain arm; the server reports no speculation counters")
@@ -1797,7 +1810,8 @@ def speculation_cell(arm: str, counters: SpecCounters | None) -> CellResult:
             return CellResult("speculation", "cannot-grade", "the server's speculation counters are for methods "
                               f"this arm does not run ({other}): whether it speculated is not known")
         return CellResult("speculation", "cannot-grade", "the server reports no speculation counters (/metrics, "
-                          "usage or timings extensions): whether it speculated is not known")
+                          "/health, usage or timings extensions) and its log says nothing of it: whether it "
+                          "speculated is not known (every cell of this arm is unverified)")
     src = ", ".join(sorted(counters.sources))[:160]
     if arm != "spec":
         if counters.drafted > 0:

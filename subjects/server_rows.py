@@ -70,6 +70,9 @@ class ServedEngine:
     # in its row, as ``defaults_off``; without it, a server whose usage.prompt_tokens shows another prompt is one
     # identity finding and every check judged against plain decode of the prompt as sent cannot grade
     completions_wrap: ChatWrap | None = None
+    # what its log shows when a default asked off is on after all ((setting, regex of such a line)): quoted in the
+    # row's observed set-up and in the cells that ran with it (subjects/setup_evidence.py)
+    observe: tuple[tuple[str, str], ...] = ()
 
     def available(self) -> bool:
         if self.exe is not None:

@@ -97,12 +97,21 @@ check meant to catch it, and only that check):
   request (the warm-up) and every one whose prompt has an odd length raise inside the engine: the
   exception is printed to the log and the answer is HTTP 200 with an empty text and
   ``finish_reason`` 'stop';
+- ``health-counters`` (none: evidence read where the server keeps it): no ``/metrics`` counters; the
+  draft / accept counts are in the ``/health`` body (vmlx's place): speculation passes;
+- ``draft-disabled`` (speculation, from the log): the draft model is loaded, never used, its log says
+  "draft model disabled under continuous batching" and no counter exists anywhere: not-engaged;
+- ``no-counters`` (none: an unverifiable arm): speculates, but keeps no counter anywhere and logs
+  nothing of it: the speculation cell cannot grade and every pass of the arm says "unverified";
+- ``cache-on-anyway`` (none: a setting not in effect): the log says its prefix cache is on whatever
+  the flags (an adaptive default): a row that observes it quotes the line;
 - ``crash-start`` (a set-up failure: cannot grade): exits at start with a log line;
 - ``slow`` (none: a correct but slow server, must pass): 0.2 s per answer, 10 ms per event;
 - ``hang`` / ``die``: stops answering (sleeps) / exits from the 3rd generation request on.
 
 ``python -m tests.fake_server --model DIR [--draft-model DIR] [--port N] [--bug NAME]
-[--prompt-cache-size N]``.
+[--prompt-cache-size N]``. Like servers users run, it echoes what it is handed: unknown arguments,
+and environment variables whose names say they hold a token, key, secret or password.
 """
 
 from __future__ import annotations
@@ -124,7 +133,8 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "stop-trailing-logprob", "logprob-off", "cache-drop", "cache-short-save", "batch-leak", "seed-batch",
         "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
-        "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error")
+        "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error",
+        "health-counters", "draft-disabled", "no-counters", "cache-on-anyway")
 SERVED_NAME = "fake/served-model"  # the model-name plant's one model name (its /v1/models lists it)
 WRAP_SYSTEM = "You are a helpful assistant."  # wrap-system's system message (fusion-mlx 0.10.24's)
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
@@ -333,7 +343,7 @@ class FakeEngine:
         if self.bug == "die" and self.requests >= 3:
             os._exit(3)
         cached = self._cached(prompt)
-        spec = self.draft is not None and self.bug != "spec-off"
+        spec = self.draft is not None and self.bug not in ("spec-off", "draft-disabled")
         run_prompt = prompt
         if self.bug == "cache-short-save" and spec and cached >= 2:
             run_prompt = prompt[: cached - 1] + prompt[cached:]  # the entry lacks the last reused token's KV
@@ -450,7 +460,9 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path == "/health":
-                self._json(200, {"status": "ok"})
+                self._json(200, {"status": "ok"} | ({"speculative": {
+                    "draft_tokens": engine.drafted, "accepted_tokens": engine.accepted, "acceptance_rate": 0.5}}
+                    if engine.bug == "health-counters" else {}))
             elif self.path.startswith("/v1/models"):
                 if engine.bug == "models-500":
                     self._json(500, {"error": "internal error"})
@@ -480,6 +492,8 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)
+            elif self.path == "/metrics" and engine.bug in ("health-counters", "draft-disabled", "no-counters"):
+                self._json(404, {"error": "Not Found"})
             elif self.path == "/metrics":
                 raw = (f"# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
                        f"vllm:spec_decode_num_draft_tokens_total{{model_name=\"default_model\"}} {engine.drafted}\n"
@@ -698,10 +712,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-cache-size", type=int, default=16)
     p.add_argument("--bug", choices=BUGS, default=os.environ.get("SPECPARITY_FAKE_SERVER_BUG") or None)
     p.add_argument("--control", action="store_true", help="the tests' POST /fake/reset route (bug, cache size)")
-    a = p.parse_args(argv)
+    a, unknown = p.parse_known_args(argv)
+    if unknown:  # echoed, as servers warn about flags they do not know (secrets in them included)
+        print(f"warning: ignoring unknown arguments: {' '.join(unknown)}", file=sys.stderr, flush=True)
+    for k, v in sorted(os.environ.items()):  # echoed, as a server warns about its environment
+        if any(w in k for w in ("TOKEN", "SECRET", "PASSWORD", "API_KEY")):
+            print(f"warning: {k}={v} is set in the environment", file=sys.stderr, flush=True)
     if a.bug == "crash-start":
         print("RuntimeError: quantized KV cache needs mlx-vlm, which is not installed", file=sys.stderr, flush=True)
         return 1
+    if a.bug == "draft-disabled" and a.draft_model:
+        print("WARNING: draft model disabled under continuous batching; serving without it", file=sys.stderr,
+              flush=True)
+    if a.bug == "cache-on-anyway":
+        print("INFO: prefix cache: enabled (adaptive default)", file=sys.stderr, flush=True)
     engine = FakeEngine(a.model, a.draft_model, a.num_draft_tokens, a.bug, a.prompt_cache_size)
     httpd = ThreadingHTTPServer((a.host, a.port), make_handler(engine, a.control))
     httpd.daemon_threads = True

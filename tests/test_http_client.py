@@ -10,6 +10,7 @@ never echoed, loopback only unless allow_remote.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 import time
@@ -186,13 +187,22 @@ def test_credentials_in_a_url_are_refused_and_never_echoed(url) -> None:
 def test_loopback_only_unless_allowed() -> None:
     for ok in ("http://127.0.0.1:8080", "http://localhost:1", "http://[::1]:9", "127.0.0.2:80"):
         assert parse_url(ok).port
-    for far in ("http://10.0.0.5:8080", "http://example.com", "http://192.168.1.2:80"):
+    for far in ("http://10.0.0.5:8080", "http://example.com:80", "http://192.168.1.2:80"):
         with pytest.raises(UsageError, match="--allow-remote"):
             parse_url(far)
         assert parse_url(far, allow_remote=True).host
     for bad in ("ftp://127.0.0.1", "http://127.0.0.1:8080/?key=x", "", "http://127.0.0.1:99999"):
         with pytest.raises(UsageError):
             parse_url(bad)
+
+
+@pytest.mark.parametrize("url, msg", [("http://127.0.0.1:0/", "names port 0"),
+                                      ("http://127.0.0.1/", "gives no port; write the one the server listens on "
+                                                            "(e.g. http://127.0.0.1:80"),
+                                      ("https://localhost", "e.g. https://localhost:443")])
+def test_port_zero_or_a_missing_port_is_refused_never_silently_port_80(url, msg) -> None:
+    with pytest.raises(UsageError, match=re.escape(msg)):
+        parse_url(url)
 
 
 def test_redact_scrubs_userinfo_and_secret_query_values() -> None:

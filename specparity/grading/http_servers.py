@@ -69,6 +69,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -78,7 +79,16 @@ from pathlib import Path
 from typing import Any
 
 from subjects.failure_causes import SERVER_ERROR, SETUP, classify_error, error_as_success
-from subjects.http_client import HttpClient, Limits, ServerDown, ServerError, UsageError, redact
+from subjects.http_client import (
+    HttpClient,
+    Limits,
+    Secrets,
+    ServerDown,
+    ServerError,
+    UsageError,
+    hidden_args,
+    redact,
+)
 from subjects.served import (
     SERVER_CHECKS,
     CellResult,
@@ -100,6 +110,7 @@ from subjects.server_rows import (  # noqa: F401  (the rows the job grades)
     availability,
     server_bin,
 )
+from subjects.setup_evidence import observe, runtime_versions
 
 DEFAULT_OUT = Path("runs/grade-servers")
 STARTUP_TIMEOUT = 180.0
@@ -190,6 +201,8 @@ class Launch:
     cache: str = "unknown"  # "off" (a flag turned it off), "on", "unknown"
     argv: list[str] = field(default_factory=list)
     spec_method: str | None = None  # the speculation method it runs, as its /metrics label it (None: any)
+    observe: tuple[tuple[str, str], ...] = ()  # (setting asked off, regex of a log line showing it on): its row's
+    settle: Callable[[], None] | None = None  # waits until its output has reached the log
     _log_at: int = 0
 
     def log_since(self) -> str:
@@ -197,6 +210,8 @@ class Launch:
         returned as success leaves (``subjects/failure_causes.py``)."""
         if self.log is None:
             return ""
+        if self.settle is not None:
+            self.settle()
         try:
             with open(self.log, "rb") as fh:
                 fh.seek(self._log_at)
@@ -225,7 +240,10 @@ def started(engine: ServedEngine, model: str, draft: str | None, log_path: Path,
 def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path: Path, *,
                    startup_timeout: float = STARTUP_TIMEOUT, timeout: float = REQUEST_TIMEOUT,
                    env: dict[str, str] | None = None, cache_off: bool = False, serve_args: Sequence[str] = (),
-                   warmup: str = "hello", home: bool = True, expect_output: bool = False) -> Iterator[Launch]:
+                   warmup: str = "hello", home: bool = True, expect_output: bool = False,
+                   secrets: Secrets | None = None) -> Iterator[Launch]:
+    """Start ``engine``; its output reaches ``log_path`` through :class:`_LogPump` (every value the user
+    handed as its settings scrubbed, ``secrets``: by default those of ``serve_args`` and ``env``)."""
     port = free_port()
     argv = engine.command(model, draft, port, cache_off=cache_off, extra=serve_args)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,37 +261,93 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
             (homedir / rel).write_text(text)
         penv.setdefault("HF_HUB_OFFLINE", "1")
     penv.update(env or {})
+    secrets = secrets if secrets is not None else Secrets.of(serve_args, env)
+    shown = [*argv[: len(argv) - len(serve_args)], *hidden_args(serve_args)]  # what is written: no user value
     try:
         with open(log_path, "wb") as logf:
-            logf.write(("$ " + redact(shlex.join(argv)) + "\n").encode())
+            logf.write(("$ " + secrets.scrub(shlex.join(shown)) + "\n").encode())
             logf.flush()
             try:
-                proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, env=penv)
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, env=penv)
             except OSError as exc:
                 raise ServeFailed(f"{engine.name}: cannot start {argv[0]!r}: {exc}") from exc
             _LIVE.add(proc)
+            pump = _LogPump(proc, logf, secrets)
             try:
-                client = HttpClient(f"http://127.0.0.1:{port}", limits=Limits(deadline=timeout))
-                _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output)
+                client = HttpClient(f"http://127.0.0.1:{port}", limits=Limits.per_response(timeout))
+                _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output, pump)
                 yield Launch(client, log_path, "off" if cache_off and engine.cache_off else
-                             ("on" if engine.cache_off else "unknown"), argv,
-                             engine.spec_method if draft else None)
+                             ("on" if engine.cache_off else "unknown"), shown,
+                             engine.spec_method if draft else None, engine.observe, settle=pump.settle)
             finally:
                 _stop(proc)
+                pump.drain(5.0)
     finally:
         if homedir is not None:
             shutil.rmtree(homedir, ignore_errors=True)
 
 
+class _LogPump:
+    """Copies a server's output into its log, every secret scrubbed (``Secrets.scrub``) before it is
+    written: line by line, or in bounded pieces for output without newlines (the tail a secret could
+    straddle is held back)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], logf: Any, secrets: Secrets) -> None:
+        self.proc, self.logf, self.secrets = proc, logf, secrets
+        self.last = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _write(self, data: bytes) -> None:
+        self.logf.write(self.secrets.scrub(data.decode("utf-8", "replace")).encode())
+        self.logf.flush()
+
+    def _run(self) -> None:
+        assert self.proc.stdout is not None
+        fd, buf, keep = self.proc.stdout.fileno(), b"", 4 * max(self.secrets.longest, 1)
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.last = time.monotonic()
+            buf += chunk
+            nl = buf.rfind(b"\n")
+            if nl >= 0:
+                out, buf = buf[: nl + 1], buf[nl + 1:]
+            elif len(buf) > 65536:
+                out, buf = buf[:-keep], buf[-keep:]
+            else:
+                continue
+            self._write(out)
+        if buf:
+            self._write(buf)
+
+    def settle(self, quiet: float = 0.05, most: float = 0.5) -> None:
+        """Wait (at most ``most`` s) until the server has written nothing for ``quiet`` s."""
+        t_end = time.monotonic() + most
+        while time.monotonic() < t_end and time.monotonic() - self.last < quiet and self.thread.is_alive():
+            time.sleep(quiet / 2)
+
+    def drain(self, timeout: float) -> None:
+        """Everything the server wrote, in the log (its output closed: it exited)."""
+        self.thread.join(timeout)
+
+
 def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen[bytes], log_path: Path,
-                startup_timeout: float, warmup: str, expect_output: bool = False) -> None:
+                startup_timeout: float, warmup: str, expect_output: bool = False,
+                pump: _LogPump | None = None) -> None:
     t0 = time.monotonic()
     dialect(client)  # learnt by the warm-up, shared by every copy of the client
     probe = client.with_deadline(5.0)
     while True:
         code = proc.poll()
         if code is not None:
+            if pump is not None:
+                pump.drain(5.0)
             raise ServeFailed(f"{engine.name} exited with code {code} before answering /health", _why(log_path))
         if probe.healthy()[0]:
             break
@@ -285,6 +359,8 @@ def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen
     try:  # the first request loads the model in some servers: inside the startup bound
         r = send(client.with_deadline(left), Request(warmup, 1, tag="startup"))
         if expect_output and not r.text and not (r.usage or {}).get("completion_tokens"):
+            if pump is not None:
+                pump.settle()
             hidden = error_as_success(r.doc, r.text, _read(log_path))
             if hidden is None:  # no exception behind it: this server generates nothing for the model (set-up)
                 raise ServeFailed(f"{engine.name}: the warm-up request (a 1-token completion of words from the "
@@ -299,6 +375,8 @@ def _wait_ready(engine: ServedEngine, client: HttpClient, proc: subprocess.Popen
                           f"model's own vocabulary) was refused ({cause.kind}): {exc}", _why(log_path)) from exc
     except ServerDown as exc:
         code = proc.poll()
+        if pump is not None:
+            pump.drain(2.0) if code is not None else pump.settle()
         raise ServeFailed(f"{engine.name}: the warm-up request got no answer ({exc})"
                           + (f"; exited with code {code}" if code is not None else ""), _why(log_path)) from exc
 
@@ -544,6 +622,8 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
     setup: dict[str, Any] = {"servers": []}
     counters = SpecCounters()
     met_total: SpecCounters | None = None
+    spec_off: str | None = None  # the log line of a spec arm's server saying its speculation is off
+    not_in_effect: dict[str, str] = {}  # a setting asked off that the server's log shows on -> that line
     for names, cache_off, gdraft, rejecting in groups:
         if not names:
             continue
@@ -560,6 +640,12 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                 learnt = dialect(srv.client).notes
                 if learnt:
                     setup["servers"][-1]["dialect"] = list(learnt)
+                seen = observe(srv.client, _read(srv.log) if srv.log is not None else "", srv.observe)
+                setup["servers"][-1]["observed"] = seen.to_dict()
+                if seen.spec_off and not rejecting and arm == "spec":
+                    spec_off = spec_off or seen.spec_off
+                if not rejecting:
+                    not_in_effect.update(seen.not_in_effect)
                 m1 = None if rejecting else metrics(srv.client, srv.spec_method)
                 if m1 is not None:
                     d = m1.minus(m0) if m0 is not None else m1
@@ -584,12 +670,22 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
             first = next(c for c in cells.values() if c.status != "unsupported")
             cells["speculation"] = CellResult("speculation", "cannot-grade", first.detail, log=first.log)
         else:
-            cells["speculation"] = speculation_cell(arm, total)
+            cells["speculation"] = speculation_cell(arm, total, spec_off)
         if cells["speculation"].status == "not-engaged":
             for c in cells.values():
                 if c.status == "pass":
                     c.status = "not-engaged"
                     c.detail = f"passed, but speculation was not engaged (see the speculation cell): {c.detail}"
+        elif arm == "spec" and cells["speculation"].status == "cannot-grade" and started_any:
+            for c in cells.values():  # the arm's claim (it speculates) is not verified: every cell says so
+                if c.status == "pass":
+                    c.unverified = "speculation unverified (see the speculation cell)"
+    if not_in_effect:
+        setup["not_in_effect"] = dict(not_in_effect)
+        ran = "; ".join(f"{k} ON though asked off (its log: {v!r})" for k, v in sorted(not_in_effect.items()))
+        for c in cells.values():
+            if c.status in ("fail", "cannot-grade") and c.check != "speculation":
+                c.detail = f"{c.detail} [ran with {ran}]"
     return ArmResult({c: cells[c] for c in checks if c in cells}, setup, cache_state)
 
 
@@ -713,7 +809,7 @@ def _subprocess_launcher(eng: ServedEngine, mdir: Path, out: Path, doc_name: str
         log_path = track(out / "logs" / f"{doc_name}-{arm}-{counter['n']}.log")
         with launch_process(eng, str(mdir), draft, log_path, startup_timeout=startup_timeout, timeout=timeout,
                             env=env, cache_off=cache_off, serve_args=serve_args, warmup=warmup,
-                            expect_output=expect_output) as srv:
+                            expect_output=expect_output, secrets=Secrets.of(serve_args, env)) as srv:
             yield srv
 
     return launch
@@ -742,6 +838,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
     mdir = resolve_model(model)
     ddir = resolve_model(draft, "--draft", target=model) if draft else None
     name = serve or "url"
+    secrets = Secrets.of(serve_args, env)
     if serve is not None and serve not in SERVERS:
         raise ValueError(f"unknown server {serve!r}; known: {', '.join(SERVERS)}")
     eng = SERVERS.get(serve or "")
@@ -754,7 +851,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         "tox_env": eng.tox_env if eng else None, "platform": platform_info(), "modes": {},
         "model": model_record(model, mdir), "draft": model_record(draft, ddir) if draft and ddir else None,
         "available": True, "reason": "ok", "version": None, "checks": list(checks), "checks_version": 2,
-        "setup": {"serve_args": [_public_arg(a) for a in serve_args], "serve_env": env_keys,
+        "setup": {"serve_args": [_public_arg(a) for a in hidden_args(serve_args)], "serve_env": env_keys,
                   "defaults_off": list(eng.defaults_off) if eng else [],
                   **({"home_files": dict(eng.home_files)} if eng and eng.home_files else {}),
                   **({"completions_wrap": eng.completions_wrap.describe()} if eng and eng.completions_wrap else {}),
@@ -768,9 +865,14 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         ddir, dname, doc["draft"] = None, None, None
     if eng is not None:
         doc["version"] = _version(eng)
+        # the server's own interpreter (its row's virtualenv), not the grader's: what it runs with
+        doc["server_runtime"] = runtime_versions(server_bin("python") if eng.exe is not None and os.environ.get(
+            "SPECPARITY_SERVER_BIN") else sys.executable)
         if not eng.available():
             doc.update(available=False, reason=availability(eng.name)[1])
-            return doc
+            return secrets.scrub_doc(doc)
+    else:
+        doc["server_runtime"] = {"note": "a running server (--server): its runtime is not visible to the grader"}
     ref = engine_reference(str(mdir), prompts, eng.completions_wrap if eng is not None else None)
     plan = make_plan(ref, checks)
     doc["setup"]["plan_notes"] = plan.notes
@@ -785,7 +887,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
             arms = [a for a in arms if a[0] != "spec"]  # no two-model drafter in this server
             doc["note"] = f"{eng.name} takes no two-model draft model: graded without speculation"
     if url is not None:
-        client = HttpClient(url, allow_remote=allow_remote, limits=Limits(deadline=timeout))
+        client = HttpClient(url, allow_remote=allow_remote, limits=Limits.per_response(timeout))
         launch = _url_launcher(client)
         restartable = False
     else:
@@ -800,7 +902,8 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         reject_draft = str(rejecting_drafter(ddir))  # a two-model drafter: swap it for one always rejected
         doc["setup"]["reject_drafter"] = f"{dname} with every weight zero (proposes token 0: every draft rejected)"
     results, blame = grade_arms(ref, launch, arms, checks=checks, plan=plan, restartable=restartable,
-                                can_turn_cache_off=bool(eng and eng.cache_off), reject_draft=reject_draft)
+                                can_turn_cache_off=bool(eng and eng.cache_off), reject_draft=reject_draft,
+                                log=lambda m: _log(secrets.scrub(m)))
     env_list = [f"{k}=…" for k in env_keys]
     for arm, d in arms:
         r = results[arm]
@@ -813,12 +916,12 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         for c, cell in r.cells.items():
             if cell.status in ("fail", "cannot-grade", "not-engaged"):
                 mode["checks"][c]["reproduce"] = reproduce_cmd(
-                    name, mname, dname, arm, c, url, serve_args=[_public_arg(a) for a in serve_args],
+                    name, mname, dname, arm, c, url, serve_args=[_public_arg(a) for a in hidden_args(serve_args)],
                     serve_env=env_list)
         doc["modes"][arm] = mode
     doc["blame"] = blame
     doc["summary"] = summarise(doc)
-    return doc
+    return secrets.scrub_doc(doc)  # no value the user handed as the server's settings, anywhere in it
 
 
 def summarise(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -887,6 +990,46 @@ def _parse_env(items: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
+_BIND_FLAGS = ("--host", "--bind", "--listen", "--address", "--addr", "--hostname", "--ip", "--bind-address",
+               "--listen-address")
+_BIND_ENV = re.compile(r"(?i)(^|_)(HOST|BIND|LISTEN|ADDR|ADDRESS)($|_)")
+
+
+def _bind_host(value: str) -> str:
+    """The host of a bind value (``0.0.0.0``, ``0.0.0.0:8000``, ``[::]:80``, ``http://h:1``)."""
+    v = value.strip()
+    if "://" in v:
+        v = v.split("://", 1)[1]
+    v = v.split("/", 1)[0]
+    if v.startswith("["):
+        return v[1:].split("]", 1)[0]
+    return v.rsplit(":", 1)[0] if v.count(":") == 1 else v
+
+
+def remote_bind(serve_args: Sequence[str], env: dict[str, str]) -> str | None:
+    """The ``--serve-arg`` / ``--serve-env`` item that binds the server to a non-loopback address
+    (``--host=0.0.0.0``, ``--host 0.0.0.0``, ``HOST=0.0.0.0``), shown as given; None: none does."""
+    from subjects.http_client import is_loopback
+
+    args = list(serve_args)
+    for i, a in enumerate(args):
+        flag, eq, val = a.partition("=")
+        if flag not in _BIND_FLAGS:
+            continue
+        if not eq:
+            if i + 1 >= len(args):
+                continue
+            val = args[i + 1]
+        host = _bind_host(val)
+        if host and not is_loopback(host):
+            return f"--serve-arg={a}" + ("" if eq else f" --serve-arg={val}")
+    for k, v in env.items():
+        host = _bind_host(v)
+        if _BIND_ENV.search(k) and host and not is_loopback(host) and re.fullmatch(r"[\w.:\[\]-]+", v.strip()):
+            return f"--serve-env {k}=… (a non-loopback address)"
+    return None
+
+
 def grade_server_main(args: argparse.Namespace) -> int:
     """``specparity grade --server URL | --serve NAME --model PATH [--draft PATH] [--out DIR]``."""
     if args.server and args.serve:
@@ -906,6 +1049,10 @@ def grade_server_main(args: argparse.Namespace) -> int:
         return _err(str(exc))
     if args.server and (serve_args or env):
         return _err("--serve-arg/--serve-env start a server: they go with --serve NAME, not --server URL")
+    remote = remote_bind(serve_args, env)
+    if remote is not None and not allow_remote:
+        return _err(f"{remote} binds the started server to an address other machines can reach; refused "
+                    "(the harness starts servers on 127.0.0.1): drop it, or pass --allow-remote")
     if args.serve is not None:
         from specparity.runners.registry import RunnerUnsupported, get
 
@@ -1008,7 +1155,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="append", default=None, choices=SERVER_CHECKS,
                    help="grade only this served check (repeat; default: all)")
     p.add_argument("--server-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
-                   help=f"the deadline of one request to the server (default {REQUEST_TIMEOUT:g})")
+                   help=f"the deadline of one response from the server, streamed or not (default "
+                        f"{REQUEST_TIMEOUT:g})")
     p.add_argument("--serve-arg", action="append", default=None, metavar="ARG",
                    help="one more argument for the started server (repeat; write --serve-arg=--flag)")
     p.add_argument("--serve-env", action="append", default=None, metavar="NAME=VALUE",

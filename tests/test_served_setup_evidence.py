@@ -1,0 +1,88 @@
+"""Each arm proves its set-up from the server's own evidence (``subjects/setup_evidence.py``).
+
+Planted on the fake server: speculation counters kept in ``/health`` only are read there; a draft
+model the server's log says it disabled makes the spec arm not-engaged with that line quoted; a spec
+arm with no counters anywhere passes only as "unverified", cell by cell; a setting asked off that
+the log shows on is recorded as not in effect; the row records the server's own runtime versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from specparity.grading.http_servers import SERVERS, engine_reference, grade_arms, grade_served
+from tests.fake_server import Shared
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from tests.foreign import build
+
+    return build(tmp_path_factory.mktemp("evidence-models"), ("phi3",))["phi3"]
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    procs: dict = {}
+    yield procs
+    Shared.stop_all(procs)
+
+
+CHECKS = ("identity", "speculation")
+
+
+def _spec(pair, fakes, bug):
+    ref = engine_reference(str(pair[0]))
+    launcher = Shared(fakes, str(pair[0]), str(pair[1]), bug, deadline=20)
+    results, _ = grade_arms(ref, launcher, [("spec", str(pair[1]))], checks=CHECKS, log=lambda m: None)
+    return results["spec"].cells
+
+
+def test_counters_kept_in_health_are_read_there(pair, fakes) -> None:
+    cells = _spec(pair, fakes, "health-counters")
+    assert cells["speculation"].status == "pass", cells["speculation"]
+    assert "/health speculative.draft_tokens" in cells["speculation"].detail, cells["speculation"].detail
+    assert "acceptance_rate" not in cells["speculation"].detail  # a ratio is not a count
+    assert cells["identity"].status == "pass" and cells["identity"].unverified is None
+
+
+def test_a_spec_arm_with_no_counters_anywhere_is_unverified_in_every_passing_cell(pair, fakes) -> None:
+    cells = _spec(pair, fakes, "no-counters")
+    assert cells["speculation"].status == "cannot-grade", cells["speculation"]
+    assert "/health" in cells["speculation"].detail and "unverified" in cells["speculation"].detail
+    assert cells["identity"].status == "pass" and "speculation unverified" in (cells["identity"].unverified or "")
+
+
+def test_a_draft_model_the_log_says_is_disabled_is_not_engaged_with_the_line_quoted(pair, tmp_path) -> None:
+    doc = grade_served(model=str(pair[0]), draft=str(pair[1]), serve="fake", out=tmp_path / "out",
+                       checks=CHECKS, env={"SPECPARITY_FAKE_SERVER_BUG": "draft-disabled"})
+    spec = doc["modes"]["spec"]["checks"]
+    assert spec["speculation"]["status"] == "not-engaged", spec["speculation"]
+    assert "draft model disabled under continuous batching" in spec["speculation"]["detail"]
+    assert spec["identity"]["status"] == "not-engaged", spec["identity"]
+    observed = [s["observed"] for s in doc["modes"]["spec"]["setup"]["servers"]]
+    assert any("disabled" in o.get("speculation_off_in_log", "") for o in observed), observed
+    assert doc["server_runtime"]["python"] == sys.version.split()[0], doc["server_runtime"]
+
+
+def test_a_setting_asked_off_that_the_log_shows_on_is_recorded_as_not_in_effect(pair, tmp_path,
+                                                                               monkeypatch) -> None:
+    row = dataclasses.replace(SERVERS["fake"], observe=(("prompt cache", r"prefix cache: enabled"),))
+    monkeypatch.setitem(SERVERS, "fake", row)
+    doc = grade_served(model=str(pair[0]), serve="fake", out=tmp_path / "out", checks=("liveness",),
+                       env={"SPECPARITY_FAKE_SERVER_BUG": "cache-on-anyway"})
+    setup = doc["modes"]["plain"]["setup"]
+    assert setup["not_in_effect"] == {"prompt cache": "INFO: prefix cache: enabled (adaptive default)"}, setup
+    assert setup["servers"][0]["observed"]["models"] == ["default_model"], setup
+
+
+def test_the_scoreboard_says_a_pass_is_unverified() -> None:
+    from reports.scoreboard import _cell
+
+    assert _cell({"status": "pass", "detail": "ok", "unverified": "speculation unverified"})[1] == \
+        "pass (speculation unverified)"
+    assert _cell({"status": "pass", "detail": "ok"})[1] == "pass"
