@@ -129,6 +129,29 @@ def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: 
                      f"{', '.join(str(c) for c in cands)})")
 
 
+def _check_vocab(params: dict[str, Any], tpath: Path, trace_path: Path) -> None:
+    """A header's ``logit_bias`` ids (and stop-sequence ids) inside the target's vocabulary
+    (``config.json`` ``vocab_size``), checked before the model loads."""
+    import json
+
+    lp = params.get("logits_processors")
+    ids = [t for t, _ in (lp.get("logit_bias") or ())] if isinstance(lp, dict) else []
+    if not ids:
+        return
+    from specparity.cases.prompts import model_limits
+
+    try:
+        cfg = json.loads((tpath / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the model load says why, in one line
+    vocab, _ = model_limits(cfg) if isinstance(cfg, dict) else (None, None)
+    bad = sorted({int(t) for t in ids if isinstance(t, int) and vocab is not None and not 0 <= t < vocab})
+    if bad:
+        raise GradeError(f"{trace_path}: header.params.logits_processors.logit_bias: token id(s) "
+                         f"{', '.join(map(str, bad[:5]))} outside the target's vocabulary (size {vocab}, "
+                         f"{tpath / 'config.json'})")
+
+
 def _check_identity(path: Path, ref: dict[str, Any], trace_path: Path, what: str) -> None:
     from specparity.runners import model_identity
 
@@ -161,6 +184,7 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
                              f"harness knows ({', '.join(s for s in engine.sources if s != registry.PLAIN)})")
     p = header["params"]
     eos = tuple(int(t) for t in header["eos_ids"])
+    _check_vocab(p, tpath, trace_path)  # before the model loads: the file named, one line
     tok_eos = load_model(str(tpath)).eos_ids
     drafter: str | None = None
     if spec:
