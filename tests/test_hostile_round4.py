@@ -2,6 +2,8 @@
 
 - a lying header's ``logit_bias`` id outside the target's vocabulary: found before the model
   loads, the trace file named;
+- ``grade RUN/batched``: the batch traces there (``batch.jsonl``) are validated, not graded as
+  request traces (they were refused as broken ones);
 """
 
 from __future__ import annotations
@@ -35,3 +37,27 @@ def test_header_logit_bias_outside_the_vocabulary_is_found_before_the_model_load
     assert rc in (1, 2), err
     line = one_error(err, "t.jsonl", "logit_bias", "10000000", "outside the target's vocabulary")
     assert "config.json" in line
+
+
+def test_grade_of_a_runs_batched_folder_grades_its_request_traces(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``grade RUN/batched``: the batch traces there (``batch.jsonl``, valid for ``trace validate``)
+    are not refused as broken traces; the rows' own traces are graded."""
+    from specparity.cases.case import Case
+    from specparity.jobs import batched as sb
+    from traces.validate import validate_file
+
+    case = Case("llama", "twin", "nat-00", 3, 8)
+    small = [bc for bc in sb.batch_cases([case]) if bc.name.endswith("twin/B2")]
+    monkeypatch.setattr(sb, "batch_cases", lambda cs: small)
+    run = tmp_path / "run"
+    run.mkdir()
+    sb.batched_comparisons(run, [case])
+    batch = sorted((run / "batched").rglob("batch.jsonl"))
+    assert batch and validate_file(batch[0]) == []
+    rc, _, err = cli(["grade", run / "batched", "--runners", "", "--out", tmp_path / "g"], capsys)
+    assert rc in (0, 1), err
+    assert "batch_step" not in err and "problem(s) in the traces" not in err and "Traceback" not in err, err
+    graded = (tmp_path / "g" / "comparisons.json").read_text()
+    assert "llama" in graded

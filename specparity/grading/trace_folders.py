@@ -425,6 +425,19 @@ def _grammar_problems(block: Any) -> list[tuple[str, str]]:
     return out
 
 
+def _is_batch_trace(path: Path) -> bool:
+    """Whether a (validated) ``*.jsonl`` is a batch trace: its first record a ``batch_step``."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            first = fh.readline(1 << 20)
+        rec = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("type") == "batch_step"
+
+
 def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
     """Validate and read every trace under ``trace_dir``; the cases they name."""
     from traces.validate import validate_file
@@ -437,6 +450,12 @@ def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
                 for f in files for e in validate_file(f)]
     traces: list[tuple[Path, Trace]] = []
     if not problems:
+        # a batch trace (a run's batched/<case>/batch.jsonl: batch_step records) is valid but is
+        # no request's trace: validated above, not graded (its rows' own traces are)
+        files = [f for f in files if not _is_batch_trace(f)]
+        if not files:
+            raise GradeError(f"{trace_dir}: only batch traces (batch_step records) here, no request "
+                             "traces to grade")
         for f in files:
             tr = read_trace(f)
             problems += [f"{f}:1: {fld}: {msg}" for fld, msg in header_problems(tr.header)]
