@@ -478,13 +478,18 @@ def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
 
 
 def _stem(case_id: str) -> str:
-    """A file stem for any engine's case id (a digest keeps sanitized ids distinct)."""
+    """A file stem for any engine's case id (a digest keeps sanitized or cut ids distinct; an id
+    longer than ``STEM_MAX_BYTES`` is cut: a 5,000-character id is a file name the OS refuses)."""
     import hashlib
 
     raw = case_id.replace("/", "__")
     safe = "".join(c if c.isalnum() or c in "-_.+=" else "_" for c in raw)
     safe = f"_{safe}" if safe.startswith(".") else safe  # never a hidden file
-    return safe if safe == raw else f"{safe[:120]}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"
+    from specparity.cases.case import STEM_MAX_BYTES
+
+    if safe == raw and len(safe.encode()) <= STEM_MAX_BYTES:  # the id itself (every short safe id)
+        return safe
+    return f"{safe[:120]}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"  # a long id: never ENAMETOOLONG
 
 
 def _relabel(records: list[dict[str, Any]], case_id: str) -> list[dict[str, Any]]:
