@@ -77,6 +77,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "output_dir_arg",
+    "publish_tree",
     "claim_output_dir",
     "claim_output_file",
     "claim_run_dir",
@@ -668,3 +669,16 @@ def output_dir_arg(text: str) -> Path:
 
 
 output_dir_arg.output = "dir"  # type: ignore[attr-defined]  # a writing flag (MODULE_WRITERS)
+
+
+def publish_tree(claim: Claim, src: Path, dest: Path) -> list[Path]:
+    """Copy every file of a directory built elsewhere (a temp dir) to ``dest`` under ``claim``:
+    each registered (:meth:`Claim.track`: refused if it would replace a file no specparity
+    command wrote) before it is written atomically. The files written, in order."""
+    out = []
+    for f in sorted(Path(src).rglob("*")):
+        if f.is_file() and not f.is_symlink():
+            target = claim.track(Path(dest) / f.relative_to(src))
+            atomic_write_bytes(target, f.read_bytes())
+            out.append(target)
+    return out

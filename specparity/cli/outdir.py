@@ -87,6 +87,9 @@ MODULE_WRITERS: dict[str, str] = {
     "specparity.grading.vlm_batched --out": "beside",  # add_outputs, before the availability check
     "specparity.measure.bench_batched --json": "file",  # claim_output_file (the perf helper's)
     "tools/mutation.py --out": "folder",  # add_outputs(own_folder=True), before any mutation
+    "zoo.build --out": "folder",  # traces.outdir.add_outputs(own_folder=True) + publish_tree
+    "zoo.train --out": "beside",  # add_outputs: every file it replaces checked before training
+    "reports.scoreboard dir": "beside",  # add_outputs: scoreboard.md/.html beside the results
 }
 """Every writing flag of a ``python -m`` module or tool (``"module flag"`` -> the scope, as in
 :data:`WRITERS`). ``tests/test_hostile_module_writers.py`` finds the modules with a parser,
