@@ -121,10 +121,34 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ModelLoadError(f"{cfg}: unreadable config.json ({exc})") from None
     check_config(data, cfg)
+    check_tokenizer(p)
     if not list(p.glob("model*.safetensors")):
         raise ModelLoadError(f"{p}: no model*.safetensors; mlx-lm needs safetensors weights")
     check_weights(p, data)
     return p
+
+
+def check_tokenizer(path: Path) -> None:
+    """``tokenizer.json``, when present, has the fields every Hugging Face ``tokenizers`` file
+    has (``model`` an object, ``added_tokens`` a list): ``{}`` or a truncated file is one line
+    naming it, not a ``KeyError`` from inside mlx-lm's tokenizer wrapper."""
+    import json
+
+    tok = path / "tokenizer.json"
+    if not tok.exists():
+        return
+    try:
+        data = json.loads(tok.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ModelLoadError(f"{tok}: unreadable tokenizer.json (JSON nested too deeply)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(f"{tok}: unreadable tokenizer.json ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{tok}: not a tokenizer (a JSON {type(data).__name__}, expected an object)")
+    for key, typ, what in (("model", dict, "an object"), ("added_tokens", list, "a list")):
+        if not isinstance(data.get(key), typ):
+            raise ModelLoadError(f"{tok}: not a Hugging Face tokenizers file: '{key}' "
+                                 f"{'missing' if key not in data else 'is not ' + what}")
 
 
 INDEX = "model.safetensors.index.json"
@@ -174,6 +198,14 @@ def check_weights(path: str | os.PathLike[str], config: dict[str, Any]) -> dict[
         except WeightsError as exc:
             raise ModelLoadError(str(exc)) from None
     cfg_path = p / "config.json"
+    packed = sorted(n[: -len(".scales")] for n in tensors if n.endswith(".scales")
+                    and tensors.get(n[: -len(".scales")] + ".weight", {}).get("dtype") == "U32")
+    nested_cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    if packed and not any(k in c for c in (config, nested_cfg) for k in ("quantization", "quantization_config")):
+        raise ModelLoadError(f"{cfg_path}: no 'quantization' block, but the weights are quantized "
+                             f"({len(packed)} packed tensor(s) with scales, e.g. {packed[0]}.weight): mlx-lm "
+                             "would build an unquantized model; restore the config's quantization "
+                             "(bits, group_size)")
     layers = {int(m.group(1)) for n in tensors for m in [_LAYER.search(n)] if m}
     embed = next((t for n, t in sorted(tensors.items()) if _EMBED.match(n) and len(t["shape"]) == 2), None)
     norm = next((t for n, t in sorted(tensors.items()) if _NORM.match(n) and len(t["shape"]) == 1), None)

@@ -473,23 +473,60 @@ def write_scoreboard(d: Path, track: Callable[[Path], Any] | None = None) -> tup
     return md, ht
 
 
+PROG = "python -m reports.scoreboard"
+
+
+def is_scoreboard(p: Path) -> bool:
+    """A ``scoreboard.md``/``.html`` this module wrote (before output markers existed)."""
+    try:
+        with open(p, encoding="utf-8") as fh:
+            head = fh.read(200)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return head.startswith(("# Scoreboard:", "<!doctype html><html><head><meta charset='utf-8'><title>Scoreboard"))
+
+
+def _board_dir(text: str) -> Path:
+    """DIR: an existing folder of ``<engine>.json`` results (the scoreboard is written beside them)."""
+    import argparse
+
+    p = Path(text)
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a directory (DIR holds <engine>.json results)")
+    return p
+
+
+_board_dir.output = "beside"  # type: ignore[attr-defined]  # a writing argument (specparity.cli.outdir.MODULE_WRITERS)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
-    readme = None
-    if len(args) == 3 and args[1] == "--readme":
-        readme = Path(args[2])
-        args = args[:1]
-    if len(args) != 1 or not Path(args[0]).is_dir() or (readme is not None and not readme.is_file()):
-        print("usage: python -m reports.scoreboard DIR [--readme README.md]  (DIR holds <engine>.json results; "
-              "--readme rewrites the README's generated sections)", file=sys.stderr)
+    import argparse
+
+    from traces.outdir import UsageError, add_outputs
+
+    ap = argparse.ArgumentParser(prog=PROG, description="rebuild scoreboard.md/.html from DIR's <engine>.json "
+                                 "results; --readme rewrites the README's generated sections")
+    ap.add_argument("dir", type=_board_dir, metavar="DIR", help="holds <engine>.json results")
+    ap.add_argument("--readme", type=Path, default=None, metavar="README.md")
+    args = ap.parse_args(argv)
+    readme = args.readme
+    if readme is not None and not readme.is_file():
+        print(f"{PROG}: error: --readme {readme}: no such file", file=sys.stderr)
         return 2
-    md, ht = write_scoreboard(Path(args[0]))
+    try:  # the ownership mechanism: a user's scoreboard.md beside the results is never replaced
+        with add_outputs(args.dir, PROG, flag="DIR", what="scoreboard folder", recognise=is_scoreboard) as claim:
+            for name in ("scoreboard.md", "scoreboard.html"):
+                claim.check(args.dir / name)
+            md, ht = write_scoreboard(args.dir, claim.track)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     print(f"{md}\n{ht}")
     if readme is not None:
         from traces.io import atomic_write_text
 
         try:
-            new = update_readme(readme.read_text(encoding="utf-8"), load_results(Path(args[0])))
+            new = update_readme(readme.read_text(encoding="utf-8"), load_results(args.dir))
         except ValueError as exc:
             print(f"reports.scoreboard: {exc}", file=sys.stderr)
             return 2

@@ -26,11 +26,9 @@ from typing import Any
 
 import pandas as pd
 
-CELL = ["target", "drafter", "gamma"]
+from traces.outdir import LOCK_NAME, RUN_MARKER  # noqa: F401  (the run marker and lock: traces.outdir)
 
-RUN_MARKER = ".specparity-run.json"
-"""Written by ``specparity.cli.outdir.claim_run_dir``: run id, pid, state (running/complete/failed)."""
-LOCK_NAME = ".specparity.lock"
+CELL = ["target", "drafter", "gamma"]
 
 
 @dataclass

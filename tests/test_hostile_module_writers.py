@@ -41,10 +41,10 @@ class _Captured(Exception):
 
 
 def _modules() -> dict[str, Path]:
-    """``name`` -> file for every module of specparity/ (not the CLI's own subcommands, swept by
-    test_hostile_outdir.py) and tools/ whose ``main`` builds an argument parser."""
+    """``name`` -> file for every module of the project (not the CLI's own subcommands, swept by
+    test_hostile_outdir.py) whose ``main`` builds an argument parser."""
     found = {}
-    for base in ("specparity", "tools"):
+    for base in ("specparity", "tools", "zoo", "reports", "traces", "subjects", "oracles", "engine"):
         for f in sorted((ROOT / base).rglob("*.py")):
             rel = f.relative_to(ROOT)
             if rel.parts[:2] in (("specparity", "commands"), ("specparity", "cli")):
@@ -85,13 +85,13 @@ def module_writing_flags(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     found = {}
     for name in _modules():
         for a in _parser(name, monkeypatch)._actions:
-            if isinstance(a, argparse._HelpAction) or not a.option_strings:
+            if isinstance(a, argparse._HelpAction):
                 continue
-            key = f"{name} {a.option_strings[-1]}"
+            key = f"{name} {a.option_strings[-1] if a.option_strings else a.dest}"
             kind = getattr(a.type, "output", None)
             if kind is not None:
                 found[key] = kind
-            elif re.search(_OUTPUTISH, " ".join(a.option_strings), re.I) and key not in NOT_WRITERS:
+            elif re.search(_OUTPUTISH, " ".join(a.option_strings) or a.dest, re.I) and key not in NOT_WRITERS:
                 found[key] = "UNDECLARED"
     return found
 
@@ -102,7 +102,7 @@ def test_the_enumeration_finds_the_writers(monkeypatch: pytest.MonkeyPatch) -> N
 
     mods = _modules()
     assert {"specparity.grading.engines", "specparity.grading.vlm_batched", "tools/mutation.py",
-            "specparity.measure.bench_batched"} <= set(mods)
+            "specparity.measure.bench_batched", "zoo.build", "zoo.train", "reports.scoreboard"} <= set(mods)
     found = module_writing_flags(monkeypatch)
     assert set(found) == set(MODULE_WRITERS), sorted(set(found) ^ set(MODULE_WRITERS))
 
@@ -172,7 +172,28 @@ def _bench_batched(d: Path, m: pytest.MonkeyPatch) -> tuple[list[str], str]:
     return ["--json", str(d / "bench.json")], "bench.json"
 
 
+def _zoo_build(d: Path, m: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    mod = _load("zoo.build")
+    m.setattr(mod, "write_model", _boom)
+    return ["--out", str(d)], "notes.txt"
+
+
+def _zoo_train(d: Path, m: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    mod = _load("zoo.train")
+    m.setattr(mod, "_train", _boom)
+    return ["--out", str(d)], "manifest.json"
+
+
+def _scoreboard(d: Path, m: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    mod = _load("reports.scoreboard")
+    m.setattr(mod, "load_results", _boom)
+    return [str(d)], "scoreboard.md"
+
+
 SWEEP: dict[str, Callable[[Path, pytest.MonkeyPatch], tuple[list[str], str]]] = {
+    "zoo.build --out": _zoo_build,
+    "zoo.train --out": _zoo_train,
+    "reports.scoreboard dir": _scoreboard,
     "specparity.grading.engines --out": _engines,
     "specparity.grading.http_servers --out": _servers,
     "specparity.grading.native_mtp_conventions --out": _conventions,
@@ -226,8 +247,11 @@ def test_a_file_where_a_folder_goes_is_refused_at_parse_time(key: str, tmp_path:
     d = tmp_path / "dest"
     argv, _ = SWEEP[key](d, monkeypatch)
     flag = key.split()[1]
-    i = argv.index(flag)
-    argv[i + 1] = str(afile / "sub" if MODULE_WRITERS[key] == "file" else afile)
+    bad = str(afile / "sub" if MODULE_WRITERS[key] == "file" else afile)
+    if flag.startswith("-"):
+        argv[argv.index(flag) + 1] = bad
+    else:  # a positional destination
+        argv[argv.index(str(d))] = bad
     mod = _load(key.split()[0])
     with pytest.raises(SystemExit) as exc:
         mod.main(argv)

@@ -192,7 +192,7 @@ def test_run_out_a_big_folder_is_refused_without_walking_it_all(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         no_jobs: None) -> None:
     """``--out ~``: refused after the first 1000 foreign files, the rest never walked."""
-    from specparity.cli import outdir
+    from traces import outdir
 
     home = tmp_path / "home"
     for i in range(30):

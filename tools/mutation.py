@@ -110,7 +110,7 @@ def check_file(path: Path, where: str, rel: str, root: Path = ROOT, tracked: set
     if root.resolve() not in real.parents:
         raise CatalogueError(f"{path}: {where}: file {rel!r} resolves to {real}, outside the tree ({root})")
     norm = p.as_posix()
-    if tracked is not None and tracked and norm not in tracked:
+    if (tracked and norm not in tracked) or not real.is_file():  # tracked: git ls-files (none in a scratch copy)
         raise CatalogueError(f"{path}: {where}: file {rel!r} is not a file of this tree (git ls-files)")
     return norm
 
@@ -222,8 +222,9 @@ def scratch_tree(root: Path = ROOT) -> Path:
     remove_stale_scratch()
     dest = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     (dest / PID_FILE).write_text(f"{os.getpid()}\n")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
+    files = sorted(_tracked(root)) or [  # not a git checkout (a scratch copy): every file but caches
+        p.relative_to(root).as_posix() for p in root.rglob("*")
+        if p.is_file() and not {"__pycache__", ".git", "runs", ".ci"} & set(p.relative_to(root).parts)]
     for f in files:
         src = root / f
         if src.is_file():

@@ -25,7 +25,7 @@ import argparse
 import hashlib
 import json
 import math
-import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,28 +324,37 @@ def build_manifest() -> dict[str, Any]:
     return {"format": 1, "tokenizer_sha256": tokenizer_digest(), "models": models}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+PROG = "python -m zoo.build"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from traces.outdir import UsageError, add_outputs, output_dir_arg, publish_tree
+
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--update-manifest", action="store_true", help="rewrite manifest.json")
-    ap.add_argument("--out", type=Path, help="build all models into this dir")
+    ap.add_argument("--out", type=output_dir_arg,
+                    help="build all models into this dir (a new folder, or one this command wrote)")
     args = ap.parse_args(argv)
     if args.update_manifest:
         MANIFEST_FILE.write_bytes(json_bytes(build_manifest()))
         print(f"wrote {MANIFEST_FILE}")
     if args.out:
-        for name in MODEL_NAMES:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=args.out))
-            write_model(name, tmp)
-            if (args.out / name).exists():
-                shutil.rmtree(args.out / name)
-            tmp.rename(args.out / name)
-            print(f"built {args.out / name}")
+        try:  # the ownership mechanism: a folder holding files nobody of ours wrote is refused first
+            with add_outputs(args.out, PROG, flag="--out", own_folder=True) as claim:
+                for name in MODEL_NAMES:
+                    with tempfile.TemporaryDirectory(prefix=f"specparity-zoo-{name}-") as tmp:
+                        publish_tree(claim, write_model(name, Path(tmp) / name), args.out / name)
+                    print(f"built {args.out / name}")
+        except UsageError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
     if not (args.update_manifest or args.out):
         from zoo import model_dir
 
         for name in MODEL_NAMES:
             print(f"{name}: {model_dir(name)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

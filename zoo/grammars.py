@@ -174,18 +174,19 @@ def ref_from_header(block: dict[str, Any]) -> str:
     from engine.grammar import GrammarError, GrammarSpec
 
     kind, name, text = block.get("kind"), str(block.get("name") or "grammar"), block.get("text")
+    shown = name if len(name) <= 80 else f"{name[:60]}…({len(name)} characters)"
     if name in GRAMMARS and spec(name).digest == block.get("sha256"):
         return name
     if not isinstance(text, str) or kind not in _SUFFIX:
-        raise GrammarError(f"trace header params.grammar {name!r}: no grammar text to re-run it with")
+        raise GrammarError(f"trace header params.grammar {shown!r}: no grammar text to re-run it with")
     g = GrammarSpec(str(kind), text, name)
     if g.digest != block.get("sha256"):
-        raise GrammarError(f"trace header params.grammar {name!r}: its text does not match its sha256")
+        raise GrammarError(f"trace header params.grammar {shown!r}: its text does not match its sha256")
     from traces import env
 
     root = env.get("SPECPARITY_CACHE_DIR", Path.home() / ".cache" / "specparity")
     path = root / "grammars" / hashlib.sha256(g.digest.encode()).hexdigest()[:16] / (
-        "".join(c if c.isalnum() or c in "-_." else "_" for c in name) + _SUFFIX[str(kind)])
+        "".join(c if c.isalnum() or c in "-_." else "_" for c in name[:100]) + _SUFFIX[str(kind)])
     if not path.exists():  # a unique temp name: concurrent writers (parallel test workers) never share one
         from traces.io import atomic_write_text
 

@@ -25,7 +25,6 @@ import hashlib
 import inspect
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -267,16 +266,54 @@ def measure_engine_acceptance(target_dir: Path, drafter_dir: Path, gamma: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import mlx.core as mx
-    import numpy as np
+    from traces.outdir import UsageError, add_outputs, output_dir_arg
 
-    from zoo import config_digest, weights_digest
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=TRAINED_ROOT)
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=output_dir_arg, default=TRAINED_ROOT,
+                    help="the trained pair's folder (default zoo/trained; a new folder, or one this command wrote)")
     ap.add_argument("--only", choices=sorted(SPECS), action="append",
                     help="retrain only this model (repeatable); the others are kept as they are")
     args = ap.parse_args(argv)
+    try:  # the ownership mechanism: refused before any training if a file it replaces is not ours
+        with add_outputs(args.out, PROG, flag="--out", recognise=lambda p: _trained_output(args.out, p)) as claim:
+            claim.check(args.out / "manifest.json")
+            for name in set(args.only or SPECS):
+                for f in sorted((args.out / name).rglob("*")) if (args.out / name).is_dir() else ():
+                    claim.check(f)
+            return _train(args, claim)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+PROG = "python -m zoo.train"
+TRAINED_FILES = frozenset({"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json"})
+
+
+def _trained_output(out: Path, p: Path) -> bool:
+    """A file of the layout this command writes (before output markers existed: zoo/trained)."""
+    try:
+        rel = p.relative_to(out).parts
+    except ValueError:
+        return False
+    if rel == ("manifest.json",):
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return False
+        return isinstance(doc, dict) and {"pair", "models"} <= set(doc)
+    return len(rel) == 2 and rel[0] in SPECS and rel[1] in TRAINED_FILES
+
+
+def _train(args: argparse.Namespace, claim: Any) -> int:
+    import tempfile
+
+    import mlx.core as mx
+    import numpy as np
+
+    from traces.outdir import publish_tree
+    from zoo import config_digest, weights_digest
     only = set(args.only or SPECS)
     old = json.loads((args.out / "manifest.json").read_text()) if only != set(SPECS) else None
     if sys.version_info[:2] != (3, 11):
@@ -294,10 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             records[name] = {k: old["models"][name][k]
                              for k in ("train_loss_last50", "val_loss", "train_seconds", "params")}
             continue
-        d = args.out / name
-        if d.exists():
-            shutil.rmtree(d)
-        records[name] = train_one(s, train, val, d, log=lambda m: print(m, file=sys.stderr))
+        with tempfile.TemporaryDirectory(prefix=f"specparity-train-{name}-") as tmp:
+            records[name] = train_one(s, train, val, Path(tmp) / name, log=lambda m: print(m, file=sys.stderr))
+            publish_tree(claim, Path(tmp) / name, args.out / name)
     acc = measure_engine_acceptance(args.out / TARGET_NAME, args.out / DRAFTER_NAME)
     print(f"engine greedy acceptance: {acc}", file=sys.stderr)
     tok_sha = hashlib.sha256(TOKENIZER_FILE.read_bytes()).hexdigest()
@@ -318,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in SPECS
         },
     }
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    from traces.io import atomic_write_text
+
+    atomic_write_text(claim.track(args.out / "manifest.json"), json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest["pair"], indent=2))
     return 0
 

@@ -25,15 +25,12 @@ from typing import Any
 
 import traces.io as _io
 import traces.records as _records
+from traces.outdir import UsageError  # bad input: exit 2 (one class for every layer)
 
 MAX_TOKENS_LIMIT = 1_000_000
 """``--max-tokens`` above this is refused (no model here has that context)."""
 MAX_TOKENS_WARN = 32_768
 """``--max-tokens`` above this is accepted with a warning on stderr."""
-
-
-class UsageError(ValueError):
-    """Bad input from the user (a flag, a file, a directory): exit status 2."""
 
 
 class RunFailed(RuntimeError):

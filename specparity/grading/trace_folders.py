@@ -129,6 +129,29 @@ def _find_model(ref: dict[str, Any] | None, trace_path: Path, root: Path, what: 
                      f"{', '.join(str(c) for c in cands)})")
 
 
+def _check_vocab(params: dict[str, Any], tpath: Path, trace_path: Path) -> None:
+    """A header's ``logit_bias`` ids (and stop-sequence ids) inside the target's vocabulary
+    (``config.json`` ``vocab_size``), checked before the model loads."""
+    import json
+
+    lp = params.get("logits_processors")
+    ids = [t for t, _ in (lp.get("logit_bias") or ())] if isinstance(lp, dict) else []
+    if not ids:
+        return
+    from specparity.cases.prompts import model_limits
+
+    try:
+        cfg = json.loads((tpath / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the model load says why, in one line
+    vocab, _ = model_limits(cfg) if isinstance(cfg, dict) else (None, None)
+    bad = sorted({int(t) for t in ids if isinstance(t, int) and vocab is not None and not 0 <= t < vocab})
+    if bad:
+        raise GradeError(f"{trace_path}: header.params.logits_processors.logit_bias: token id(s) "
+                         f"{', '.join(map(str, bad[:5]))} outside the target's vocabulary (size {vocab}, "
+                         f"{tpath / 'config.json'})")
+
+
 def _check_identity(path: Path, ref: dict[str, Any], trace_path: Path, what: str) -> None:
     from specparity.runners import model_identity
 
@@ -161,6 +184,7 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
                              f"harness knows ({', '.join(s for s in engine.sources if s != registry.PLAIN)})")
     p = header["params"]
     eos = tuple(int(t) for t in header["eos_ids"])
+    _check_vocab(p, tpath, trace_path)  # before the model loads: the file named, one line
     tok_eos = load_model(str(tpath)).eos_ids
     drafter: str | None = None
     if spec:
@@ -401,6 +425,19 @@ def _grammar_problems(block: Any) -> list[tuple[str, str]]:
     return out
 
 
+def _is_batch_trace(path: Path) -> bool:
+    """Whether a (validated) ``*.jsonl`` is a batch trace: its first record a ``batch_step``."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            first = fh.readline(1 << 20)
+        rec = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("type") == "batch_step"
+
+
 def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
     """Validate and read every trace under ``trace_dir``; the cases they name."""
     from traces.validate import validate_file
@@ -413,6 +450,12 @@ def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
                 for f in files for e in validate_file(f)]
     traces: list[tuple[Path, Trace]] = []
     if not problems:
+        # a batch trace (a run's batched/<case>/batch.jsonl: batch_step records) is valid but is
+        # no request's trace: validated above, not graded (its rows' own traces are)
+        files = [f for f in files if not _is_batch_trace(f)]
+        if not files:
+            raise GradeError(f"{trace_dir}: only batch traces (batch_step records) here, no request "
+                             "traces to grade")
         for f in files:
             tr = read_trace(f)
             problems += [f"{f}:1: {fld}: {msg}" for fld, msg in header_problems(tr.header)]
@@ -435,13 +478,18 @@ def collect(trace_dir: Path, out_dir: Path | None = None) -> list[Graded]:
 
 
 def _stem(case_id: str) -> str:
-    """A file stem for any engine's case id (a digest keeps sanitized ids distinct)."""
+    """A file stem for any engine's case id (a digest keeps sanitized or cut ids distinct; an id
+    longer than ``STEM_MAX_BYTES`` is cut: a 5,000-character id is a file name the OS refuses)."""
     import hashlib
 
     raw = case_id.replace("/", "__")
     safe = "".join(c if c.isalnum() or c in "-_.+=" else "_" for c in raw)
     safe = f"_{safe}" if safe.startswith(".") else safe  # never a hidden file
-    return safe if safe == raw else f"{safe[:120]}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"
+    from specparity.cases.case import STEM_MAX_BYTES
+
+    if safe == raw and len(safe.encode()) <= STEM_MAX_BYTES:  # the id itself (every short safe id)
+        return safe
+    return f"{safe[:120]}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"  # a long id: never ENAMETOOLONG
 
 
 def _relabel(records: list[dict[str, Any]], case_id: str) -> list[dict[str, Any]]:
