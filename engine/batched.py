@@ -9,14 +9,27 @@ opens it), one ``SamplingPipeline`` and one ``TokenStream`` per row (``executor.
 so the per-row sampler, processors history, min_tokens, grammar matcher and accounting are
 the serial executor's own objects. Per step (§2, every row its own round):
 
-1. each row drafts ``d_b <= n_b = min(gamma, tokens left)`` through its source;
+1. each row drafts ``d_b <= n_b = min(gamma, tokens left)``: the two-model rows of one drafter
+   together, ONE drafter forward per draft step for all of them (:class:`_Drafters`, below),
+   every other source per row (an n-gram lookup is host work, no device call);
 2. ONE target forward over the ``[B, W]`` block of every row's window ``[pending, *drafts]``,
    ``W = max_b (d_b + 1)``;
 3. each row's accept walk over ITS rows of the block (``logits[b, :d_b + 1]``), through its own
-   pipeline, all rows' samples read back in one sync;
-4. rollback per row: row ``b`` keeps ``k_b + 1`` of the ``W`` positions it wrote (the
-   uniform-B step broken on purpose, see below); its source commits ``(d_b, k_b)``;
+   pipeline, every row's samples, drafts and margins read back in ONE sync (one host transfer
+   each);
+4. rollback of every row in one operation per cache layer: row ``b`` keeps ``k_b + 1`` of the
+   ``W`` positions it wrote (the uniform-B step broken on purpose, see below); the drafter
+   batch rolls back likewise; any other source commits ``(d_b, k_b)`` itself;
 5. rows that finished release their slot (reset), rows that arrive are prefilled and join.
+
+**Batched drafting** (:class:`_Drafters`): a two-model row whose drafter caches are all plain
+``KVCache`` and whose sampler has no logits processors keeps its drafter caches in a batch of
+that drafter (the same left-padded layout as the target's). The first draft step runs over the
+right-padded feeds and rolls the pad off; each further step feeds every row its previous draft;
+a row that drafts fewer (fewer tokens left) stops drawing and drops the extra positions at the
+commit, in the one rollback that also applies mlx-lm's ``_rewind_cache`` trim. Each row draws
+on its own logits row with its own sampler and generator: its serial draws. Rows that draft
+per row say why (``BatchResult.drafting``; the benches print it).
 
 **Layout: left-padded caches, right-padded windows.** mlx-lm's batched caches
 (``models/cache.py`` ``BatchKVCache``, ``BatchRotatingKVCache``, the batched ``ArraysCache``)
@@ -119,7 +132,8 @@ from engine.seam import DraftProvider, DraftSource, PrefillMode, TargetView
 from engine.stream import SPEC_PREFILL_STEP, OnToken
 from engine.telemetry import active_profile, cache_arrays
 
-__all__ = ["NO_BATCH_OBSERVER", "PAD_ID", "BatchObserver", "BatchRequest", "BatchResult", "RowRng", "batch_generate", "batch_record", "serial_reason"]
+__all__ = ["NO_BATCH_OBSERVER", "PAD_ID", "BatchObserver", "BatchRequest", "BatchResult", "RowRng", "batch_generate",
+           "batch_record", "drafter_reason", "serial_reason"]
 
 PAD_ID = 0  # the token a short window is right-padded with (never sampled, always dropped)
 
@@ -470,17 +484,39 @@ def _empty_ring(c: Any) -> Any:
     return RotatingKVCache(int(c.max_size))
 
 
+def _lp_known(c: Any) -> list[int] | None:
+    """The host copy of ``c.left_padding`` while it is the array it was taken from (None: unknown).
+
+    The per-round rollback keeps it current (:func:`_roll_rows`, :func:`_drop_common_padding`), so
+    a steady batch reads no padding back; a join, release or compaction replaces the array and
+    the next rollback reads every layer's padding in one transfer."""
+    if _is_rot(c):
+        return None  # mlx-lm's rotating update may shift the padding in place: always read
+    m = getattr(c, "_lp_mirror", None)
+    return m[1] if m is not None and m[0] is c.left_padding else None
+
+
+def _lp_set(c: Any, values: list[int]) -> None:
+    c._lp_mirror = (c.left_padding, values)
+
+
 def _drop_common_padding(caches: list[Any]) -> None:
     """Cut the padding every row has (``BatchKVCache.filter``'s left shift): the write index
     stays at the longest row, so a rotating batch never reaches its ring through padding alone
     (mlx-lm's concatenating update would cut its front, after which a trim no longer matches
-    its mask). Every layer's smallest padding is read back in ONE host transfer."""
+    its mask). The padding is known on the host (:func:`_lp_known`) or read for every layer in
+    one transfer."""
     live = [c for c in caches if c.keys is not None and not (_is_rot(c) and c.rotated)]
-    if not live:
-        return
-    mins = cast(list, mx.stack([mx.min(c.left_padding) for c in live]).tolist())
-    for c, m in zip(live, mins, strict=True):
-        m = int(m)
+    unknown = [c for c in live if _lp_known(c) is None]
+    read = {id(c): [int(v) for v in vals] for c, vals in
+            zip(unknown, cast(list, mx.stack([c.left_padding for c in unknown]).tolist()) if unknown else [],
+                strict=True)}
+    for c in live:
+        known = _lp_known(c)
+        if known is None:
+            known = read[id(c)]
+            _lp_set(c, known)
+        m = min(known)
         if m <= 0:
             continue
         c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
@@ -488,6 +524,7 @@ def _drop_common_padding(caches: list[Any]) -> None:
         if _is_rot(c):
             c._offset -= m
         c.left_padding = c.left_padding - m
+        _lp_set(c, [v - m for v in known])
 
 
 def _roll_rows(c: Any, extra: list[int]) -> None:
@@ -495,11 +532,14 @@ def _roll_rows(c: Any, extra: list[int]) -> None:
     becomes left padding (``BatchKVCache.finalize``'s right-padding move)."""
     from mlx_lm.models.cache import dynamic_roll
 
+    known = _lp_known(c)
     e = mx.array(extra)
     c.keys = dynamic_roll(c.keys, e[:, None], axis=2)
     c.values = dynamic_roll(c.values, e[:, None], axis=2)
     c.offset = c.offset - e
     c.left_padding = c.left_padding + e
+    if known is not None:
+        _lp_set(c, [v + x for v, x in zip(known, extra, strict=True)])
 
 
 def _place(c: Any, slot: int, r: Any, nslots: int) -> None:
