@@ -478,14 +478,18 @@ def spec_generate(
             block = logits[0, -(d + 1) :, :]
             samples_arr = req.pipe.window_samples(block, window)
             margins_arr = margin_array(block)
-            mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []),
-                    *([drafts_arr] if drafts_arr is not None else []))
+            # the round's one sync; the samples and the lazy drafts come back in one transfer
+            ids_arr = samples_arr if drafts_arr is None else mx.concatenate(
+                [samples_arr.astype(mx.uint32).reshape(-1), drafts_arr.astype(mx.uint32).reshape(-1)])
+            mx.eval(ids_arr, *([margins_arr] if margins_arr is not None else []))
+        ids = token_ids(ids_arr)
+        n_samples = samples_arr.size
+        samples = ids[:n_samples]
         if drafts_arr is not None:
-            drafts = token_ids(drafts_arr)
+            drafts = ids[n_samples:]
             window = pending + drafts
         observer.after_verify(round_index, window, block, caches)
         margins = margins_list(margins_arr, d + 1)
-        samples = token_ids(samples_arr)
         if prof is not None:
             prof.lap("sync")
 
