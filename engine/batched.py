@@ -853,12 +853,25 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
     logits = batch.forward(inputs)
     if prof is not None:
         prof.lap("forward", logits)
+    # every row's margins in one call over the block (top-2 per logits row: no row reads another)
+    vocab = int(logits.shape[-1])
+    all_margins = margin_array(logits.reshape(-1, vocab))
+    all_margins = None if all_margins is None else all_margins.reshape(len(plans), width)
+    # the rows whose window draw is plain greedy (argmax of the log-softmax, nothing else): one call
+    greedy = _greedy_group([p.row for p in plans])
+    if greedy:
+        pick = logits if len(greedy) == len(plans) else logits[mx.array(greedy)]
+        flat = pick.reshape(-1, vocab)
+        drawn = greedy_draw(flat).reshape(len(greedy), width)
+        for j, b in enumerate(greedy):
+            plans[b].samples = drawn[j, : plans[b].d + 1]
     for b, p in enumerate(plans):
-        block = logits[b, : p.d + 1, :]
-        window = p.row.pending + p.drafts
-        with _row_rng(p.row):
-            p.samples = p.row.req.pipe.window_samples(block, window)
-        p.margins = margin_array(block)
+        if p.samples is None:
+            block = logits[b, : p.d + 1, :]
+            window = p.row.pending + p.drafts
+            with _row_rng(p.row):
+                p.samples = p.row.req.pipe.window_samples(block, window)
+        p.margins = None if all_margins is None else all_margins[b, : p.d + 1]
     # the step's one sync, every row's samples, drafts and margins in one host transfer each
     ids = mx.concatenate([p.samples.astype(mx.uint32).reshape(-1) for p in plans if p.samples is not None]
                          + [p.drafts_arr.astype(mx.uint32).reshape(-1) for p in plans if p.drafts_arr is not None])
@@ -942,6 +955,29 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
         prof.lap("records")
         prof.end_round(len(plans))
     return entries, width
+
+
+def _plain_greedy(row: _Row) -> bool:
+    """Whether the row's every draw is mlx-lm's greedy sampler on the log-softmax alone (no
+    processors, grammar, min_tokens, position keys, temperature): then rows draw together."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    pipe, sampler = row.req.pipe, row.req.sampler
+    return (sampler.greedy and sampler.draw_fn is greedy_sampler and not sampler.has_processors
+            and pipe.stateless and not pipe.row_wise)
+
+
+def _greedy_group(rows: list[_Row]) -> list[int]:
+    """The indices of ``rows`` that draw plain greedy (:func:`_plain_greedy`)."""
+    return [i for i, r in enumerate(rows) if _plain_greedy(r)]
+
+
+def greedy_draw(logits: mx.array) -> mx.array:
+    """mlx-lm's greedy draw on every row of ``[m, V]`` logits: ``argmax(logits - logsumexp)``
+    (``_process_and_sample`` + ``greedy_sampler``); each row's result is its own row's alone."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    return greedy_sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
 
 
 def _source_arrays(source: DraftSource | None) -> list[Any]:
@@ -1056,7 +1092,9 @@ class _Drafters:
         steps = max(ns)
         inputs = mx.array([f + [PAD_ID] * (width - len(f)) for f in feeds], mx.uint32)
         logits = b.forward(inputs)
-        ys = [self._sample(r, logits[i : i + 1, len(f) - 1 : len(f), :]) for i, (r, f) in enumerate(zip(rows, feeds, strict=True))]
+        greedy = _greedy_group(rows)
+        last = mx.array([len(f) - 1 for f in feeds])
+        ys = self._draws(rows, greedy, logits[mx.arange(len(rows)), last][:, None, :], [True] * len(rows))
         if width > min(len(f) for f in feeds):
             b.rollback([len(f) for f in feeds], width, drop_padding=False)
         drafts: list[list[mx.array]] = [[y] for y in ys]
@@ -1065,11 +1103,29 @@ class _Drafters:
             logits = b.forward(y)
             # a row past its own n draws nothing more (its generator must not move): it re-feeds
             # its last draft, and the commit drops those positions
-            ys = [self._sample(r, logits[i : i + 1, -1:, :]) if t < ns[i] else ys[i] for i, r in enumerate(rows)]
+            live = [t < n for n in ns]
+            got = self._draws(rows, greedy, logits[:, -1:, :], live)
+            ys = [g if ok else ys[i] for i, (g, ok) in enumerate(zip(got, live, strict=True))]
             for i, y_i in enumerate(ys):
-                if t < ns[i]:
+                if live[i]:
                     drafts[i].append(y_i)
         return {r.rid: mx.concatenate(drafts[i]) for i, r in enumerate(rows)}
+
+    def _draws(self, rows: list[_Row], greedy: list[int], logits: mx.array, live: list[bool]) -> list[mx.array]:
+        """Every row's draw on its ``[1, 1, V]`` row of ``logits [B, 1, V]``: the plain greedy
+        rows in one call, each other live row through its own sampler and generator (a row
+        that is not live draws nothing: its entry is a placeholder the caller drops)."""
+        out: list[mx.array | None] = [None] * len(rows)
+        if greedy:
+            pick = logits if len(greedy) == len(rows) else logits[mx.array(greedy)]
+            drawn = greedy_draw(pick.reshape(len(greedy), -1))
+            mx.async_eval(drawn)
+            for j, i in enumerate(greedy):
+                out[i] = drawn[j : j + 1]
+        for i, r in enumerate(rows):
+            if out[i] is None:
+                out[i] = self._sample(r, logits[i : i + 1]) if live[i] else mx.zeros((1,), mx.uint32)
+        return cast(list, out)
 
     @staticmethod
     def _sample(row: _Row, logits: mx.array) -> mx.array:
