@@ -652,19 +652,21 @@ def batch_record(index: int, width: int, entries: list[dict[str, Any]], joined: 
 
 
 def batch_generate(target_model: Any, requests: list[BatchRequest], *, max_batch: int | None = None,
-                   observer: BatchObserver | None = None) -> BatchResult:
+                   observer: BatchObserver | None = None, batch_drafts: bool = True) -> BatchResult:
     """Run ``requests`` as one batch (module docstring); each row's result is its serial run's.
 
     ``max_batch``: the most rows in the batch at once (None: no limit); arrivals beyond it
     wait, in request order, for a slot. ``observer`` sees every row's verify block. Runs on
-    the serial executor's generation stream.
+    the serial executor's generation stream. ``batch_drafts=False``: every row drafts on its
+    own (B = 1 drafter forwards: on a backend that is not bit-exact its drafts are then its
+    serial run's drafts; batched, the drafter's arithmetic may depend on the batch).
     """
     with mx.stream(generation_stream()):
-        return _batch_generate(target_model, requests, max_batch, observer or NO_BATCH_OBSERVER)
+        return _batch_generate(target_model, requests, max_batch, observer or NO_BATCH_OBSERVER, batch_drafts)
 
 
 def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: int | None,
-                    observer: BatchObserver) -> BatchResult:
+                    observer: BatchObserver, batch_drafts: bool = True) -> BatchResult:
     if max_batch is not None and max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     ids = [r.rid for r in requests]
@@ -678,7 +680,7 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
     steps: list[dict[str, Any]] = []
     lanes: dict[str, str] = {}
     drafting: dict[str, str] = {}
-    drafters = _Drafters()
+    drafters = _Drafters(batch_drafts)
     step = 0
     while waiting or batch.rows or paused:
         ts = time.perf_counter()
@@ -715,7 +717,7 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
                 continue
             batch.join(row, row.req.caches)
             assert row.source is not None
-            why = drafter_reason(row.source, row.req.sampler)
+            why = drafter_reason(row.source, row.req.sampler) if batch_drafts else "batch_drafts=False"
             drafting[row.rid] = "batched" if drafters.admit(row) else f"per row: {why}"
             joined.append(row.rid)
         batch.compact()
@@ -1026,7 +1028,8 @@ class _Drafters:
     on its own logits row, under its own generator (:class:`RowRng`): the serial run's draws.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.batches: dict[int, _Batch] = {}
         self.of: dict[str, _Batch] = {}
 
@@ -1036,7 +1039,7 @@ class _Drafters:
     def admit(self, row: _Row) -> bool:
         """Place a joining row's drafter caches in its drafter's batch (False: it drafts alone)."""
         source = row.source
-        if source is None or drafter_reason(source, row.req.sampler) is not None:
+        if not self.enabled or source is None or drafter_reason(source, row.req.sampler) is not None:
             return False
         model = cast(Any, source).model
         b = self.batches.setdefault(id(model), _Batch(model))
