@@ -115,6 +115,7 @@ from engine.executor import (
     set_rotating,
     source_confidence,
     source_guard,
+    source_state,
     spec_generate,
     tap_set,
 )
@@ -928,7 +929,7 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
             with _row_rng(p.row):
                 p.row.source.commit(p.d, walk.k_accept, None, None, p.drafts[: walk.k_accept])
     if prof is not None:
-        prof.lap("commit", drafters.arrays(), *[_source_arrays(p.row.source) for p in plans if p.drafter is None])
+        prof.lap("commit", drafters.arrays(), *[source_state(p.row.source) for p in plans if p.drafter is None])
     entries: list[dict[str, Any]] = []
     rids = [p.row.rid for p in plans]
     for b, (p, walk) in enumerate(zip(plans, walks, strict=True)):
@@ -980,11 +981,6 @@ def greedy_draw(logits: mx.array) -> mx.array:
     from mlx_lm.sample_utils import greedy_sampler
 
     return greedy_sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
-
-
-def _source_arrays(source: DraftSource | None) -> list[Any]:
-    caches = getattr(source, "caches", None)
-    return cache_arrays(caches) if isinstance(caches, list) else []
 
 
 # ---------------------------------------------------------------------- batched drafting

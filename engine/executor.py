@@ -506,7 +506,7 @@ def spec_generate(
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         if prof is not None:
-            prof.lap("commit", *_source_state(source))
+            prof.lap("commit", source_state(source))
         req.counters.record_round(d, k)
         reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
         req.records.append(round_record(req, source, round_index, feed, drafts, window, walk, margins,
@@ -596,9 +596,10 @@ def _lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, 
     return hook
 
 
-def _source_state(source: DraftSource) -> list[Any]:
-    """The arrays a source's caches hold (the profile's commit boundary; none for model-free sources)."""
-    caches = getattr(source, "caches", None)
+def source_state(source: DraftSource | None) -> list[Any]:
+    """The arrays a source's own caches hold (the profile's commit boundary): read from the
+    instance's attributes, not a seam hook; none for a model-free source."""
+    caches = vars(source).get("caches") if source is not None and hasattr(source, "__dict__") else None
     return cache_arrays(caches) if isinstance(caches, list) else []
 
 
