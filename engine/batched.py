@@ -653,21 +653,23 @@ def batch_record(index: int, width: int, entries: list[dict[str, Any]], joined: 
 
 
 def batch_generate(target_model: Any, requests: list[BatchRequest], *, max_batch: int | None = None,
-                   observer: BatchObserver | None = None, batch_drafts: bool = True) -> BatchResult:
+                   observer: BatchObserver | None = None, batch_drafts: bool | None = None) -> BatchResult:
     """Run ``requests`` as one batch (module docstring); each row's result is its serial run's.
 
     ``max_batch``: the most rows in the batch at once (None: no limit); arrivals beyond it
     wait, in request order, for a slot. ``observer`` sees every row's verify block. Runs on
-    the serial executor's generation stream. ``batch_drafts=False``: every row drafts on its
-    own (B = 1 drafter forwards: on a backend that is not bit-exact its drafts are then its
-    serial run's drafts; batched, the drafter's arithmetic may depend on the batch).
+    the serial executor's generation stream. ``batch_drafts``: whether the two-model rows draft
+    as one batch (:class:`_Drafters`); None (default): where the backend is bit-exact
+    (``engine.backend.arithmetic``), so that off it each row's drafts stay its serial run's
+    (a batched drafter forward's arithmetic may depend on the batch, moving drafts and rounds,
+    never tokens); True opts in everywhere (the throughput bench), False never.
     """
     with mx.stream(generation_stream()):
         return _batch_generate(target_model, requests, max_batch, observer or NO_BATCH_OBSERVER, batch_drafts)
 
 
 def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: int | None,
-                    observer: BatchObserver, batch_drafts: bool = True) -> BatchResult:
+                    observer: BatchObserver, batch_drafts: bool | None = None) -> BatchResult:
     if max_batch is not None and max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     ids = [r.rid for r in requests]
@@ -681,6 +683,13 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
     steps: list[dict[str, Any]] = []
     lanes: dict[str, str] = {}
     drafting: dict[str, str] = {}
+    if batch_drafts is None:
+        from engine.backend import arithmetic
+
+        batch_drafts = arithmetic(target_model).exact
+        off_why = "the backend is not bit-exact (batch_drafts=True opts in)"
+    else:
+        off_why = "batch_drafts=False"
     drafters = _Drafters(batch_drafts)
     step = 0
     while waiting or batch.rows or paused:
@@ -718,7 +727,7 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
                 continue
             batch.join(row, row.req.caches)
             assert row.source is not None
-            why = drafter_reason(row.source, row.req.sampler) if batch_drafts else "batch_drafts=False"
+            why = drafter_reason(row.source, row.req.sampler) if batch_drafts else off_why
             drafting[row.rid] = "batched" if drafters.admit(row) else f"per row: {why}"
             joined.append(row.rid)
         batch.compact()

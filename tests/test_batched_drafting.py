@@ -142,3 +142,14 @@ def test_batch_drafts_off_drafts_per_row(llama: Any, twin: Any, monkeypatch: pyt
     assert set(counting.batch_sizes) == {1}, counting.batch_sizes
     divs = check_rows(llama, reqs, res)
     assert not divs, "\n".join(d.message for d in divs)
+
+
+def test_off_a_bit_exact_backend_rows_draft_alone_unless_asked(twin: Any) -> None:
+    from engine.nonexact import emulate_nonexact
+    from specparity.runners import load_model
+
+    noisy = emulate_nonexact(load_model(str(zoo.model_dir("llama"))).model, 0.01)
+    res = batch_generate(noisy, _rows(twin, n=2))
+    assert all(v.startswith("per row: the backend is not bit-exact") for v in res.drafting.values()), res.drafting
+    res = batch_generate(noisy, _rows(twin, n=2), batch_drafts=True)
+    assert set(res.drafting.values()) == {"batched"}, res.drafting
