@@ -9,14 +9,27 @@ opens it), one ``SamplingPipeline`` and one ``TokenStream`` per row (``executor.
 so the per-row sampler, processors history, min_tokens, grammar matcher and accounting are
 the serial executor's own objects. Per step (§2, every row its own round):
 
-1. each row drafts ``d_b <= n_b = min(gamma, tokens left)`` through its source;
+1. each row drafts ``d_b <= n_b = min(gamma, tokens left)``: the two-model rows of one drafter
+   together, ONE drafter forward per draft step for all of them (:class:`_Drafters`, below),
+   every other source per row (an n-gram lookup is host work, no device call);
 2. ONE target forward over the ``[B, W]`` block of every row's window ``[pending, *drafts]``,
    ``W = max_b (d_b + 1)``;
 3. each row's accept walk over ITS rows of the block (``logits[b, :d_b + 1]``), through its own
-   pipeline, all rows' samples read back in one sync;
-4. rollback per row: row ``b`` keeps ``k_b + 1`` of the ``W`` positions it wrote (the
-   uniform-B step broken on purpose, see below); its source commits ``(d_b, k_b)``;
+   pipeline, every row's samples, drafts and margins read back in ONE sync (one host transfer
+   each);
+4. rollback of every row in one operation per cache layer: row ``b`` keeps ``k_b + 1`` of the
+   ``W`` positions it wrote (the uniform-B step broken on purpose, see below); the drafter
+   batch rolls back likewise; any other source commits ``(d_b, k_b)`` itself;
 5. rows that finished release their slot (reset), rows that arrive are prefilled and join.
+
+**Batched drafting** (:class:`_Drafters`): a two-model row whose drafter caches are all plain
+``KVCache`` and whose sampler has no logits processors keeps its drafter caches in a batch of
+that drafter (the same left-padded layout as the target's). The first draft step runs over the
+right-padded feeds and rolls the pad off; each further step feeds every row its previous draft;
+a row that drafts fewer (fewer tokens left) stops drawing and drops the extra positions at the
+commit, in the one rollback that also applies mlx-lm's ``_rewind_cache`` trim. Each row draws
+on its own logits row with its own sampler and generator: its serial draws. Rows that draft
+per row say why (``BatchResult.drafting``; the benches print it).
 
 **Layout: left-padded caches, right-padded windows.** mlx-lm's batched caches
 (``models/cache.py`` ``BatchKVCache``, ``BatchRotatingKVCache``, the batched ``ArraysCache``)
@@ -102,6 +115,7 @@ from engine.executor import (
     set_rotating,
     source_confidence,
     source_guard,
+    source_state,
     spec_generate,
     tap_set,
 )
@@ -119,7 +133,8 @@ from engine.seam import DraftProvider, DraftSource, PrefillMode, TargetView
 from engine.stream import SPEC_PREFILL_STEP, OnToken
 from engine.telemetry import active_profile, cache_arrays
 
-__all__ = ["NO_BATCH_OBSERVER", "PAD_ID", "BatchObserver", "BatchRequest", "BatchResult", "RowRng", "batch_generate", "batch_record", "serial_reason"]
+__all__ = ["NO_BATCH_OBSERVER", "PAD_ID", "BatchObserver", "BatchRequest", "BatchResult", "RowRng", "batch_generate",
+           "batch_record", "drafter_reason", "serial_reason"]
 
 PAD_ID = 0  # the token a short window is right-padded with (never sampled, always dropped)
 
@@ -473,17 +488,39 @@ def _empty_ring(c: Any) -> Any:
     return RotatingKVCache(int(c.max_size))
 
 
+def _lp_known(c: Any) -> list[int] | None:
+    """The host copy of ``c.left_padding`` while it is the array it was taken from (None: unknown).
+
+    The per-round rollback keeps it current (:func:`_roll_rows`, :func:`_drop_common_padding`), so
+    a steady batch reads no padding back; a join, release or compaction replaces the array and
+    the next rollback reads every layer's padding in one transfer."""
+    if _is_rot(c):
+        return None  # mlx-lm's rotating update may shift the padding in place: always read
+    m = getattr(c, "_lp_mirror", None)
+    return m[1] if m is not None and m[0] is c.left_padding else None
+
+
+def _lp_set(c: Any, values: list[int]) -> None:
+    c._lp_mirror = (c.left_padding, values)
+
+
 def _drop_common_padding(caches: list[Any]) -> None:
     """Cut the padding every row has (``BatchKVCache.filter``'s left shift): the write index
     stays at the longest row, so a rotating batch never reaches its ring through padding alone
     (mlx-lm's concatenating update would cut its front, after which a trim no longer matches
-    its mask). Every layer's smallest padding is read back in ONE host transfer."""
+    its mask). The padding is known on the host (:func:`_lp_known`) or read for every layer in
+    one transfer."""
     live = [c for c in caches if c.keys is not None and not (_is_rot(c) and c.rotated)]
-    if not live:
-        return
-    mins = cast(list, mx.stack([mx.min(c.left_padding) for c in live]).tolist())
-    for c, m in zip(live, mins, strict=True):
-        m = int(m)
+    unknown = [c for c in live if _lp_known(c) is None]
+    read = {id(c): [int(v) for v in vals] for c, vals in
+            zip(unknown, cast(list, mx.stack([c.left_padding for c in unknown]).tolist()) if unknown else [],
+                strict=True)}
+    for c in live:
+        known = _lp_known(c)
+        if known is None:
+            known = read[id(c)]
+            _lp_set(c, known)
+        m = min(known)
         if m <= 0:
             continue
         c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
@@ -491,6 +528,7 @@ def _drop_common_padding(caches: list[Any]) -> None:
         if _is_rot(c):
             c._offset -= m
         c.left_padding = c.left_padding - m
+        _lp_set(c, [v - m for v in known])
 
 
 def _roll_rows(c: Any, extra: list[int]) -> None:
@@ -498,11 +536,14 @@ def _roll_rows(c: Any, extra: list[int]) -> None:
     becomes left padding (``BatchKVCache.finalize``'s right-padding move)."""
     from mlx_lm.models.cache import dynamic_roll
 
+    known = _lp_known(c)
     e = mx.array(extra)
     c.keys = dynamic_roll(c.keys, e[:, None], axis=2)
     c.values = dynamic_roll(c.values, e[:, None], axis=2)
     c.offset = c.offset - e
     c.left_padding = c.left_padding + e
+    if known is not None:
+        _lp_set(c, [v + x for v, x in zip(known, extra, strict=True)])
 
 
 def _place(c: Any, slot: int, r: Any, nslots: int) -> None:
@@ -615,19 +656,23 @@ def batch_record(index: int, width: int, entries: list[dict[str, Any]], joined: 
 
 
 def batch_generate(target_model: Any, requests: list[BatchRequest], *, max_batch: int | None = None,
-                   observer: BatchObserver | None = None) -> BatchResult:
+                   observer: BatchObserver | None = None, batch_drafts: bool | None = None) -> BatchResult:
     """Run ``requests`` as one batch (module docstring); each row's result is its serial run's.
 
     ``max_batch``: the most rows in the batch at once (None: no limit); arrivals beyond it
     wait, in request order, for a slot. ``observer`` sees every row's verify block. Runs on
-    the serial executor's generation stream.
+    the serial executor's generation stream. ``batch_drafts``: whether the two-model rows draft
+    as one batch (:class:`_Drafters`); None (default): where the backend is bit-exact
+    (``engine.backend.arithmetic``), so that off it each row's drafts stay its serial run's
+    (a batched drafter forward's arithmetic may depend on the batch, moving drafts and rounds,
+    never tokens); True opts in everywhere (the throughput bench), False never.
     """
     with mx.stream(generation_stream()):
-        return _batch_generate(target_model, requests, max_batch, observer or NO_BATCH_OBSERVER)
+        return _batch_generate(target_model, requests, max_batch, observer or NO_BATCH_OBSERVER, batch_drafts)
 
 
 def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: int | None,
-                    observer: BatchObserver) -> BatchResult:
+                    observer: BatchObserver, batch_drafts: bool | None = None) -> BatchResult:
     if max_batch is not None and max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     ids = [r.rid for r in requests]
@@ -641,7 +686,14 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
     steps: list[dict[str, Any]] = []
     lanes: dict[str, str] = {}
     drafting: dict[str, str] = {}
-    drafters = _Drafters()
+    if batch_drafts is None:
+        from engine.backend import arithmetic
+
+        batch_drafts = arithmetic(target_model).exact
+        off_why = "the backend is not bit-exact (batch_drafts=True opts in)"
+    else:
+        off_why = "batch_drafts=False"
+    drafters = _Drafters(batch_drafts)
     step = 0
     while waiting or batch.rows or paused:
         ts = time.perf_counter()
@@ -678,7 +730,7 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
                 continue
             batch.join(row, row.req.caches)
             assert row.source is not None
-            why = drafter_reason(row.source, row.req.sampler)
+            why = drafter_reason(row.source, row.req.sampler) if batch_drafts else off_why
             drafting[row.rid] = "batched" if drafters.admit(row) else f"per row: {why}"
             joined.append(row.rid)
         batch.compact()
@@ -816,12 +868,25 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
     logits = batch.forward(inputs)
     if prof is not None:
         prof.lap("forward", logits)
+    # every row's margins in one call over the block (top-2 per logits row: no row reads another)
+    vocab = int(logits.shape[-1])
+    all_margins = margin_array(logits.reshape(-1, vocab))
+    all_margins = None if all_margins is None else all_margins.reshape(len(plans), width)
+    # the rows whose window draw is plain greedy (argmax of the log-softmax, nothing else): one call
+    greedy = _greedy_group([p.row for p in plans])
+    if greedy:
+        pick = logits if len(greedy) == len(plans) else logits[mx.array(greedy)]
+        flat = pick.reshape(-1, vocab)
+        drawn = greedy_draw(flat).reshape(len(greedy), width)
+        for j, b in enumerate(greedy):
+            plans[b].samples = drawn[j, : plans[b].d + 1]
     for b, p in enumerate(plans):
-        block = logits[b, : p.d + 1, :]
-        window = p.row.pending + p.drafts
-        with _row_rng(p.row):
-            p.samples = p.row.req.pipe.window_samples(block, window)
-        p.margins = margin_array(block)
+        if p.samples is None:
+            block = logits[b, : p.d + 1, :]
+            window = p.row.pending + p.drafts
+            with _row_rng(p.row):
+                p.samples = p.row.req.pipe.window_samples(block, window)
+        p.margins = None if all_margins is None else all_margins[b, : p.d + 1]
     # the step's one sync, every row's samples, drafts and margins in one host transfer each
     ids = mx.concatenate([p.samples.astype(mx.uint32).reshape(-1) for p in plans if p.samples is not None]
                          + [p.drafts_arr.astype(mx.uint32).reshape(-1) for p in plans if p.drafts_arr is not None])
@@ -876,7 +941,7 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
             with _row_rng(p.row):
                 p.row.source.commit(p.d, walk.k_accept, None, None, p.drafts[: walk.k_accept])
     if prof is not None:
-        prof.lap("commit", drafters.arrays(), *[_source_arrays(p.row.source) for p in plans if p.drafter is None])
+        prof.lap("commit", drafters.arrays(), *[source_state(p.row.source) for p in plans if p.drafter is None])
     entries: list[dict[str, Any]] = []
     rids = [p.row.rid for p in plans]
     for b, (p, walk) in enumerate(zip(plans, walks, strict=True)):
@@ -910,9 +975,27 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
     return entries, width
 
 
-def _source_arrays(source: DraftSource | None) -> list[Any]:
-    caches = getattr(source, "caches", None)
-    return cache_arrays(caches) if isinstance(caches, list) else []
+def _plain_greedy(row: _Row) -> bool:
+    """Whether the row's every draw is mlx-lm's greedy sampler on the log-softmax alone (no
+    processors, grammar, min_tokens, position keys, temperature): then rows draw together."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    pipe, sampler = row.req.pipe, row.req.sampler
+    return (sampler.greedy and sampler.draw_fn is greedy_sampler and not sampler.has_processors
+            and pipe.stateless and not pipe.row_wise)
+
+
+def _greedy_group(rows: list[_Row]) -> list[int]:
+    """The indices of ``rows`` that draw plain greedy (:func:`_plain_greedy`)."""
+    return [i for i, r in enumerate(rows) if _plain_greedy(r)]
+
+
+def greedy_draw(logits: mx.array) -> mx.array:
+    """mlx-lm's greedy draw on every row of ``[m, V]`` logits: ``argmax(logits - logsumexp)``
+    (``_process_and_sample`` + ``greedy_sampler``); each row's result is its own row's alone."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    return greedy_sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------- batched drafting
@@ -956,7 +1039,8 @@ class _Drafters:
     on its own logits row, under its own generator (:class:`RowRng`): the serial run's draws.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.batches: dict[int, _Batch] = {}
         self.of: dict[str, _Batch] = {}
 
@@ -966,7 +1050,7 @@ class _Drafters:
     def admit(self, row: _Row) -> bool:
         """Place a joining row's drafter caches in its drafter's batch (False: it drafts alone)."""
         source = row.source
-        if source is None or drafter_reason(source, row.req.sampler) is not None:
+        if not self.enabled or source is None or drafter_reason(source, row.req.sampler) is not None:
             return False
         model = cast(Any, source).model
         b = self.batches.setdefault(id(model), _Batch(model))
@@ -1022,7 +1106,9 @@ class _Drafters:
         steps = max(ns)
         inputs = mx.array([f + [PAD_ID] * (width - len(f)) for f in feeds], mx.uint32)
         logits = b.forward(inputs)
-        ys = [self._sample(r, logits[i : i + 1, len(f) - 1 : len(f), :]) for i, (r, f) in enumerate(zip(rows, feeds, strict=True))]
+        greedy = _greedy_group(rows)
+        last = mx.array([len(f) - 1 for f in feeds])
+        ys = self._draws(rows, greedy, logits[mx.arange(len(rows)), last][:, None, :], [True] * len(rows))
         if width > min(len(f) for f in feeds):
             b.rollback([len(f) for f in feeds], width, drop_padding=False)
         drafts: list[list[mx.array]] = [[y] for y in ys]
@@ -1031,11 +1117,29 @@ class _Drafters:
             logits = b.forward(y)
             # a row past its own n draws nothing more (its generator must not move): it re-feeds
             # its last draft, and the commit drops those positions
-            ys = [self._sample(r, logits[i : i + 1, -1:, :]) if t < ns[i] else ys[i] for i, r in enumerate(rows)]
+            live = [t < n for n in ns]
+            got = self._draws(rows, greedy, logits[:, -1:, :], live)
+            ys = [g if ok else ys[i] for i, (g, ok) in enumerate(zip(got, live, strict=True))]
             for i, y_i in enumerate(ys):
-                if t < ns[i]:
+                if live[i]:
                     drafts[i].append(y_i)
         return {r.rid: mx.concatenate(drafts[i]) for i, r in enumerate(rows)}
+
+    def _draws(self, rows: list[_Row], greedy: list[int], logits: mx.array, live: list[bool]) -> list[mx.array]:
+        """Every row's draw on its ``[1, 1, V]`` row of ``logits [B, 1, V]``: the plain greedy
+        rows in one call, each other live row through its own sampler and generator (a row
+        that is not live draws nothing: its entry is a placeholder the caller drops)."""
+        out: list[mx.array | None] = [None] * len(rows)
+        if greedy:
+            pick = logits if len(greedy) == len(rows) else logits[mx.array(greedy)]
+            drawn = greedy_draw(pick.reshape(len(greedy), -1))
+            mx.async_eval(drawn)
+            for j, i in enumerate(greedy):
+                out[i] = drawn[j : j + 1]
+        for i, r in enumerate(rows):
+            if out[i] is None:
+                out[i] = self._sample(r, logits[i : i + 1]) if live[i] else mx.zeros((1,), mx.uint32)
+        return cast(list, out)
 
     @staticmethod
     def _sample(row: _Row, logits: mx.array) -> mx.array:

@@ -430,14 +430,18 @@ def spec_generate(
             block = logits[0, -(d + 1) :, :]
             samples_arr = req.pipe.window_samples(block, window)
             margins_arr = margin_array(block)
-            mx.eval(samples_arr, *([margins_arr] if margins_arr is not None else []),
-                    *([drafts_arr] if drafts_arr is not None else []))
+            # the round's one sync; the samples and the lazy drafts come back in one transfer
+            ids_arr = samples_arr if drafts_arr is None else mx.concatenate(
+                [samples_arr.astype(mx.uint32).reshape(-1), drafts_arr.astype(mx.uint32).reshape(-1)])
+            mx.eval(ids_arr, *([margins_arr] if margins_arr is not None else []))
+        ids = token_ids(ids_arr)
+        n_samples = samples_arr.size
+        samples = ids[:n_samples]
         if drafts_arr is not None:
-            drafts = token_ids(drafts_arr)
+            drafts = ids[n_samples:]
             window = pending + drafts
         observer.after_verify(round_index, window, block, caches)
         margins = margins_list(margins_arr, d + 1)
-        samples = token_ids(samples_arr)
         if prof is not None:
             prof.lap("sync")
 
@@ -454,7 +458,7 @@ def spec_generate(
         verified = _anchor(ctx, n_layers, k)
         source.commit(d, k, ctx, verified, drafts[:k])
         if prof is not None:
-            prof.lap("commit", *_source_state(source))
+            prof.lap("commit", source_state(source))
         req.counters.record_round(d, k)
         reuse.after_round(ctx, k)  # the tapped rows of the k + 1 kept window positions
         req.records.append(round_record(req, source, round_index, feed, drafts, window, walk, margins,
@@ -547,9 +551,10 @@ def lazy_drafts(source: DraftSource, observer: RoundObserver, taps: tuple[int, .
 _lazy_drafts = lazy_drafts  # the executor's own call sites (tests/test_verify_path.py patches this name)
 
 
-def _source_state(source: DraftSource) -> list[Any]:
-    """The arrays a source's caches hold (the profile's commit boundary; none for model-free sources)."""
-    caches = getattr(source, "caches", None)
+def source_state(source: DraftSource | None) -> list[Any]:
+    """The arrays a source's own caches hold (the profile's commit boundary): read from the
+    instance's attributes, not a seam hook; none for a model-free source."""
+    caches = vars(source).get("caches") if source is not None and hasattr(source, "__dict__") else None
     return cache_arrays(caches) if isinstance(caches, list) else []
 
 

@@ -315,6 +315,8 @@ class CacheRollback:
                 self.unsupported.append(f"layer {i} ({type(c).__name__}: no in_proj_* to record)")
                 continue
             self.recurrent.append(_Recurrent(i, c, mixer, projections))
+        # the caches the ring guard watches, found once (the list only changes through a new plan)
+        self._guarded = [(i, c) for i, c in enumerate(caches) if i not in self.rings and is_rotating(c)]
 
     @property
     def capable(self) -> bool:
@@ -326,10 +328,8 @@ class CacheRollback:
 
     def ring_guard(self, n: int) -> str | None:
         """Why a verify window of ``n + 1`` positions must not run now (§2 guard)."""
-        for i, c in enumerate(self.caches):
-            if i in self.rings:
-                continue
-            if is_rotating(c) and int(c.offset) + n + 1 >= int(c.max_size):
+        for i, c in self._guarded:
+            if int(c.offset) + n + 1 >= int(c.max_size):
                 why = f" (exact rollback unsupported: {self.ring_fallback[i]})" if i in self.ring_fallback else ""
                 return (
                     f"ring-wrap: layer {i} RotatingKVCache offset {int(c.offset)} + window {n + 1} "

@@ -132,3 +132,24 @@ def test_the_profile_changes_nothing_and_is_free_when_off(llama: Any, twin: Any,
     monkeypatch.setattr(telemetry.PhaseProfile, "start", no)
     batch_generate(llama, _rows(twin, n=2))
     spec_generate(llama, reqs[0].provider, reqs[0].prompt_ids, reqs[0].params)
+
+
+def test_batch_drafts_off_drafts_per_row(llama: Any, twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = _rows(twin, n=3)
+    counting = _Counting(twin, monkeypatch)
+    res = batch_generate(llama, reqs, batch_drafts=False)
+    assert res.drafting == {r.rid: "per row: batch_drafts=False" for r in reqs}, res.drafting
+    assert set(counting.batch_sizes) == {1}, counting.batch_sizes
+    divs = check_rows(llama, reqs, res)
+    assert not divs, "\n".join(d.message for d in divs)
+
+
+def test_off_a_bit_exact_backend_rows_draft_alone_unless_asked(twin: Any) -> None:
+    from engine.nonexact import emulate_nonexact
+    from specparity.runners import load_model
+
+    noisy = emulate_nonexact(load_model(str(zoo.model_dir("llama"))).model, 0.01)
+    res = batch_generate(noisy, _rows(twin, n=2))
+    assert all(v.startswith("per row: the backend is not bit-exact") for v in res.drafting.values()), res.drafting
+    res = batch_generate(noisy, _rows(twin, n=2), batch_drafts=True)
+    assert set(res.drafting.values()) == {"batched"}, res.drafting

@@ -46,11 +46,48 @@ def lookup(history: list[int], n: int, ngram_max: int = 3, ngram_min: int = 1) -
     size = len(history)
     if n <= 0:
         return []
+    if size >= VECTOR_MIN:
+        return _lookup_vector(history, n, ngram_max, ngram_min)
+    return _lookup_scan(history, n, ngram_max, ngram_min)
+
+
+VECTOR_MIN = 64
+"""From this history length on, :func:`lookup` compares every candidate start at once (numpy)
+instead of slice by slice: the same first occurrence, in C (a 600-token history: ~170 µs per
+call scanned, a few tens vectorized), which is host time every n-gram row pays per round."""
+
+
+def _lookup_scan(history: list[int], n: int, ngram_max: int, ngram_min: int) -> list[int]:
+    """:func:`lookup` slice by slice (the definition)."""
+    size = len(history)
     for k in range(min(ngram_max, size // 2), ngram_min - 1, -1):
         tail = history[size - k :]
         for i in range(0, size - 2 * k + 1):
             if history[i : i + k] == tail:
                 return list(history[i + k : i + k + n])
+    return []
+
+
+def _lookup_vector(history: list[int], n: int, ngram_max: int, ngram_min: int) -> list[int]:
+    """:func:`lookup` with every candidate start ``i`` of a k-gram compared at once: ``ok[i]``
+    holds while ``history[i + j] == tail[j]`` for every ``j < k``; the first ``i`` wins, as in
+    :func:`_lookup_scan`."""
+    import numpy as np
+
+    size = len(history)
+    arr = np.asarray(history, dtype=np.int64)
+    for k in range(min(ngram_max, size // 2), ngram_min - 1, -1):
+        span = size - 2 * k + 1  # candidate starts 0 .. size - 2k (no overlap with the tail)
+        if span <= 0:
+            continue
+        tail = arr[size - k :]
+        ok = arr[:span] == tail[0]
+        for j in range(1, k):
+            ok &= arr[j : j + span] == tail[j]
+        hits = np.flatnonzero(ok)
+        if hits.size:
+            i = int(hits[0])
+            return [int(t) for t in history[i + k : i + k + n]]
     return []
 
 

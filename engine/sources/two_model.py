@@ -132,6 +132,7 @@ class TwoModelSource(DraftSourceBase):
         self.sampler = sampler
         self.caches = make_prompt_cache(model)
         self.kv = [is_kv(c) for c in self.caches]
+        self._rotating = [i for i, c in enumerate(self.caches) if is_rotating(c)]  # the ring guard's, found once
         self.replay = not all(self.kv)
         self.unsupported = [
             f"layer {i} ({type(c).__name__})"
@@ -175,10 +176,11 @@ class TwoModelSource(DraftSourceBase):
             return "no-rollback: two-model drafter caches that can neither trim nor replay: " + ", ".join(
                 self.unsupported
             )
-        for i, c in enumerate(self.caches):
+        for i in self._rotating:
+            c = self.caches[i]
             if i in self.rings:
                 continue
-            if is_rotating(c) and int(c.offset) + len(feed) + n - 1 >= int(c.max_size):
+            if int(c.offset) + len(feed) + n - 1 >= int(c.max_size):
                 why = f" (exact rollback unsupported: {self.ring_fallback[i]})" if i in self.ring_fallback else ""
                 return (
                     f"ring-wrap: two-model drafter layer {i} RotatingKVCache offset {int(c.offset)} "

@@ -27,6 +27,9 @@ printed); a ``logic`` row refuses the figure in one line naming the row and its 
 Printed too: each row's lane (batched, or serial with the reason: taps, quantized KV, a
 rotating ring past its wrap) and how it drafts (in its drafter's batch, or per row, why).
 
+``--per-row-drafts`` makes every row draft on its own (the executor's ``batch_drafts=False``): the
+gain of batched drafting, on the same rows.
+
 ``--json FILE`` is checked before measuring (its folder must exist; a directory, or an existing
 file this tool did not write, is refused unless ``--overwrite``) and written atomically.
 """
@@ -83,7 +86,8 @@ def classify(model: Any, requests: list[Any], rid: str, result: Any, serial: Any
 
 def bench_batched(target: str | None = None, drafter: str | None = None, *, size: str | None = None,
                   rows: Sequence[int] = (1, 2, 4, 8), repeats: int = 5, max_tokens: int = 32, gamma: int = 3,
-                  seed: int = 0, profile: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  seed: int = 0, profile: bool = False, batch_drafts: bool = True,
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time batched vs serial at each batch size (module docstring); the result as a dict.
 
     Raises :class:`RowLogic` when a row differs in a way the numerics witness does not explain."""
@@ -125,7 +129,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
     def batched(b: int) -> tuple[float, float, Any, list[Any]]:
         reqs = requests(b)
         t0, c0 = time.perf_counter(), time.process_time()
-        res = batch_generate(tgt.model, reqs)
+        res = batch_generate(tgt.model, reqs, batch_drafts=batch_drafts)
         return time.perf_counter() - t0, time.process_time() - c0, res, reqs
 
     def serial(b: int) -> tuple[float, float, list[Any]]:
@@ -194,14 +198,15 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
             entry["profile"] = {"batched": pb.to_dict(), "serial": ps.to_dict()}
         table.append(entry)
     return {"kind": KIND, "target": tname, "drafter": dname, "gamma": gamma, "max_tokens": max_tokens,
-            "device": describe_device(), "table": table}
+            "batch_drafts": batch_drafts, "device": describe_device(), "table": table}
 
 
 def markdown(res: dict[str, Any]) -> str:
     from engine.telemetry import phase_table
 
     lines = [f"Batched vs serial speculation: {res['target']} / {res['drafter']}, γ {res['gamma']}, "
-             f"{res['max_tokens']} tokens per row, greedy, on {res['device']}; throughput over rows "
+             f"{res['max_tokens']} tokens per row, greedy, drafts "
+             f"{'batched' if res.get('batch_drafts', True) else 'per row'}, on {res['device']}; throughput over rows "
              "identical or `numerics` in both arms.",
              "",
              "| B | tokens | batched rows/s | serial rows/s | batched tok/s | serial tok/s | speedup (serial/batched wall), "
@@ -293,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gamma", type=a.gamma, default=3)
     p.add_argument("--seed", type=a.seed, default=0)
     p.add_argument("--profile", action="store_true", help="also print each arm's per-phase split of a round")
+    p.add_argument("--per-row-drafts", action="store_true",
+                   help="every row drafts on its own (batch_generate(batch_drafts=False)): the gain of batched drafting")
     p.add_argument("--json", type=_json_path, default=None, help="also write the figures as JSON to FILE")
     p.add_argument("--overwrite", action="store_true", help="--json may replace a file this tool did not write")
     try:
@@ -306,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         res = bench_batched(args.target, args.drafter, size=args.size, rows=args.rows, repeats=args.repeats,
                             max_tokens=args.max_tokens, gamma=args.gamma, seed=args.seed, profile=args.profile,
+                            batch_drafts=not args.per_row_drafts,
                             log=lambda m: print(m, file=sys.stderr))
     except RowLogic as exc:
         print(f"bench_batched: {exc}", file=sys.stderr)
