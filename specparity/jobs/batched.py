@@ -125,7 +125,7 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
         seeded_invariance,
     )
     from specparity.cli.outdir import track
-    from specparity.jobs.run import Comparison
+    from specparity.jobs.comparison import Comparison
     from specparity.runners import numerics_witness, run_case
     from traces.diff import Divergence, diff_traces
     from traces.io import Trace, atomic_write_text, dumps_record, write_trace
