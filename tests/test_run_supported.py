@@ -47,6 +47,7 @@ def test_headline_counts_every_verdict_and_zero_logic_reads_conforms() -> None:
 def test_sessions_off_a_bit_exact_backend_read_a_missing_op_as_unsupported(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from specparity.cli import main
+    from specparity.runners import load_model
 
     monkeypatch.setattr(mx, "quantized_matmul", mx.quantized_matmul)  # restored after the double
     monkeypatch.setenv(EMULATE_ENV, "quantized_matmul")
@@ -59,7 +60,11 @@ def test_sessions_off_a_bit_exact_backend_read_a_missing_op_as_unsupported(
                      "kv_bits = 4\nkv_group_size = 32\nquantized_kv_start = 0\n"
                      '[[pair]]\ntarget = "llama-kv"\ndrafter = "twin"\n'
                      '[[pair]]\ntarget = "llama-kv64"\ndrafter = "twin"\n')
-    rc = main(["run", "--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet"])
+    load_model.cache_clear()  # models loaded from here on wear the double
+    try:
+        rc = main(["run", "--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet"])
+    finally:
+        load_model.cache_clear()  # later tests load exact models
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "CONFORMS — 2 sessions:" in text and "0 logic, 1 unsupported" in text, text
