@@ -72,3 +72,21 @@ def test_sessions_off_a_bit_exact_backend_read_a_missing_op_as_unsupported(
     row32 = next(line for line in table.splitlines() if line.startswith("| llama-kv/"))
     assert "| unsupported on Device(cpu, 0): quantized_matmul |" in row32, row32
     assert "DIVERGENT" not in table, table
+
+
+def test_audit_reads_a_missing_op_as_that_runs_verdict(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``specparity audit``: a (target, prompt) whose run hits a missing op is listed as unsupported
+    and the audit goes on (exit 0), never an internal error."""
+    import engine.executor as ex
+    from specparity.cli import main
+
+    def missing(*_a: object, **_k: object) -> None:
+        _missing()
+
+    monkeypatch.setattr(ex, "spec_generate", missing)
+    rc = main(["audit", "--targets", "llama", "--prompts", "1", "--max-tokens", "4"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "1 run(s) unsupported on this backend" in err and "— audit llama prompt" in err, err
+    assert ": quantized_matmul" in err
