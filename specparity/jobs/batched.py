@@ -30,7 +30,7 @@ from typing import Any
 
 from specparity.cases.case import Case, file_stem
 
-__all__ = ["BATCH_PAIRS", "ROW_BUDGETS", "ROW_PROMPTS", "ROW_SET_BY_DESIGN", "BatchCase", "batch_cases", "batched_comparisons",
+__all__ = ["BATCH_PAIRS", "ROW_BUDGETS", "ROW_PROMPTS", "ROW_SET_BY_DESIGN", "CASE_FIELDS_NOT_APPLICABLE", "BatchCase", "batch_cases", "batched_comparisons",
            "row_requests"]
 
 BATCH_PAIRS = (("llama", "twin"), ("gemma3", "twin"), ("qwen35", "twin"), ("llama", "ngram"))
@@ -66,6 +66,13 @@ ROW_SET_BY_DESIGN: dict[str, str] = {
     "temperature": "B = 4: rows 0 and 2 sampled at T 0.8 (the seeded invariance), rows 1 and 3 greedy",
     "seed": "one seed per row (its index): rows draw distinct streams",
     "rng": "sampled rows keyed per position (the seeded invariance); greedy rows draw nothing",
+}
+
+
+# The ``Case`` fields for which the batched lane does not apply, each with why.
+CASE_FIELDS_NOT_APPLICABLE: dict[str, str] = {
+    "target_path": "a user's pair gets no batched cases: the batched pairs are the zoo's (BATCH_PAIRS)",
+    "draft_path": "a user's pair gets no batched cases: the batched pairs are the zoo's (BATCH_PAIRS)",
 }
 
 

@@ -550,6 +550,14 @@ def request_reach(kinds: Sequence[str], first_len: int, max_tokens: int) -> list
     return out
 
 
+# The ``Case`` fields the sessions lane does not take from the run's case, each with why
+# (``tests/test_case_lanes.py`` holds every other field to reach the session's requests).
+CASE_FIELDS_NOT_APPLICABLE: dict[str, str] = {
+    "grammar": "refused by check_sessions: a constrained request's grammar state is not saved with the prompt cache",
+    "reasoning_end": "a grammar's reasoning-end marker: grammars are refused (check_sessions)",
+}
+
+
 def check_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) -> None:
     """Refuse (one line, before any model loads) what the sessions cannot honour: a grammar
     (a constrained request's grammar state is not part of a saved prompt cache) and a session
