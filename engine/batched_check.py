@@ -31,7 +31,7 @@ import dataclasses
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -415,7 +415,7 @@ def _redraw(r: BatchRequest, row: Any, position: int) -> int | None:
     pipe = SamplingPipeline(r.params, r.prompt_ids, seed_stream=False)
     if not pipe.positional or pipe.history is not None or pipe.matcher is not None:
         return None
-    return int(pipe.sample(mx.array(row)[None], position=position, mask=None).reshape(-1)[0].item())
+    return int(cast(int, pipe.sample(mx.array(row)[None], position=position, mask=None).reshape(-1)[0].item()))
 
 
 def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checked: int,
@@ -460,7 +460,7 @@ def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checke
             ok = False
         else:
             picks = [got[0] == ea[pos], got[1] == eb[pos]]
-            evidence.append(f"each run's token is its own row's draw at output position {before + pos} (replayed "
+            evidence.append(f"each run's token is its own row's draw at output position {(before or 0) + pos} (replayed "
                             f"with the position key): {picks}")
             ok = ok and all(picks)
     if ok:

@@ -25,6 +25,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from specparity.jobs.comparison import (
     not_compared,
     numerics_witness,
     reference_comparison,
+    tokens_comparison,
     unsupported_comparison,
 )
 from specparity.jobs.run import (
@@ -539,7 +541,7 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
                 continue
             cold = traces[(COLD, f"{g.case_id}#cold")]
             result.comparisons.append(compare_supported("warm-vs-cold", g.case_id, ["engine"],
-                                                        lambda g=g, cold=cold: _warm_comparison(g, cold, witness)))
+                                                        partial(_warm_comparison, g, cold, witness)))
             eng = cold  # the references judge the cold run the warm one was found equal to
         for oracle in oracles:
             if not runner_supports(oracle, g.case):
@@ -551,7 +553,7 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
             ref = refusals.get((oracle, g.case_id)) or traces[(oracle, g.case_id)]
             result.comparisons.append(compare_supported(
                 f"engine-vs-{oracle}", g.case_id, ["engine", oracle],
-                lambda o=oracle, g=g, eng=eng, ref=ref: reference_comparison(o, g.case_id, eng, ref, witness)))
+                partial(reference_comparison, oracle, g.case_id, eng, ref, witness)))
         if g.case.drafter is not None and g.case.temperature == 0:
             if ("plain", f"{g.case_id}#plain") in result.unsupported:
                 result.comparisons.append(unsupported_comparison(
@@ -560,9 +562,7 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
             plain = traces[("plain", f"{g.case_id}#plain")]
             result.comparisons.append(compare_supported(
                 "spec-vs-plain", g.case_id, ["engine"],
-                lambda g=g, eng=eng, plain=plain: Comparison("spec-vs-plain", g.case_id, "tokens",
-                                                             diff_traces(eng, plain, level="tokens",
-                                                                         witness=witness))))
+                partial(tokens_comparison, "spec-vs-plain", g.case_id, eng, plain, witness)))
         elif not any(runner_supports(o, g.case) for o in oracles):
             result.comparisons.append(not_compared(g.case, g.case_id))
     # the report reads OUT/traces/<runner>/: the plain re-runs are plain-mode traces

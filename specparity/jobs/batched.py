@@ -23,6 +23,7 @@ Files, under ``OUT/batched/<case>/`` (outside ``OUT/traces/``: the report reads 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -90,7 +91,7 @@ def _template(cases: list[Case], target: str) -> Case | None:
     twins = [c for c in cases if c.on_zoo and c.target == target and c.drafter == "twin" and c.source == "two-model"]
     plain = [c for c in twins if c.temperature == 0 and c.kv_bits is None and not c.grammar and not c.processors
              and not c.min_tokens]
-    return (plain or twins or [None])[0]
+    return (plain or twins)[0] if twins else None
 
 
 def batch_cases(cases: list[Case]) -> list[BatchCase]:
@@ -212,7 +213,7 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
         return got, entry
 
     for bc in batch_cases(cases):
-        done = run_supported(lambda bc=bc: one(bc), f"batched case {bc.name}")
+        done = run_supported(functools.partial(one, bc), f"batched case {bc.name}")
         if isinstance(done, Unsupported):  # the backend lacks an op: this batched case's verdict
             out.append(unsupported_comparison("batched-vs-serial", bc.name, ["engine"], done.info))
             report.append({"case": bc.name, "unsupported": done.text})

@@ -30,7 +30,7 @@ from traces.diff import Divergence
 from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
 
 __all__ = ["ARITHMETIC_KINDS", "KINDS", "Comparison", "Kind", "compare_supported", "kind_of", "not_compared",
-           "numerics_witness", "reference_comparison", "unsupported_comparison"]
+           "numerics_witness", "reference_comparison", "tokens_comparison", "unsupported_comparison"]
 
 _TOKENS = ("tokens: equal where the backend is bit-exact; elsewhere a flip is numerics only when the numerics "
            "witness replays each run's own pipeline to its own token (traces.diff + engine.witness)")
@@ -182,6 +182,13 @@ def compare_supported(kind: str, case_id: str, runners: list[str], fn: Callable[
 
     got = run_supported(fn, f"{kind} {case_id}")
     return unsupported_comparison(kind, case_id, runners, got.info) if isinstance(got, Unsupported) else got
+
+
+def tokens_comparison(kind: str, case_id: str, a: Any, b: Any, witness: Any = None) -> Comparison:
+    """Traces ``a`` and ``b`` token for token (``traces.diff.diff_traces``, a flip through ``witness``)."""
+    from traces.diff import diff_traces
+
+    return Comparison(kind, case_id, "tokens", diff_traces(a, b, level="tokens", witness=witness))
 
 
 def numerics_witness() -> Any:

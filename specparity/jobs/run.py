@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,11 @@ from specparity.jobs.comparison import (  # the one comparison contract (re-expo
     not_compared,
     numerics_witness,
     reference_comparison,
+    tokens_comparison,
     unsupported_comparison,
 )
 from specparity.runners import run_case, runner_supports
-from traces.diff import Divergence, diff_traces
+from traces.diff import Divergence
 from traces.io import Trace, atomic_write_text, write_trace
 from traces.reference import ReferenceRefused
 
@@ -493,17 +495,15 @@ def run_cases(
                 result.comparisons.append(
                     lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
                     or compare_supported(f"engine-vs-{oracle}", case.case_id, ["engine", oracle],
-                                         lambda o=oracle, c=case: reference_comparison(
-                                             o, c.case_id, traces[("engine", c.case_id)], ref(o, c.case_id),
-                                             witness)))
+                                         partial(reference_comparison, oracle, case.case_id, traces[eng_key],
+                                                 ref(oracle, case.case_id), witness)))
         if case.temperature == 0 or case.rng == "position":  # else sampled spec and plain draw differently
             plain_key = ("engine", case.plain().case_id)
             result.comparisons.append(
                 lacking("spec-vs-plain", case.case_id, eng_key, plain_key)
                 or compare_supported("spec-vs-plain", case.case_id, ["engine"],
-                                     lambda e=eng_key, p=plain_key, c=case: Comparison(
-                                         "spec-vs-plain", c.case_id, "tokens",
-                                         diff_traces(traces[e], traces[p], level="tokens", witness=witness))))
+                                     partial(tokens_comparison, "spec-vs-plain", case.case_id, traces[eng_key],
+                                             traces[plain_key], witness)))
         elif not any(runner_supports(o, case) for o in available):
             result.comparisons.append(lacking("reference", case.case_id, eng_key) or not_compared(case))
     for case in plains:
@@ -512,9 +512,8 @@ def run_cases(
             result.comparisons.append(
                 lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
                 or compare_supported(f"engine-vs-{oracle}", case.case_id, ["engine", oracle],
-                                     lambda o=oracle, c=case: reference_comparison(
-                                         o, c.case_id, traces[("engine", c.case_id)], ref(o, c.case_id),
-                                         witness)))
+                                     partial(reference_comparison, oracle, case.case_id, traces[eng_key],
+                                             ref(oracle, case.case_id), witness)))
     result.comparisons += verify_path_comparisons(specs, traces)
     for (runner, case_id), info in result.unsupported.items():  # a run no comparison needed: listed too
         if (runner, case_id) not in named:

@@ -959,7 +959,7 @@ def reference_sessions(cases: Sequence[Case], names: Sequence[str] | None = None
     for c in cases:
         if c.drafter is not None and c.source == "two-model" and c.kv_bits is None:
             groups.setdefault(_group_key(c), []).append(c)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for group in groups.values():
         c0 = group[0]
         tp, dp = case_paths(c0)
