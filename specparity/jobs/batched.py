@@ -86,17 +86,18 @@ def _row(template: Case, drafter: str, i: int, temperature: float = 0.0) -> Case
 
 
 def _template(cases: list[Case], target: str) -> Case | None:
-    """The run's case a target's batched rows are built from: its first zoo two-model ``twin``
-    case, a plain greedy one first (the zoo matrix's default settings)."""
-    twins = [c for c in cases if c.on_zoo and c.target == target and c.drafter == "twin" and c.source == "two-model"]
-    plain = [c for c in twins if c.temperature == 0 and c.kv_bits is None and not c.grammar and not c.processors
-             and not c.min_tokens]
+    """The run's case a target's batched rows are built from: its first zoo greedy two-model
+    ``twin`` case, one with the zoo matrix's default settings first (none: the run gets no batched
+    cases on that target)."""
+    twins = [c for c in cases if c.on_zoo and c.target == target and c.drafter == "twin" and c.source == "two-model"
+             and c.temperature == 0]
+    plain = [c for c in twins if c.kv_bits is None and not c.grammar and not c.processors and not c.min_tokens]
     return (plain or twins)[0] if twins else None
 
 
 def batch_cases(cases: list[Case]) -> list[BatchCase]:
     """The batched cases for the zoo pairs of ``cases``: a target gets them when ``cases`` holds a
-    two-model ``twin`` case on it; every row is that case (:func:`_template`) with the batched
+    greedy two-model ``twin`` case on it; every row is that case (:func:`_template`) with the batched
     design's fields set (:data:`ROW_SET_BY_DESIGN`): ``--eos-ids``, stop sequences, top-p/top-k and
     the rest reach the rows."""
     out = []
