@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 # Each form: (exception types MLX raises it as, pattern on the error's first line). ``op`` names it.
 _TAG = r"\[(?P<op>[A-Za-z_][\w]*(?:::[A-Za-z_]\w*)*?)(?:::eval_(?:gpu|cpu))?\]"
@@ -146,6 +146,43 @@ def unsupported_verdict(text: str | None) -> str | None:
     return text.split(" — ", 1)[0]
 
 
+# --------------------------------------------------------------------------- the one wrapper
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """What :func:`run_supported` returns when the work hit an op the backend lacks: ``where``
+    (the case, session or row it was), ``info`` (:func:`unsupported_payload`)."""
+
+    where: str
+    info: dict[str, Any]
+
+    @property
+    def verdict(self) -> str:
+        """``unsupported on <device>: <op>``."""
+        return str(self.info["verdict"])
+
+    @property
+    def text(self) -> str:
+        """``unsupported on <device>: <op> — <where>: <MLX's line>`` (:func:`unsupported_text`'s form)."""
+        return f"{self.verdict} — {self.where}: {self.info['line']}"
+
+
+def run_supported(fn: Callable[[], T], where: str) -> T | Unsupported:
+    """``fn()``, or :class:`Unsupported` when it raised MLX's missing-op error (:func:`missing_op`):
+    the one wrapper every job runs a case, a session or an audit through, so a missing op is that
+    unit's verdict and the job goes on. Any other error propagates unchanged."""
+    try:
+        return fn()
+    except (RuntimeError, ValueError) as exc:
+        info = unsupported_payload(exc)
+        if info is None:
+            raise
+        return Unsupported(where, info)
+
+
 # --------------------------------------------------------------------------- the CPU test double
 
 EMULATE_ENV = "SPECPARITY_EMULATE_MISSING_OP"
@@ -226,8 +263,8 @@ def emulate_from_env() -> None:
     emulate_cuda_quantized_matmul()
 
 
-__all__ = ["EMULATE_ENV", "Arithmetic", "MissingOp", "arithmetic", "cuda_qmm_error", "current_device", "emulate_cuda_quantized_matmul",
-           "emulate_from_env", "missing_op", "unsupported_payload", "unsupported_text", "unsupported_verdict"]
+__all__ = ["EMULATE_ENV", "Arithmetic", "MissingOp", "Unsupported", "arithmetic", "cuda_qmm_error", "current_device", "emulate_cuda_quantized_matmul",
+           "emulate_from_env", "missing_op", "run_supported", "unsupported_payload", "unsupported_text", "unsupported_verdict"]
 
 
 # ---------------------------------------------------------------------- bit-exact or not

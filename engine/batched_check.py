@@ -31,7 +31,7 @@ import dataclasses
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -392,12 +392,41 @@ def _serial_blocks(model: Any, r: BatchRequest) -> dict[int, Any]:
     return obs.blocks
 
 
+def emitted_before(records: list[dict[str, Any]], round_index: int) -> int:
+    """Tokens a run emitted before its round ``round_index`` (the output position of the round's
+    first window row)."""
+    n = 0
+    for x in records:
+        if x.get("type") == "round":
+            if int(x["index"]) >= round_index:
+                break
+            n += len(x.get("emitted") or [])
+        elif x.get("type") == "plain":
+            n += 1
+    return n
+
+
+def _redraw(r: BatchRequest, row: Any, position: int) -> int | None:
+    """The token a position-keyed sampled row draws from logit ``row`` at output ``position``
+    (the row's own pipeline, ``engine.pipeline``); None where a draw cannot be replayed alone
+    (processors or a grammar read a history)."""
+    from engine.pipeline import SamplingPipeline
+
+    pipe = SamplingPipeline(r.params, r.prompt_ids, seed_stream=False)
+    if not pipe.positional or pipe.history is not None or pipe.matcher is not None:
+        return None
+    return int(cast(int, pipe.sample(mx.array(row)[None], position=position, mask=None).reshape(-1)[0].item()))
+
+
 def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checked: int,
-           paths: tuple[Callable[[], dict[int, Any]], Callable[[], dict[int, Any]]], what: str) -> Invariance:
+           paths: tuple[Callable[[], dict[int, Any]], Callable[[], dict[int, Any]]], what: str,
+           before: int | None = None) -> Invariance:
     """A row's token flip between two runs: ``numerics`` only with evidence (both runs' blocks at
-    the contested round reproduce on a re-run, they differ within the stated bound, and for a
-    greedy row each run's token is its own row's top choice on a knife-edge no wider than that
-    difference); otherwise ``logic``."""
+    the contested round reproduce on a re-run, they differ within the stated bound, and each run's
+    token is its own row's draw: for a greedy row its top choice on a knife-edge no wider than that
+    difference, for a sampled row keyed per position (``before``: tokens emitted before the round)
+    the draw replayed at its position); otherwise ``logic`` (a sampled row keyed by one stream
+    cannot be replayed at a position: its flip stays ``logic``)."""
     import numpy as np
 
     if budget <= 0 or div.round is None or div.field not in ("emitted", "samples"):
@@ -423,6 +452,17 @@ def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checke
         evidence.append(f"each run's token is its own row's pick: {picks}; top-2 margins {margins[0]:.3g} / "
                         f"{margins[1]:.3g}")
         ok = ok and all(picks) and min(margins) <= 2 * delta
+    elif pos < len(ea) and pos < len(eb):
+        got = None if before is None else (_redraw(r, a[pos], before + pos), _redraw(r, b[pos], before + pos))
+        if got is None or None in got:
+            evidence.append("a sampled row whose draw cannot be replayed at its position (keyed by one stream, or "
+                            "reading a history): the flip is not witnessed")
+            ok = False
+        else:
+            picks = [got[0] == ea[pos], got[1] == eb[pos]]
+            evidence.append(f"each run's token is its own row's draw at output position {(before or 0) + pos} (replayed "
+                            f"with the position key): {picks}")
+            ok = ok and all(picks)
     if ok:
         return Invariance(name, "numerics", f"row {r.rid} flips at {div.where}: arithmetic of {what} within "
                           f"the bound {budget:g}", evidence, checked)
@@ -430,11 +470,11 @@ def _weigh(name: str, r: BatchRequest, div: RowDivergence, budget: float, checke
 
 
 def _flip_verdict(name: str, model: Any, requests: list[BatchRequest], r: BatchRequest, div: RowDivergence,
-                  budget: float, checked: int) -> Invariance:
+                  budget: float, checked: int, records: list[dict[str, Any]]) -> Invariance:
     """A row's flip between the mixed batch and the row alone (:func:`_weigh`)."""
     return _weigh(name, r, div, budget, checked,
                   (lambda: _row_blocks(model, requests, r.rid), lambda: _row_blocks(model, [_alone(r)], r.rid)),
-                  "the batch composition")
+                  "the batch composition", emitted_before(records, div.round or 0))
 
 
 def serial_flip(model: Any, requests: list[BatchRequest], rid: str, result: BatchResult,
@@ -449,7 +489,8 @@ def serial_flip(model: Any, requests: list[BatchRequest], rid: str, result: Batc
         return None
     return _weigh("row", r, div, budget, 1,
                   (lambda: _row_blocks(model, requests, rid), lambda: _serial_blocks(model, r)),
-                  "the batched forward vs the serial verify window")
+                  "the batched forward vs the serial verify window",
+                  emitted_before(result.rows[rid].records, div.round or 0))
 
 
 def b_invariance(model: Any, requests: list[BatchRequest], result: BatchResult | None = None,
@@ -468,7 +509,7 @@ def b_invariance(model: Any, requests: list[BatchRequest], result: BatchResult |
     if not divs:
         return Invariance("B", "holds", f"token for token: {what}", checked=len(requests))
     r, div = divs[0]
-    return _flip_verdict("B", model, requests, r, div, budget, len(requests))
+    return _flip_verdict("B", model, requests, r, div, budget, len(requests), result.rows[r.rid].records)
 
 
 def seeded_invariance(model: Any, requests: list[BatchRequest], result: BatchResult | None = None,
@@ -484,7 +525,8 @@ def seeded_invariance(model: Any, requests: list[BatchRequest], result: BatchRes
         alone = batch_generate(model, [_alone(r)])
         div = compare_row(r.rid, result.rows[r.rid], alone.rows[r.rid], result.steps, "alone", records=False)
         if div is not None:
-            return _flip_verdict("seeded", model, requests, r, div, budget, len(sampled))
+            return _flip_verdict("seeded", model, requests, r, div, budget, len(sampled),
+                                 result.rows[r.rid].records)
         if budget > 0 or r.params.sampler.rng != "position":
             continue  # plain decode: bit-exact backend, position keys only
         plain = plain_generate(model, r.prompt_ids, r.params)
@@ -624,7 +666,7 @@ class RowJudge:
                                    "records differ"], sdiv.step, sdiv.round, sdiv.field)
             flip = _weigh("row", r, sdiv, self.bound, 1,
                           (lambda: _row_blocks(self.model, self.requests, rid), lambda: _serial_blocks(self.model, r)),
-                          "the batched forward vs the serial verify window")
+                          "the batched forward vs the serial verify window", emitted_before(batched.records, sdiv.round))
             if flip.verdict != "numerics":
                 return RowVerdict(rid, "logic", sdiv.message, flip.evidence[1:], sdiv.step, sdiv.round, sdiv.field)
             evidence += flip.evidence

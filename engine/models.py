@@ -200,7 +200,8 @@ def check_weights(path: str | os.PathLike[str], config: dict[str, Any]) -> dict[
     cfg_path = p / "config.json"
     packed = sorted(n[: -len(".scales")] for n in tensors if n.endswith(".scales")
                     and tensors.get(n[: -len(".scales")] + ".weight", {}).get("dtype") == "U32")
-    nested_cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text_cfg = config.get("text_config")
+    nested_cfg: dict[str, Any] = text_cfg if isinstance(text_cfg, dict) else {}
     if packed and not any(k in c for c in (config, nested_cfg) for k in ("quantization", "quantization_config")):
         raise ModelLoadError(f"{cfg_path}: no 'quantization' block, but the weights are quantized "
                              f"({len(packed)} packed tensor(s) with scales, e.g. {packed[0]}.weight): mlx-lm "

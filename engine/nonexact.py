@@ -55,7 +55,7 @@ writes within ~1e-3).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -166,7 +166,7 @@ def _batch_call(base: type, self: Any, inputs: mx.array, cache: Any, args: tuple
     pads = [int(x) for x in lp.tolist()] if lp is not None else [0] * bsz
     idx = [int(c._idx) if _batch_kv(c) and hasattr(c, "_idx") else None for c in cache]
     write = next((x for x in idx if x is not None), 0)
-    rows = inputs.tolist()
+    rows = cast(list[list[int]], inputs.tolist())
     keys = [batch_row_key(seed, bsz, b, pads[b] if b < len(pads) else 0, width, write, rows[b]) for b in range(bsz)]
     out = base.__call__(self, inputs, *args, **kwargs)
     if kv_scale:

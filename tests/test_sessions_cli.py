@@ -29,7 +29,7 @@ def test_sessions_on_a_pair(tmp_path: Path, prompts: Path, capsys: pytest.Captur
                "--gammas", "3", "--max-tokens", "6", "--out", str(out), "--quiet"])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "5/5 sessions warm ≡ cold" in text and "Prefix-hit rate" in text and "Time to first token" in text
+    assert "CONFORMS — 5 sessions: 5 warm ≡ cold, 0 numerics, 0 logic, 0 unsupported" in text and "Prefix-hit rate" in text and "Time to first token" in text
     data = json.loads((out / "sessions.json").read_text())
     assert data["summary"]["identical"] == 5 and data["summary"]["prefix_hit_rate"] > 0.5
     assert {r["kind"] for s in data["sessions"] for r in s["requests"]} >= {
@@ -66,7 +66,7 @@ def test_suite_sessions_key(tmp_path: Path, prompts: Path, capsys: pytest.Captur
     rc = main(["run", "--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet"])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "1/1 sessions warm ≡ cold" in text and "/regenerate |" in text
+    assert "CONFORMS — 1 sessions: 1 warm ≡ cold, 0 numerics, 0 logic, 0 unsupported" in text and "/regenerate |" in text
 
 
 def test_suite_sessions_key_unknown_name(tmp_path: Path, prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:

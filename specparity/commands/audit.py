@@ -132,16 +132,21 @@ def main(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     from engine.audit import ARITHMETIC_FACTOR, SerialReplayAudit
+    from engine.backend import Unsupported, run_supported
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from specparity.cli.devices import use_device
 
     device = use_device(args.device)
+    from engine.backend import emulate_from_env
+
+    emulate_from_env()  # SPECPARITY_EMULATE_MISSING_OP: a missing kernel emulated here too
     kv = {k: v for k, v in cache_fields(args).items() if v is not None and k != "rotating"}
     runs = _runs(args)
     print(f"device {device}; γ={args.gamma}, {args.prompts} prompt(s) × {args.max_tokens} tokens per target",
           file=sys.stderr)
     figures = []
+    unsupported: list[str] = []  # (target, prompt) runs the backend lacks an op for: their verdict
     if args.all_windows:
         print(f"{'target':10} {'prompt':7} {'round':>5} {'win':>3} {'k':>2}  {'logits (batched vs serial)':44} "
               f"{'caches after verify':44} rollback vs kept-only replay")
@@ -154,11 +159,18 @@ def _audit(args: argparse.Namespace) -> int:
             params = GenerationParams(max_tokens=args.max_tokens, gamma=args.gamma, eos_ids=t.eos_ids,
                                       cache_digests=False, rotating=args.rotating, **kv)
             n0 = len(audit.windows)
-            spec_generate(t.model, provider, ids, params, observer=audit)
+            got = run_supported(lambda: spec_generate(t.model, provider, ids, params, observer=audit),  # noqa: B023
+                                f"audit {name} prompt {pid}")
+            if isinstance(got, Unsupported):
+                unsupported.append(got.text)
+                print(got.text, file=sys.stderr)
+                continue
             if args.all_windows:
                 for w in audit.windows[n0:]:
                     print(f"{name:10} {pid:7} {w.round:>5} {len(w.window):>3} {w.k_accept!s:>2}  "
                           f"{w.worst_logits():44} {w.worst_cache():44} {w.rollback_summary()}")
+        if not audit.windows:  # every prompt unsupported (or no window): nothing measured on this target
+            continue
         fig = target_figures(name, audit)
         figures.append(fig)
         rb = fig["rollback"]
@@ -186,9 +198,15 @@ def _audit(args: argparse.Namespace) -> int:
 
         atomic_write_json(args.json, {"kind": "audit", "device": device, "gamma": args.gamma,
                                       "prompts": args.prompts, "max_tokens": args.max_tokens,
-                                      "factor": ARITHMETIC_FACTOR, "targets": figures},
+                                      "factor": ARITHMETIC_FACTOR, "targets": figures,
+                                      "unsupported": unsupported},
                           nan_as_null=True)
         print(f"written {args.json}", file=sys.stderr)
+    if unsupported:
+        print(f"\n{len(unsupported)} run(s) unsupported on this backend (their verdict, not a finding):",
+              file=sys.stderr)
+        for line in unsupported:
+            print(f"  {line}", file=sys.stderr)
     errors = [f"{fig['target']} {e}" for fig in figures for e in fig["rollback_errors"]]
     if errors:
         print("\nrollback errors (positions kept or lost, or values beyond the measured arithmetic):",

@@ -25,23 +25,28 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from specparity.cases.case import Case, model_label
 from specparity.cli.outdir import track
-from specparity.jobs.run import (
+from specparity.jobs.comparison import (
     Comparison,
+    compare_supported,
+    not_compared,
+    numerics_witness,
+    reference_comparison,
+    tokens_comparison,
+    unsupported_comparison,
+)
+from specparity.jobs.run import (
     Job,
     RunResult,
-    _reference_comparison,
     available_runners,
     execute,
     finish,
-    not_compared,
-    numerics_witness,
     skip_reasons,
-    unsupported_comparison,
 )
 from specparity.runners import runner_supports
 from traces.diff import diff_traces
@@ -583,7 +588,8 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
                     "warm-vs-cold", g.case_id, ["engine"], result.unsupported[(COLD, f"{g.case_id}#cold")]))
                 continue
             cold = traces[(COLD, f"{g.case_id}#cold")]
-            result.comparisons.append(_warm_comparison(g, cold, witness))
+            result.comparisons.append(compare_supported("warm-vs-cold", g.case_id, ["engine"],
+                                                        partial(_warm_comparison, g, cold, witness)))
             eng = cold  # the references judge the cold run the warm one was found equal to
         for oracle in oracles:
             if not runner_supports(oracle, g.case):
@@ -593,15 +599,18 @@ def _grade(graded: list[Graded], out: Path, runners: list[str] | None, workers: 
                     f"engine-vs-{oracle}", g.case_id, [oracle], result.unsupported[(oracle, g.case_id)]))
                 continue
             ref = refusals.get((oracle, g.case_id)) or traces[(oracle, g.case_id)]
-            result.comparisons.append(_reference_comparison(oracle, g.case_id, eng, ref, witness))
+            result.comparisons.append(compare_supported(
+                f"engine-vs-{oracle}", g.case_id, ["engine", oracle],
+                partial(reference_comparison, oracle, g.case_id, eng, ref, witness)))
         if g.case.drafter is not None and g.case.temperature == 0:
             if ("plain", f"{g.case_id}#plain") in result.unsupported:
                 result.comparisons.append(unsupported_comparison(
                     "spec-vs-plain", g.case_id, ["engine"], result.unsupported[("plain", f"{g.case_id}#plain")]))
                 continue
             plain = traces[("plain", f"{g.case_id}#plain")]
-            result.comparisons.append(Comparison("spec-vs-plain", g.case_id, "tokens",
-                                                 diff_traces(eng, plain, level="tokens", witness=witness)))
+            result.comparisons.append(compare_supported(
+                "spec-vs-plain", g.case_id, ["engine"],
+                partial(tokens_comparison, "spec-vs-plain", g.case_id, eng, plain, witness)))
         elif not any(runner_supports(o, g.case) for o in oracles):
             result.comparisons.append(not_compared(g.case, g.case_id))
     # the report reads OUT/traces/<runner>/: the plain re-runs are plain-mode traces

@@ -23,6 +23,7 @@ Files, under ``OUT/batched/<case>/`` (outside ``OUT/traces/``: the report reads 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 
 from specparity.cases.case import Case, file_stem
 
-__all__ = ["BATCH_PAIRS", "ROW_BUDGETS", "ROW_PROMPTS", "BatchCase", "batch_cases", "batched_comparisons",
+__all__ = ["BATCH_PAIRS", "ROW_BUDGETS", "ROW_PROMPTS", "ROW_SET_BY_DESIGN", "CASE_FIELDS_NOT_APPLICABLE", "BatchCase", "batch_cases", "batched_comparisons",
            "row_requests"]
 
 BATCH_PAIRS = (("llama", "twin"), ("gemma3", "twin"), ("qwen35", "twin"), ("llama", "ngram"))
@@ -53,26 +54,61 @@ class BatchCase:
         return [f"r{i}" for i in range(len(self.rows))]
 
 
-def _row(target: str, drafter: str, i: int, temperature: float = 0.0) -> Case:
+# The ``Case`` fields a batched row takes from the batched design rather than from the run's case
+# (every other field -- EOS ids, stop sequences, top-p/top-k, processors, min_tokens, quantized KV,
+# rotating, grammar -- is the run's: ``tests/test_case_lanes.py`` holds every field to this).
+ROW_SET_BY_DESIGN: dict[str, str] = {
+    "drafter": "the batched pair's drafter (twin, or ngram for the model-free rows)",
+    "source": "the batched pair's source (two-model, or ngram)",
+    "prompt_id": "mixed prompt lengths (ROW_PROMPTS: 28, 16, 25, 11 tokens)",
+    "prompt_tokens": "the zoo prompts of ROW_PROMPTS",
+    "max_tokens": "mixed budgets so rows finish at different steps (ROW_BUDGETS)",
+    "gamma": "γ 3 for every row (the batch's verify windows of up to 4)",
+    "temperature": "B = 4: rows 0 and 2 sampled at T 0.8 (the seeded invariance), rows 1 and 3 greedy",
+    "seed": "one seed per row (its index): rows draw distinct streams",
+    "rng": "sampled rows keyed per position (the seeded invariance); greedy rows draw nothing",
+}
+
+
+# The ``Case`` fields for which the batched lane does not apply, each with why.
+CASE_FIELDS_NOT_APPLICABLE: dict[str, str] = {
+    "target_path": "a user's pair gets no batched cases: the batched pairs are the zoo's (BATCH_PAIRS)",
+    "draft_path": "a user's pair gets no batched cases: the batched pairs are the zoo's (BATCH_PAIRS)",
+}
+
+
+def _row(template: Case, drafter: str, i: int, temperature: float = 0.0) -> Case:
+    """Row ``i``: the run's case ``template`` with the fields of :data:`ROW_SET_BY_DESIGN` set."""
     source = "ngram" if drafter == "ngram" else "two-model"
-    return Case(target, drafter, ROW_PROMPTS[i], 3, ROW_BUDGETS[i], temperature=temperature, seed=i,
-                source=source, rng="position" if temperature else "stream")
+    return replace(template, drafter=drafter, source=source, prompt_id=ROW_PROMPTS[i], prompt_tokens=None,
+                   max_tokens=ROW_BUDGETS[i], gamma=3, temperature=temperature, seed=i,
+                   rng="position" if temperature else "stream")
+
+
+def _template(cases: list[Case], target: str) -> Case | None:
+    """The run's case a target's batched rows are built from: its first zoo greedy two-model
+    ``twin`` case, one with the zoo matrix's default settings first (none: the run gets no batched
+    cases on that target)."""
+    twins = [c for c in cases if c.on_zoo and c.target == target and c.drafter == "twin" and c.source == "two-model"
+             and c.temperature == 0]
+    plain = [c for c in twins if c.kv_bits is None and not c.grammar and not c.processors and not c.min_tokens]
+    return (plain or twins)[0] if twins else None
 
 
 def batch_cases(cases: list[Case]) -> list[BatchCase]:
     """The batched cases for the zoo pairs of ``cases``: a target gets them when ``cases`` holds a
-    plain greedy two-model ``twin`` case on it (the zoo matrix's; no KV, grammar or processors)."""
-    targets = {c.target for c in cases if c.on_zoo and c.drafter == "twin" and c.source == "two-model"
-               and c.temperature == 0 and c.kv_bits is None and not c.grammar and not c.processors
-               and not c.min_tokens}
+    greedy two-model ``twin`` case on it; every row is that case (:func:`_template`) with the batched
+    design's fields set (:data:`ROW_SET_BY_DESIGN`): ``--eos-ids``, stop sequences, top-p/top-k and
+    the rest reach the rows."""
     out = []
     for t, d in BATCH_PAIRS:
-        if t not in targets:
+        tpl = _template(cases, t)
+        if tpl is None:
             continue
-        out.append(BatchCase(f"{t}/{d}/B2", (_row(t, d, 0), _row(t, d, 1)), (0, 0), (None, None)))
+        out.append(BatchCase(f"{t}/{d}/B2", (_row(tpl, d, 0), _row(tpl, d, 1)), (0, 0), (None, None)))
         # B = 4: rows 0 and 2 sampled (T 0.8, keyed per position), rows 1 and 3 greedy
         temps = (0.8, 0.0, 0.8, 0.0)
-        out.append(BatchCase(f"{t}/{d}/B4", tuple(_row(t, d, i, temps[i]) for i in range(4)), (0, 0, 0, 2),
+        out.append(BatchCase(f"{t}/{d}/B4", tuple(_row(tpl, d, i, temps[i]) for i in range(4)), (0, 0, 0, 2),
                              (None, (3, 5), None, None), invariances=True))
     return out
 
@@ -116,6 +152,7 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
     """Run the batched cases of ``cases`` (:func:`batch_cases`), write their traces and return one
     ``batched-vs-serial`` comparison per row and, per pair, ``batched-M``/``-B``/``-seeded`` per
     engine (module docstring)."""
+    from engine.backend import Unsupported, run_supported
     from engine.batched import batch_generate
     from engine.batched_check import (
         RowJudge,
@@ -125,7 +162,7 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
         seeded_invariance,
     )
     from specparity.cli.outdir import track
-    from specparity.jobs.run import Comparison
+    from specparity.jobs.comparison import Comparison, unsupported_comparison
     from specparity.runners import numerics_witness, run_case
     from traces.diff import Divergence, diff_traces
     from traces.io import Trace, atomic_write_text, dumps_record, write_trace
@@ -133,7 +170,8 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
     out: list[Any] = []
     report: list[dict[str, Any]] = []
     witness = numerics_witness()
-    for bc in batch_cases(cases):
+    def one(bc: BatchCase) -> tuple[list[Any], dict[str, Any]]:
+        got: list[Any] = []
         model, reqs, headers = row_requests(bc)
         bound = backend_bound(model.model)
         res = batch_generate(model.model, reqs)
@@ -158,7 +196,7 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
                                   message="\n".join([div.message, f"  batched vs serial: {v.verdict}: {v.message}",
                                                      *(f"    {e}" for e in v.evidence)]))
                 status = "numerics" if div.klass == "numerics" else None
-            out.append(Comparison("batched-vs-serial", f"{bc.name}/{rid} ({case.case_id})", "round", div,
+            got.append(Comparison("batched-vs-serial", f"{bc.name}/{rid} ({case.case_id})", "round", div,
                                   status=status))
             entry["rows"][rid] = {**entry["rows"].get(rid, {}), "case_id": case.case_id, "lane": res.lanes[rid],
                                   "verdict": "identical" if div is None else div.label}
@@ -167,13 +205,22 @@ def batched_comparisons(out_dir: Path, cases: list[Case]) -> list[Any]:
                     seeded_invariance(model.model, reqs, res, budget=bound)]
             entry["invariances"] = {"engine": [i.to_dict() for i in invs]}
             for inv in invs:
-                out.append(_invariance_comparison(Comparison, Divergence, f"batched-{inv.name}",
+                got.append(_invariance_comparison(Comparison, Divergence, f"batched-{inv.name}",
                                                   f"engine: {bc.name}", inv))
             for name in ("M", "B", "seeded"):
-                out.append(Comparison(f"batched-{name}", f"mlx_lm: {bc.name}", "none", None, status="not-compared",
+                got.append(Comparison(f"batched-{name}", f"mlx_lm: {bc.name}", "none", None, status="not-compared",
                                       detail="mlx-lm 0.32.2 has no batched speculation (BatchGenerator: "
                                              "is_batchable = draft_model is None): nothing to compare"))
-        report.append(entry)
+        return got, entry
+
+    for bc in batch_cases(cases):
+        done = run_supported(functools.partial(one, bc), f"batched case {bc.name}")
+        if isinstance(done, Unsupported):  # the backend lacks an op: this batched case's verdict
+            out.append(unsupported_comparison("batched-vs-serial", bc.name, ["engine"], done.info))
+            report.append({"case": bc.name, "unsupported": done.text})
+            continue
+        out += done[0]
+        report.append(done[1])
     if report:
         atomic_write_text(track(out_dir / "batched.json"), json.dumps(report, indent=1))
     return out

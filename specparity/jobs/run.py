@@ -27,111 +27,26 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from specparity.cases.case import DEFAULT_GAMMAS, Case
 from specparity.cli.outdir import set_stage, track
 from specparity.cli.progress import Progress
+from specparity.jobs.comparison import (  # the one comparison contract (re-exported: the run's result types)
+    Comparison,
+    compare_supported,
+    not_compared,
+    numerics_witness,
+    reference_comparison,
+    tokens_comparison,
+    unsupported_comparison,
+)
 from specparity.runners import run_case, runner_supports
-from traces.diff import Divergence, diff_traces
+from traces.diff import Divergence
 from traces.io import Trace, atomic_write_text, write_trace
-from traces.reference import ReferenceRefused, compare_with_reference, refusal_verdict
-
-# Comparisons of two lanes of the engine on one device, which may differ only by arithmetic
-# (a multi-token forward vs one-token decode, §2.1): a witnessed ``numerics`` flip is reported,
-# never failed.
-ARITHMETIC_KINDS = ("spec-vs-plain", "fill-vs-plain")
-
-
-@dataclass
-class Comparison:
-    kind: str  # "engine-vs-<oracle>" | "spec-vs-plain"
-    case_id: str
-    level: str
-    divergence: Divergence | None
-    known: str | None = None  # id of a known reference behaviour that explains it
-    status: str | None = None  # reference verdict status ("refused", "known", "unsupported", ...)
-    detail: str = ""
-    # a trace it needs was not made: the backend lacks an op (engine/backend.py unsupported_payload + runner)
-    unsupported: dict[str, Any] | None = None
-
-    @property
-    def verdict(self) -> str:
-        if self.status == "unsupported" and self.unsupported is not None:
-            return str(self.unsupported["verdict"])
-        if self.status == "not-compared":
-            return "not compared"
-        if self.known is not None:
-            return f"{self.status}: {self.known}"
-        if self.status == "divergent" and self.divergence is None:
-            return "unexplained refusal"
-        if self.divergence is None:
-            return "identical"
-        return self.divergence.label  # "numerics?"/"logic?": eps-based, no witness
-
-    @property
-    def fails(self) -> bool:
-        if self.status == "unsupported":  # a fact about the backend, not a finding
-            return False
-        if self.known is not None:
-            return False
-        if self.status == "divergent" and self.divergence is None:
-            return True
-        if self.divergence is None:
-            return False
-        # Against a reference every difference is a failure, except a witnessed
-        # arithmetic flip after the engine's fallback (status "numerics"); spec (or
-        # fill) vs plain may differ only by arithmetic (batched vs serial, §2.1).
-        if self.divergence.klass == "logic":
-            return True
-        return self.kind not in ARITHMETIC_KINDS and self.status != "numerics"
-
-    @property
-    def message(self) -> str | None:
-        if self.divergence is not None:
-            return self.divergence.message
-        return self.detail or None
-
-
-def not_compared(case: Case, case_id: str | None = None) -> Comparison:
-    """The entry of a sampled speculative case that no available reference implements.
-
-    Said as such (never counted as identical, never failed) so a report does not
-    read it as conforming or as a run that stopped early.
-    """
-    return Comparison("reference", case_id or case.case_id, "none", None, status="not-compared",
-                      detail=f"no available reference implements the {case.source} source, and "
-                             "sampled speculative output is not token-identical to plain decode")
-
-
-def unsupported_comparison(kind: str, case_id: str, runners: list[str], info: dict[str, Any]) -> Comparison:
-    """The entry of a comparison whose traces by ``runners`` the backend could not make (``info``:
-    :func:`engine.backend.unsupported_payload` of the first): ``unsupported on <device>: <op>``,
-    MLX's error line as its message; never failed, never identical."""
-    return Comparison(kind, case_id, "none", None, status="unsupported",
-                      detail=f"{', '.join(runners)}: {info['line']}",
-                      unsupported={**info, "runner": runners[0], "runners": list(runners)})
-
-
-def numerics_witness() -> Any:
-    """The numerics witness of a run's comparisons (``specparity.runners.numerics_witness``)."""
-    from specparity.runners import numerics_witness as witness
-
-    return witness()
-
-
-def _reference_comparison(
-    oracle: str, case_id: str, eng: Trace, ref: Trace | ReferenceRefused, witness: Any = None
-) -> Comparison:
-    if isinstance(ref, ReferenceRefused):
-        v = refusal_verdict(eng, ref)
-    else:
-        v = compare_with_reference(eng, ref, oracle, witness=witness)
-    return Comparison(
-        f"engine-vs-{oracle}", case_id, "round", v.divergence,
-        known=v.known.id if v.known is not None else None, status=v.status, detail=v.detail,
-    )
+from traces.reference import ReferenceRefused
 
 
 @dataclass
@@ -556,15 +471,16 @@ def run_cases(
             if runner_supports(oracle, case):
                 result.comparisons.append(
                     lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
-                    or _reference_comparison(oracle, case.case_id, traces[eng_key],
-                                             ref(oracle, case.case_id), witness))
+                    or compare_supported(f"engine-vs-{oracle}", case.case_id, ["engine", oracle],
+                                         partial(reference_comparison, oracle, case.case_id, traces[eng_key],
+                                                 ref(oracle, case.case_id), witness)))
         if case.temperature == 0 or case.rng == "position":  # else sampled spec and plain draw differently
             plain_key = ("engine", case.plain().case_id)
             result.comparisons.append(
                 lacking("spec-vs-plain", case.case_id, eng_key, plain_key)
-                or Comparison("spec-vs-plain", case.case_id, "tokens",
-                              diff_traces(traces[eng_key], traces[plain_key], level="tokens",
-                                          witness=witness)))
+                or compare_supported("spec-vs-plain", case.case_id, ["engine"],
+                                     partial(tokens_comparison, "spec-vs-plain", case.case_id, traces[eng_key],
+                                             traces[plain_key], witness)))
         elif not any(runner_supports(o, case) for o in available):
             result.comparisons.append(lacking("reference", case.case_id, eng_key) or not_compared(case))
     for case in plains:
@@ -572,8 +488,9 @@ def run_cases(
             eng_key = ("engine", case.case_id)
             result.comparisons.append(
                 lacking(f"engine-vs-{oracle}", case.case_id, eng_key, (oracle, case.case_id))
-                or _reference_comparison(oracle, case.case_id, traces[eng_key], ref(oracle, case.case_id),
-                                         witness))
+                or compare_supported(f"engine-vs-{oracle}", case.case_id, ["engine", oracle],
+                                     partial(reference_comparison, oracle, case.case_id, traces[eng_key],
+                                             ref(oracle, case.case_id), witness)))
     result.comparisons += verify_path_comparisons(specs, traces)
     for (runner, case_id), info in result.unsupported.items():  # a run no comparison needed: listed too
         if (runner, case_id) not in named:

@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.backend import unsupported_text, unsupported_verdict
+from engine.backend import Unsupported, run_supported, unsupported_text, unsupported_verdict
 from specparity.cases.case import Case
 from traces.diff import common_prefix
 
@@ -199,7 +199,7 @@ class SessionVerdict:
     def verdict(self) -> str:
         """``logic`` if either arm has one, else ``numerics`` if either has one, else ``identical``."""
         vs = {self.spec_verdict, self.plain_verdict}
-        return next(v for v in ("logic", "numerics", "identical") if v in vs)
+        return next(v for v in ("logic", "unsupported", "numerics", "identical") if v in vs)
 
     @property
     def ok(self) -> bool:
@@ -234,6 +234,8 @@ class SessionVerdict:
 
 
 def _arm_verdict(error: str | None, reqs: Sequence[RequestVerdict]) -> str:
+    if unsupported_verdict(error) is not None:  # the backend lacks an op: a fact, not a finding
+        return "unsupported"
     if error is not None or any(not r.ok for r in reqs):
         return "logic"
     return "numerics" if any(r.verdict == "numerics" for r in reqs) else "identical"
@@ -525,8 +527,11 @@ def sessions_from_cases(cases: Sequence[Case], names: Sequence[str] | None = Non
             if progress:
                 progress(label)
             writer = _trace_writer(trace_dir, c0, name) if trace_dir is not None else None
-            out.append(run_session(target.model, make, name, ids[0], ids[1:], params, label=label,
-                                   on_request=writer, plain=plain))
+            v = run_supported(lambda: run_session(target.model, make, name, ids[0], ids[1:], params,  # noqa: B023
+                                                  label=label, on_request=writer, plain=plain),  # noqa: B023
+                              f"session {label}")
+            # a missing op anywhere in the session (a request, the calibration, the witness): its verdict
+            out.append(SessionVerdict(label, name, error=v.text) if isinstance(v, Unsupported) else v)
     return out
 
 
@@ -543,6 +548,14 @@ def request_reach(kinds: Sequence[str], first_len: int, max_tokens: int) -> list
                       "shared-prefix": max(1, length // 2) + TURN_TOKENS}[kind]
         out.append(length + max_tokens + i)
     return out
+
+
+# The ``Case`` fields the sessions lane does not take from the run's case, each with why
+# (``tests/test_case_lanes.py`` holds every other field to reach the session's requests).
+CASE_FIELDS_NOT_APPLICABLE: dict[str, str] = {
+    "grammar": "refused by check_sessions: a constrained request's grammar state is not saved with the prompt cache",
+    "reasoning_end": "a grammar's reasoning-end marker: grammars are refused (check_sessions)",
+}
 
 
 def check_sessions(cases: Sequence[Case], names: Sequence[str] | None = None) -> None:
@@ -636,6 +649,7 @@ def summary(verdicts: Sequence[SessionVerdict]) -> dict[str, Any]:
         "identical": sum(v.spec_identical for v in verdicts),
         "numerics": sum(v.spec_verdict == "numerics" for v in verdicts),
         "logic": sum(v.spec_verdict == "logic" for v in verdicts),
+        "unsupported": sum(v.spec_verdict == "unsupported" for v in verdicts),
         "arithmetic": next((v.arithmetic for v in verdicts if v.arithmetic), None),
         "requests": len(reqs),
         "requests_identical": sum(r.identical for r in reqs),
@@ -654,11 +668,24 @@ def summary(verdicts: Sequence[SessionVerdict]) -> dict[str, Any]:
     }
 
 
+def headline(s: dict[str, Any]) -> str:
+    """What the sessions found, every verdict counted (:func:`summary`): ``CONFORMS — N sessions: a
+    warm ≡ cold, b numerics, c logic, d unsupported`` with no ``logic`` (exit 0: numerics is
+    arithmetic, unsupported a backend's fact), ``DIVERGES — ...`` with some, ``NOTHING COMPARED``
+    when every session was unsupported."""
+    counts = (f"{s['sessions']} sessions: {s['identical']} warm ≡ cold, {s['numerics']} numerics, "
+              f"{s['logic']} logic, {s['unsupported']} unsupported")
+    if s["logic"]:
+        return f"DIVERGES — {counts}"
+    if s["sessions"] and s["unsupported"] == s["sessions"]:
+        return f"NOTHING COMPARED — {counts}"
+    return f"CONFORMS — {counts}"
+
+
 def render(verdicts: Sequence[SessionVerdict]) -> str:
     s = summary(verdicts)
-    lines = ["# Prompt-cache sessions: warm ≡ cold", "",
-             f"{s['identical']}/{s['sessions']} sessions warm ≡ cold "
-             f"({s['requests_identical']}/{s['requests']} requests).", ""]
+    lines = ["# Prompt-cache sessions: warm ≡ cold", "", headline(s) +
+             f" ({s['requests_identical']}/{s['requests']} requests warm ≡ cold).", ""]
     if s["arithmetic"]:
         lines[-1:] = [
             "", f"Not bit-exact here ({s['arithmetic']}): cache bytes compared within the bound calibrated on this "
@@ -912,7 +939,7 @@ def main_sessions(cases: Sequence[Case], out_dir: Path, *, quiet: bool = False,
 
 
 __all__ = ["SESSIONS", "RequestVerdict", "SessionVerdict", "check_sessions", "compare_records",
-           "main_sessions", "request_reach",
+           "headline", "main_sessions", "request_reach",
            "next_prompt", "paired_ratio", "paired_summary", "reference_sessions", "run_session",
            "sessions_from_cases", "summary", "ttft_cells", "zoo_session_cases"]
 
@@ -932,7 +959,7 @@ def reference_sessions(cases: Sequence[Case], names: Sequence[str] | None = None
     for c in cases:
         if c.drafter is not None and c.source == "two-model" and c.kv_bits is None:
             groups.setdefault(_group_key(c), []).append(c)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for group in groups.values():
         c0 = group[0]
         tp, dp = case_paths(c0)
@@ -941,9 +968,16 @@ def reference_sessions(cases: Sequence[Case], names: Sequence[str] | None = None
             if name == "eos":
                 continue  # the reference stops on its tokenizer's EOS set only
             for plain in (False, True):
-                reqs = ref.run_session(str(tp), str(dp), SESSIONS[name], ids[0], ids[1:], next_prompt,
-                                       gamma=c0.gamma, max_tokens=c0.max_tokens, temperature=c0.temperature,
-                                       seed=c0.seed, plain=plain)
+                got = run_supported(lambda: ref.run_session(  # noqa: B023
+                    str(tp), str(dp), SESSIONS[name], ids[0], ids[1:], next_prompt,  # noqa: B023
+                    gamma=c0.gamma, max_tokens=c0.max_tokens, temperature=c0.temperature,  # noqa: B023
+                    seed=c0.seed, plain=plain), f"reference session {_label(c0)}/{name}")  # noqa: B023
+                if isinstance(got, Unsupported):
+                    rows.append({"label": f"{_label(c0)}/{name}", "lane": "plain" if plain else "spec",
+                                 "compared": False, "identical": False, "tokens_identical": False,
+                                 "unsupported": got.text, "first_divergence": got.text, "requests": []})
+                    continue
+                reqs = got
                 cold_error = next((r["cold_error"] for r in reqs if r["cold_error"]), None)
                 rows.append({"label": f"{_label(c0)}/{name}", "lane": "plain" if plain else "spec",
                              "compared": cold_error is None,
