@@ -249,3 +249,42 @@ def test_robustness_doc_names_tests_that_exist() -> None:
             missing.append(f"{module}::{test}")
     assert not missing, missing
     assert "outdir::sweep" in table
+
+
+# Round four (issue 41), the hostile helper's part: writers outside their folder, finite numbers
+# refused for their case id, and the older items still open.
+ROUND_FOUR_WRITERS_AND_NUMBERS: dict[str, list[str]] = {
+    "every python -m module and tool owns its destination (test_hostile_module_writers.py, from the "
+    "modules' own parsers)": [
+        "a writing flag of any module without an output type fails the enumeration",
+        "x each module writer (grading.engines, grading.http_servers, grading.native_mtp_conventions, "
+        "grading.vlm_batched, tools/mutation.py, zoo.build, zoo.train, reports.scoreboard DIR; "
+        "measure.bench_batched --json pending): a user's file refused before the work, a file where "
+        "a folder goes refused at parse time",
+    ],
+    "the mutation tool (test_hostile_mutation_tool.py)": [
+        "catalogue TOML syntax", "catalogue not UTF-8", "tests a string", "id a number", "a table field",
+        "tests empty", "tests an option", "a missing field", "mutation not tables", "a stray top-level key",
+        "duplicate ids", "file absolute", "file ../", "file with an inner ..", "file ~/", "file untracked",
+        "a test path outside the tree", "a link leading outside the tree", "--timeout nan / inf / -1 / 0 / ten",
+        "--out holding a user's mutation.md / notes.txt", "kill -9 while a plant is in place",
+    ],
+    "finite numbers and duplicate processors (test_processor_tags.py)": [
+        "every finite float through the tag (property)", "every finite processor setting (property)",
+        "rp1.2+rp1.3 / lb twice / pp twice / h twice", "a suite with a processor twice",
+        "--presence-penalty 1e20 / --logit-bias 5=1e300 / --repetition-penalty 12345678901234567890 "
+        "(generate, then grade its trace)", "lb5=1e300+pp1e20 in a suite",
+    ],
+    "older items (test_hostile_round4.py)": [
+        "a header logit_bias id outside the vocabulary (before the model loads)",
+        "grade RUN/batched (batch.jsonl)", "a 5,000-character header case_id",
+        "a 400-character header grammar name", "tokenizer.json {}",
+        "a 4-bit checkpoint without its quantization block",
+    ],
+}
+
+
+def test_round_four_writers_and_numbers_catalogue_counts() -> None:
+    counts = {k: len(v) for k, v in ROUND_FOUR_WRITERS_AND_NUMBERS.items()}
+    print("round four (writers, numbers):", counts, "total", sum(counts.values()))
+    assert sum(counts.values()) >= 30, counts
