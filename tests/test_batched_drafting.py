@@ -145,11 +145,14 @@ def test_batch_drafts_off_drafts_per_row(llama: Any, twin: Any, monkeypatch: pyt
 
 
 def test_off_a_bit_exact_backend_rows_draft_alone_unless_asked(twin: Any) -> None:
-    from engine.nonexact import emulate_nonexact
+    from engine.nonexact import emulate_nonexact, exact
     from specparity.runners import load_model
 
-    noisy = emulate_nonexact(load_model(str(zoo.model_dir("llama"))).model, 0.01)
-    res = batch_generate(noisy, _rows(twin, n=2))
-    assert all(v.startswith("per row: the backend is not bit-exact") for v in res.drafting.values()), res.drafting
-    res = batch_generate(noisy, _rows(twin, n=2), batch_drafts=True)
-    assert set(res.drafting.values()) == {"batched"}, res.drafting
+    noisy = emulate_nonexact(load_model(str(zoo.model_dir("llama"))).model, 0.01)  # the loader's shared model
+    try:
+        res = batch_generate(noisy, _rows(twin, n=2))
+        assert all(v.startswith("per row: the backend is not bit-exact") for v in res.drafting.values()), res.drafting
+        res = batch_generate(noisy, _rows(twin, n=2), batch_drafts=True)
+        assert set(res.drafting.values()) == {"batched"}, res.drafting
+    finally:
+        exact(noisy)
