@@ -29,7 +29,10 @@ right-padded feeds and rolls the pad off; each further step feeds every row its 
 a row that drafts fewer (fewer tokens left) stops drawing and drops the extra positions at the
 commit, in the one rollback that also applies mlx-lm's ``_rewind_cache`` trim. Each row draws
 on its own logits row with its own sampler and generator: its serial draws. Rows that draft
-per row say why (``BatchResult.drafting``; the benches print it).
+per row say why (``BatchResult.drafting``; the benches print it). By default drafts are batched
+only where the backend is bit-exact (``batch_generate(batch_drafts=None)``): elsewhere a batched
+drafter forward's arithmetic may depend on the batch and move a row's drafts (never its
+tokens) away from its serial run's records; ``batch_drafts=True`` opts in (the throughput bench).
 
 **Layout: left-padded caches, right-padded windows.** mlx-lm's batched caches
 (``models/cache.py`` ``BatchKVCache``, ``BatchRotatingKVCache``, the batched ``ArraysCache``)
