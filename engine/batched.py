@@ -1027,7 +1027,8 @@ def drafter_reason(source: DraftSource, sampler: Any) -> str | None:
 
 
 class _Drafters:
-    """The two-model rows' drafter caches as one batch per drafter model.
+    """The two-model rows' drafter caches as one batch per drafter model (while two or more
+    of its rows draft in a step; a lone row drafts through its own source, :meth:`rebalance`).
 
     The batch is a :class:`_Batch` of the drafter (left-padded ``BatchKVCache`` per layer,
     one slot per row). A round drafts every row in ``max_b n_b`` drafter forwards: the first
