@@ -29,7 +29,10 @@ right-padded feeds and rolls the pad off; each further step feeds every row its 
 a row that drafts fewer (fewer tokens left) stops drawing and drops the extra positions at the
 commit, in the one rollback that also applies mlx-lm's ``_rewind_cache`` trim. Each row draws
 on its own logits row with its own sampler and generator: its serial draws. Rows that draft
-per row say why (``BatchResult.drafting``; the benches print it).
+per row say why (``BatchResult.drafting``; the benches print it). By default drafts are batched
+only where the backend is bit-exact (``batch_generate(batch_drafts=None)``): elsewhere a batched
+drafter forward's arithmetic may depend on the batch and move a row's drafts (never its
+tokens) away from its serial run's records; ``batch_drafts=True`` opts in (the throughput bench).
 
 **Layout: left-padded caches, right-padded windows.** mlx-lm's batched caches
 (``models/cache.py`` ``BatchKVCache``, ``BatchRotatingKVCache``, the batched ``ArraysCache``)
@@ -704,14 +707,13 @@ def _batch_generate(target_model: Any, requests: list[BatchRequest], max_batch: 
             if row.spec.pause is not None and row.spec.pause[0] == step:
                 row.swapped = batch.extract(row)
                 batch.release(row)
-                drafters.leave(row, keep=True)
+                drafters.leave(row, keep=True, eligible=True)
                 paused.append(row)
                 left.append({"row": row.rid, "why": "preempted"})
         for row in list(paused):
             if row.spec.pause is not None and row.spec.pause[1] <= step and _room(batch, max_batch):
                 assert row.swapped is not None
                 batch.join(row, row.swapped)
-                drafters.admit(row)
                 row.swapped = None
                 paused.remove(row)
                 joined.append(row.rid)
@@ -826,6 +828,7 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
         prof.start()
     plans: list[_Plan] = []
     grouped: list[tuple[_Row, int, float]] = []  # rows drafting in a drafter batch
+    rounds: list[tuple[_Row, int, float]] = []
     for row in active:
         req, source = row.req, row.source
         assert source is not None
@@ -842,11 +845,15 @@ def _step(batch: _Batch, drafters: _Drafters, active: list[_Row], step: int, lef
             batch.release(row)
             left.append({"row": row.rid, "why": f"serial: {guard.split(':')[0]}"})
             continue
+        rounds.append((row, n, tr0))
+    drafters.rebalance([row for row, _, _ in rounds])
+    for row, n, tr0 in rounds:
         if drafters.holds(row):
             grouped.append((row, n, tr0))
             continue
+        assert row.source is not None
         with _row_rng(row):
-            drafts, drafts_arr = draft_round(req, source, row.feed, n, None, NO_OBSERVER, ())
+            drafts, drafts_arr = draft_round(row.req, row.source, row.feed, n, None, NO_OBSERVER, ())
         plans.append(_plan(row, drafts, drafts_arr, n, tr0))
     for row, n, tr0, arr, dbatch in drafters.draft(grouped):
         plans.append(_plan(row, [], arr, n, tr0, dbatch))
@@ -1026,7 +1033,8 @@ def drafter_reason(source: DraftSource, sampler: Any) -> str | None:
 
 
 class _Drafters:
-    """The two-model rows' drafter caches as one batch per drafter model.
+    """The two-model rows' drafter caches as one batch per drafter model (while two or more
+    of its rows draft in a step; a lone row drafts through its own source, :meth:`rebalance`).
 
     The batch is a :class:`_Batch` of the drafter (left-padded ``BatchKVCache`` per layer,
     one slot per row). A round drafts every row in ``max_b n_b`` drafter forwards: the first
@@ -1043,23 +1051,44 @@ class _Drafters:
         self.enabled = enabled
         self.batches: dict[int, _Batch] = {}
         self.of: dict[str, _Batch] = {}
+        self.eligible: set[str] = set()
 
     def holds(self, row: _Row) -> bool:
         return row.rid in self.of
 
     def admit(self, row: _Row) -> bool:
-        """Place a joining row's drafter caches in its drafter's batch (False: it drafts alone)."""
+        """A joining row may draft in its drafter's batch (False: it drafts alone); it does once
+        a second such row is in the batch (:meth:`rebalance`)."""
         source = row.source
         if not self.enabled or source is None or drafter_reason(source, row.req.sampler) is not None:
             return False
-        model = cast(Any, source).model
-        b = self.batches.setdefault(id(model), _Batch(model))
-        b.join(row, cast(Any, source).caches)
-        self.of[row.rid] = b
+        self.eligible.add(row.rid)
         return True
 
-    def leave(self, row: _Row, keep: bool = False) -> None:
-        """The row leaves its drafter batch; ``keep``: its caches go back to its source first."""
+    def rebalance(self, rows: list[_Row]) -> None:
+        """Before a step's drafting: the eligible rows of each drafter draft as one batch when
+        there are two or more of them; a lone one drafts through its own source (its caches
+        back from the batch): B = 1 gains nothing from the batched caches' masks and padding."""
+        groups: dict[int, list[_Row]] = {}
+        for row in rows:
+            if row.rid in self.eligible:
+                groups.setdefault(id(cast(Any, row.source).model), []).append(row)
+        for key, members in groups.items():
+            if len(members) >= 2:
+                model = cast(Any, members[0].source).model
+                b = self.batches.setdefault(key, _Batch(model))
+                for row in members:
+                    if row.rid not in self.of:
+                        b.join(row, cast(Any, row.source).caches)
+                        self.of[row.rid] = b
+            else:
+                self.leave(members[0], keep=True, eligible=True)
+
+    def leave(self, row: _Row, keep: bool = False, eligible: bool = False) -> None:
+        """The row leaves its drafter batch; ``keep``: its caches go back to its source first;
+        ``eligible``: it may join again (a lone row, a paused one)."""
+        if not eligible:
+            self.eligible.discard(row.rid)
         b = self.of.pop(row.rid, None)
         if b is None:
             return

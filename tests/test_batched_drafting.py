@@ -145,11 +145,31 @@ def test_batch_drafts_off_drafts_per_row(llama: Any, twin: Any, monkeypatch: pyt
 
 
 def test_off_a_bit_exact_backend_rows_draft_alone_unless_asked(twin: Any) -> None:
-    from engine.nonexact import emulate_nonexact
+    from engine.nonexact import emulate_nonexact, exact
     from specparity.runners import load_model
 
-    noisy = emulate_nonexact(load_model(str(zoo.model_dir("llama"))).model, 0.01)
-    res = batch_generate(noisy, _rows(twin, n=2))
-    assert all(v.startswith("per row: the backend is not bit-exact") for v in res.drafting.values()), res.drafting
-    res = batch_generate(noisy, _rows(twin, n=2), batch_drafts=True)
-    assert set(res.drafting.values()) == {"batched"}, res.drafting
+    noisy = emulate_nonexact(load_model(str(zoo.model_dir("llama"))).model, 0.01)  # the loader's shared model
+    try:
+        res = batch_generate(noisy, _rows(twin, n=2))
+        assert all(v.startswith("per row: the backend is not bit-exact") for v in res.drafting.values()), res.drafting
+        res = batch_generate(noisy, _rows(twin, n=2), batch_drafts=True)
+        assert set(res.drafting.values()) == {"batched"}, res.drafting
+    finally:
+        exact(noisy)
+
+
+def test_a_lone_row_drafts_alone_and_joins_when_a_second_comes(llama: Any, twin: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    ps = zoo.prompts()
+    params = GenerationParams(max_tokens=24, gamma=3, eos_ids=(zoo.eos_id(),))
+    reqs = [BatchRequest("r0", list(ps[0].token_ids), params, TwoModelProvider(twin)),
+            BatchRequest("r1", list(ps[1].token_ids), GenerationParams(max_tokens=8, gamma=2, eos_ids=(zoo.eos_id(),)),
+                         TwoModelProvider(twin), arrive=2)]
+    counting = _Counting(twin, monkeypatch)
+    res = batch_generate(llama, reqs)
+    sizes = counting.batch_sizes
+    first_pair = sizes.index(2)
+    assert first_pair > 0 and set(sizes[:first_pair]) == {1}, sizes  # r0 alone: its own B = 1 drafter forwards
+    assert sizes[-1] == 1, sizes  # r1 done: r0 drafts alone again
+    divs = check_rows(llama, reqs, res)
+    assert not divs, "\n".join(d.message for d in divs)
