@@ -478,14 +478,16 @@ def _stages(pipe: SamplingPipeline) -> str:
 
 
 def _draft_steps(model: Any, caches: list[Any], feed: list[int], drafts: list[int], n: int,
-                 sampler: StepSampler) -> tuple[list[int], mx.array]:
+                 sampler: StepSampler, kv: KVQuantization | None = None) -> tuple[list[int], mx.array]:
     """The two-model drafter's ``n`` steps (``engine.sources.two_model`` / mlx-lm
     ``_draft_generate``): the feed as one forward, then each sampled draft fed back;
-    ``drafts`` are the recorded ones fed back (the run's own path). Returns the
-    picks and the last step's row."""
+    ``drafts`` are the recorded ones fed back (the run's own path). ``kv``: the run's
+    quantized KV, converted after every drafter forward as the drafter converts it
+    (mlx-lm ``maybe_quantize_kv_cache``). Returns the picks and the last step's row."""
     y, picks, row = list(feed), [], None
     for j in range(n):
         row = model(_tokens(y), cache=caches)[:, -1, :]
+        quantize_kv(caches, kv, "two-model drafter")
         picks.append(token_ids(sampler.sample_window(row))[0])
         y = [drafts[j]] if j < len(drafts) else [picks[-1]]
     assert row is not None
@@ -507,9 +509,10 @@ def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str,
     sampler = _greedy()
     caches = clone_caches(start_caches) if start_caches is not None else _new_caches(model)
     params = trace.header.get("params") or {}
+    kv = _kv(trace)  # the drafter converts its caches as the target's (engine.sources.two_model)
     assert trace.prefill is not None and trace.prefill.get("drafter_tokens") is not None
     prefill_chunks(model, caches, list(trace.prefill["drafter_tokens"]),
-                    int(params.get("prefill_step_size") or SPEC_PREFILL_STEP))
+                    int(params.get("prefill_step_size") or SPEC_PREFILL_STEP), kv)
     notes: list[str] = []
     for rec in trace.events[: site.event]:
         if rec["type"] != "round":
@@ -520,7 +523,7 @@ def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str,
             continue
         drop = max(d - k - 1, 0)
         before = clone_caches(caches) if drop else None
-        _draft_steps(model, caches, feed, drafts, d, sampler)
+        _draft_steps(model, caches, feed, drafts, d, sampler, kv)
         mx.eval([c.state for c in caches])
         if not drop:
             continue
@@ -531,12 +534,13 @@ def evaluate_draft_path(model: Any, trace: Trace, site: TokenSite, label: str,
             continue
         assert before is not None
         caches[:] = before
-        _draft_steps(model, caches, feed, drafts, k + 1, sampler)  # inputs feed + drafts[:k]
+        _draft_steps(model, caches, feed, drafts, k + 1, sampler, kv)  # inputs feed + drafts[:k]
         mx.eval([c.state for c in caches])
         notes.append(f"round {rec['index']}: drafter re-run on its kept inputs (no exact trim there)")
     rec = trace.events[site.event]
     assert site.position is not None
-    picks, row = _draft_steps(model, caches, list(rec["feed"]), list(rec["drafts"]), site.position + 1, sampler)
+    picks, row = _draft_steps(model, caches, list(rec["feed"]), list(rec["drafts"]), site.position + 1,
+                              sampler, kv)
     row = row.astype(mx.float32)
     mx.eval(row)
     return PathEval(f"{label} {site.record} draft {site.position}",

@@ -25,7 +25,7 @@ from traces.diff import diff_main, diff_traces
 from traces.io import Trace, write_trace
 from traces.validate import validate_batch_steps, validate_trace
 
-CASE = BatchCase("llama/twin/B3", tuple(_row("llama", "twin", i) for i in range(3)), (0, 0, 1),
+CASE = BatchCase("llama/twin/B3", tuple(_row(Case("llama", "twin", "nat-00"), "twin", i) for i in range(3)), (0, 0, 1),
                  ((2, 4), None, None))
 
 

@@ -90,3 +90,20 @@ def test_audit_reads_a_missing_op_as_that_runs_verdict(monkeypatch: pytest.Monke
     assert rc == 0, err
     assert "1 run(s) unsupported on this backend" in err and "— audit llama prompt" in err, err
     assert ": quantized_matmul" in err
+
+
+def test_a_comparison_whose_replay_hits_a_missing_op_reads_unsupported() -> None:
+    """``run`` and ``grade DIR`` build every witness-replaying comparison through
+    ``compare_supported``: a missing op in the replay is that comparison's ``unsupported`` entry."""
+    from specparity.jobs.comparison import Comparison, compare_supported
+
+    def replay() -> Comparison:
+        _missing()
+        raise AssertionError("unreachable")
+
+    c = compare_supported("spec-vs-plain", "llama-kv/twin/nat-00/g3/n8", ["engine"], replay)
+    assert c.verdict.endswith(": quantized_matmul") and not c.fails and c.status == "unsupported", c
+    ok = compare_supported("spec-vs-plain", "x", ["engine"], lambda: Comparison("spec-vs-plain", "x", "tokens", None))
+    assert ok.verdict == "identical"
+    with pytest.raises(RuntimeError, match="boom"):
+        compare_supported("spec-vs-plain", "x", ["engine"], lambda: (_ for _ in ()).throw(RuntimeError("boom")))
