@@ -1,7 +1,7 @@
 """A test double of an OpenAI-compatible server over real in-process decode, with planted bugs.
 
 Not a server users grade (it lives under ``tests/``): the served checks
-(``subjects/served.py``) and the grader (``specparity/grading/http_servers.py``) are tested
+(``subjects/served/``) and the grader (``specparity/grading/http_servers.py``) are tested
 against it. It speaks the API of mlx-lm 0.32.2 ``mlx_lm/server.py`` with the same
 response shapes (``APIHandler.generate_response`` / ``handle_completion`` /
 ``completion_usage_response`` / ``handle_health_check``: ``/v1/completions`` with

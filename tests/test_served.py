@@ -1,4 +1,4 @@
-"""Served engines (subjects/served.py, specparity/grading/http_servers.py) on the fake server, loopback only.
+"""Served engines (subjects/served/, specparity/grading/http_servers.py) on the fake server, loopback only.
 
 The fake (``tests/fake_server.py``) is a real server's double: batched (requests in
 flight together), a streaming detokenizer, bf16-rounded logprobs, a prompt cache,
