@@ -67,12 +67,12 @@ def toy_server(monkeypatch) -> str:
 def test_a_toy_check_and_a_toy_server_reach_the_parser_the_tables_and_the_scoreboard(
         toy_check, toy_server, pair, tmp_path) -> None:
     from reports.scoreboard import write_scoreboard
-    from specparity.commands import grade
+    from specparity.cli.entry import build_parser
 
-    p = argparse.ArgumentParser()
-    grade.add_arguments(p)
-    args = p.parse_args(["--serve", toy_server, "--model", str(pair[0]), "--check", toy_check])
-    assert args.check == ["toy"] and toy_server in p.format_help()
+    p = build_parser()
+    args = p.parse_args(["grade", "--serve", toy_server, "--model", str(pair[0]), "--check", toy_check])
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices["grade"]
+    assert args.check == ["toy"] and toy_server in sub.format_help()
     assert toy_check in check_names() and make_plan(engine_reference(str(pair[0]))).no_eos("toy")
     doc = grade_served(model=str(pair[0]), serve=toy_server, out=tmp_path, checks=("toy", "liveness"))
     cell = doc["modes"]["plain"]["checks"]["toy"]
@@ -137,7 +137,6 @@ def promise_breakers(pair, fakes, names) -> dict[str, str]:
     return out
 
 
-@pytest.mark.slow
 def test_every_check_runs_every_case_when_its_first_request_fails(pair, fakes) -> None:
     names = [n for n, c in CHECKS.items() if c.fn is not None and n not in ("reject", "liveness")]
     assert promise_breakers(pair, fakes, names) == {}

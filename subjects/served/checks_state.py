@@ -79,9 +79,8 @@ def check_cache(ctx: Ctx) -> str:
         why = compare(ref, cold_reply, ref.expect(req)[0], exact=False)
         if why:
             raise Finding(req, f"first (cold) request: {why}")
-    if cold_reply is None:
-        return ""
-    out = strip_eos(ref, cold_reply.ids) or p.out[:17]
+    # the cold request failed: the warm cases still run (every case runs), against plain decode
+    out = (strip_eos(ref, cold_reply.ids) if cold_reply is not None else None) or p.out[:17]
     other = ps[1].ids if len(ps) > 1 else p.out[17:20]
     body = list(other[1:]) if ref.bos_id is not None and other and other[0] == ref.bos_id else list(other)
     plan = [  # (case, ids sent, the cached tokens it needs given the prompt the server builds from them)
