@@ -45,11 +45,17 @@ check meant to catch it, and only that check):
 - ``stop-label`` (finish_reason): 'length' when a stop string ends it;
 - ``usage-reencode`` (usage): ``completion_tokens`` counted by re-encoding the text
   (visible on a byte-level model only);
+- ``chat-usage-off`` (usage): a chat reply's ``completion_tokens`` counts one token more than it
+  returned (an end-of-turn token it does not hold); completions replies are right;
 - ``eos-leak`` (eos): the EOS token's text is appended when generation ends on EOS;
 - ``stop-trailing-logprob`` (stop): a stop inside a speculative block leaves the
   block's next token in ids/logprobs (text and usage trimmed right);
 - ``logprob-off`` (logprobs): logprobs off beyond tolerance (×1.03 − 0.02);
 - ``cache-drop`` (cache): after a prompt-cache hit the first generated token is dropped;
+- ``cache-every-tenth`` (cache): every tenth request that hits the prompt cache drops its first
+  generated token (a wrong output 1 request in 10);
+- ``cache-no-logprobs`` (cache): after a prompt-cache hit, a request WITHOUT logprobs drops its first
+  generated token (the logprobs path is right: a check that always asks for logprobs misses it);
 - ``cache-short-save`` (cache, spec arm only): a cache entry saved under speculation
   is one token short, so a hit decodes as if the last reused token were missing;
 - ``batch-leak`` (concurrency): a request batched behind another decodes on a prompt
@@ -134,7 +140,8 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
         "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error",
-        "health-counters", "draft-disabled", "no-counters", "cache-on-anyway")
+        "health-counters", "draft-disabled", "no-counters", "cache-on-anyway", "chat-usage-off", "cache-every-tenth",
+        "cache-no-logprobs")
 SERVED_NAME = "fake/served-model"  # the model-name plant's one model name (its /v1/models lists it)
 WRAP_SYSTEM = "You are a helpful assistant."  # wrap-system's system message (fusion-mlx 0.10.24's)
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
@@ -399,6 +406,12 @@ class FakeEngine:
             del self.cache[: -self.cache_size]
         if self.bug == "cache-drop" and cached >= 2 and ids:
             ids = ids[1:]
+        if self.bug == "cache-every-tenth" and cached >= 2 and ids:
+            self.stats["hits"] = self.stats.get("hits", 0) + 1
+            if self.stats["hits"] % 10 == 0:
+                ids = ids[1:]
+        if self.bug == "cache-no-logprobs" and cached >= 2 and ids and not (job.sampling or {}).get("logprobs"):
+            ids = ids[1:]
         n_usage = hit_at[0] if hit_at else len(ids)
         n_usage += miscounted
         if leak is not None and leak[0] <= len(ids):
@@ -548,6 +561,8 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 self._json(400, {"error": str(exc)})
                 return
             sampling = {k: body.get(k) for k in ("temperature", "seed", "logit_bias") if body.get(k) is not None}
+            if engine.bug == "cache-no-logprobs":
+                sampling["logprobs"] = bool(body.get("logprobs"))
             try:
                 for k, v in (sampling.get("logit_bias") or {}).items():
                     if not -100 <= float(v) <= 100 or not 0 <= int(k) < engine.vocab:
@@ -587,6 +602,8 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 finish = "length"
             n_out = len(tok.encode(text, add_special_tokens=False)) if engine.bug == "usage-reencode" \
                 else r["n_usage"] + (1 if r["eos"] else 0)
+            if engine.bug == "chat-usage-off" and chat:
+                n_out += 1
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out,
                      "total_tokens": len(prompt) + n_out,
                      "prompt_tokens_details": {"cached_tokens": r["cached"]}}

@@ -122,7 +122,11 @@ def check_budget(ctx: Ctx) -> str:
     for m, p in zip(BUDGETS, ctx.plan.no_eos("budget"), strict=False):
         req = Request(p.text, m, logprobs=True, tag="budget")
         with ctx.case(req):
-            why = compare(ctx.ref, ctx.ask(req), p.out[:m], exact=True)
+            r = ctx.ask(req)
+            n = len(r.ids) if r.ids is not None else None
+            if n is not None and n > m:  # the property that broke, first: the budget itself
+                raise Finding(req, f"max_tokens={m}: {n} tokens emitted")
+            why = compare(ctx.ref, r, p.out[:m], exact=True)
             if why:
                 raise Finding(req, f"max_tokens={m}: {why}")
     return f"exactly the budget at max_tokens {list(BUDGETS)}"
@@ -214,6 +218,8 @@ def _completion_count(ctx: Ctx, req: Request, r: Reply) -> None:
         raise Finding(req, f"no usage in the response (got {u!r})")
     pt, ct, tt = u.get("prompt_tokens"), u.get("completion_tokens"), u.get("total_tokens")
     n_prompt = len(ctx.ref.prompt_ids(req))
+    if req.chat and isinstance(pt, int) and not isinstance(pt, bool):
+        n_prompt = pt  # the chat prompt the server builds is identity's business (one root cause, one cell)
     if pt != n_prompt:
         raise Finding(req, f"usage.prompt_tokens {pt}, the prompt the server builds has {n_prompt} tokens")
     if tt != (pt or 0) + (ct or 0):
@@ -235,6 +241,8 @@ def check_usage(ctx: Ctx) -> str:
     if ctx.plan.reencode is not None:
         plain.append((Request(ctx.plan.reencode.text, 17, logprobs=True,
                               tag="usage (output re-encodes to another count)"), False))
+    for q in ps[3:4] or ps[:1]:  # a chat reply's usage too (its prompt: the chat prompt the server builds)
+        plain.append((Request(q.text, 9, chat=True, logprobs=True, tag="usage (chat)"), None))
     for req, eos in plain:
         with ctx.case(req):
             r = ctx.ask(req)
@@ -242,10 +250,11 @@ def check_usage(ctx: Ctx) -> str:
             ct = r.usage.get("completion_tokens") if r.usage else None
             ids = strip_eos(ref, r.ids)
             n = len(ids) if ids is not None else len(ref.expect(req)[0])
-            allowed = (n, n + 1) if eos else (n,)
+            ended = eos if eos is not None else r.finish_reason == "stop"  # a chat reply: did it end on EOS?
+            allowed = (n, n + 1) if ended else (n,)
             if ct not in allowed:
                 raise Finding(req, f"usage.completion_tokens {ct}, the server returned {n} token(s)"
-                                   + (" (+ at most the EOS)" if eos else ""))
+                                   + (" (+ at most the EOS)" if ended else ""))
     for kind, extra in (("", None), ("", 1)):
         found = _stop_case(ref, ps[1:], kind, skip=0 if extra is None else 1)
         tag = "usage (stop)" if extra is None else "usage (stop in the budget's last block)"
@@ -348,6 +357,11 @@ def check_logprobs(ctx: Ctx) -> str:
                 if vals != sorted(vals, reverse=True):
                     raise Finding(req, f"token {i}: top_logprobs not sorted by logprob: "
                                        f"{[(t[0], round(t[2], 4)) for t in g.top]}")
+                top_id = g.top[0][0] if g.top else None
+                if (got_ids is not None and top_id is not None and top_id != ids[i]
+                        and not _lp_close(vals[0], g.logprob)):  # greedy: the emitted token is the top entry
+                    raise Finding(req, f"token {i}: top_logprobs[0] is id {top_id} ({vals[0]:.5f}), not the emitted "
+                                       f"token id {ids[i]} ({g.logprob:.5f})")
                 if vals and not g.logprob >= vals[0] - (LOGPROB_ATOL + LOGPROB_RTOL * abs(vals[0])):
                     raise Finding(req, f"token {i}: the emitted (greedy) token's logprob {g.logprob:.5f} is below "
                                        f"the top entry's {vals[0]:.5f}")

@@ -19,6 +19,7 @@ from subjects.served.counters import SpecCounters, metrics
 from subjects.served.ctx import Ctx, _down
 from subjects.served.declare import check
 from subjects.served.plan import (
+    CACHE_ROUNDS,
     CONCURRENT,
     MAX_BUDGET,
     REJECT_MAX_ACCEPT,
@@ -89,21 +90,26 @@ def check_cache(ctx: Ctx) -> str:
         ("cache: exact continuation (prompt ids + the server's completion ids)", list(p.ids) + list(out),
          lambda b: len(cold_built) + 1),  # more than the cold prompt: its generated tokens reused
     ]
-    for tag, ids, need in plan:
-        with ctx.case(tag):
-            req, r = ctx.ask_ids(ids, 17, tag=tag, logprobs=True)
-            built = ref.prompt_ids(req)
-            note = _hit(ctx, req, r, len(built), need(built), tag)
-            if note:
-                notes.add(note)
-            want, _ = ref.greedy(tuple(built), 17)
-            why = compare(ref, r, want, exact=False)  # lengths are the budget check's
-            if why:
-                raise Finding(req, f"warm != cold plain decode: {why}")
-    warm = ctx.cases[-len(plan):]
-    if all(c.status == "cannot-grade" for c in warm) and ctx.cases[-len(plan) - 1].status == "pass":
-        ctx.cases.pop(-len(plan) - 1)  # the cold request alone tests no cache: not credited
-    return "repeated, shared-prefix and continuation requests (by token id) = cold plain decode" + (
+    for rnd in range(CACHE_ROUNDS):  # each property over many requests, with and without the optional field
+        lp = rnd % 2 == 0
+        for kind, ids, need in plan:
+            tag = f"{kind} [{rnd + 1}/{CACHE_ROUNDS}, {'with' if lp else 'without'} logprobs]"
+            with ctx.case(tag):
+                req, r = ctx.ask_ids(ids, 17, tag=tag, logprobs=lp)
+                built = ref.prompt_ids(req)
+                note = _hit(ctx, req, r, len(built), need(built), tag)
+                if note:
+                    notes.add(note)
+                want, _ = ref.greedy(tuple(built), 17)
+                why = compare(ref, r, want, exact=False)  # lengths are the budget check's
+                if why:
+                    raise Finding(req, f"warm != cold plain decode ({'with' if lp else 'without'} logprobs): {why}")
+    n_warm = len(plan) * CACHE_ROUNDS
+    warm = ctx.cases[-n_warm:]
+    if all(c.status == "cannot-grade" for c in warm) and ctx.cases[-n_warm - 1].status == "pass":
+        ctx.cases.pop(-n_warm - 1)  # the cold request alone tests no cache: not credited
+    return (f"repeated, shared-prefix and continuation requests (by token id), {CACHE_ROUNDS} rounds with and "
+            "without logprobs = cold plain decode") + (
         "; " + "; ".join(sorted(notes)) if notes else "")
 
 

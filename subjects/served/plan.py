@@ -17,6 +17,7 @@ CONCURRENT = 4
 SEED = 1234  # the seeded requests' seed (temperature SEED_TEMPERATURE)
 SEED_TEMPERATURE = 1.0
 SEED_BURSTS = 3  # the seeded request sent with its batch-mates this many times
+CACHE_ROUNDS = 8  # the cache check's warm requests, each kind this many times: a 1-in-10 bug shows (1 - 0.9^24)
 TOOL = "lookup"  # the one function the tool-call requests offer
 REJECT_MAX_ACCEPT = 0.1  # the all-reject arm: more than this share of drafts accepted is not "all rejected"
 
