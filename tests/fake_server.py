@@ -47,6 +47,8 @@ check meant to catch it, and only that check):
   (visible on a byte-level model only);
 - ``chat-usage-off`` (usage): a chat reply's ``completion_tokens`` counts one token more than it
   returned (an end-of-turn token it does not hold); completions replies are right;
+- ``stop-cut-out`` (stop): a stop string does not stop generation: it is cut out of the text, which
+  goes on to the budget;
 - ``eos-leak`` (eos): the EOS token's text is appended when generation ends on EOS;
 - ``stop-trailing-logprob`` (stop): a stop inside a speculative block leaves the
   block's next token in ids/logprobs (text and usage trimmed right);
@@ -141,7 +143,7 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
         "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error",
         "health-counters", "draft-disabled", "no-counters", "cache-on-anyway", "chat-usage-off", "cache-every-tenth",
-        "cache-no-logprobs")
+        "cache-no-logprobs", "stop-cut-out")
 SERVED_NAME = "fake/served-model"  # the model-name plant's one model name (its /v1/models lists it)
 WRAP_SYSTEM = "You are a helpful assistant."  # wrap-system's system message (fusion-mlx 0.10.24's)
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
@@ -364,7 +366,7 @@ class FakeEngine:
             out.append(t)
             if hit_at:  # the one token past the stop that a speculative block carries (planted)
                 return False
-            if stop and any(s in self.tok.decode(out) for s in stop):
+            if stop and self.bug != "stop-cut-out" and any(s in self.tok.decode(out) for s in stop):
                 hit_at.append(len(out))
                 return self.bug == "stop-trailing-logprob"
             return True
@@ -591,7 +593,9 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             ids = r["ids"]
             text = tok.decode(ids)
             for s in stop:
-                if s in text:
+                if s in text and engine.bug == "stop-cut-out":
+                    text = text.replace(s, "", 1)
+                elif s in text:
                     text = text[: text.find(s)]
             finish = r["finish"]
             if engine.bug == "eos-leak" and r["eos"]:
@@ -688,6 +692,9 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             block, else one token), a character split across tokens held back, never past a stop
             string; then what is left (e.g. a leaked EOS text). ``last_token_only`` (planted): a
             multi-token block's delta is its last token's text alone."""
+            if engine.bug == "stop-cut-out" and text != engine.tok.decode(ids):
+                yield text  # the text with the stop string cut out, streamed as it is answered
+                return
             st = StreamText(engine.tok.decode)
             sent, k = "", 0
             for b in blocks:

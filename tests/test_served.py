@@ -191,6 +191,7 @@ PLANTS = {  # bug -> (model, arms, the check that must catch it, words its findi
     "chat-usage-off": ("pair", "plain", "usage", "usage.completion_tokens 10, the server returned 9 token(s)"),
     "eos-leak": ("pair", "plain", "eos", "EOS text '</s>'"),
     "stop-trailing-logprob": ("pair", "plain", "stop", "logprob entries came back"),
+    "stop-cut-out": ("pair", "plain", "stop", "did not stop generation: it was cut out of the text"),
     "logprob-off": ("llama", "plain", "logprobs", "vs plain"),
     "cache-drop": ("pair", "plain", "cache", "warm != cold"),
     "cache-every-tenth": ("pair", "plain", "cache", "warm != cold"),  # 1 request in 10: caught over 24

@@ -320,6 +320,10 @@ def check_stop(ctx: Ctx) -> str:
             full = ref.decode(p.out)
             want = full[: full.find(s)]
             if stop_view(r.text) != stop_view(want):
+                got = stop_view(r.text)
+                if s not in r.text and got.startswith(stop_view(want)) and len(got) > len(stop_view(want)):
+                    raise Finding(req, f"stop {s!r} did not stop generation: it was cut out of the text, which goes "
+                                       f"on past it: {_tail(r.text)} vs expected {_tail(want)}")
                 extra_s = " (the stop string is in the text)" if s in r.text else ""
                 raise Finding(req, f"stop {s!r}: text {_tail(r.text)} vs expected {_tail(want)}{extra_s}")
             if r.logprobs is not None and len(r.logprobs) not in (k, k + 1):
