@@ -1,6 +1,6 @@
 """What a failed request to a server IS: one classification, applied wherever a request is sent.
 
-Every failure the served checks meet (``subjects/served.py``: each check's requests, the prompt
+Every failure the served checks meet (``subjects/served/``: each check's requests, the prompt
 fidelity probe, the leak probes, requests sent together; ``specparity/grading/http_servers.py``:
 the warm-up) is one of :data:`CAUSES`, with the evidence quoted:
 

@@ -1,6 +1,6 @@
 """The one HTTP client every server-facing check uses (``grade --server`` / ``--serve``).
 
-Every request to an OpenAI-compatible server made by ``subjects/served.py`` and
+Every request to an OpenAI-compatible server made by ``subjects/served/`` and
 ``specparity/grading/http_servers.py`` goes through :class:`HttpClient`; nothing else in the
 harness opens a connection to a server. What it promises:
 
@@ -265,7 +265,7 @@ class HttpClient:
         self.allow_remote = allow_remote
         self.limits = limits or Limits()
         self.api_key = api_key if api_key is not None else env.get("SPECPARITY_SERVER_API_KEY", API_KEY)
-        self.dialect: Any = None  # what the server's API takes, learnt from its answers (subjects/served.py Dialect)
+        self.dialect: Any = None  # what the server's API takes, learnt from its answers (subjects/served/ Dialect)
 
     @property
     def url(self) -> str:

@@ -7,7 +7,7 @@ defaults turned off for every grading (named in its row of the scoreboard). Rows
 :data:`subjects.SUBJECTS` (the engines graded in process), in the layer that knows no job:
 the runner registry (``specparity/runners/servers.py``) makes each row a runner of kind
 ``server``; the job that starts and grades them is ``specparity/grading/http_servers.py``;
-the checks are ``subjects/served.py``.
+the checks are ``subjects/served/``.
 """
 
 from __future__ import annotations

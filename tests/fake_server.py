@@ -1,7 +1,7 @@
 """A test double of an OpenAI-compatible server over real in-process decode, with planted bugs.
 
 Not a server users grade (it lives under ``tests/``): the served checks
-(``subjects/served.py``) and the grader (``specparity/grading/http_servers.py``) are tested
+(``subjects/served/``) and the grader (``specparity/grading/http_servers.py``) are tested
 against it. It speaks the API of mlx-lm 0.32.2 ``mlx_lm/server.py`` with the same
 response shapes (``APIHandler.generate_response`` / ``handle_completion`` /
 ``completion_usage_response`` / ``handle_health_check``: ``/v1/completions`` with
@@ -45,11 +45,19 @@ check meant to catch it, and only that check):
 - ``stop-label`` (finish_reason): 'length' when a stop string ends it;
 - ``usage-reencode`` (usage): ``completion_tokens`` counted by re-encoding the text
   (visible on a byte-level model only);
+- ``chat-usage-off`` (usage): a chat reply's ``completion_tokens`` counts one token more than it
+  returned (an end-of-turn token it does not hold); completions replies are right;
+- ``stop-cut-out`` (stop): a stop string does not stop generation: it is cut out of the text, which
+  goes on to the budget;
 - ``eos-leak`` (eos): the EOS token's text is appended when generation ends on EOS;
 - ``stop-trailing-logprob`` (stop): a stop inside a speculative block leaves the
   block's next token in ids/logprobs (text and usage trimmed right);
 - ``logprob-off`` (logprobs): logprobs off beyond tolerance (×1.03 − 0.02);
 - ``cache-drop`` (cache): after a prompt-cache hit the first generated token is dropped;
+- ``cache-every-tenth`` (cache): every tenth request that hits the prompt cache drops its first
+  generated token (a wrong output 1 request in 10);
+- ``cache-no-logprobs`` (cache): after a prompt-cache hit, a request WITHOUT logprobs drops its first
+  generated token (the logprobs path is right: a check that always asks for logprobs misses it);
 - ``cache-short-save`` (cache, spec arm only): a cache entry saved under speculation
   is one token short, so a hit decodes as if the last reused token were missing;
 - ``batch-leak`` (concurrency): a request batched behind another decodes on a prompt
@@ -134,7 +142,8 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "tool-spec-mangle", "reject-placeholder", "reject-usage", "logit-bias-leak", "models-500", "spec-off", "no-template",
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
         "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error",
-        "health-counters", "draft-disabled", "no-counters", "cache-on-anyway")
+        "health-counters", "draft-disabled", "no-counters", "cache-on-anyway", "chat-usage-off", "cache-every-tenth",
+        "cache-no-logprobs", "stop-cut-out")
 SERVED_NAME = "fake/served-model"  # the model-name plant's one model name (its /v1/models lists it)
 WRAP_SYSTEM = "You are a helpful assistant."  # wrap-system's system message (fusion-mlx 0.10.24's)
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
@@ -357,7 +366,7 @@ class FakeEngine:
             out.append(t)
             if hit_at:  # the one token past the stop that a speculative block carries (planted)
                 return False
-            if stop and any(s in self.tok.decode(out) for s in stop):
+            if stop and self.bug != "stop-cut-out" and any(s in self.tok.decode(out) for s in stop):
                 hit_at.append(len(out))
                 return self.bug == "stop-trailing-logprob"
             return True
@@ -398,6 +407,12 @@ class FakeEngine:
             self.cache.append(tuple(prompt + ids))
             del self.cache[: -self.cache_size]
         if self.bug == "cache-drop" and cached >= 2 and ids:
+            ids = ids[1:]
+        if self.bug == "cache-every-tenth" and cached >= 2 and ids:
+            self.stats["hits"] = self.stats.get("hits", 0) + 1
+            if self.stats["hits"] % 10 == 0:
+                ids = ids[1:]
+        if self.bug == "cache-no-logprobs" and cached >= 2 and ids and not (job.sampling or {}).get("logprobs"):
             ids = ids[1:]
         n_usage = hit_at[0] if hit_at else len(ids)
         n_usage += miscounted
@@ -548,6 +563,8 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 self._json(400, {"error": str(exc)})
                 return
             sampling = {k: body.get(k) for k in ("temperature", "seed", "logit_bias") if body.get(k) is not None}
+            if engine.bug == "cache-no-logprobs":
+                sampling["logprobs"] = bool(body.get("logprobs"))
             try:
                 for k, v in (sampling.get("logit_bias") or {}).items():
                     if not -100 <= float(v) <= 100 or not 0 <= int(k) < engine.vocab:
@@ -576,7 +593,9 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             ids = r["ids"]
             text = tok.decode(ids)
             for s in stop:
-                if s in text:
+                if s in text and engine.bug == "stop-cut-out":
+                    text = text.replace(s, "", 1)
+                elif s in text:
                     text = text[: text.find(s)]
             finish = r["finish"]
             if engine.bug == "eos-leak" and r["eos"]:
@@ -587,6 +606,8 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                 finish = "length"
             n_out = len(tok.encode(text, add_special_tokens=False)) if engine.bug == "usage-reencode" \
                 else r["n_usage"] + (1 if r["eos"] else 0)
+            if engine.bug == "chat-usage-off" and chat:
+                n_out += 1
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out,
                      "total_tokens": len(prompt) + n_out,
                      "prompt_tokens_details": {"cached_tokens": r["cached"]}}
@@ -671,6 +692,9 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             block, else one token), a character split across tokens held back, never past a stop
             string; then what is left (e.g. a leaked EOS text). ``last_token_only`` (planted): a
             multi-token block's delta is its last token's text alone."""
+            if engine.bug == "stop-cut-out" and text != engine.tok.decode(ids):
+                yield text  # the text with the stop string cut out, streamed as it is answered
+                return
             st = StreamText(engine.tok.decode)
             sent, k = "", 0
             for b in blocks:

@@ -100,7 +100,7 @@ def test_the_readme_layout_names_the_same_layers() -> None:
     assert readme_order == contract_order, (readme_order, contract_order)
 
 
-# No twins left (the served job is specparity/grading/http_servers.py, its checks subjects/served.py,
+# No twins left (the served job is specparity/grading/http_servers.py, its checks subjects/served/,
 # its rows subjects/server_rows.py); a name allowed here must be a real, explained exception.
 TWINS_ALLOWED: set[str] = set()
 

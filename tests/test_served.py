@@ -1,4 +1,4 @@
-"""Served engines (subjects/served.py, specparity/grading/http_servers.py) on the fake server, loopback only.
+"""Served engines (subjects/served/, specparity/grading/http_servers.py) on the fake server, loopback only.
 
 The fake (``tests/fake_server.py``) is a real server's double: batched (requests in
 flight together), a streaming detokenizer, bf16-rounded logprobs, a prompt cache,
@@ -184,14 +184,18 @@ def test_correct_fake_passes_on_a_byte_level_model(llama, fakes) -> None:
 PLANTS = {  # bug -> (model, arms, the check that must catch it, words its finding must carry)
     "system-prompt": ("pair", "plain", "identity", "the chat prompt the server builds"),
     "stream-drop-byte": ("llama", "plain", "stream", "streamed deltas concatenated differ from the non-streamed text"),
-    "overrun": ("pair", "plain", "budget", "max_tokens=1: output token 1"),
+    "overrun": ("pair", "plain", "budget", "max_tokens=1: 2 tokens emitted"),
     "finish-label": ("pair", "plain", "finish_reason", "finish_reason 'stop' at the budget, expected 'length'"),
     "stop-label": ("pair", "plain", "finish_reason", "ended the text but finish_reason is 'length'"),
     "usage-reencode": ("llama", "plain", "usage", "usage.completion_tokens"),
+    "chat-usage-off": ("pair", "plain", "usage", "usage.completion_tokens 10, the server returned 9 token(s)"),
     "eos-leak": ("pair", "plain", "eos", "EOS text '</s>'"),
     "stop-trailing-logprob": ("pair", "plain", "stop", "logprob entries came back"),
+    "stop-cut-out": ("pair", "plain", "stop", "did not stop generation: it was cut out of the text"),
     "logprob-off": ("llama", "plain", "logprobs", "vs plain"),
     "cache-drop": ("pair", "plain", "cache", "warm != cold"),
+    "cache-every-tenth": ("pair", "plain", "cache", "warm != cold"),  # 1 request in 10: caught over 24
+    "cache-no-logprobs": ("pair", "plain", "cache", "warm != cold plain decode (without logprobs)"),
     "batch-leak": ("pair", "plain", "concurrency", "others in flight"),  # seeded: cannot tell (BLOCKED below)
     "seed-batch": ("pair", "plain", "seeded", "with 3 batch-mates in flight draws other tokens than alone"),
     "logit-bias-leak": ("pair", "plain", "leak", "differs from its answer on the fresh server: output token"),

@@ -26,11 +26,15 @@ HELP = "grade a folder of traces from any engine (or --engine NAME) against plai
 
 
 def _servers() -> list[str]:
-    """The servers ``--serve`` starts: the registry's runners of kind ``server``, the test double left out."""
+    """The servers ``--serve`` starts: the rows of ``subjects/server_rows.py`` (each is a registry runner of
+    kind ``server``), the test double left out. A ``server`` runner declared without a row is not one
+    (docs/runners.md, "Adding a runner/server"): it is left out here, and ``--serve`` names the row it lacks."""
     from specparity.runners import registry
     from subjects.server_rows import SERVERS
 
-    return [n for n in registry.names("server") if not SERVERS[n].test_double]
+    names = [n for n in registry.names("server") if n in SERVERS] + [n for n in SERVERS
+                                                                     if n not in registry.names("server")]
+    return [n for n in names if not SERVERS[n].test_double]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ model (and drafter), each in its own home/config folder (``HOME``,
 vocabulary (bounded), grades it and always stops it (its own process group:
 SIGTERM then SIGKILL, in a ``finally``, at exit, and on SIGTERM / Ctrl-C).
 With ``--draft`` the server is graded twice, without the drafter (arm
-``plain``) and with it (arm ``spec``). The checks are ``subjects/served.py``;
+``plain``) and with it (arm ``spec``). The checks are ``subjects/served/``;
 every request goes through ``subjects/http_client.py``; the reference is our
 engine's greedy plain decode (``engine.executor.plain_generate``) of the same
 weights in this process, on the prompt the server builds (mlx-lm 0.32.2
@@ -90,12 +90,13 @@ from subjects.http_client import (
     redact,
 )
 from subjects.served import (
-    SERVER_CHECKS,
+    CHECKS,
     CellResult,
     Plan,
     Reference,
     Request,
     SpecCounters,
+    check_names,
     dialect,
     make_plan,
     metrics,
@@ -599,25 +600,29 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
     fresh server with the cache on, then (spec arm) ``reject`` on a fresh server whose drafter is
     ``reject_draft`` (every draft rejected), then the ``speculation`` cell from the counters over
     the arm (the rejecting server's counters are its own)."""
-    main = [c for c in checks if c not in ("cache", "speculation", "reject")]
+    on = {c: CHECKS[c].server if c in CHECKS else "main" for c in checks}  # each check's server, as declared
+    main = [c for c in checks if on[c] == "main"]
+    cache_on = [c for c in checks if on[c] == "cache-on"]
+    rejecting = [c for c in checks if on[c] == "rejecting"]
     groups: list[tuple[list[str], bool, str | None, bool]] = []  # (checks, cache off, drafter, rejecting)
     cells: dict[str, CellResult] = {}
     if restartable:
         if main:
             groups.append((main, True, draft, False))
-        if "cache" in checks:
-            groups.append((["cache"], False, draft, False))
+        if cache_on:
+            groups.append((cache_on, False, draft, False))
     else:
-        groups.append(([c for c in checks if c not in ("speculation", "reject")], False, draft, False))
-    if "reject" in checks:
+        groups.append(([c for c in checks if on[c] in ("main", "cache-on")], False, draft, False))
+    if rejecting:
         if arm == "spec" and reject_draft is not None and restartable:
-            groups.append((["reject"], True, reject_draft, True))
+            groups.append((rejecting, True, reject_draft, True))
         else:
             why = ("plain arm: no drafter" if arm != "spec" else
                    "a running server's drafter cannot be swapped for a rejecting one (grade it with --serve)"
                    if not restartable else "the spec arm has no two-model drafter to swap for one whose drafts are "
                    "all rejected (model-free speculation)")
-            cells["reject"] = CellResult("reject", "unsupported", why)
+            for c in rejecting:
+                cells[c] = CellResult(c, "unsupported", why)
     cache_state: dict[str, str] = {}
     setup: dict[str, Any] = {"servers": []}
     counters = SpecCounters()
@@ -690,12 +695,13 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
 
 
 def grade_arms(ref: Reference, launch: Launcher, arms: Sequence[tuple[str, str | None]], *,
-               checks: Sequence[str] = SERVER_CHECKS, plan: Plan | None = None, restartable: bool = True,
+               checks: Sequence[str] | None = None, plan: Plan | None = None, restartable: bool = True,
                can_turn_cache_off: bool = True, log: Callable[[str], None] = _log,
                reject_draft: str | None = None) -> tuple[dict[str, ArmResult], dict[str, str]]:
     """Every arm (in order: the plain arm's tool calls are what the spec arm's are compared with),
     then the attribution of each failing cell (``{check: why}``, spec arm first). ``reject_draft``:
     a drafter whose drafts are all rejected (:func:`rejecting_drafter`), for the spec arm's ``reject``."""
+    checks = check_names() if checks is None else checks
     plan = plan if plan is not None else make_plan(ref)
     results: dict[str, ArmResult] = {}
     baseline: dict[str, Any] = {}
@@ -824,7 +830,7 @@ def _url_launcher(client: HttpClient) -> Launcher:
 
 
 def grade_served(*, model: str, draft: str | None = None, serve: str | None = None, url: str | None = None,
-                 out: Path = DEFAULT_OUT, checks: Sequence[str] = SERVER_CHECKS,
+                 out: Path = DEFAULT_OUT, checks: Sequence[str] | None = None,
                  timeout: float = REQUEST_TIMEOUT, startup_timeout: float = STARTUP_TIMEOUT,
                  env: dict[str, str] | None = None, serve_args: Sequence[str] = (),
                  prompts: tuple[str, ...] | None = None, allow_remote: bool = False) -> dict[str, Any]:
@@ -835,6 +841,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
     """
     from traces.records import platform_info
 
+    checks = check_names() if checks is None else checks
     mdir = resolve_model(model)
     ddir = resolve_model(draft, "--draft", target=model) if draft else None
     name = serve or "url"
@@ -1053,18 +1060,21 @@ def grade_server_main(args: argparse.Namespace) -> int:
     if remote is not None and not allow_remote:
         return _err(f"{remote} binds the started server to an address other machines can reach; refused "
                     "(the harness starts servers on 127.0.0.1): drop it, or pass --allow-remote")
-    if args.serve is not None:
+    if args.serve is not None and args.serve not in SERVERS:  # a row is a server (its runner follows from it)
         from specparity.runners.registry import RunnerUnsupported, get
 
         try:  # the one runner registry: a blank, unknown or non-server name is one line
             get(args.serve, kind="server", what="server")
         except RunnerUnsupported as exc:
             return _err(str(exc))
-    checks = list(getattr(args, "check", None) or SERVER_CHECKS)
-    bad = [c for c in checks if c not in SERVER_CHECKS]
+        return _err(f"{args.serve} is a runner of kind server with no row in subjects/server_rows.py SERVERS: "
+                    "declare the server there (docs/runners.md, 'Adding a runner/server')")
+    known = check_names()
+    checks = list(getattr(args, "check", None) or known)
+    bad = [c for c in checks if c not in known]
     if bad:
-        return _err(f"unknown check {bad[0]!r}; known: {', '.join(SERVER_CHECKS)}")
-    checks = [c for c in SERVER_CHECKS if c in checks]
+        return _err(f"unknown check {bad[0]!r}; known: {', '.join(known)}")
+    checks = [c for c in known if c in checks]
     prompts = None
     try:
         if getattr(args, "prompts_file", None):
@@ -1152,7 +1162,7 @@ def _positive_seconds(text: str) -> float:
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
     """The flags ``grade --serve/--server`` adds (shared by ``specparity grade`` and this module)."""
-    p.add_argument("--check", action="append", default=None, choices=SERVER_CHECKS,
+    p.add_argument("--check", action="append", default=None, choices=check_names(),
                    help="grade only this served check (repeat; default: all)")
     p.add_argument("--server-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                    help=f"the deadline of one response from the server, streamed or not (default "
