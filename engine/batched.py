@@ -536,13 +536,24 @@ def _drop_common_padding(caches: list[Any]) -> None:
 
 def _roll_rows(c: Any, extra: list[int]) -> None:
     """Roll each row right by ``extra[b]`` (mlx-lm ``dynamic_roll``): its dropped tail
-    becomes left padding (``BatchKVCache.finalize``'s right-padding move)."""
+    becomes left padding (``BatchKVCache.finalize``'s right-padding move). mlx-lm's batch caches
+    cannot mask a gap inside a row (``make_mask`` knows the write index and the left padding
+    only), so the kept positions must move; when at most half the rows move, only theirs are
+    gathered and written back (the others' KV is not copied)."""
     from mlx_lm.models.cache import dynamic_roll
 
     known = _lp_known(c)
     e = mx.array(extra)
-    c.keys = dynamic_roll(c.keys, e[:, None], axis=2)
-    c.values = dynamic_roll(c.values, e[:, None], axis=2)
+    moved = [b for b, x in enumerate(extra) if x]
+    if 2 * len(moved) <= len(extra):
+        # few rows drop more than the batch's common trim: gather and write back only those
+        # rows (the same per-row roll: a row rolled by 0 is itself), not the whole batch's KV
+        rows, shift = mx.array(moved), mx.array([extra[b] for b in moved])
+        c.keys[rows] = dynamic_roll(c.keys[rows], shift[:, None], axis=2)
+        c.values[rows] = dynamic_roll(c.values[rows], shift[:, None], axis=2)
+    else:
+        c.keys = dynamic_roll(c.keys, e[:, None], axis=2)
+        c.values = dynamic_roll(c.values, e[:, None], axis=2)
     c.offset = c.offset - e
     c.left_padding = c.left_padding + e
     if known is not None:
