@@ -1,5 +1,5 @@
-"""``engine.batched._roll_rows``: the rows-only roll (few rows dropping more) gives exactly the
-whole-batch ``dynamic_roll`` (mlx-lm 0.32.2 ``mlx_lm/models/cache.py``) of every row."""
+"""``engine.batched._roll_rows``: every row rolled exactly as mlx-lm 0.32.2's ``dynamic_roll``
+(``mlx_lm/models/cache.py``) rolls it, the offsets and left padding moved by the same amounts."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _first_differing_row(a: mx.array, b: mx.array) -> int | None:
 
 
 @pytest.mark.parametrize("extra", [[0, 2, 0, 0], [1, 0, 0, 3], [0, 0, 0, 1], [2, 1, 3, 0], [1, 1, 1, 1], [0, 5]])
-def test_rows_only_roll_is_the_whole_batch_roll(extra: list[int]) -> None:
+def test_roll_rows_is_mlx_lms_roll(extra: list[int]) -> None:
     c = _cache(len(extra))
     want_k = dynamic_roll(c.keys, mx.array(extra)[:, None], axis=2)
     want_v = dynamic_roll(c.values, mx.array(extra)[:, None], axis=2)
