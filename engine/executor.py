@@ -430,15 +430,12 @@ def spec_generate(
             block = logits[0, -(d + 1) :, :]
             samples_arr = req.pipe.window_samples(block, window)
             margins_arr = margin_array(block)
-            # the round's one sync; the samples and the lazy drafts come back in one transfer
-            ids_arr = samples_arr if drafts_arr is None else mx.concatenate(
-                [samples_arr.astype(mx.uint32).reshape(-1), drafts_arr.astype(mx.uint32).reshape(-1)])
-            mx.eval(ids_arr, *([margins_arr] if margins_arr is not None else []))
-        ids = token_ids(ids_arr)
-        n_samples = samples_arr.size
-        samples = ids[:n_samples]
+            # the round's one sync (samples, lazy drafts and margins in one eval, no op added
+            # to join them: each is then read from host memory, mlx-lm's two ``tolist``)
+            mx.eval(samples_arr, *[a for a in (drafts_arr, margins_arr) if a is not None])
+        samples = token_ids(samples_arr)
         if drafts_arr is not None:
-            drafts = ids[n_samples:]
+            drafts = token_ids(drafts_arr)
             window = pending + drafts
         observer.after_verify(round_index, window, block, caches)
         margins = margins_list(margins_arr, d + 1)

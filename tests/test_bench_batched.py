@@ -40,9 +40,17 @@ def test_bench_refuses_rows_that_differ(monkeypatch: pytest.MonkeyPatch) -> None
         bb.bench_batched(drafter="ngram", rows=(2,), repeats=1, max_tokens=4)
 
 
+def _exit(argv: list[str]) -> int:
+    """``main``'s status: a parse-time refusal raises SystemExit(2) (argparse), the rest return."""
+    try:
+        return bb.main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bb.main(["--rows", "0", "--drafter", "ngram"]) == 2
-    assert capsys.readouterr().err.startswith("bench_batched: ")
+    assert _exit(["--rows", "0", "--drafter", "ngram"]) == 2
+    assert capsys.readouterr().err.startswith("bench_batched: error: ")
 
 
 @pytest.mark.parametrize(("argv", "flag"), [
@@ -57,9 +65,9 @@ def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_values_name_their_flag_in_one_line(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bb, "bench_batched", lambda *a, **k: pytest.fail("measured despite a bad value"))
-    assert bb.main(["--drafter", "ngram", *argv]) == 2
+    assert _exit(["--drafter", "ngram", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"bench_batched: argument {flag}"), err
+    assert len(err.splitlines()) == 1 and err.startswith(f"bench_batched: error: argument {flag}"), err
 
 
 def test_rows_beyond_the_prompts_name_rows() -> None:
@@ -77,12 +85,39 @@ def test_json_destination_is_checked_before_measuring(tmp_path: Any, capsys: pyt
     monkeypatch.setattr(bb, "bench_batched", lambda *a, **k: pytest.fail("measured before refusing --json"))
     foreign = tmp_path / "notes.json"
     foreign.write_text('{"mine": true}')
-    for dest, says in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "is a directory"),
-                       (foreign, "not written by this tool")):
-        assert bb.main(["--drafter", "ngram", "--json", str(dest)]) == 2
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    for dest, says in ((afile / "out.json", "afile"), (tmp_path, "directory"), (foreign, "not a bench-batched JSON")):
+        assert _exit(["--drafter", "ngram", "--json", str(dest)]) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and err.startswith("bench_batched: argument --json") and says in err, err
-    assert foreign.read_text() == '{"mine": true}'
+        assert len(err.splitlines()) == 1 and err.startswith("bench_batched: error: argument --json") and says in err, err
+    assert foreign.read_text() == '{"mine": true}' and afile.read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "notes.json"]
+
+
+def test_json_a_users_file_appearing_before_the_lock_is_refused(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The file is checked again when claimed (it may appear after parsing): refused, untouched, no work."""
+    import specparity.cli.args as sa
+
+    monkeypatch.setattr(bb, "bench_batched", lambda *a, **k: pytest.fail("measured before refusing --json"))
+    dest = tmp_path / "late.json"
+    real = sa.output_file
+
+    def late(ours: Any, what: str) -> Any:
+        parse = real(ours, what)
+
+        def wrapped(text: str) -> Any:
+            got = parse(text)
+            dest.write_text("a user's own file\n")  # appears between the parse and the claim
+            return got
+        return wrapped
+
+    monkeypatch.setattr(sa, "output_file", late)
+    assert _exit(["--drafter", "ngram", "--json", str(dest)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("bench_batched: error: ") and "late.json" in err, err
+    assert dest.read_text() == "a user's own file\n"
 
 
 def test_json_is_written_atomically_and_may_replace_its_own(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
@@ -107,11 +142,12 @@ def test_json_is_written_atomically_and_may_replace_its_own(tmp_path: Any, monke
     assert "No space left on device" in capsys.readouterr().err
     assert json.loads(out.read_text()) == first and sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
     monkeypatch.setattr(os, "replace", real)
-    foreign = tmp_path / "f.json"
-    foreign.write_text("[]")
+    # an empty file is nobody's content: replaced
+    empty = tmp_path / "e.json"
+    empty.write_text("")
     assert bb.main(["--drafter", "ngram", "--rows", "1", "--repeats", "1", "--max-tokens", "3", "--json",
-                    str(foreign), "--overwrite"]) == 0
-    assert json.loads(foreign.read_text())["kind"] == "bench-batched"
+                    str(empty)]) == 0
+    assert json.loads(empty.read_text())["kind"] == "bench-batched"
 
 
 def test_a_logic_row_refuses_in_one_line_exit_1(monkeypatch: pytest.MonkeyPatch,

@@ -149,6 +149,29 @@ def test_compiled_margins_are_the_same_bits() -> None:
         assert _first_differing_row(_margins(x), margin_array(block)) is None
 
 
+def test_cpu_margins_are_the_same_bits() -> None:
+    """The CPU's seven-op margins (``mx.topk``) are :func:`_margins`'s bits on every planted
+    row (ties, NaN, +inf, -inf, one ulp, signed zeros, a two-wide vocabulary)."""
+    from engine.sampler import _margins, _margins_top2
+
+    zeros = mx.array([[0.0, -0.0, -1.0], [-0.0, 0.0, -1.0], [-0.0, -0.0, -2.0], [-np.inf] * 3,
+                      [np.nan] * 3, [np.inf, np.inf, 0.0]], mx.float32)
+    for block in [*_margin_rows(), zeros, mx.array([[1.0, 2.0], [2.0, 2.0]])]:
+        x = block.astype(mx.float32)
+        with mx.stream(mx.cpu):
+            assert _first_differing_row(_margins(x), _margins_top2(x)) is None, (block.dtype, _margins(x),
+                                                                                   _margins_top2(x))
+
+
+def test_cpu_margins_see_a_planted_difference() -> None:
+    """Not vacuous: a top-2 that took the max twice (no multiplicity) differs on the tie row."""
+    from engine.sampler import _margins
+
+    x = _margin_rows()[0]
+    wrong = mx.max(x, axis=-1) - mx.max(mx.where(x == mx.max(x, axis=-1, keepdims=True), -mx.inf, x), axis=-1)
+    assert _first_differing_row(_margins(x), mx.where(mx.isnan(wrong), mx.nan, wrong)) == 1
+
+
 def test_margin_comparison_sees_a_one_ulp_change() -> None:
     from engine.sampler import _margins
 

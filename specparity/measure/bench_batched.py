@@ -30,8 +30,10 @@ rotating ring past its wrap) and how it drafts (in its drafter's batch, or per r
 ``--per-row-drafts`` makes every row draft on its own (the executor's ``batch_drafts=False``): the
 gain of batched drafting, on the same rows.
 
-``--json FILE`` is checked before measuring (its folder must exist; a directory, or an existing
-file this tool did not write, is refused unless ``--overwrite``) and written atomically.
+``--json FILE`` goes through the project's ownership mechanism (``specparity.cli.args.output_file``
+at parse time, ``specparity.cli.outdir.claim_output_file`` around the work and the write): a
+directory, or an existing file this tool did not write (its ``kind`` is not ``bench-batched``), is
+refused in one line before measuring; no flag overwrites a user's file; the file is written atomically.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ __all__ = ["MAX_ROWS", "RowLogic", "bench_batched", "classify", "main", "markdow
 
 KIND = "bench-batched"  # the ``kind`` of the JSON this tool writes (an existing --json FILE must carry it)
 MAX_ROWS = 64  # the most rows in one batch (--rows)
+
+
+def _ours(p: Path) -> bool:
+    """Whether the existing file at ``p`` is this tool's JSON (``kind`` bench-batched)."""
+    from specparity.cli.outdir import json_of_kind
+
+    return json_of_kind(KIND)(p)
 
 
 class RowLogic(RuntimeError):
@@ -235,10 +244,10 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line naming the flag (``bench_batched: argument --rows: ...``), exit 2."""
+    """Usage errors as one line naming the flag (``bench_batched: error: argument --rows: ...``), exit 2."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        print(f"bench_batched: {message}", file=sys.stderr)
+        print(f"bench_batched: error: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -249,40 +258,6 @@ def _rows(text: str) -> tuple[int, ...]:
     if max(out) > MAX_ROWS:
         raise argparse.ArgumentTypeError(f"{max(out)} rows is too many (limit {MAX_ROWS})")
     return out
-
-
-def _json_path(text: str) -> Path:
-    """``--json FILE``: a file path in an existing folder, not a directory."""
-    import os
-    import stat
-
-    if not text.strip():
-        raise argparse.ArgumentTypeError("empty path")
-    p = Path(text)
-    parent = p.parent if str(p.parent) else Path(".")
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror}") from None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise argparse.ArgumentTypeError(f"{text}: is a directory; give a file path")
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise argparse.ArgumentTypeError(f"{text}: not a regular file")
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (st is not None and not os.access(p, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"{text}: not writable")
-    return p
-
-
-def _ours(p: Path) -> bool:
-    """Whether the existing file at ``p`` is this tool's JSON (``kind`` bench-batched)."""
-    from specparity.cli.args import read_small_json
-
-    got = read_small_json(p)
-    return isinstance(got, dict) and got.get("kind") == KIND
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -300,16 +275,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="also print each arm's per-phase split of a round")
     p.add_argument("--per-row-drafts", action="store_true",
                    help="every row drafts on its own (batch_generate(batch_drafts=False)): the gain of batched drafting")
-    p.add_argument("--json", type=_json_path, default=None, help="also write the figures as JSON to FILE")
-    p.add_argument("--overwrite", action="store_true", help="--json may replace a file this tool did not write")
+    p.add_argument("--json", type=a.output_file(_ours, "bench-batched JSON"), default=None,
+                   help="also write the figures as JSON to FILE (a new file, or one this tool wrote)")
+    args = p.parse_args(list(argv) if argv is not None else None)  # a bad value: one line, SystemExit(2)
+    if args.json is None:
+        return _run(args)
+    from specparity.cli.args import UsageError
+    from specparity.cli.outdir import claim_output_file, refusal
+
     try:
-        args = p.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    if args.json is not None and args.json.exists() and not args.overwrite and not _ours(args.json):
-        print(f"bench_batched: argument --json: {args.json} exists and was not written by this tool "
-              "(give --overwrite to replace it)", file=sys.stderr)
-        return 2
+        with claim_output_file(args.json, "bench_batched", flag="--json", what="bench-batched JSON",
+                               ours=_ours) as dest:
+            return _run(args, dest)
+    except UsageError as exc:  # a user's file appeared, or another writer holds it: one line, nothing written
+        return refusal("bench_batched", exc)
+
+
+def _run(args: argparse.Namespace, dest: Path | None = None) -> int:
+    """Measure, print, and write ``dest`` (held by :func:`claim_output_file`) if given."""
     try:
         res = bench_batched(args.target, args.drafter, size=args.size, rows=args.rows, repeats=args.repeats,
                             max_tokens=args.max_tokens, gamma=args.gamma, seed=args.seed, profile=args.profile,
@@ -319,20 +302,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_batched: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:
-        print(f"bench_batched: {exc}", file=sys.stderr)
+        print(f"bench_batched: error: {exc}", file=sys.stderr)
         return 2
     print(markdown(res))
-    if args.json is not None:
+    if dest is not None:
         from traces.io import atomic_write_json
 
         try:
-            atomic_write_json(args.json, res, nan_as_null=True)
+            atomic_write_json(dest, res, nan_as_null=True)
         except OSError as exc:
-            print(f"bench_batched: --json {args.json}: {exc.strerror or exc} (the figures above are complete; "
+            print(f"bench_batched: --json {dest}: {exc.strerror or exc} (the figures above are complete; "
                   "the file was not written)", file=sys.stderr)
             return 1
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
