@@ -314,7 +314,7 @@ def _foreign(directory: Path, listed: set[str], limit: int = FOREIGN_SCAN_LIMIT)
     return out
 
 
-def _head(p: Path, n: int = 200) -> str:
+def file_head(p: Path, n: int = 200) -> str:
     if not _regular(p):
         return ""
     try:

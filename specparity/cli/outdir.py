@@ -24,8 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from traces.outdir import (  # noqa: F401  (the mechanism, re-exported)
-    _ACTIVE,
-    _NOTES,
     BOOKKEEPING,
     FILE_LOCK,
     FOREIGN_SCAN_LIMIT,
@@ -39,13 +37,6 @@ from traces.outdir import (  # noqa: F401  (the mechanism, re-exported)
     Claim,
     DirLock,
     UsageError,
-    _foreign,
-    _head,
-    _inventory,
-    _listed,
-    _ours,
-    _read_marker,
-    _regular,
     add_outputs,
     atomic_write_bytes,
     atomic_write_json,
@@ -53,6 +44,7 @@ from traces.outdir import (  # noqa: F401  (the mechanism, re-exported)
     claim_output_dir,
     claim_output_file,
     claim_run_dir,
+    file_head,
     interrupt_notes,
     lock_dir,
     note_interrupt,
@@ -132,11 +124,11 @@ def run_output(directory: Path, rel: str) -> bool:
     if rel.startswith("traces/") and rel.endswith(".jsonl"):
         return is_trace(p)
     if rel == "summary.md":
-        return _head(p).startswith("# specparity run")
+        return file_head(p).startswith("# specparity run")
     if rel == "report.md":
-        return _head(p).startswith("# specparity report")
+        return file_head(p).startswith("# specparity report")
     if rel == "report.html":
-        return "<title>specparity report</title>" in _head(p)
+        return "<title>specparity report</title>" in file_head(p)
     if rel == "comparisons.json":
         data = read_small_json(p)
         return isinstance(data, list) and all(isinstance(c, dict) and "case_id" in c for c in data)
