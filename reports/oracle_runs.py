@@ -48,7 +48,7 @@ def _counts(tests: list[dict[str, Any]]) -> Counter[str]:
 def summarize(docs: list[dict[str, Any]]) -> str:
     """The Markdown summary: per environment the outcomes, per runner where it ran or why not,
     every failure, and the skip reasons with their counts."""
-    lines = ["# Oracle, subject and server runs", ""]
+    lines = [HEADING, ""]
     lines += ["| environment | pytest args | finished | " + " | ".join(OUTCOMES) + " |",
               "|---|---|---|" + "---|" * len(OUTCOMES)]
     for d in docs:
@@ -86,27 +86,72 @@ def summarize(docs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+HEADING = "# Oracle, subject and server runs"
+
+
+def _ours(p: Path) -> bool:
+    """A summary this module wrote (its first line), the ownership marker of ``--out``."""
+    try:
+        with p.open(encoding="utf-8", errors="replace") as f:
+            return f.readline().rstrip("\n") == HEADING
+    except OSError:
+        return False
+
+
+def _summary_file(text: str) -> Path:
+    """``--out FILE``: a new file, or a summary this module wrote; checked at parse time."""
+    p = Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory (--out names the summary file)")
+    if not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: its folder {p.parent} does not exist")
+    if p.is_file() and p.stat().st_size > 0 and not _ours(p):
+        raise argparse.ArgumentTypeError(f"{text}: exists and is not an oracle-runs summary written by "
+                                         "specparity; refusing to overwrite it: give a new file name")
+    return p
+
+
+_summary_file.output = "file"  # type: ignore[attr-defined]  # a writing flag (specparity.cli.outdir.MODULE_WRITERS)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports.oracle_runs", description=__doc__.split("\n")[0])
+    from contextlib import nullcontext
+
+    from traces.outdir import UsageError, claim_output_file
+
+    prog = "python -m reports.oracle_runs"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("folder", type=Path, help="the results folder (.tox/results)")
-    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
+    ap.add_argument("--out", type=_summary_file, default=None,
+                    help="also write the Markdown here (a new file, or a summary this module wrote)")
     a = ap.parse_args(argv)
-    if not a.folder.is_dir():
-        print(f"error: {a.folder}: no results folder (run `tox -m oracles` first)", file=sys.stderr)
+    try:  # the destination is checked before any work (traces/outdir.py: the one ownership mechanism)
+        claim = (claim_output_file(a.out, prog, flag="--out", what="oracle-runs summary", ours=_ours)
+                 if a.out is not None else nullcontext(None))
+        with claim as out:
+            return _summarize_into(a.folder, out)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _summarize_into(folder: Path, out: Path | None) -> int:
+    if not folder.is_dir():
+        print(f"error: {folder}: no results folder (run `tox -m oracles` first)", file=sys.stderr)
         return 2
     try:
-        docs = load(a.folder)
+        docs = load(folder)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not docs:
-        print(f"error: {a.folder}: no results (*.json) in it (run `tox -m oracles` first)", file=sys.stderr)
+        print(f"error: {folder}: no results (*.json) in it (run `tox -m oracles` first)", file=sys.stderr)
         return 2
     text = summarize(docs)
-    if a.out is not None:
+    if out is not None:
         from traces.io import atomic_write_text
 
-        atomic_write_text(a.out, text)
+        atomic_write_text(out, text)
     sys.stdout.write(text)
     return 1 if any(t["outcome"] == "failed" for d in docs for t in d["tests"]) else 0
 

@@ -191,10 +191,18 @@ def _scoreboard(d: Path, m: pytest.MonkeyPatch) -> tuple[list[str], str]:
     return [str(d)], "scoreboard.md"
 
 
+def _oracle_runs(d: Path, m: pytest.MonkeyPatch) -> tuple[list[str], str]:
+    mod = _load("reports.oracle_runs")
+    m.setattr(mod, "load", _boom)
+    m.setattr(mod, "summarize", _boom)
+    return [str(d), "--out", str(d / "summary.md")], "summary.md"
+
+
 SWEEP: dict[str, Callable[[Path, pytest.MonkeyPatch], tuple[list[str], str]]] = {
     "zoo.build --out": _zoo_build,
     "zoo.train --out": _zoo_train,
     "reports.scoreboard dir": _scoreboard,
+    "reports.oracle_runs --out": _oracle_runs,
     "specparity.grading.engines --out": _engines,
     "specparity.grading.http_servers --out": _servers,
     "specparity.grading.native_mtp_conventions --out": _conventions,

@@ -44,6 +44,15 @@ def test_summary_says_where_each_oracle_ran_and_why_it_was_skipped(tmp_path: Pat
     assert "| nunspark | subject | **nowhere** |" in text, text
     assert f"| oracle | 1 | oracle optiq unavailable: {why} |" in text, text
     assert "## Failures (0)" in text
+    # a rerun replaces its own summary (recognised by its heading), never a user's file
+    assert main([str(tmp_path), "--out", str(tmp_path / "summary.md")]) == 0
+    capsys.readouterr()
+    (tmp_path / "notes.md").write_text("a user's notes\n")
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path), "--out", str(tmp_path / "notes.md")])
+    assert exc.value.code == 2
+    assert "not an oracle-runs summary" in capsys.readouterr().err
+    assert (tmp_path / "notes.md").read_text() == "a user's notes\n"
 
 
 def test_a_failed_oracle_test_is_named_and_exits_1(tmp_path: Path, capsys) -> None:  # noqa: ANN001

@@ -84,6 +84,7 @@ MODULE_WRITERS: dict[str, str] = {
     "zoo.build --out": "folder",  # traces.outdir.add_outputs(own_folder=True) + publish_tree
     "zoo.train --out": "beside",  # add_outputs: every file it replaces checked before training
     "reports.scoreboard dir": "beside",  # add_outputs: scoreboard.md/.html beside the results
+    "reports.oracle_runs --out": "file",  # claim_output_file: a summary it wrote (its heading), checked first
 }
 """Every writing flag of a ``python -m`` module or tool (``"module flag"`` -> the scope, as in
 :data:`WRITERS`). ``tests/test_hostile_module_writers.py`` finds the modules with a parser,
