@@ -88,6 +88,53 @@ def test_double_m_is_numerics_with_evidence(twin: Any, monkeypatch: pytest.Monke
     assert tight.verdict == "logic" and "beyond the stated bound" in tight.detail, tight.to_dict()
 
 
+def _spread_grows_with_depth(monkeypatch: pytest.MonkeyPatch, reqs: list[BatchRequest], deep: float) -> None:
+    """The measured spread between correct forward paths: 0 at the prompts, ``deep`` at depth,
+    as a GPU's recurrent state drifts further at round 3 than at the prompt (the CPU double's
+    one-row paths agree at every depth, so the measurement is stood in for here)."""
+    import engine.batched_check as bc
+
+    calls: list[int] = []
+
+    def spread(model: Any, toks: list[int], gamma: int) -> float:
+        calls.append(len(toks))  # one call per row at its prompt first, then the rows weighed at depth
+        return 0.0 if len(calls) <= len(reqs) else deep
+
+    monkeypatch.setattr(bc, "logit_spread", spread)
+
+
+def test_double_m_weighs_a_row_at_its_own_depth(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off a bit-exact backend a row beyond the prompts' spread is judged against the spread of its
+    own tokens at that round (seen on an H100: qwen35/twin/B4 at round 3, |Δ| 8 × the prompts'),
+    and stays numerics with that evidence."""
+    noisy, reqs = _load("llama", 0.01), rows(twin)
+    _spread_grows_with_depth(monkeypatch, reqs, 0.01)
+    m = m_invariance(noisy, reqs, budget=1e-4)
+    assert m.verdict == "numerics", m.to_dict()
+    assert any("weighed at their own depth" in e for e in m.evidence), m.evidence
+
+
+def test_plant_shifted_verify_logits_break_m_at_their_own_depth(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plant: a batched forward hands each row the logits of the position before (a padding or
+    window offset off by one). Weighed at its own depth it is still logic, with the row and round."""
+    import mlx.core as mx
+
+    noisy, reqs = _load("llama", 0.01), rows(twin)
+    call = type(noisy).__call__
+
+    def shifted(self: Any, inputs: Any, *a: Any, **k: Any) -> Any:
+        out = call(self, inputs, *a, **k)
+        if inputs.shape[0] > 1 and inputs.shape[-1] > 1:
+            out = mx.concatenate([out[:, :1], out[:, :-1]], axis=1)
+        return out
+
+    monkeypatch.setattr(type(noisy), "__call__", shifted)
+    _spread_grows_with_depth(monkeypatch, reqs, 0.01)
+    m = m_invariance(noisy, reqs, budget=1e-4)
+    assert m.verdict == "logic" and "row r" in m.detail and "round" in m.detail, m.to_dict()
+    assert "own" in m.detail and "tokens" in m.detail, m.detail
+
+
 def test_double_b_flip_is_numerics_with_evidence(twin: Any) -> None:
     noisy = _load("llama", 0.5)
     b = b_invariance(noisy, rows(twin), budget=0.5)
