@@ -96,7 +96,7 @@ def test_unwritable_outputs_refused_before_work(tmp_path: Path, no_jobs: None,
                  ["regen", "--golden-dir", afile, "--case", "llama/*"]):
         rc, out, err = cli(argv, capsys)
         assert rc == 2, err
-        one_error(err, str(afile))
+        one_error(err, afile.name)  # long paths are shortened in the middle (xdist tmp dirs), the name stays
         assert "prompts" not in err and out == "", "refused before any measurement"
     assert afile.read_text() == "keep me"
 
@@ -540,7 +540,8 @@ def test_sweep_written_files_are_listed_and_a_run_takes_the_folder_after(
     file it leaves is listed in the folder's marker (a single file is recognisably ours), and a
     plain ``run --out`` into the same folder afterwards takes it (the files other commands added
     kept, a run's set aside) — never 'files no specparity command wrote'."""
-    from specparity.cli.outdir import WRITERS, _listed, _read_marker
+    from specparity.cli.outdir import WRITERS
+    from traces.outdir import _listed, _read_marker
 
     writer, argv = _variant(zoo_pair, tiny_run, tmp_path, which)
     scope = WRITERS[writer]
