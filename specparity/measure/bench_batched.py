@@ -88,7 +88,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
 
     Raises :class:`RowLogic` when a row differs in a way the numerics witness does not explain."""
     import zoo
-    from engine.backend import Unsupported, run_supported
+    from engine.backend import Unsupported, emulate_from_env, run_supported
     from engine.batched import BatchRequest, batch_generate
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.ngram import NgramProvider
@@ -100,6 +100,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
     from specparity.measure.bench import resolve_pair as _resolve
     from specparity.runners import load_model
 
+    emulate_from_env()  # SPECPARITY_EMULATE_MISSING_OP: the missing-op double here too
     say = log or (lambda _m: None)
     if repeats < 1 or not rows or min(rows) < 1:
         raise ValueError("--repeats and every --rows value must be >= 1")
