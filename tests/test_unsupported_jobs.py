@@ -89,7 +89,9 @@ def prove_sessions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     rc = main(["run", "--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    rows = [line for line in out.split("## Reference")[0].splitlines() if line.startswith("| qwen3/")]
+    assert "CONFORMS — 2 sessions: 1 warm ≡ cold, 0 numerics, 0 logic, 1 unsupported" in out, out
+    rows = [line for line in out.split("## Reference")[0].splitlines() if line.startswith("| qwen3/")
+            and "/continue |" in line]
     assert rows and all(VERDICT in line for line in rows), out
     assert any(line.startswith("| llama/") and "warm ≡ cold" in line for line in out.splitlines()), out
 
