@@ -391,7 +391,7 @@ def run_bench(
         "blocks": blocks,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    if profile:
+    if profile and "engine-spec" not in missing:  # nothing to profile where the backend could not run it
         res["profile"] = _profile(lambda: spec_generate(tgt.model, provider, list(prompts[0].token_ids),
                                                         params(gs[-1])))
         res["phases"] = {str(g): _phases(lambda g=g: [spec_generate(tgt.model, provider, list(p.token_ids), params(g))
