@@ -154,6 +154,11 @@ def _interrupted(command: str, exc: BaseException) -> int:
 
 def _classify(exc: Exception) -> tuple[int, str]:
     """(exit status, message) of an exception that reached the CLI boundary."""
+    from engine.backend import unsupported_text
+
+    missing = unsupported_text(exc, "nothing made")  # a job whose one unit hit an op the backend lacks
+    if missing is not None:
+        return 1, missing
     if isinstance(exc, UsageError):
         return 2, f"error: {_one_line(exc)}"
     if isinstance(exc, RunFailed | ArithmeticError) or type(exc).__name__ == "ReportError":

@@ -4,7 +4,10 @@ Prints the verdict and writes ``ab.json`` + ``ab.md`` into ``--out``. ``--out``
 is checked writable and locked before anything is measured, and the verdict is
 printed before the files are written, so a late write error never throws the
 measurement away. Exit 0 whatever the verdict (it is a measurement);
-``--strict`` exits 1 on FAIL.
+``--strict`` exits 1 on FAIL. A missing op (``engine.backend.run_supported``) is that prompt's
+verdict, ``unsupported on <device>: <op>``: the prompt is left out of the pairing and listed (a
+reason of the verdict, a section of ``ab.md``, ``unsupported`` in ``ab.json``); when every prompt
+is unsupported the verdict is UNSUPPORTED, exit 1 (nothing measured is never a pass).
 """
 
 from __future__ import annotations
@@ -71,4 +74,6 @@ def main(args: argparse.Namespace) -> int:
             raise OSError(exc.errno, f"{exc.strerror} (the verdict above is complete; only the "
                           "files were not written)", exc.filename) from None
     print(f"written {jp} and {mp}", file=sys.stderr)
+    if v["verdict"] == "UNSUPPORTED":
+        return 1
     return 1 if args.strict and not v["passes"] else 0

@@ -4,6 +4,11 @@
 Prints the figures and writes ``bench.json`` + ``bench.md`` into ``--out``
 (checked writable and locked before measuring; figures printed before the
 files are written). Never fails on timing: exit 0 unless a usage or write error.
+A missing op (``engine.backend.run_supported``: MLX's own error for an op the backend lacks) is
+that arm's verdict in that block, ``unsupported on <device>: <op>``: listed in the headline, a
+section of ``bench.md`` and ``bench.json`` (``unsupported``, ``unsupported_arms``), its ratios
+left out, the other arms measured; exit 0 when at least one paired ratio was measured, exit 1
+when none was (every ratio needs an arm the backend could not run: NOTHING MEASURED).
 ``--size tiny|small|1b`` benches a seeded bf16 layer-skip pair built on first
 use (``zoo/big.py``; ``1b`` is for a GPU: ``--device gpu``).
 """
@@ -59,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
 
     device = use_device(args.device)
     from specparity.cli.outdir import add_outputs
-    from specparity.measure.bench import bench_markdown, run_bench, write_bench
+    from specparity.measure.bench import bench_markdown, measured_anything, run_bench, write_bench
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -86,4 +91,7 @@ def main(args: argparse.Namespace) -> int:
             raise OSError(exc.errno, f"{exc.strerror} (the figures above are complete; only the "
                           "files were not written)", exc.filename) from None
     print(f"written {args.out}/bench.json and bench.md", file=sys.stderr)
+    if not measured_anything(res):  # every arm a ratio needs was unsupported: never read as success
+        print(f"specparity bench: nothing measured: {'; '.join(res['unsupported_arms'].values())}", file=sys.stderr)
+        return 1
     return 0

@@ -191,11 +191,13 @@ def run_ab(
     """
     if not (isinstance(max_drop, int | float) and math.isfinite(max_drop) and max_drop >= 0):
         raise ValueError(f"--max-drop must be a finite number >= 0 (points), got {max_drop!r}")
+    from engine.backend import emulate_from_env
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import ab_verdict, median_ratio, paired_drop
     from specparity.runners import load_model
 
+    emulate_from_env()  # SPECPARITY_EMULATE_MISSING_OP: the missing-op double here too
     _tname, tpath = resolve_target(target)
     prompts = choose_prompts(n_prompts, tpath, prompts_file, max_tokens, chat_template)
     n_prompts = len(prompts)
@@ -218,16 +220,34 @@ def run_ab(
     def go(label: str, ids: list[int]) -> Any:
         return spec_generate(tgt.model, arms[label][1], ids, params)
 
-    for label in ("A", "B"):  # untimed warm-up
-        go(label, list(prompts[0].token_ids))
+    from engine.backend import Unsupported, run_supported
 
+    for label in ("A", "B"):  # untimed warm-up (a missing op shows again on the prompt's own run)
+        run_supported(lambda: go(label, list(prompts[0].token_ids)), "warm-up")  # noqa: B023
+
+    # A missing op (engine.backend.run_supported) is that prompt's verdict: the prompt is left out of
+    # the pairing (both arms), listed, and the A/B goes on over the others.
     per: dict[str, list[Any]] = {"A": [], "B": []}
+    unsupported: list[dict[str, Any]] = []
+    kept = []
     for i, p in enumerate(prompts):
         order = ("A", "B") if i % 2 == 0 else ("B", "A")
+        got: dict[str, Any] = {}
         for label in order:
-            per[label].append(go(label, list(p.token_ids)))
+            got[label] = run_supported(lambda: go(label, list(p.token_ids)), f"arm {label} prompt {p.id}")  # noqa: B023
+        gone = [(label, g) for label, g in got.items() if isinstance(g, Unsupported)]
+        if gone:
+            unsupported.append({"prompt_id": p.id, "arms": [label for label, _ in gone],
+                                "verdict": gone[0][1].verdict, "text": gone[0][1].text})
+        else:
+            kept.append(p)
+            for label in ("A", "B"):
+                per[label].append(got[label])
         if progress is not None:
             progress(i + 1, len(prompts))
+    if not kept:
+        return _all_unsupported(target, tpath, drafter_a, drafter_b, gamma, max_tokens, prompts, unsupported, cache)
+    prompts = kept
 
     secs = timed(per, timing)
     flags_a: list[bool] = []
@@ -282,7 +302,33 @@ def run_ab(
         "arms": arm_rows, "by_position": by_pos,
         "ratios": {"wall_time_b_over_a": wall.to_dict()},
         "per_prompt_time_ratio_b_over_a": [round(r, 5) for r in ratios],
-        "verdict": verdict.to_dict(),
+        "verdict": _with_unsupported(verdict.to_dict(), unsupported, len(prompts)),
+        "unsupported": unsupported,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _with_unsupported(verdict: dict[str, Any], unsupported: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """The verdict over the prompts measured, with a reason naming the prompts the backend could not run."""
+    if unsupported:
+        verdict = {**verdict, "reasons": [*verdict.get("reasons", []),
+                                          f"{len(unsupported)} prompts left out, {unsupported[0]['verdict']} "
+                                          f"(the verdict is over the other {n})"]}
+    return verdict
+
+
+def _all_unsupported(target: str, tpath: Path, drafter_a: str, drafter_b: str, gamma: int, max_tokens: int,
+                     prompts: list[Any], unsupported: list[dict[str, Any]],
+                     cache: dict[str, Any] | None) -> dict[str, Any]:
+    """The result of an A/B whose every prompt hit a missing op: verdict UNSUPPORTED (never a pass)."""
+    v = unsupported[0]
+    return {
+        **({"cache": dict(cache)} if cache else {}),
+        "kind": "ab", "target": target, "target_path": str(tpath), "drafter_a": drafter_a,
+        "drafter_b": drafter_b, "gamma": gamma, "max_tokens": max_tokens,
+        "n_prompts": len(prompts), "prompt_ids": [p.id for p in prompts], "unsupported": unsupported,
+        "verdict": {"verdict": "UNSUPPORTED", "passes": False,
+                    "reasons": [f"every prompt unsupported: {v['verdict']} — {v['text']}"]},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
@@ -291,6 +337,10 @@ def ab_markdown(res: dict[str, Any]) -> str:
     import pandas as pd
 
     v = res["verdict"]
+    if v["verdict"] == "UNSUPPORTED":
+        return "\n".join([f"# A/B: drafter `{res['drafter_a']}` (A) vs `{res['drafter_b']}` (B) on `{res['target']}`",
+                          "", "**UNSUPPORTED** (nothing measured: every prompt hit an op the backend lacks)", "",
+                          *[f"- {r}" for r in v["reasons"]]]) + "\n"
     acc = v["acceptance"]
     w = v["wall_ratio_b_over_a"]
     t = acc["table"]
@@ -316,6 +366,9 @@ def ab_markdown(res: dict[str, Any]) -> str:
         f"- Wall-time ratio B/A per prompt (time per token): median {w['median']:.3f}, "
         f"{100 * w['confidence']:.0f}% CI [{w['low']:.3f}, {w['high']:.3f}] ({w['method']}).",
     ]
+    if res.get("unsupported"):
+        lines += ["", "## Unsupported on this backend (left out of the pairing)", "",
+                  *[f"- prompt `{u['prompt_id']}` (arm {', '.join(u['arms'])}): `{u['text']}`" for u in res["unsupported"]]]
     return "\n".join(lines) + "\n"
 
 

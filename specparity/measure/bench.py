@@ -49,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+_NO_SCHEDULE = "the forwards arm replays the engine-spec run's schedule, which the backend could not make"
 ARMS = ("engine-spec", "mlx_lm-spec", "engine-plain", "mlx_lm-plain", "forwards")
 SPEC_PREFILL_STEP = 512  # mlx-lm speculative_generate_step and the engine's default
 RATIOS: dict[str, tuple[str, str]] = {  # name: (numerator arm, denominator arm), per-token times
@@ -238,6 +239,7 @@ def run_bench(
     import mlx.core as mx
     from mlx_lm.generate import generate_step, speculative_generate_step
 
+    from engine.backend import Unsupported, emulate_from_env, run_supported
     from engine.executor import GenerationParams, plain_generate, spec_generate
     from engine.sources.two_model import TwoModelProvider
     from reports.stats import median_ratio
@@ -245,6 +247,7 @@ def run_bench(
     from specparity.measure.ab import choose_prompts, engine_cache
     from specparity.runners import load_model
 
+    emulate_from_env()  # SPECPARITY_EMULATE_MISSING_OP: the missing-op double here too
     say = log or (lambda _m: None)
     gs = tuple(gammas) if gammas else (gamma or 3,)
     tname, dname, tpath, dpath = resolve_pair(target, drafter, size, seed, say)
@@ -295,6 +298,9 @@ def run_bench(
         return n, time.perf_counter() - t0
 
     blocks: list[dict[str, Any]] = []
+    # a missing op (engine.backend.run_supported): that arm's verdict in that block, the bench goes on
+    missing: dict[str, dict[str, Any]] = {}  # arm -> the first missing op's info
+    unsupported: list[dict[str, Any]] = []
     total = (repeats + 1) * len(gs) * len(prompts)
     b = 0
     seen = {True: 0, False: 0}  # warm / cold passes so far
@@ -306,11 +312,24 @@ def run_bench(
         row: dict[str, Any] = {"pass": pas, "warm": pas > 0, "gamma": g, "prompt_id": p.id,
                                "order": order}
         for name in order:
+            where = f"{name} γ={g} {p.id} pass {pas}"
+            got: Any = None
             if name == "forwards" and (g, p.id) not in schedules:
-                arm("engine-spec", g, p.id, list(p.token_ids))  # untimed: the schedule
-            n, s = arm(name, g, p.id, list(p.token_ids))
-            row[name] = {"tokens": n, "wall_s": s}
-        row["forwards"]["tokens"] = row["engine-spec"]["tokens"]
+                # untimed: the schedule; without it the forwards arm has nothing to replay
+                sched = run_supported(lambda: arm("engine-spec", g, p.id, list(p.token_ids)), where)  # noqa: B023
+                if isinstance(sched, Unsupported):
+                    got = Unsupported(where, {**sched.info, "verdict": f"{sched.verdict} ({_NO_SCHEDULE})"})
+            if got is None:
+                got = run_supported(lambda: arm(name, g, p.id, list(p.token_ids)), where)  # noqa: B023
+            if isinstance(got, Unsupported):
+                row[name] = {"tokens": 0, "wall_s": None, "unsupported": got.verdict}
+                missing.setdefault(name, got.info)
+                unsupported.append({"arm": name, "gamma": g, "prompt_id": p.id, "pass": pas, "text": got.text,
+                                    "verdict": got.verdict})
+                continue
+            row[name] = {"tokens": got[0], "wall_s": got[1]}
+        if "unsupported" not in row["forwards"]:
+            row["forwards"]["tokens"] = row["engine-spec"]["tokens"]
         blocks.append(row)
         b += 1
         if progress is not None:
@@ -319,11 +338,16 @@ def run_bench(
     def per_tok(row: dict[str, Any], name: str) -> float:
         return float(row[name]["wall_s"] / max(1, row[name]["tokens"]))
 
+    def measured(row: dict[str, Any], name: str) -> bool:
+        return "unsupported" not in row[name]
+
     def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        if not rows:
-            return {}
-        return {k: median_ratio([per_tok(r, a) / per_tok(r, c) for r in rows]).to_dict()
-                for k, (a, c) in RATIOS.items()}
+        out = {}
+        for k, (a, c) in RATIOS.items():  # over the blocks where both arms were measured
+            both = [r for r in rows if measured(r, a) and measured(r, c)]
+            if both:
+                out[k] = median_ratio([per_tok(r, a) / per_tok(r, c) for r in both]).to_dict()
+        return out
 
     by_gamma = {}
     for g in gs:
@@ -335,8 +359,9 @@ def run_bench(
             "warm": ratios(warm), "cold": ratios(cold),
             "arms_warm": _arm_totals(warm), "arms_cold": _arm_totals(cold),
         }
-    same = sum(outputs.get((g, p.id, "engine-spec")) == outputs.get((g, p.id, "mlx_lm-spec"))
-               for g in gs for p in prompts)
+    both = [(g, p.id) for g in gs for p in prompts
+            if (g, p.id, "engine-spec") in outputs and (g, p.id, "mlx_lm-spec") in outputs]
+    same = sum(outputs[(g, pid, "engine-spec")] == outputs[(g, pid, "mlx_lm-spec")] for g, pid in both)
     flat = {(k if len(gs) == 1 else f"{k} γ={g}"): v
             for g in gs for k, v in by_gamma[str(g)]["warm"].items()}
     tfacts, dfacts = checkpoint_facts(tpath, tgt.model), checkpoint_facts(dpath, drf.model)
@@ -352,8 +377,10 @@ def run_bench(
         "order": "per block (γ, prompt, pass) every arm back to back, order rotated by one arm per "
                  "block; pass 0 cold (forwards last), passes 1..R warm right after (same shapes)",
         "blocks_with_differing_token_counts": sum(
-            1 for r in blocks if len({r[a]["tokens"] for a in ARMS}) != 1),
-        "engine_vs_mlx_lm_identical_outputs": f"{same}/{len(gs) * len(prompts)}",
+            1 for r in blocks if len({r[a]["tokens"] for a in ARMS if measured(r, a)}) > 1),
+        "unsupported": unsupported,
+        "unsupported_arms": {a: str(info["verdict"]) for a, info in missing.items()},
+        "engine_vs_mlx_lm_identical_outputs": f"{same}/{len(both)}",
         "arms": _arm_totals([r for r in blocks if r["warm"]]),
         "ratios": flat,
         "by_gamma": by_gamma,
@@ -364,7 +391,7 @@ def run_bench(
         "blocks": blocks,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    if profile:
+    if profile and "engine-spec" not in missing:  # nothing to profile where the backend could not run it
         res["profile"] = _profile(lambda: spec_generate(tgt.model, provider, list(prompts[0].token_ids),
                                                         params(gs[-1])))
         res["phases"] = {str(g): _phases(lambda g=g: [spec_generate(tgt.model, provider, list(p.token_ids), params(g))
@@ -385,8 +412,9 @@ def _phases(fn: Callable[[], Any]) -> dict[str, Any]:
 def _arm_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for name in ARMS:
-        tokens = sum(r[name]["tokens"] for r in rows)
-        wall = sum(r[name]["wall_s"] for r in rows)
+        rows_in = [r for r in rows if "unsupported" not in r[name]]
+        tokens = sum(r[name]["tokens"] for r in rows_in)
+        wall = sum(r[name]["wall_s"] for r in rows_in)
         out.append({"arm": name, "tokens": tokens, "wall_s": round(wall, 4),
                     "tok_per_s": round(tokens / wall, 1) if wall > 0 else None})
     return out
@@ -397,8 +425,8 @@ def _goal(by_gamma: dict[str, Any]) -> list[str]:
     lines = []
     for g, d in by_gamma.items():
         w = d["warm"]
-        if not w:
-            continue
+        if "efficiency_engine" not in w or "engine_over_mlx_lm_spec" not in w:
+            continue  # an arm unsupported on this backend: no goal figure
         eff, rel = w["efficiency_engine"], w["engine_over_mlx_lm_spec"]
         lines.append(f"γ={g}: engine efficiency {eff['median']:.3f} [{eff['low']:.3f}, {eff['high']:.3f}] "
                      f"({'meets' if eff['median'] >= 0.95 else 'below'} 0.95); engine/mlx-lm "
@@ -440,6 +468,10 @@ def bench_markdown(res: dict[str, Any]) -> str:
         f"Device {res['machine']['mlx_device']}, {_models_line(res)}. "
         f"Engine and mlx-lm speculative outputs identical: {res.get('engine_vs_mlx_lm_identical_outputs')}. "
         "Figures only: timing never fails.", "",
+        *([f"**{len(res['unsupported_arms'])} of {len(ARMS)} arms unsupported on {res['machine']['mlx_device']}**"
+           f"{'' if measured_anything(res) else ' — NOTHING MEASURED (no paired ratio)'}: "
+           + "; ".join(f"{a}: {v}" for a, v in res["unsupported_arms"].items()), ""]
+          if res.get("unsupported_arms") else []),
         "Paired ratios of time per token (median, 95 % percentile bootstrap interval). "
         "`engine_over_mlx_lm_*` < 1: the engine is faster; `spec_speedup_*` > 1: speculation "
         "beats the same target's plain decode; `efficiency_*`: forwards-only bound / spec time.", "",
@@ -450,6 +482,8 @@ def bench_markdown(res: dict[str, Any]) -> str:
                   else f"## γ={g}", "", "warm:", "", table(d["warm"]), "", "cold (first sight of every shape):",
                   "", table(d["cold"]), "",
                   pd.DataFrame(d["arms_warm"]).to_markdown(index=False), ""]
+    if res.get("unsupported"):
+        lines += unsupported_lines(res) + [""]
     if res.get("goal"):
         lines += ["## goal (issue 13: efficiency >= 0.95, engine/mlx-lm upper bound <= 1.0)", "",
                   *[f"- {g}" for g in res["goal"]], ""]
@@ -463,6 +497,24 @@ def bench_markdown(res: dict[str, Any]) -> str:
         lines += ["## where the engine's host time goes (cProfile, one warm generation, own time)", "",
                   pd.DataFrame(res["profile"]).to_markdown(index=False), ""]
     return "\n".join(lines) + "\n"
+
+
+def unsupported_lines(res: dict[str, Any]) -> list[str]:
+    """The section listing each arm the backend could not run (``engine.backend.run_supported``):
+    the arm, its verdict, how many blocks, and MLX's line of the first."""
+    gone = res.get("unsupported") or []
+    n_blocks = len(res.get("blocks", [])) or 1
+    lines = ["## unsupported on this backend (those arms' ratios are left out; the rest are measured)", ""]
+    for name in ARMS:
+        mine = [u for u in gone if u["arm"] == name]
+        if mine:
+            lines.append(f"- `{name}`: `{mine[0]['verdict']}` in {len(mine)}/{n_blocks} blocks — {mine[0]['text']}")
+    return lines
+
+
+def measured_anything(res: dict[str, Any]) -> bool:
+    """Whether the bench has at least one paired ratio (every ratio needs two measured arms)."""
+    return any(d["warm"] or d["cold"] for d in res.get("by_gamma", {}).values())
 
 
 def _models_line(res: dict[str, Any]) -> str:

@@ -19,11 +19,17 @@ the per-phase split of a row's round (draft, window assembly, target forward, sy
 rollback, commit, records), each phase's device work evaluated at its end. Off, the timed
 repeats carry no profiling cost (the executors read one global per generation).
 
-Identity of every row: each repeat compares every row's output batched vs serial. Equal:
+Identity of every row: each repeat compares every row batched vs serial, record for record then
+its output (``engine.batched_check.compare_row``; cache digests are off in both arms). Equal:
 ``identical``. Different: classified (``engine.batched_check.classify_row``: on a bit-exact
 backend any difference is ``logic``; elsewhere a token flip the numerics witness explains is
 ``numerics``). Throughput is reported over identical-or-``numerics`` rows (the counts are
 printed); a ``logic`` row refuses the figure in one line naming the row and its round, exit 1.
+A missing op (``engine.backend.run_supported``, MLX's own error for an op the backend lacks) is
+that batch size's verdict, ``unsupported on <device>: <op>``, in the table, the JSON (``unsupported``,
+``verdict``, ``info``) and a section listing each; the other batch sizes are measured. Exit 0 when at
+least one batch size has a figure; 1 when every one is unsupported (no figure) or a row is ``logic``;
+2 on a usage error.
 Printed too: each row's lane (batched, or serial with the reason: taps, quantized KV, a
 rotating ring past its wrap) and how it drafts (in its drafter's batch, or per row, why).
 
@@ -39,6 +45,7 @@ refused in one line before measuring; no flag overwrites a user's file; the file
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -62,35 +69,16 @@ class RowLogic(RuntimeError):
     """A row differs batched vs serial in a way arithmetic does not explain: no figure."""
 
 
-def _bound(model: Any) -> float:
-    """The stated bound on |batched row - serial row| of the backend (0: bit-exact)."""
-    from engine.backend import arithmetic
-    from engine.nonexact import is_emulated
-
-    if arithmetic(model).exact:
-        return 0.0
-    em = is_emulated(model)
-    return float(em[0]) if em is not None else 1e-2
-
-
 def classify(model: Any, requests: list[Any], rid: str, result: Any, serial: Any) -> dict[str, Any]:
-    """A row whose output differs batched vs serial: ``{"verdict": "numerics"|"logic", "message",
-    "round", "step"}`` (``engine.batched_check.classify_row`` where it exists, else the numerics
-    witness of ``engine.batched_check.serial_flip`` on the backend's bound)."""
-    from engine import batched_check
+    """Row ``rid`` batched vs serial through the one classification path,
+    ``engine.batched_check.classify_row`` (the ``bench-identity`` kind of
+    ``specparity.jobs.comparison.KINDS``): ``{"verdict": "identical"|"numerics"|"logic", "message",
+    "round", "step", "field", "evidence"}``."""
+    from engine.batched_check import classify_row
 
-    classify_row = getattr(batched_check, "classify_row", None)
-    if classify_row is not None:
-        v = classify_row(model, requests, rid, result, serial)
-        return {"verdict": v.verdict, "message": v.message, "round": v.round, "step": v.step}
-    div = batched_check.compare_row(rid, result.rows[rid], serial, result.steps, records=False)
-    if div is None:
-        div = batched_check.compare_row(rid, result.rows[rid], serial, result.steps)
-    if div is None:
-        return {"verdict": "identical", "message": "", "round": None, "step": None}
-    flip = batched_check.serial_flip(model, requests, rid, result, serial, budget=_bound(model))
-    verdict = "logic" if flip is None or flip.verdict != "numerics" else "numerics"
-    return {"verdict": verdict, "message": div.message, "round": div.round, "step": div.step}
+    v = classify_row(model, requests, rid, result, serial)
+    return {"verdict": v.verdict, "message": v.message, "round": v.round, "step": v.step, "field": v.field,
+            "evidence": list(v.evidence)}
 
 
 def bench_batched(target: str | None = None, drafter: str | None = None, *, size: str | None = None,
@@ -101,6 +89,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
 
     Raises :class:`RowLogic` when a row differs in a way the numerics witness does not explain."""
     import zoo
+    from engine.backend import Unsupported, emulate_from_env, run_supported
     from engine.batched import BatchRequest, batch_generate
     from engine.executor import GenerationParams, spec_generate
     from engine.sources.ngram import NgramProvider
@@ -112,6 +101,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
     from specparity.measure.bench import resolve_pair as _resolve
     from specparity.runners import load_model
 
+    emulate_from_env()  # SPECPARITY_EMULATE_MISSING_OP: the missing-op double here too
     say = log or (lambda _m: None)
     if repeats < 1 or not rows or min(rows) < 1:
         raise ValueError("--repeats and every --rows value must be >= 1")
@@ -146,8 +136,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
         outs = [spec_generate(tgt.model, provider(), list(prompts[i].token_ids), params) for i in range(b)]
         return time.perf_counter() - t0, time.process_time() - c0, outs
 
-    table = []
-    for b in rows:
+    def one(b: int) -> dict[str, Any]:
         say(f"B = {b}: warm-up")
         _, _, first, _ = batched(b)
         serial(b)
@@ -172,9 +161,7 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
             outs = got["serial"]
             tokens = sum(len(res.rows[f"r{i}"].output_ids) for i in range(b))
             for i in range(b):
-                rid = f"r{i}"
-                if res.rows[rid].output_ids == outs[i].output_ids:
-                    continue
+                rid = f"r{i}"  # every row, record for record (identical rows cost one comparison, no replay)
                 v = classify(tgt.model, reqs, rid, res, outs[i])
                 if v["verdict"] == "logic":
                     where = f"round {v['round']}" if v["round"] is not None else "its footer"
@@ -205,7 +192,17 @@ def bench_batched(target: str | None = None, drafter: str | None = None, *, size
             with profiling() as ps:
                 serial(b)
             entry["profile"] = {"batched": pb.to_dict(), "serial": ps.to_dict()}
-        table.append(entry)
+        return entry
+
+    table: list[dict[str, Any]] = []
+    for b in rows:
+        # a missing op (engine.backend.run_supported): this batch size's verdict, the bench goes on
+        got = run_supported(functools.partial(one, b), f"B = {b}")
+        if isinstance(got, Unsupported):
+            say(f"B = {b}: {got.text}")
+            table.append({"rows": b, "verdict": got.verdict, "unsupported": got.text, "info": got.info})
+        else:
+            table.append(got)
     return {"kind": KIND, "target": tname, "drafter": dname, "gamma": gamma, "max_tokens": max_tokens,
             "batch_drafts": batch_drafts, "device": describe_device(), "table": table}
 
@@ -222,6 +219,9 @@ def markdown(res: dict[str, Any]) -> str:
              "median [95% CI] | CPU-time speedup [95% CI] | rows identical / numerics | repeats |",
              "|---:|---:|---:|---:|---:|---:|:---|:---|:---|---:|"]
     for r in res["table"]:
+        if "unsupported" in r:
+            lines.append(f"| {r['rows']} | {r['verdict']} | - | - | - | - | - | - | - | - |")
+            continue
         s, c = r["speedup"], r["cpu_speedup"]
         st = list(r.get("row_status", {}).values())
         lines.append(f"| {r['rows']} | {r['tokens']} | {r['batched_rows_per_s']:.2f} | {r['serial_rows_per_s']:.2f} | "
@@ -229,13 +229,19 @@ def markdown(res: dict[str, Any]) -> str:
                      f"{s['median']:.2f} [{s['low']:.2f}, {s['high']:.2f}] | "
                      f"{c['median']:.2f} [{c['low']:.2f}, {c['high']:.2f}] | "
                      f"{st.count('identical')} / {st.count('numerics')} | {r['repeats']} |")
-    last = res["table"][-1] if res["table"] else None
+    measured = [r for r in res["table"] if "unsupported" not in r]
+    last = measured[-1] if measured else None
     if last is not None:
         lines += ["", f"Rows at B = {last['rows']}:", "", "| row | identity | lane | drafting |", "|:---|:---|:---|:---|"]
         for rid, verdict in last.get("row_status", {}).items():
             lines.append(f"| {rid} | {verdict} | {last['lanes'].get(rid, '?')} | {last['drafting'].get(rid, '-')} |")
         for rid, note in last.get("numerics_notes", {}).items():
             lines.append(f"\n{rid} (numerics): {note}")
+    gone = [r for r in res["table"] if "unsupported" in r]
+    if gone:
+        lines += ["", f"Unsupported on this backend ({len(gone)} of {len(res['table'])} batch sizes; no figure for "
+                      "them, the others are measured):", ""]
+        lines += [f"- B = {r['rows']}: `{r['unsupported']}`" for r in gone]
     for r in res["table"]:
         if "profile" in r:
             lines += ["", f"Per-phase split of a row's round at B = {r['rows']} (one untimed run per arm, "
@@ -305,6 +311,9 @@ def _run(args: argparse.Namespace, dest: Path | None = None) -> int:
         print(f"bench_batched: error: {exc}", file=sys.stderr)
         return 2
     print(markdown(res))
+    gone = [r for r in res["table"] if "unsupported" in r]
+    if gone and len(gone) == len(res["table"]):  # nothing measured: never read as success
+        print(f"bench_batched: no figure: every batch size unsupported ({gone[0]['verdict']})", file=sys.stderr)
     if dest is not None:
         from traces.io import atomic_write_json
 
@@ -314,7 +323,7 @@ def _run(args: argparse.Namespace, dest: Path | None = None) -> int:
             print(f"bench_batched: --json {dest}: {exc.strerror or exc} (the figures above are complete; "
                   "the file was not written)", file=sys.stderr)
             return 1
-    return 0
+    return 1 if gone and len(gone) == len(res["table"]) else 0
 
 if __name__ == "__main__":
     raise SystemExit(main())
