@@ -689,7 +689,24 @@ class RowJudge:
         evidence: list[str] = []
         upto: int | None = None  # rounds before the first structural difference have their caches weighed
         sdiv = compare_row(rid, batched, serial, self.result.steps, ignore=ARITHMETIC_FIELDS)
-        if sdiv is not None:
+        if (sdiv is not None and sdiv.field == "drafts" and sdiv.round is not None
+                and self.result.drafting.get(rid) == "batched"):
+            # The row drafted in a drafter batch: its proposals come from the drafter's batched
+            # forward, whose arithmetic (like the target's) depends on the batch off a bit-exact
+            # backend. Proposals only steer the verifier: a lossless verify emits the same tokens
+            # whatever was drafted, so the row is held to its serial run's output, token for token.
+            if batched.output_ids != serial.output_ids:
+                n = next((i for i, (x, y) in enumerate(zip(batched.output_ids, serial.output_ids, strict=False))
+                          if x != y), min(len(batched.output_ids), len(serial.output_ids)))
+                return RowVerdict(rid, "logic", f"{sdiv.message}; the emitted tokens then differ at output token {n} "
+                                  "(drafts steer a lossless verifier, never its output)",
+                                  ["drafts moved by the drafter batch, and the output moved with them"],
+                                  sdiv.step, sdiv.round, "output_ids")
+            evidence.append(f"{sdiv.message} -- the row drafted in a drafter batch (the drafter's batched "
+                            f"forward is arithmetic off a bit-exact backend); the verify is lossless: all "
+                            f"{len(batched.output_ids)} emitted tokens equal the serial run's")
+            upto = sdiv.round
+        elif sdiv is not None:
             if sdiv.field not in ("samples", "emitted") or sdiv.round is None:
                 return RowVerdict(rid, "logic", sdiv.message + " (structural: not an arithmetic field)",
                                   [f"arithmetic fields ({', '.join(sorted(ARITHMETIC_FIELDS))}) aside, the "

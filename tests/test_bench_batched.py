@@ -241,12 +241,38 @@ def nonexact_pair(nonexact_llama: Any) -> Any:
     exact(drafter)
 
 
-@pytest.mark.xfail(strict=True, reason="engine.batched_check.classify_row calls a draft that differs batched vs "
-                   "serial structural (`logic`) even when the drafter's own arithmetic is non-exact and drafting "
-                   "is batched: no witness of the drafter's batched forward yet (bench_batched, B = 4, row r1, "
-                   "round 4, field drafts; --per-row-drafts reads numerics)")
 def test_under_the_double_a_batched_drafters_flip_is_not_logic(nonexact_pair: Any,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     rc = bb.main(["--rows", "4", "--repeats", "1", "--max-tokens", "16"])
     err = capsys.readouterr().err
     assert rc == 0, err
+
+
+def test_under_the_double_drafts_moved_by_the_drafter_batch_are_numerics_but_a_moved_output_is_logic(
+        nonexact_pair: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row that drafted in a drafter batch may propose other drafts than alone (the drafter's
+    batched arithmetic): ``numerics`` while every emitted token equals the serial run's. Planted:
+    once drafts moved, the row's output moves too (a last token changed) -> ``logic`` at the
+    output, one line naming the row, exit 1."""
+    import engine.batched as eb
+
+    real = eb.batch_generate
+    moved: list[str] = []
+
+    def wrong(model: Any, reqs: Any, **kw: Any) -> Any:
+        res = real(model, reqs, **kw)
+        for rid, row in res.rows.items():
+            if res.drafting.get(rid) == "batched" and row.output_ids:
+                row.output_ids[-1] = (row.output_ids[-1] + 7) % 256
+                moved.append(rid)
+                break
+        return res
+
+    assert bb.main(["--rows", "4", "--repeats", "1", "--max-tokens", "16"]) == 0  # the unplanted run: figures
+    capsys.readouterr()
+    monkeypatch.setattr(eb, "batch_generate", wrong)
+    assert bb.main(["--rows", "4", "--repeats", "1", "--max-tokens", "16"]) == 1
+    cap = capsys.readouterr()
+    err = [line for line in cap.err.splitlines() if line.startswith("bench_batched:")]
+    assert moved and len(err) == 1 and "Traceback" not in cap.err, cap.err
+    assert f"row {moved[0]}" in err[0] and "logic" in err[0], err
