@@ -4,6 +4,7 @@ usage / timings extensions of each answer; and the ``speculation`` cell an arm g
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class SpecCounters:
             block = doc.get(where)
             if not isinstance(block, dict):
                 continue
-            for k, v in _flat(block):
+            for k, v in flat_items(block):
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     continue
                 if self._ACCEPT.search(k):
@@ -98,21 +99,20 @@ class SpecCounters:
                             self.sources | other.sources, self.other_methods | other.other_methods)
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+def flat_items(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The leaves of a nested JSON object as ``("a.b.c", value)`` pairs (a counter's dotted key)."""
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            yield from _flat(v, key + ".")
+            yield from flat_items(v, key + ".")
         else:
             yield key, v
 
 
 def metrics(client: HttpClient, method: str | None = None) -> SpecCounters | None:
     """The server's speculation counters: its ``/metrics`` page and its ``/health`` body
-    (``subjects/setup_evidence.py``), or None (no such counter anywhere); ``method``: the arm's
+    (:func:`health_counters`), or None (no such counter anywhere); ``method``: the arm's
     speculation method (``/metrics`` counters labelled for another are not counted)."""
-    from subjects.setup_evidence import health_counters
-
     c: SpecCounters | None = None
     try:
         status, text = client.get("/metrics")
@@ -125,6 +125,31 @@ def metrics(client: HttpClient, method: str | None = None) -> SpecCounters | Non
     if h is not None:
         c = h if c is None else c.plus(h)
     return c
+
+def health_counters(client: HttpClient) -> SpecCounters | None:
+    """Draft / accept counters in the server's ``/health`` JSON body (None: no such body or counters)."""
+    try:
+        status, text = client.get("/health")
+        doc = json.loads(text) if status == 200 else None
+    except (ServerDown, ServerError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    c = SpecCounters()
+    for k, v in flat_items(doc):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        low = k.lower()
+        if "rate" in low or "ratio" in low or "len" in low.split(".")[-1]:
+            continue  # a ratio or a mean is not a count
+        if "accept" in low:
+            c.accepted += v
+            c.sources.add(f"/health {k}")
+        elif "draft" in low or "propos" in low:
+            c.drafted += v
+            c.sources.add(f"/health {k}")
+    return c if c.sources else None
+
 
 
 def speculation_cell(arm: str, counters: SpecCounters | None, log_off: str | None = None) -> CellResult:
