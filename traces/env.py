@@ -191,7 +191,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "SCALE[:SEED[:KV_SCALE]]: emulate a backend that is not bit-exact"),
     Variable("SPECPARITY_EMULATE_MISSING_OP", _missing_op, None,
              "quantized_matmul: emulate a backend lacking that op"),
-    # the served-engine checks' variables (read in specparity/grading/http_servers.py, subjects/served.py,
+    # the served-engine checks' variables (read in specparity/grading/http_servers.py, subjects/served/,
     # tests/fake_server.py): checked here at start-up like the others
     Variable("SPECPARITY_SERVER_BIN", _existing_dir, None, "where served engines' executables are"),
     Variable("SPECPARITY_SERVER_API_KEY", _text, None, "API key sent to a served engine"),
