@@ -73,6 +73,9 @@ class ServedEngine:
     # what its log shows when a default asked off is on after all ((setting, regex of such a line)): quoted in the
     # row's observed set-up and in the cells that ran with it (subjects/setup_evidence.py)
     observe: tuple[tuple[str, str], ...] = ()
+    # its requests name the model by the path it was started with (a server that loads whatever model a request
+    # names, and drops the one it serves for it: mlx-vlm); else "default_model", or the name a refusal teaches
+    request_model_is_path: bool = False
 
     def available(self) -> bool:
         if self.exe is not None:
@@ -216,7 +219,11 @@ SERVERS: dict[str, ServedEngine] = {
         # (server/runtime_config.py ``apc_enabled`` False) and has no flag; its drafters are DFlash / EAGLE-3 /
         # MTP (server/cli.py ``--draft-kind``), not a two-model twin; counts in each answer's ``timings``
         # (server/schemas.py GenerationTimings ``draft_n`` / ``draft_n_accepted``)
+        # a request's "model" is loaded when it is not the one loaded (mlx_vlm/server/, the model of each
+        # request: app.py get_cached_model, generation.py load_model_resources; "default_model" unloads the served
+        # model and fails offline: HTTP 400 "Failed to load model")
         ServedEngine("mlx-vlm", "mlx-vlm==0.7.10", "mlx_vlm", "server-mlx-vlm", _mlx_vlm, exe="mlx_vlm.server",
+                     request_model_is_path=True,
                      note="mlx_vlm.server (chat only; spec arm: --draft-model, a DFlash / EAGLE-3 / MTP drafter)"),
         ServedEngine("fake", "specparity", "tests.fake_server", "py311", _fake,
                      note="tests/fake_server.py: the harness's test double (a checkout only; "

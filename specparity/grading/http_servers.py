@@ -277,6 +277,11 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
             pump = _LogPump(proc, logf, secrets)
             try:
                 client = HttpClient(f"http://127.0.0.1:{port}", limits=Limits.per_response(timeout))
+                if engine.request_model_is_path:  # the row's dialect: requests name the model it was started with
+                    d = dialect(client)
+                    d.model = model
+                    d.notes.append("requests name the model by the path it was started with (its row: a request "
+                                   "naming another model makes it load that one)")
                 _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output, pump)
                 yield Launch(client, log_path, "off" if cache_off and engine.cache_off else
                              ("on" if engine.cache_off else "unknown"), shown,
