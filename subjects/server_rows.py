@@ -224,6 +224,9 @@ SERVERS: dict[str, ServedEngine] = {
         # model and fails offline: HTTP 400 "Failed to load model")
         ServedEngine("mlx-vlm", "mlx-vlm==0.7.10", "mlx_vlm", "server-mlx-vlm", _mlx_vlm, exe="mlx_vlm.server",
                      request_model_is_path=True,
+                     # its default: per-token top_logprobs disabled (server/cli.py ``--top-logprobs-k``: "default 0
+                     # = disabled", a server-side cap 0-20): the cap raised to its maximum and named in its row
+                     defaults_off=("--top-logprobs-k", "20"),
                      note="mlx_vlm.server (chat only; spec arm: --draft-model, a DFlash / EAGLE-3 / MTP drafter)"),
         ServedEngine("fake", "specparity", "tests.fake_server", "py311", _fake,
                      note="tests/fake_server.py: the harness's test double (a checkout only; "

@@ -115,3 +115,16 @@ def test_timings_draft_rounds_are_not_drafted_tokens() -> None:
     c.add_doc({"timings": {"draft_kind": "dflash", "draft_rounds": 4, "draft_n": 12, "draft_n_accepted": 9}})
     assert (c.drafted, c.accepted) == (12, 9), c
     assert c.sources == {"timings.draft_n", "timings.draft_n_accepted"}, c.sources
+
+
+def test_a_model_path_the_server_reports_leaves_no_machine_path_in_the_row(tmp_path) -> None:
+    """mlx-vlm 0.7.10's /health and /v1/models name the loaded model by its absolute path."""
+    from specparity.grading.http_servers import _public_paths
+
+    m = tmp_path / "phi3-chat64"
+    m.mkdir()
+    (m / "config.json").write_text("{}")
+    seen = {"health": f'HTTP 200 {{"status":"healthy","loaded_model":"{m}"}}', "models": [str(m)], "n": 1}
+    got = _public_paths(seen)
+    assert str(tmp_path) not in str(got), got
+    assert got["models"] == ["$MODELS/phi3-chat64"] and '"loaded_model":"$MODELS/phi3-chat64"' in got["health"], got
