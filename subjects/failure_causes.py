@@ -39,7 +39,8 @@ CAUSES = (TRANSPORT, PROTOCOL, SETUP, SERVER_ERROR, ERROR_AS_SUCCESS, WRONG_OUTP
 NOT_FINDINGS = (SETUP,)  # causes that read cannot-grade, never fail
 
 _MODEL = re.compile(r"model.{0,60}(not found|unknown|does not exist|not available|not loaded|not served|invalid)"
-                    r"|(unknown|invalid|no such|unsupported) model", re.I)
+                    r"|(unknown|invalid|no such|unsupported) model"
+                    r"|failed to load model", re.I)  # mlx-vlm 0.7.10 (server/generation.py load_model_resources)
 _EXCEPTION = re.compile(r"^\s*(?:[A-Za-z_][\w.]*(?:Error|Exception)\b.*|Traceback \(most recent call last\):.*)$")
 
 

@@ -73,6 +73,9 @@ class ServedEngine:
     # what its log shows when a default asked off is on after all ((setting, regex of such a line)): quoted in the
     # row's observed set-up and in the cells that ran with it (subjects/setup_evidence.py)
     observe: tuple[tuple[str, str], ...] = ()
+    # its requests name the model by the path it was started with (a server that loads whatever model a request
+    # names, and drops the one it serves for it: mlx-vlm); else "default_model", or the name a refusal teaches
+    request_model_is_path: bool = False
 
     def available(self) -> bool:
         if self.exe is not None:
@@ -97,6 +100,13 @@ def _mlx_lm(model: str, draft: str | None, port: int) -> list[str]:
 def _fake(model: str, draft: str | None, port: int) -> list[str]:
     extra = ["--draft-model", draft] if draft else []
     return [sys.executable, "-m", "tests.fake_server", "--model", model, "--port", str(port), *extra]
+
+
+def _mlx_vlm(model: str, draft: str | None, port: int) -> list[str]:
+    """mlx-vlm 0.7.10's server (mlx_vlm/server/cli.py ``main``: ``--model``, ``--host``, ``--port``,
+    ``--draft-model``; the drafter's family, dflash / eagle3 / mtp, auto-detected from its model_type)."""
+    extra = ["--draft-model", draft] if draft else []
+    return [server_bin("mlx_vlm.server"), "--model", model, "--host", "127.0.0.1", "--port", str(port), *extra]
 
 
 def server_bin(exe: str) -> str:
@@ -187,6 +197,37 @@ SERVERS: dict[str, ServedEngine] = {
                      defaults_off=("--set", "YUNSHU_KV_QUANT_BITS=off", "--set", "YUNSHU_SSD_CACHE=false"),
                      note="yunshu serve (Python >= 3.13); spec arm: its lossless n-gram speculation on greedy "
                           "requests (YUNSHU_NGRAM_DEFAULT=true); counters from its /metrics"),
+        # vmlx 1.6.81 (vmlx_engine/cli.py ``main``, its ``serve`` subparser; ``serve_command``): continuous
+        # batching is on by default, and under it ``_speculative_incompatibility_reason`` returns
+        # "--continuous-batching": the draft model is not loaded ("Draft model loading is disabled for this
+        # launch"), so both arms run the single-request engine (--no-continuous-batching: the plain arm is the
+        # spec arm's baseline); ``_apply_paged_block_disk_default`` turns an SSD block cache on with a prefix
+        # cache under continuous batching: asked off explicitly (--disable-block-disk-cache) and watched for in
+        # its log. Speculation counts: /health ``speculative_decoding.runtime`` (speculative.py get_spec_stats;
+        # the LAST request's: models/llm.py resets them per request), read by counters.health_doc_counters.
+        ServedEngine("vmlx", "vmlx==1.6.81", "vmlx_engine", "server-vmlx",
+                     _cli("vmlx", "serve", plain=["--served-model-name", "default_model"],
+                          spec=["--served-model-name", "default_model", "--speculative-model", "{draft}",
+                                "--num-draft-tokens", "3"]),
+                     exe="vmlx", cache_off=("--disable-prefix-cache",),
+                     defaults_off=("--no-continuous-batching", "--disable-block-disk-cache"),
+                     observe=(("block disk cache", r"(?i)enabling block disk cache"),),
+                     note="vmlx serve --no-continuous-batching (its draft model loads only without continuous "
+                          "batching); spec arm: --speculative-model, 3 draft tokens; counters from /health"),
+        # mlx-vlm 0.7.10's server (mlx_vlm/server/openai.py: /chat/completions only, no /v1/completions: graded
+        # through chat, the dialect learnt from its 404); its prefix cache (APC) is off by default
+        # (server/runtime_config.py ``apc_enabled`` False) and has no flag; its drafters are DFlash / EAGLE-3 /
+        # MTP (server/cli.py ``--draft-kind``), not a two-model twin; counts in each answer's ``timings``
+        # (server/schemas.py GenerationTimings ``draft_n`` / ``draft_n_accepted``)
+        # a request's "model" is loaded when it is not the one loaded (mlx_vlm/server/, the model of each
+        # request: app.py get_cached_model, generation.py load_model_resources; "default_model" unloads the served
+        # model and fails offline: HTTP 400 "Failed to load model")
+        ServedEngine("mlx-vlm", "mlx-vlm==0.7.10", "mlx_vlm", "server-mlx-vlm", _mlx_vlm, exe="mlx_vlm.server",
+                     request_model_is_path=True,
+                     # its default: per-token top_logprobs disabled (server/cli.py ``--top-logprobs-k``: "default 0
+                     # = disabled", a server-side cap 0-20): the cap raised to its maximum and named in its row
+                     defaults_off=("--top-logprobs-k", "20"),
+                     note="mlx_vlm.server (chat only; spec arm: --draft-model, a DFlash / EAGLE-3 / MTP drafter)"),
         ServedEngine("fake", "specparity", "tests.fake_server", "py311", _fake,
                      note="tests/fake_server.py: the harness's test double (a checkout only; "
                           "SPECPARITY_FAKE_SERVER_BUG plants a bug)",

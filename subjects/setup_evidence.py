@@ -3,10 +3,10 @@
 A row asks for a set-up (its argv, ``defaults_off``, the drafter); what the server actually runs is
 read from the server itself, and the row records that, not the request:
 
-- **speculation counters** from every place servers keep them: ``/metrics`` (Prometheus ``*_total``
-  counters, any method label: ``SpecCounters.from_metrics``), ``/health`` (a JSON body with numeric
-  ``*draft*`` / ``*accept*`` keys, e.g. vmlx's) and the usage / timings extensions of each answer
-  (``SpecCounters.add_doc``);
+- **speculation counters** from every place servers keep them (``subjects/served/counters.py``):
+  ``/metrics`` (Prometheus ``*_total`` counters, any method label: ``SpecCounters.from_metrics``),
+  ``/health`` (a JSON body with numeric ``*draft*`` / ``*accept*`` keys, e.g. vmlx's:
+  ``health_counters``) and the usage / timings extensions of each answer (``SpecCounters.add_doc``);
 - **the log**: a line saying speculation was switched off (a draft model disabled under continuous
   batching, a drafter ignored) makes the spec arm ``not-engaged`` with that line quoted, whatever
   the counters; a row's ``observe`` patterns (a setting it asked off, seen on) are quoted as "not in
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from subjects.http_client import HttpClient, ServerDown, ServerError, redact
-from subjects.served import SpecCounters, _flat
 
 # a log line saying the speculation asked for is not running
 SPEC_OFF = re.compile(r"(?i)\b(draft|specul)\w*\b[^\n]{0,80}?\b(disabl\w*|ignor\w*|not (?:be )?used|turned off|"
@@ -54,30 +53,6 @@ class Observed:
             d["not_in_effect"] = dict(self.not_in_effect)
         return d
 
-
-def health_counters(client: HttpClient) -> SpecCounters | None:
-    """Draft / accept counters in the server's ``/health`` JSON body (None: no such body or counters)."""
-    try:
-        status, text = client.get("/health")
-        doc = json.loads(text) if status == 200 else None
-    except (ServerDown, ServerError, ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict):
-        return None
-    c = SpecCounters()
-    for k, v in _flat(doc):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        low = k.lower()
-        if "rate" in low or "ratio" in low or "len" in low.split(".")[-1]:
-            continue  # a ratio or a mean is not a count
-        if "accept" in low:
-            c.accepted += v
-            c.sources.add(f"/health {k}")
-        elif "draft" in low or "propos" in low:
-            c.drafted += v
-            c.sources.add(f"/health {k}")
-    return c if c.sources else None
 
 
 def observe(client: HttpClient, log_text: str = "", patterns: Sequence[tuple[str, str]] = ()) -> Observed:

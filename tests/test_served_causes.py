@@ -40,6 +40,9 @@ def test_each_client_failure_has_its_class() -> None:
     assert fc.classify_error(ServerError("HTTP 404: Not Found", 404), "/v1/completions").kind == fc.PROTOCOL
     assert fc.classify_error(ServerError("HTTP 400: model 'default_model' not found", 400)).kind == fc.SETUP
     assert fc.classify_error(ServerError("HTTP 500: boom", 500)).kind == fc.SERVER_ERROR
+    # mlx-vlm 0.7.10 loads the model a request names: offline, a name it cannot load is a set-up refusal
+    offline = 'HTTP 400: {"detail":"Failed to load model: Cannot find an appropriate cached snapshot folder"}'
+    assert fc.classify_error(ServerError(offline, 400)).kind == fc.SETUP
     assert fc.classify_error(ServerError("response is not JSON: <html>", 200)).kind == fc.PROTOCOL
     assert not fc.Cause(fc.SETUP, "x").finding and fc.Cause(fc.SERVER_ERROR, "x").finding
     hidden = fc.error_as_success({"choices": []}, "", "INFO ok\nIndexError: index 7 is out of bounds\n")

@@ -86,3 +86,45 @@ def test_the_scoreboard_says_a_pass_is_unverified() -> None:
     assert _cell({"status": "pass", "detail": "ok", "unverified": "speculation unverified"})[1] == \
         "pass (speculation unverified)"
     assert _cell({"status": "pass", "detail": "ok"})[1] == "pass"
+
+
+def test_health_counts_are_the_counts_not_the_settings_beside_them() -> None:
+    """vmlx 1.6.81's /health (speculative.py get_spec_stats, adaptive_speculative.py snapshot): the draft
+    width asked for, the widths and the delivered drafts sit beside the counts; only the counts count."""
+    from subjects.served.counters import health_doc_counters, speculation_cell
+
+    runtime = {"policy": "adaptive", "starting_width": 3, "selected_width": 3, "cycles": 4,
+               "verification_allocation_limit": 3, "drafted_tokens": 10, "accepted_draft_tokens": 7,
+               "width_counts": {"3": 4}, "delivered_tokens": 17, "delivered_draft_tokens": 7}
+    doc = {"status": "healthy", "speculative_decoding": {
+        "enabled": True, "draft_model": "/m/twin", "num_draft_tokens": 3, "configured_num_draft_tokens": 3,
+        "draft_model_loaded": True, "runtime": runtime, "disable_by_batch_size": 0}}
+    c = health_doc_counters(doc)
+    assert c is not None and (c.drafted, c.accepted) == (10, 7), c
+    # the same body before any request (runtime {}): the configured width is no evidence of speculation
+    idle = health_doc_counters({**doc, "speculative_decoding": {**doc["speculative_decoding"], "runtime": {}}})
+    assert idle is None, idle
+    assert speculation_cell("spec", idle).status == "cannot-grade"
+
+
+def test_timings_draft_rounds_are_not_drafted_tokens() -> None:
+    """mlx-vlm 0.7.10 server/schemas.py GenerationTimings: draft_rounds beside llama.cpp's draft_n / draft_n_accepted."""
+    from subjects.served.counters import SpecCounters
+
+    c = SpecCounters()
+    c.add_doc({"timings": {"draft_kind": "dflash", "draft_rounds": 4, "draft_n": 12, "draft_n_accepted": 9}})
+    assert (c.drafted, c.accepted) == (12, 9), c
+    assert c.sources == {"timings.draft_n", "timings.draft_n_accepted"}, c.sources
+
+
+def test_a_model_path_the_server_reports_leaves_no_machine_path_in_the_row(tmp_path) -> None:
+    """mlx-vlm 0.7.10's /health and /v1/models name the loaded model by its absolute path."""
+    from specparity.grading.http_servers import _public_paths
+
+    m = tmp_path / "phi3-chat64"
+    m.mkdir()
+    (m / "config.json").write_text("{}")
+    seen = {"health": f'HTTP 200 {{"status":"healthy","loaded_model":"{m}"}}', "models": [str(m)], "n": 1}
+    got = _public_paths(seen)
+    assert str(tmp_path) not in str(got), got
+    assert got["models"] == ["$MODELS/phi3-chat64"] and '"loaded_model":"$MODELS/phi3-chat64"' in got["health"], got

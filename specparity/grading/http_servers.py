@@ -277,6 +277,11 @@ def launch_process(engine: ServedEngine, model: str, draft: str | None, log_path
             pump = _LogPump(proc, logf, secrets)
             try:
                 client = HttpClient(f"http://127.0.0.1:{port}", limits=Limits.per_response(timeout))
+                if engine.request_model_is_path:  # the row's dialect: requests name the model it was started with
+                    d = dialect(client)
+                    d.model = model
+                    d.notes.append("requests name the model by the path it was started with (its row: a request "
+                                   "naming another model makes it load that one)")
                 _wait_ready(engine, client, proc, log_path, startup_timeout, warmup, expect_output, pump)
                 yield Launch(client, log_path, "off" if cache_off and engine.cache_off else
                              ("on" if engine.cache_off else "unknown"), shown,
@@ -646,7 +651,7 @@ def grade_arm(ref: Reference, launch: Launcher, arm: str, draft: str | None, che
                 if learnt:
                     setup["servers"][-1]["dialect"] = list(learnt)
                 seen = observe(srv.client, _read(srv.log) if srv.log is not None else "", srv.observe)
-                setup["servers"][-1]["observed"] = seen.to_dict()
+                setup["servers"][-1]["observed"] = _public_paths(seen.to_dict())
                 if seen.spec_off and not rejecting and arm == "spec":
                     spec_off = spec_off or seen.spec_off
                 if not rejecting:
@@ -788,6 +793,19 @@ def _public_arg(a: str) -> str:
         with contextlib.suppress(OSError, ValueError):
             return model_ref(a, Path(a)) if (Path(a) / "config.json").is_file() else f"<{Path(a).name}>"
     return a
+
+
+def _public_paths(x: Any) -> Any:
+    """``x`` (text, or a JSON value of texts) with every absolute path of an existing file or folder as a
+    committed row shows it (:func:`_public_arg`): a server that reports the model it loaded by its path
+    (mlx-vlm's ``/health`` and ``/v1/models``) leaves no machine path in the row."""
+    if isinstance(x, str):
+        return re.sub(r"/[^\s\"'\\,;:{}\[\]()]+", lambda m: _public_arg(m.group(0)), x)
+    if isinstance(x, list):
+        return [_public_paths(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _public_paths(v) for k, v in x.items()}
+    return x
 
 
 def reproduce_cmd(name: str, model: str, draft: str | None, arm: str, check: str, url: str | None, *,

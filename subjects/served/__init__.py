@@ -126,7 +126,7 @@ from subjects.served.cells import (
     Unsupported,
     cell_from_cases,
 )
-from subjects.served.counters import SpecCounters, _flat, metrics, speculation_cell
+from subjects.served.counters import SpecCounters, health_counters, metrics, speculation_cell
 from subjects.served.ctx import Ctx
 from subjects.served.declare import CHECKS, Check, check, check_names, declare, gated, titles
 from subjects.served.orchestrate import learn_dialect, prompt_fidelity, run_checks
@@ -139,6 +139,6 @@ SERVER_CHECKS = check_names()  # the checks declared by this package (a check de
 __all__ = ["BUDGETS", "CHECKS", "LOGPROB_ATOL", "LOGPROB_RTOL", "MAX_BUDGET", "SERVER_CHECKS", "STATUSES", "TOP_K",
            "CannotGrade", "CaseResult", "CellResult", "Check", "Ctx", "Dialect", "Finding", "HttpClient", "Plan",
            "PromptInfo", "Reference", "Reply", "Request", "ServerDown", "ServerError", "SpecCounters", "Unsupported",
-           "_flat", "cell_from_cases", "check", "check_names", "compare", "declare", "dialect", "gated",
+           "cell_from_cases", "check", "check_names", "compare", "declare", "dialect", "gated", "health_counters",
            "learn_dialect", "make_plan", "metrics", "prompt_fidelity", "run_checks", "send", "speculation_cell",
            "titles"]

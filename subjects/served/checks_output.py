@@ -13,21 +13,21 @@ from subjects.served.plan import (
     MAX_BUDGET,
     TOP_K,
     PromptInfo,
+    stop_cases,
 )
 from subjects.served.reference import (
     LOGPROB_ATOL,
     LOGPROB_RTOL,
     Reference,
-    _lp_close,
-    _nows,
-    _tail,
-    _text_diff,
     compare,
+    logprob_close,
     loose,
+    nonspace,
     splits_utf8,
     stop_view,
     strip_eos,
-    token_at,
+    text_diff,
+    text_tail,
 )
 from subjects.served.wire import Reply, Request
 
@@ -76,18 +76,18 @@ def _stream_pair(ctx: Ctx, req: Request, *, ids_check: bool) -> None:
         streamed = ctx.ask(sreq)
         if loose(streamed.text) != loose(full.text):
             raise Finding(sreq, f"streamed deltas concatenated differ from the non-streamed text: "
-                                f"{_text_diff(loose(streamed.text), loose(full.text), 'stream', 'non-stream')} "
+                                f"{text_diff(loose(streamed.text), loose(full.text), 'stream', 'non-stream')} "
                                 f"({streamed.chunks} events)")
         ids = strip_eos(ctx.ref, full.ids)
         whose = "the ids it returned"
         if ids is None and ids_check and isinstance(req.prompt, str):
             # no ids came back: plain decode's, when the text is theirs whitespace aside (else identity judges)
             want_ids, _ = ctx.ref.expect(plain_req)
-            if _nows(ctx.ref.decode(want_ids)) == _nows(full.text):
+            if nonspace(ctx.ref.decode(want_ids)) == nonspace(full.text):
                 ids, whose = want_ids, "its tokens (plain decode's ids: it returned none)"
         if ids_check and ids is not None and loose(ctx.ref.decode(ids)) != loose(full.text):
             raise Finding(plain_req, f"the text is not the decode of {whose}: "
-                                     + _text_diff(loose(full.text), loose(ctx.ref.decode(ids)), "text",
+                                     + text_diff(loose(full.text), loose(ctx.ref.decode(ids)), "text",
                                                   "decode(ids)"))
         if streamed.finish_reason != full.finish_reason:
             raise Finding(sreq, f"streamed finish_reason {streamed.finish_reason!r}, not the non-streamed "
@@ -110,7 +110,7 @@ def check_stream(ctx: Ctx) -> str:
         _stream_pair(ctx, Request(p.text, 24, chat=True, tag="stream (chat)"), ids_check=False)
     for p in ctx.plan.eos("stream")[:1]:
         _stream_pair(ctx, Request(p.text, MAX_BUDGET, tag="stream (EOS)"), ids_check=False)
-    cases = _stop_cases(ref, ps[1]) if len(ps) > 1 else []
+    cases = stop_cases(ref, ps[1]) if len(ps) > 1 else []
     for s, kind, _ in cases[:1]:
         _stream_pair(ctx, Request(ps[1].text, MAX_BUDGET, stop=(s,), tag=f"stream (stop {kind})"), ids_check=False)
     return ("streamed deltas = non-streamed text = decode(ids), same finish_reason and usage"
@@ -132,35 +132,13 @@ def check_budget(ctx: Ctx) -> str:
     return f"exactly the budget at max_tokens {list(BUDGETS)}"
 
 
-def _stop_cases(ref: Reference, p: PromptInfo) -> list[tuple[str, str, int]]:
-    """(stop string, kind, index of the token that completes it) in ``p``'s plain output."""
-    ids = p.out
-    text = ref.decode(ids)
-    out: list[tuple[str, str, int]] = []
-    for j in range(3, len(ids)):
-        piece = ref.decode(ids[j : j + 1]).strip()
-        if piece and piece not in ref.decode(ids[:j]) and "\ufffd" not in piece:
-            out.append((piece, "a whole token", j))
-            break
-    for j in range(3, len(ids)):
-        piece = ref.decode(ids[j : j + 1]).strip()
-        if len(piece) >= 2 and "\ufffd" not in piece:
-            inner = piece[1:] if len(piece) == 2 else piece[1:-1]
-            first = text.find(inner)
-            if first >= 0 and first > len(ref.decode(ids[:3])):
-                k = token_at(ref, ids, first + len(inner) - 1)
-                if ref.decode(ids[k : k + 1]).strip() != inner:
-                    out.append((inner, "inside a token", k))
-                    break
-    return out
-
 
 def _stop_case(ref: Reference, ps: Sequence[PromptInfo], kind: str, skip: int = 0
                ) -> tuple[PromptInfo, str, int] | None:
     """The ``skip``-th prompt of ``ps`` with a stop case of ``kind`` ('' = any)."""
     n = 0
     for p in ps:
-        for s, k, j in _stop_cases(ref, p):
+        for s, k, j in stop_cases(ref, p):
             if not kind or k == kind:
                 if n == skip:
                     return p, s, j
@@ -173,8 +151,8 @@ def _stopped(ctx: Ctx, req: Request, reply: Reply, full_text: str, s: str) -> No
     """CannotGrade unless the server's text is plain decode's up to the stop string."""
     want = full_text[: full_text.find(s)]
     if stop_view(reply.text) != stop_view(want):
-        raise CannotGrade(f"the server's text {_tail(reply.text)} is not plain decode's up to the stop {s!r} "
-                          f"{_tail(want)} (the stop check judges that)")
+        raise CannotGrade(f"the server's text {text_tail(reply.text)} is not plain decode's up to the stop {s!r} "
+                          f"{text_tail(want)} (the stop check judges that)")
 
 
 @check("finish_reason", title="finish_reason", needs=(4, 2), gated=True)
@@ -294,7 +272,7 @@ def check_eos(ctx: Ctx) -> str:
             for et in ref.eos_text:
                 if et and et in r.text:
                     raise Finding(req, f"EOS text {et!r} in the output at character {r.text.index(et)}: "
-                                       f"{_tail(r.text)}")
+                                       f"{text_tail(r.text)}")
             why = compare(ref, r, p.out, exact=True)
             if why:
                 raise Finding(req, f"plain decode ends on EOS after {len(p.out)} tokens: {why}")
@@ -323,9 +301,9 @@ def check_stop(ctx: Ctx) -> str:
                 got = stop_view(r.text)
                 if s not in r.text and got.startswith(stop_view(want)) and len(got) > len(stop_view(want)):
                     raise Finding(req, f"stop {s!r} did not stop generation: it was cut out of the text, which goes "
-                                       f"on past it: {_tail(r.text)} vs expected {_tail(want)}")
+                                       f"on past it: {text_tail(r.text)} vs expected {text_tail(want)}")
                 extra_s = " (the stop string is in the text)" if s in r.text else ""
-                raise Finding(req, f"stop {s!r}: text {_tail(r.text)} vs expected {_tail(want)}{extra_s}")
+                raise Finding(req, f"stop {s!r}: text {text_tail(r.text)} vs expected {text_tail(want)}{extra_s}")
             if r.logprobs is not None and len(r.logprobs) not in (k, k + 1):
                 raise Finding(req, f"stop {s!r} was completed by token {k}, but {len(r.logprobs)} logprob entries "
                                    f"came back (ids and logprobs not trimmed where the text was)")
@@ -352,7 +330,7 @@ def check_logprobs(ctx: Ctx) -> str:
             ids = got_ids if got_ids is not None else ref.expect(req)[0][: len(r.logprobs)]
             want = ref.logprobs(pids, tuple(ids), TOP_K)
             for i, (g, (lp, top)) in enumerate(zip(r.logprobs, want, strict=False)):
-                if not _lp_close(g.logprob, lp):
+                if not logprob_close(g.logprob, lp):
                     raise Finding(req, f"token {i} (id {ids[i]}): logprob {g.logprob:.5f} vs plain {lp:.5f} "
                                        f"(tolerance {LOGPROB_ATOL:g} + {LOGPROB_RTOL:.4g}·|lp|)")
                 vals = [v for _, _, v in g.top]
@@ -363,14 +341,14 @@ def check_logprobs(ctx: Ctx) -> str:
                                        f"{[(t[0], round(t[2], 4)) for t in g.top]}")
                 top_id = g.top[0][0] if g.top else None
                 if (got_ids is not None and top_id is not None and top_id != ids[i]
-                        and not _lp_close(vals[0], g.logprob)):  # greedy: the emitted token is the top entry
+                        and not logprob_close(vals[0], g.logprob)):  # greedy: the emitted token is the top entry
                     raise Finding(req, f"token {i}: top_logprobs[0] is id {top_id} ({vals[0]:.5f}), not the emitted "
                                        f"token id {ids[i]} ({g.logprob:.5f})")
                 if vals and not g.logprob >= vals[0] - (LOGPROB_ATOL + LOGPROB_RTOL * abs(vals[0])):
                     raise Finding(req, f"token {i}: the emitted (greedy) token's logprob {g.logprob:.5f} is below "
                                        f"the top entry's {vals[0]:.5f}")
                 for k, ((_, _, v), (tid, w)) in enumerate(zip(g.top, top, strict=False)):
-                    if not _lp_close(v, w):
+                    if not logprob_close(v, w):
                         raise Finding(req, f"token {i}: top_logprobs[{k}] {v:.5f} vs plain {w:.5f} (id {tid})")
     return (f"emitted-token logprobs and sorted top_logprobs = plain decode teacher-forced on the server's ids "
             f"(tol {LOGPROB_ATOL:g} + {LOGPROB_RTOL:.4g}·|lp|)")

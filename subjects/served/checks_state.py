@@ -14,9 +14,8 @@ from subjects.checks import first_divergence
 from subjects.failure_causes import TRANSPORT, classify_error
 from subjects.http_client import HttpClient, ServerDown, ServerError
 from subjects.served.cells import CannotGrade, Finding, Unsupported
-from subjects.served.checks_output import _stop_cases
 from subjects.served.counters import SpecCounters, metrics
-from subjects.served.ctx import Ctx, _down
+from subjects.served.ctx import Ctx, server_down
 from subjects.served.declare import check
 from subjects.served.plan import (
     CACHE_ROUNDS,
@@ -29,17 +28,18 @@ from subjects.served.plan import (
     TOOL,
     TOP_K,
     PromptInfo,
+    stop_cases,
 )
 from subjects.served.reference import (
     LOGPROB_ATOL,
     LOGPROB_RTOL,
     Reference,
-    _lp_close,
-    _tail,
-    _text_diff,
     compare,
+    logprob_close,
     loose,
     strip_eos,
+    text_diff,
+    text_tail,
 )
 from subjects.served.wire import Reply, Request, send
 from traces.diff import common_prefix
@@ -147,7 +147,7 @@ def _overlapping(ctx: Ctx, reqs: Sequence[Request], what: str) -> dict[int, Repl
         for i, req in enumerate(reqs):
             res = results.get(i)
             if res is None or isinstance(res, ServerDown):
-                raise _down(req, res or "no answer")
+                raise server_down(req, res or "no answer")
         if len(times) == len(reqs) and max(t[0] for t in times.values()) < min(t[1] for t in times.values()):
             return results
     with ctx.case(what):
@@ -198,12 +198,12 @@ def same_reply(ref: Reference, a: Reply, b: Reply, an: str, bn: str, *, logprobs
             y = ob[i] if i < len(ob) else "<end>"
             return f"output token {i}: {an} id {x} vs {bn} id {y} ({an} {len(oa)} tokens, {bn} {len(ob)})"
     elif loose(a.text) != loose(b.text):
-        return "text " + _text_diff(loose(a.text), loose(b.text), an, bn)
+        return "text " + text_diff(loose(a.text), loose(b.text), an, bn)
     if a.finish_reason != b.finish_reason:
         return f"finish_reason {an} {a.finish_reason!r} vs {bn} {b.finish_reason!r}"
     if logprobs and a.logprobs and b.logprobs:
         for i, (x, y) in enumerate(zip(a.logprobs, b.logprobs, strict=False)):
-            if not _lp_close(x.logprob, y.logprob):
+            if not logprob_close(x.logprob, y.logprob):
                 return (f"token {i}: logprob {an} {x.logprob:.5f} vs {bn} {y.logprob:.5f} (tolerance "
                         f"{LOGPROB_ATOL:g} + {LOGPROB_RTOL:.4g}·|lp|)")
     return None
@@ -218,7 +218,7 @@ def _logits_moved(ctx: Ctx, req: Request, r: Reply) -> str | None:
         return None
     want = ctx.ref.logprobs(tuple(ctx.ref.prompt_ids(req)), tuple(ids), 1)
     for i, (g, (lp, _)) in enumerate(zip(r.logprobs, want, strict=False)):
-        if not _lp_close(g.logprob, lp):
+        if not logprob_close(g.logprob, lp):
             return f"token {i} (id {ids[i]}): logprob {g.logprob:.5f} vs the reference {lp:.5f}"
     return None
 
@@ -305,7 +305,7 @@ def _calls_diff(a: list[tuple[str, Any]], b: list[tuple[str, Any]], an: str, bn:
     if na != nb:
         return f"tool call {i}: name {na!r} {an} vs {nb!r} {bn}"
     sa, sb = json.dumps(xa, sort_keys=True), json.dumps(xb, sort_keys=True)
-    return f"tool call {i} ({na}) arguments " + _text_diff(sa, sb, an, bn)
+    return f"tool call {i} ({na}) arguments " + text_diff(sa, sb, an, bn)
 
 
 @check("tools", title="tool calls spec = plain", needs=(2, 0))
@@ -327,7 +327,7 @@ def check_tools(ctx: Ctx) -> str:
                 r = ctx.ask(req, optional="tools")
                 calls = _calls(r)
                 if not calls:
-                    raise Unsupported(f"no tool call parsed (content {_tail(r.text)}): the server has no tool parser, "
+                    raise Unsupported(f"no tool call parsed (content {text_tail(r.text)}): the server has no tool parser, "
                                       "or the output holds no call")
                 key = f"tools: {req.label}"
                 base = ctx.baseline.get(key) if ctx.arm != "plain" else None
@@ -455,7 +455,7 @@ def check_leak(ctx: Ctx) -> str:
         Request(others[-1].text, 9, chat=True, tag="leak: unrelated (chat)"),
     ]
     if len(others) > 2:
-        found = _stop_cases(ref, others[2])
+        found = stop_cases(ref, others[2])
         if found:
             unrelated.append(Request(others[2].text, MAX_BUDGET, stop=(found[0][0],), top_logprobs=TOP_K,
                                      logprobs=True, tag="leak: unrelated (stop, top_logprobs)"))

@@ -4,6 +4,7 @@ usage / timings extensions of each answer; and the ``speculation`` cell an arm g
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,15 +28,17 @@ class SpecCounters:
 
     def add_doc(self, doc: dict[str, Any] | None) -> None:
         """Counters in one answer: numeric ``*draft*`` / ``*accept*`` keys of ``usage`` or ``timings``
-        (llama.cpp ``timings.draft_n`` / ``draft_n_accepted``; any server's usage extension)."""
+        (llama.cpp ``timings.draft_n`` / ``draft_n_accepted``; mlx-vlm 0.7.10 ``server/schemas.py``
+        ``GenerationTimings``: those two and ``draft_rounds``, a count of rounds, not of tokens: left
+        out, as every key :func:`not_a_count` names)."""
         if not isinstance(doc, dict):
             return
         for where in ("usage", "timings"):
             block = doc.get(where)
             if not isinstance(block, dict):
                 continue
-            for k, v in _flat(block):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
+            for k, v in flat_items(block):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not_a_count(k):
                     continue
                 if self._ACCEPT.search(k):
                     self.accepted += v
@@ -98,21 +101,20 @@ class SpecCounters:
                             self.sources | other.sources, self.other_methods | other.other_methods)
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+def flat_items(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The leaves of a nested JSON object as ``("a.b.c", value)`` pairs (a counter's dotted key)."""
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            yield from _flat(v, key + ".")
+            yield from flat_items(v, key + ".")
         else:
             yield key, v
 
 
 def metrics(client: HttpClient, method: str | None = None) -> SpecCounters | None:
     """The server's speculation counters: its ``/metrics`` page and its ``/health`` body
-    (``subjects/setup_evidence.py``), or None (no such counter anywhere); ``method``: the arm's
+    (:func:`health_counters`), or None (no such counter anywhere); ``method``: the arm's
     speculation method (``/metrics`` counters labelled for another are not counted)."""
-    from subjects.setup_evidence import health_counters
-
     c: SpecCounters | None = None
     try:
         status, text = client.get("/metrics")
@@ -125,6 +127,50 @@ def metrics(client: HttpClient, method: str | None = None) -> SpecCounters | Non
     if h is not None:
         c = h if c is None else c.plus(h)
     return c
+
+# a leaf key that names a setting, a rate or a derived figure beside the counts (vmlx 1.6.81
+# speculative.py get_spec_stats: ``num_draft_tokens`` / ``configured_num_draft_tokens`` are the draft width
+# asked for; adaptive_speculative.py snapshot: ``*_width``, ``delivered_draft_tokens`` (the accepted drafts
+# again, as delivered), ``verification_allocation_limit``; ``draft_rounds``: rounds, not tokens)
+_NOT_A_COUNT = re.compile(r"^(configured|max|min|starting|selected)_|^num_draft_tokens$|width|deliver|limit|"
+                          r"rate|ratio|round|size|len|mean|avg")
+
+
+def not_a_count(key: str) -> bool:
+    """Whether the leaf of a dotted counter key (``a.b.leaf``) names a setting or a derived figure, not a count."""
+    return bool(_NOT_A_COUNT.search(key.rsplit(".", 1)[-1].lower()))
+
+
+def health_doc_counters(doc: Any) -> SpecCounters | None:
+    """Draft / accept counts in a ``/health`` JSON body (None: none there). The leaf key decides: a
+    ``*accept*`` count is accepted tokens, a ``*draft*`` / ``*propos*`` one drafted tokens; settings and
+    derived figures (:func:`not_a_count`) are left out. vmlx 1.6.81 keeps its counts there
+    (``speculative_decoding.runtime.drafted_tokens`` / ``accepted_draft_tokens``: the LAST request's, reset
+    by each request: ``models/llm.py`` ``record_standard_runtime_stats({})``)."""
+    if not isinstance(doc, dict):
+        return None
+    c = SpecCounters()
+    for k, v in flat_items(doc):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not_a_count(k):
+            continue
+        leaf = k.rsplit(".", 1)[-1].lower()
+        if "accept" in leaf:
+            c.accepted += v
+            c.sources.add(f"/health {k}")
+        elif "draft" in leaf or "propos" in leaf:
+            c.drafted += v
+            c.sources.add(f"/health {k}")
+    return c if c.sources else None
+
+
+def health_counters(client: HttpClient) -> SpecCounters | None:
+    """Draft / accept counters in the server's ``/health`` JSON body (None: no such body or counters)."""
+    try:
+        status, text = client.get("/health")
+        doc = json.loads(text) if status == 200 else None
+    except (ServerDown, ServerError, ValueError, RecursionError):
+        return None
+    return health_doc_counters(doc)
 
 
 def speculation_cell(arm: str, counters: SpecCounters | None, log_off: str | None = None) -> CellResult:

@@ -120,7 +120,7 @@ class Ctx:
         if exc.status is None:  # the connection closed mid-answer: is the server still there?
             alive, why = self.client.healthy()
             if not alive:
-                return _down(req, f"{exc} ({why})")
+                return server_down(req, f"{exc} ({why})")
         return Finding(req, f"bad response: {exc}", cause.kind)
 
     def _on_down(self, req: Request, exc: ServerDown) -> Exception:
@@ -130,8 +130,8 @@ class Ctx:
             alive, why = self.client.healthy()
             if alive:
                 return Finding(req, f"no answer: {exc} (the server is still up)", TRANSPORT)
-            return _down(req, f"{exc} ({why})")
-        return _down(req, exc)
+            return server_down(req, f"{exc} ({why})")
+        return server_down(req, exc)
 
     def ask_ids(self, ids: Sequence[int], max_tokens: int, tag: str, **kw: Any) -> tuple[Request, Reply]:
         """A completions request for exactly ``ids``: a token-id prompt where the server takes one,
@@ -165,7 +165,7 @@ class Ctx:
 _TEMPLATE = re.compile(r"chat[ _-]?template|chat_generation", re.I)
 
 
-def _down(req: Request, why: object) -> ServerDown:
+def server_down(req: Request, why: object) -> ServerDown:
     exc = ServerDown(f"server stopped answering: {req.label}: {why}")
     exc.label = req.label  # type: ignore[attr-defined]
     return exc

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from subjects.served.declare import CHECKS
-from subjects.served.reference import Reference, splits_utf8
+from subjects.served.reference import Reference, splits_utf8, token_at
 
 BUDGETS = (1, 2, 5, 9, 17, 33)
 MAX_BUDGET = max(BUDGETS)
@@ -107,3 +107,26 @@ def make_plan(ref: Reference, checks: Sequence[str] = ()) -> Plan:
         notes.append(f"no prompt reaches EOS within {MAX_BUDGET} tokens of plain decode")
     return Plan(by_check, warm.text, notes, reencode=reenc_taken[0] if reenc_taken else None,
                 warmup_first=warm.out[0] if warm.out else None)
+
+def stop_cases(ref: Reference, p: PromptInfo) -> list[tuple[str, str, int]]:
+    """(stop string, kind, index of the token that completes it) in ``p``'s plain output."""
+    ids = p.out
+    text = ref.decode(ids)
+    out: list[tuple[str, str, int]] = []
+    for j in range(3, len(ids)):
+        piece = ref.decode(ids[j : j + 1]).strip()
+        if piece and piece not in ref.decode(ids[:j]) and "\ufffd" not in piece:
+            out.append((piece, "a whole token", j))
+            break
+    for j in range(3, len(ids)):
+        piece = ref.decode(ids[j : j + 1]).strip()
+        if len(piece) >= 2 and "\ufffd" not in piece:
+            inner = piece[1:] if len(piece) == 2 else piece[1:-1]
+            first = text.find(inner)
+            if first >= 0 and first > len(ref.decode(ids[:3])):
+                k = token_at(ref, ids, first + len(inner) - 1)
+                if ref.decode(ids[k : k + 1]).strip() != inner:
+                    out.append((inner, "inside a token", k))
+                    break
+    return out
+

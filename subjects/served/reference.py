@@ -78,14 +78,14 @@ def loose(s: str) -> str:
     return s.replace("\ufffd", "")
 
 
-def _nows(s: str) -> str:
+def nonspace(s: str) -> str:
     return re.sub(r"\s+", "", loose(s))
 
 
 def stop_view(s: str) -> str:
     """What the stop checks judge of a text: where it ends, its non-space characters (whitespace and
     U+FFFD are the detokenizer's, judged by the stream check)."""
-    return _nows(s)
+    return nonspace(s)
 
 
 def token_at(ref: Reference, ids: Sequence[int], char: int) -> int:
@@ -132,30 +132,30 @@ def compare(ref: Reference, reply: Reply, ids: list[int], *, exact: bool) -> str
         a = got_ids[i] if i < len(got_ids) else "<end>"
         b = ids[i] if i < len(ids) else "<end>"
         return f"output token {i}: server id {a} vs plain decode {b} (server {len(got_ids)} tokens, plain {len(ids)})"
-    want = _nows(ref.decode(ids))  # no ids: the text, whitespace and U+FFFD aside (the stream check owns those)
-    got = _nows(reply.text)
+    want = nonspace(ref.decode(ids))  # no ids: the text, whitespace and U+FFFD aside (the stream check owns those)
+    got = nonspace(reply.text)
     if not exact:
         n = min(len(want), len(got))
         want, got = want[:n], got[:n]
     if got == want:
         return None
     i = next((k for k, (x, y) in enumerate(zip(got, want, strict=False)) if x != y), min(len(got), len(want)))
-    tok = next((k for k in range(len(ids)) if len(_nows(ref.decode(ids[: k + 1]))) > i), len(ids))
+    tok = next((k for k in range(len(ids)) if len(nonspace(ref.decode(ids[: k + 1]))) > i), len(ids))
     return (f"text differs at non-space character {i} (plain token {tok}): server {got[max(0, i - 12): i + 12]!r} "
             f"vs plain {want[max(0, i - 12): i + 12]!r} (server {len(got)}, plain {len(want)} non-space characters; "
             "no ids came back)")
 
 
-def _text_diff(a: str, b: str, an: str, bn: str) -> str:
+def text_diff(a: str, b: str, an: str, bn: str) -> str:
     """Where two texts first differ, with a little context (U+FFFD removed by the caller)."""
     i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return (f"at character {i}: {an} {a[max(0, i - 8): i + 8]!r} vs {bn} {b[max(0, i - 8): i + 8]!r} "
             f"({len(a)} vs {len(b)} chars)")
 
 
-def _tail(s: str, n: int = 24) -> str:
+def text_tail(s: str, n: int = 24) -> str:
     return repr(s if len(s) <= n else "…" + s[-n:]) + f" ({len(s)} chars)"
 
 
-def _lp_close(a: float, b: float) -> bool:
+def logprob_close(a: float, b: float) -> bool:
     return abs(a - b) <= LOGPROB_ATOL + LOGPROB_RTOL * abs(b)
