@@ -178,3 +178,26 @@ def test_double_row_vs_serial_flip_is_numerics_with_evidence(twin: Any) -> None:
     strict = serial_flip(noisy, reqs, next(r.rid for r in reqs if serial_flip(noisy, reqs, r.rid, res, budget=0.5)),
                          res, budget=0.0)
     assert strict is not None and strict.verdict == "logic", strict
+
+
+def test_double_row_flip_weighed_against_its_own_tokens_spread(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``classify_row``: a flip beyond the stated bound (1e-2) is weighed against what correct
+    forward paths of the row's own tokens differ by when that is larger (a bf16 1.1B model on an
+    H100: bench_batched B = 8 read logic at round 7 under the stated 1e-2). Stood in for here (the
+    double's one-row paths agree): 0 -> the stated bound alone, logic; 0.5 -> numerics, with the
+    measured spread named in the evidence."""
+    import engine.batched_check as bc
+
+    noisy = _load("llama", 0.5)
+    reqs = rows(twin)
+    res = batch_generate(noisy, reqs)
+    flipped = [r.rid for r in reqs if serial_flip(noisy, reqs, r.rid, res, budget=0.5) is not None]
+    assert flipped, "no row left its serial run at noise 0.5"
+    monkeypatch.setattr(bc, "logit_spread", lambda *a: 0.0)
+    stated = [bc.classify_row(noisy, reqs, rid, res, bound=0.01) for rid in flipped]
+    assert any(v.verdict == "logic" for v in stated), [v.message for v in stated]
+    monkeypatch.setattr(bc, "logit_spread", lambda *a: 0.5)
+    own = [bc.classify_row(noisy, reqs, rid, res, bound=0.01) for rid in flipped]
+    weighed = [v for v, s in zip(own, stated, strict=True) if s.verdict == "logic"]
+    assert weighed and all(v.verdict == "numerics" for v in weighed), [(v.message, v.evidence) for v in weighed]
+    assert all(any("the row's own" in e for e in v.evidence) for v in weighed)

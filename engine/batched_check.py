@@ -711,9 +711,18 @@ class RowJudge:
                 return RowVerdict(rid, "logic", sdiv.message + " (structural: not an arithmetic field)",
                                   [f"arithmetic fields ({', '.join(sorted(ARITHMETIC_FIELDS))}) aside, the "
                                    "records differ"], sdiv.step, sdiv.round, sdiv.field)
-            flip = _weigh("row", r, sdiv, self.bound, 1,
+            before = emitted_before(batched.records, sdiv.round)
+            # The bound a flip is weighed against: the stated one, or what correct forward paths of
+            # this row's own tokens differ by on this backend, whichever is larger (a bf16 model's
+            # logits move further than the stated 1e-2 on a GPU; calibrated like the caches).
+            own = logit_spread(self.model, list(r.prompt_ids) + list(serial.output_ids[:before]), r.params.gamma)
+            bound = max(self.bound, own)
+            if own > self.bound:
+                evidence.append(f"the flip weighed against |Δ| {own:.3g} measured between correct forward paths of "
+                                f"the row's own {len(r.prompt_ids) + before} tokens (above the stated {self.bound:g})")
+            flip = _weigh("row", r, sdiv, bound, 1,
                           (lambda: _row_blocks(self.model, self.requests, rid), lambda: _serial_blocks(self.model, r)),
-                          "the batched forward vs the serial verify window", emitted_before(batched.records, sdiv.round))
+                          "the batched forward vs the serial verify window", before)
             if flip.verdict != "numerics":
                 return RowVerdict(rid, "logic", sdiv.message, flip.evidence[1:], sdiv.step, sdiv.round, sdiv.field)
             evidence += flip.evidence
