@@ -266,5 +266,5 @@ def test_a_file_where_a_folder_goes_is_refused_at_parse_time(key: str, tmp_path:
         mod.main(argv)
     _, err = capsys.readouterr()
     assert exc.value.code == 2
-    one_error(err, str(afile))
+    one_error(err, afile.name)  # long paths are shortened in the middle (xdist tmp dirs), the name stays
     assert afile.read_text() == "keep me" and not d.exists()
