@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 
 from traces import env
 
-__all__ = ["HttpClient", "Limits", "Secrets", "ServerDown", "ServerError", "UsageError", "hidden_args", "parse_url",
+__all__ = ["HttpClient", "Limits", "Secrets", "ServerDown", "ServerError", "UsageError", "get_json", "hidden_args", "parse_url",
            "redact"]
 
 API_KEY = "specparity-local"  # the default bearer token (override: $SPECPARITY_SERVER_API_KEY)
@@ -452,6 +452,22 @@ class HttpClient:
         except (ServerDown, ServerError) as exc:
             return False, str(exc)
         return status == 200, f"/health: HTTP {status} {_one_line(text)[:80]}"
+
+
+def get_json(client: HttpClient, path: str) -> Any:
+    """The JSON body of a 200 answer to ``GET path`` (``/health``, ``/v1/models``); None for any
+    other status, no answer, or a body that is not JSON."""
+    try:
+        status, text = client.get(path)
+        return json.loads(text) if status == 200 else None
+    except (ServerDown, ServerError, ValueError, RecursionError):
+        return None
+
+
+def model_ids(doc: Any) -> list[Any]:
+    """The ``id`` of each model entry of a ``GET /v1/models`` body (``{"data": [{"id": ...}]}``)."""
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
 
 def _one_line(s: str) -> str:

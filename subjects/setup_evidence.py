@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from subjects.http_client import HttpClient, ServerDown, ServerError, redact
+from subjects.http_client import HttpClient, ServerDown, ServerError, get_json, model_ids, redact
 
 # a log line saying the speculation asked for is not running
 SPEC_OFF = re.compile(r"(?i)\b(draft|specul)\w*\b[^\n]{0,80}?\b(disabl\w*|ignor\w*|not (?:be )?used|turned off|"
@@ -64,13 +64,7 @@ def observe(client: HttpClient, log_text: str = "", patterns: Sequence[tuple[str
         o.health = f"HTTP {status} " + redact(" ".join(text.split()))[:200]
     except (ServerDown, ServerError) as exc:
         o.health = f"no answer: {exc}"
-    try:
-        status, text = client.get("/v1/models")
-        doc = json.loads(text) if status == 200 else None
-        data = doc.get("data") if isinstance(doc, dict) else None
-        o.models = [str(m.get("id"))[:120] for m in data if isinstance(m, dict)][:8] if isinstance(data, list) else []
-    except (ServerDown, ServerError, ValueError, RecursionError):
-        pass
+    o.models = [str(i)[:120] for i in model_ids(get_json(client, "/v1/models"))][:8]
     o.spec_off = log_line(log_text, SPEC_OFF)
     for setting, pattern in patterns:
         line = log_line(log_text, re.compile(pattern))

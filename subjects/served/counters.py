@@ -4,13 +4,12 @@ usage / timings extensions of each answer; and the ``speculation`` cell an arm g
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from subjects.http_client import HttpClient, ServerDown, ServerError
+from subjects.http_client import HttpClient, ServerDown, ServerError, get_json
 from subjects.served.cells import CellResult
 
 
@@ -165,12 +164,7 @@ def health_doc_counters(doc: Any) -> SpecCounters | None:
 
 def health_counters(client: HttpClient) -> SpecCounters | None:
     """Draft / accept counters in the server's ``/health`` JSON body (None: no such body or counters)."""
-    try:
-        status, text = client.get("/health")
-        doc = json.loads(text) if status == 200 else None
-    except (ServerDown, ServerError, ValueError, RecursionError):
-        return None
-    return health_doc_counters(doc)
+    return health_doc_counters(get_json(client, "/health"))
 
 
 def speculation_cell(arm: str, counters: SpecCounters | None, log_off: str | None = None) -> CellResult:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from subjects.http_client import HttpClient, ServerDown, ServerError
+from subjects.http_client import HttpClient, ServerError, get_json, model_ids
 from subjects.served.counters import SpecCounters
 
 
@@ -200,14 +200,7 @@ def dialect(client: HttpClient) -> Dialect:
 
 def served_model_name(client: HttpClient) -> str | None:
     """The first model id the server lists at ``GET /v1/models`` (None: none, or no such route)."""
-    try:
-        status, text = client.get("/v1/models")
-        doc = json.loads(text) if status == 200 else None
-    except (ServerDown, ServerError, ValueError, RecursionError):
-        return None
-    data = doc.get("data") if isinstance(doc, dict) else None
-    ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
-    return next((i for i in ids if isinstance(i, str) and i), None)
+    return next((i for i in model_ids(get_json(client, "/v1/models")) if isinstance(i, str) and i), None)
 
 
 def send(client: HttpClient, req: Request, counters: SpecCounters | None = None) -> Reply:
