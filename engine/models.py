@@ -98,7 +98,6 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     (:func:`check_config`), every weights file's header (``traces.digest.safetensors_header``)
     and the config against the weights (:func:`check_weights`). The one check on every loader
     path (:func:`load`, ``specparity.cli.args.check_model_dir`` for the flags)."""
-    import json
 
     try:
         p = Path(path).expanduser()
@@ -114,12 +113,7 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     if not cfg.exists():
         raise ModelLoadError(f"{p}: no config.json; expected an mlx-lm model directory")
     check_model_files(p)  # FIFOs, devices, oversized configs: refused before any open()
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except RecursionError:
-        raise ModelLoadError(f"{cfg}: unreadable config.json (JSON nested too deeply)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ModelLoadError(f"{cfg}: unreadable config.json ({exc})") from None
+    data = _read_json(cfg)
     check_config(data, cfg)
     check_tokenizer(p)
     if not list(p.glob("model*.safetensors")):
@@ -128,21 +122,28 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def _read_json(path: Path) -> Any:
+    """A model directory's JSON file (``config.json``, ``tokenizer.json``); unreadable, not UTF-8,
+    not JSON or nested too deeply is one line naming it."""
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ModelLoadError(f"{path}: unreadable {path.name} (JSON nested too deeply)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: unreadable {path.name} ({exc})") from None
+
+
 def check_tokenizer(path: Path) -> None:
     """``tokenizer.json``, when present, has the fields every Hugging Face ``tokenizers`` file
     has (``model`` an object, ``added_tokens`` a list): ``{}`` or a truncated file is one line
     naming it, not a ``KeyError`` from inside mlx-lm's tokenizer wrapper."""
-    import json
 
     tok = path / "tokenizer.json"
     if not tok.exists():
         return
-    try:
-        data = json.loads(tok.read_text(encoding="utf-8"))
-    except RecursionError:
-        raise ModelLoadError(f"{tok}: unreadable tokenizer.json (JSON nested too deeply)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ModelLoadError(f"{tok}: unreadable tokenizer.json ({exc})") from None
+    data = _read_json(tok)
     if not isinstance(data, dict):
         raise ModelLoadError(f"{tok}: not a tokenizer (a JSON {type(data).__name__}, expected an object)")
     for key, typ, what in (("model", dict, "an object"), ("added_tokens", list, "a list")):
