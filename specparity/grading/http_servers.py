@@ -60,15 +60,18 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import fcntl
 import os
 import re
 import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -302,6 +305,7 @@ class _LogPump:
     def __init__(self, proc: subprocess.Popen[bytes], logf: Any, secrets: Secrets) -> None:
         self.proc, self.logf, self.secrets = proc, logf, secrets
         self.last = time.monotonic()
+        self.busy = False  # a chunk read from the pipe and not yet in the log
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -313,10 +317,12 @@ class _LogPump:
         assert self.proc.stdout is not None
         fd, buf, keep = self.proc.stdout.fileno(), b"", 4 * max(self.secrets.longest, 1)
         while True:
+            self.busy = False
             try:
                 chunk = os.read(fd, 65536)
             except OSError:
                 break
+            self.busy = True
             if not chunk:
                 break
             self.last = time.monotonic()
@@ -332,11 +338,23 @@ class _LogPump:
         if buf:
             self._write(buf)
 
-    def settle(self, quiet: float = 0.05, most: float = 0.5) -> None:
-        """Wait (at most ``most`` s) until the server has written nothing for ``quiet`` s."""
+    def settle(self, quiet: float = 0.05, most: float = 2.0) -> None:
+        """Wait (at most ``most`` s) until everything the server wrote so far is in the log (its pipe
+        empty, no chunk between the pipe and the log) and it has written nothing for ``quiet`` s. What a
+        server printed before it answered is then in the log however late this thread is scheduled."""
         t_end = time.monotonic() + most
-        while time.monotonic() < t_end and time.monotonic() - self.last < quiet and self.thread.is_alive():
-            time.sleep(quiet / 2)
+        while time.monotonic() < t_end and self.thread.is_alive():
+            if not self.busy and self._unread() == 0 and time.monotonic() - self.last >= quiet:
+                return
+            time.sleep(quiet / 5)
+
+    def _unread(self) -> int:
+        """Bytes the server wrote that this thread has not read yet (0 where the pipe cannot tell)."""
+        assert self.proc.stdout is not None
+        try:
+            return struct.unpack("i", fcntl.ioctl(self.proc.stdout.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        except (OSError, ValueError):
+            return 0
 
     def drain(self, timeout: float) -> None:
         """Everything the server wrote, in the log (its output closed: it exited)."""
