@@ -157,11 +157,22 @@ def bf16(x: float) -> float:
     return float(struct.unpack("<f", struct.pack("<I", u))[0])
 
 
+def _wants_logprobs(body: dict[str, Any]) -> bool:
+    """Whether a non-streamed reply to ``body`` carries logprobs (only then is their forward pass run)."""
+    if body.get("stream"):
+        return False
+    try:
+        return bool(body.get("logprobs")) or int(body.get("top_logprobs", -1) or -1) > 0
+    except (TypeError, ValueError):
+        return True
+
+
 class Job:
-    def __init__(self, prompt: list[int], max_tokens: int, stop: list[str], sampling: dict[str, Any] | None = None
-                 ) -> None:
+    def __init__(self, prompt: list[int], max_tokens: int, stop: list[str], sampling: dict[str, Any] | None = None,
+                 want_top: bool = True) -> None:
         self.prompt, self.max_tokens, self.stop = prompt, max_tokens, stop
         self.sampling = sampling or {}  # temperature, seed, logit_bias ({id: bias})
+        self.want_top = want_top  # the reply carries logprobs: their forward pass is run (else skipped)
         self.future: Future[dict[str, Any]] = Future()
 
 
@@ -315,9 +326,9 @@ class FakeEngine:
             best = max(best, min(n, len(prompt) - 1))
         return best
 
-    def generate(self, prompt: list[int], max_tokens: int, stop: list[str], sampling: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
-        job = Job(prompt, max_tokens, stop, sampling)
+    def generate(self, prompt: list[int], max_tokens: int, stop: list[str], sampling: dict[str, Any] | None = None,
+                 want_top: bool = True) -> dict[str, Any]:
+        job = Job(prompt, max_tokens, stop, sampling, want_top)
         self._jobs.put([job])
         return job.future.result()
 
@@ -421,7 +432,7 @@ class FakeEngine:
             n_usage += 1
             blocks = []
         return {"ids": ids, "finish": "stop" if hit_at else res.usage.finish_reason, "eos": eos_end,
-                "cached": cached, "top": self._top(run_prompt, ids), "n_usage": n_usage, "stopped": bool(hit_at),
+                "cached": cached, "top": self._top(run_prompt, ids) if job.want_top else [], "n_usage": n_usage, "stopped": bool(hit_at),
                 "blocks": blocks or [1] * len(ids), "spec": spec}
 
     def _top(self, prompt: list[int], ids: list[int]) -> list[tuple[float, list[tuple[int, float]]]]:
@@ -582,7 +593,7 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                      "blocks": [], "top": [], "spec": False}
                 self._respond(body, chat, prompt, r, stop)
                 return
-            r = engine.generate(prompt, max_tokens, stop, sampling)
+            r = engine.generate(prompt, max_tokens, stop, sampling, want_top=_wants_logprobs(body))
             if engine.bug == "slow":
                 time.sleep(0.2)
             self._respond(body, chat, prompt, r, stop)

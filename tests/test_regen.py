@@ -176,6 +176,7 @@ def test_kill_and_restart_completes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~17 s on 2 cores (a Ray cluster start): nightly, like tests/test_user_models.py's Ray test
 def test_ray_matches_process_pool_byte_for_byte(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     glob = "llama/twin/*"

@@ -229,11 +229,16 @@ def test_quantized_kv_compared_dequantized_within_a_step() -> None:
         [(r.target_reused, r.verdict) for r in reqs]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kv", [1e-3, 1e-2, 5e-2])
-@pytest.mark.parametrize("target", ["llama", "gemma3", "qwen35"])
+_NIGHTLY = (pytest.mark.slow, pytest.mark.heavy)
+_SCALES = (1e-3, 1e-2, 5e-2)
+_TARGETS = ("llama", "gemma3", "qwen35")
+
+
+@pytest.mark.parametrize("target, kv", [
+    pytest.param(t, kv, marks=() if i == j else _NIGHTLY)  # by default a diagonal: each target, each scale once
+    for i, t in enumerate(_TARGETS) for j, kv in enumerate(_SCALES)])
 def test_zoo_matrix_no_false_logic(target: str, kv: float) -> None:
-    """Every session, both arms, greedy, at three cache-noise scales: 0 logic."""
+    """Every session, both arms, greedy, at three cache-noise scales: 0 logic (the full 3 x 3 nightly)."""
     from specparity.jobs.sessions import SESSIONS
 
     tm, dm = _pair(target)
