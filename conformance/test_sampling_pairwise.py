@@ -61,9 +61,14 @@ def test_min_p_is_combined_with_each_temperature_and_stage() -> None:
 
 
 def test_the_default_run_holds_the_pairwise_cases() -> None:
+    from specparity.cli.entry import build_parser
+    from specparity.commands.run import cases_from_args
     from specparity.jobs.run import zoo_cases
 
     assert set(pairwise_cases()) <= set(zoo_cases())
+    # and `specparity run` with no flags selects them (before, its explicit default sampling
+    # made zoo_cases leave them out: the default run never ran them)
+    assert set(pairwise_cases()) <= set(cases_from_args(build_parser().parse_args(["run"])))
     assert pairwise_cases(targets=["qwen3"]) == [] and pairwise_cases(drafters=["self"]) == []
 
 

@@ -164,8 +164,14 @@ def cases_from_args(args: argparse.Namespace) -> list:
         if args.chat_template:
             raise ValueError("--chat-template renders text prompts: give --target and --prompts-file "
                              "(the zoo's prompts are token ids)")
+        # the whole matrix with no sampling flag (the default run): the matrix's own sampling
+        # (None), so it keeps the cases zoo_cases adds only then, the sampler side-state and the
+        # pairwise sampling cases (before, the explicit default left them out of `specparity run`)
+        default = args.targets is None and args.drafters is None and not _given(
+            args, "temps", "top_p", "top_k", "min_p", "seed", "min_tokens", "rng")
         return zoo_cases(targets=args.targets, drafters=args.drafters, gammas=gammas,
-                         n_prompts=args.prompts or 8, max_tokens=max_tokens, sampling=sampling,
+                         n_prompts=args.prompts or 8, max_tokens=max_tokens,
+                         sampling=None if default else sampling,
                          eos_ids=args.eos_ids, truncate=bool(args.truncate), max_cases=args.max_cases,
                          cache=fields, grammar=args.grammar, reasoning_end=args.reasoning_end or "")
     if args.targets or args.drafters:
