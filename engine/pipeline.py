@@ -24,7 +24,9 @@ logits processor appended last would):
 3. **the grammar mask** (``engine.grammar``) from the matcher state after every
    token emitted before this position; no mask before the reasoning-end marker.
 4. **normalisation and the draw**: ``logits - logsumexp`` then mlx-lm's
-   ``make_sampler`` (temperature, top-p, top-k, min-p). Randomness: one stream
+   ``make_sampler``: top-p, min-p, top-k on the log-probabilities, in that order, then the
+   categorical draw at the temperature (min-p's threshold is on the unscaled log-probabilities,
+   not the tempered ones as in HF transformers' warpers). Randomness: one stream
    seeded once per request, consumed in order (``rng="stream"``: mlx-lm), or a
    key per (seed, output position) (``rng="position"``: the draw at position
    ``p`` is a function of the row and ``(seed, p)`` only, so a rejected round's

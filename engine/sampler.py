@@ -196,6 +196,8 @@ class SamplerParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:  # mlx-lm apply_min_p's bounds
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 

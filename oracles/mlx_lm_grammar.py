@@ -336,6 +336,7 @@ def run(
     temperature: float = 0.0,
     top_p: float = 0.0,
     top_k: int = 0,
+    min_p: float = 0.0,
     seed: int | None = 0,
     eos_ids: list[int] | None = None,
     cache_digests: bool = True,
@@ -381,7 +382,7 @@ def run(
                 _Marked(target, "target", roles), tokenizer, prompt_ids,
                 draft=_Marked(draft, "draft", roles) if spec else None,
                 gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                seed=seed, eos_ids=eos_ids, cache_digests=cache_digests,
+                min_p=min_p, seed=seed, eos_ids=eos_ids, cache_digests=cache_digests,
                 logits_processors={"grammar": grammar_kind},
             )
         except (ValueError, RuntimeError) as exc:  # a processor's own error (outlines-core: ValueError)

@@ -25,6 +25,7 @@ PLANTS: dict[str, Any] = {
     "top_p": 0.9, "top_k": 5, "target_path": "/models/t", "draft_path": "/models/d", "prompt_tokens": (3, 4, 5),
     "processors": "rp1.3c64", "kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 0, "rotating": "exact",
     "grammar": "json-small", "reasoning_end": "</think>", "min_tokens": 3, "rng": "position",
+    "min_p": 0.1,
 }
 # fields naming what runs (models, source, prompt): a lane reaches them by running that
 IDENTITY = ("target", "drafter", "source", "target_path", "draft_path", "prompt_id", "prompt_tokens")

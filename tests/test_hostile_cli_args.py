@@ -75,6 +75,7 @@ GEN_FLAGS = [
     (["--prompt-ids", "5,6", "--max-tokens", "1000000000"], ""),
     (["--prompt-ids", "5,6", "--temp", "nan"], ""),
     (["--prompt-ids", "5,6", "--top-p", "nan"], ""),
+    (["--prompt-ids", "5,6", "--min-p", "1"], "--min-p"),
     (["--prompt-ids", "5,5000"], "5000"),
     # issue 35: repeated conventions ("last wins") and non-finite processor values
     (["--prompt-ids", "5,6", "--mtp-conventions", "hidden=pre-norm,hidden=post-norm"],
@@ -266,6 +267,7 @@ RUN_FLAG_VALUES: dict[str, list[str]] = {
     "--out": ["OUT2"], "--targets": ["qwen3"], "--drafters": ["small"], "--prompts": ["2"],
     "--target": ["TARGET"], "--draft": ["DRAFT"], "--source": ["ngram"],
     "--prompts-file": ["PROMPTS"], "--temps": ["0,0.5"], "--top-p": ["0.9"], "--top-k": ["3"],
+    "--min-p": ["0.1"],
     "--seed": ["4"], "--min-tokens": ["3"], "--rng": ["position"], "--eos-ids": ["1"], "--truncate": [],
     "--gammas": ["2"],
     "--max-tokens": ["6"], "--suite": ["SUITE"], "--max-cases": ["1"], "--runners": [""],

@@ -77,6 +77,7 @@ SUITE_KEY_FLAG: dict[str, str | None] = {
     "prompts_file": "--prompts-file", "eos_ids": "--eos-ids", "stop_ids": None,
     "stop_strings": None, "truncate": None, "chat_template": None, "sampling.temperature": "--temps",
     "sampling.top_p": "--top-p", "sampling.top_k": "--top-k", "sampling.seed": "--seed",
+    "sampling.min_p": "--min-p",
     "sampling.min_tokens": "--min-tokens", "sampling.rng": "--rng",
     "sampling.processors": None, "target": None, "drafter": None, "sources": None,
     "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size", "quantized_kv_start": "--quantized-kv-start",
@@ -129,7 +130,7 @@ def test_suite_values_go_through_the_flag_validators(tmp_path: Path,
             ok, text = accepted(["--suite", str(suite)])
             tried += 1
             if flag is not None:
-                extra = ["--temps", "0.5"] if flag in ("--top-p", "--top-k", "--seed") else []
+                extra = ["--temps", "0.5"] if flag in ("--top-p", "--top-k", "--min-p", "--seed") else []
                 base = ["--target", "llama", "--draft", str(zoo.model_dir("llama-twin"))] \
                     if flag == "--prompts-file" else ["--targets", "llama", "--drafters", "twin"]
                 flag_ok, flag_text = accepted([*base, "--gammas", "1", *extra, flag, raw])

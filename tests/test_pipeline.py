@@ -279,18 +279,18 @@ def test_position_keyed_sampled_flip_is_numerics_under_the_double(double: Any, w
 
 
 def test_grade_reruns_a_trace_under_its_recorded_pipeline(tmp_path: Any) -> None:
-    """``grade`` rebuilds the case from the header (``case_from_header``): min_tokens and the RNG
-    mode come back, so a re-run draws what the run drew."""
+    """``grade`` rebuilds the case from the header (``case_from_header``): min_tokens, the RNG
+    mode and min-p come back, so a re-run draws what the run drew (min-p was dropped before)."""
     from pathlib import Path
 
     from specparity.grading.trace_folders import case_from_header
 
     case = Case("llama", "twin", "nat-00", 3, 16, temperature=0.8, seed=2, rng="position", min_tokens=5,
-                processors="fp0.3c8")
+                processors="fp0.3c8", min_p=0.2)
     records = run_case("engine", case)
     back = case_from_header(records[0], Path(tmp_path) / "t.jsonl", Path(tmp_path))
-    assert (back.min_tokens, back.rng, back.processors, back.temperature, back.seed) == (5, "position", "fp0.3c8",
-                                                                                        0.8, 2)
+    assert (back.min_tokens, back.rng, back.processors, back.temperature, back.seed, back.min_p) == (
+        5, "position", "fp0.3c8", 0.8, 2, 0.2)
     def body(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in r.items() if k not in ("time_s", "wall_s")} for r in recs[1:]]
 

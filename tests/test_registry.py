@@ -109,7 +109,7 @@ CASE_FIELDS = {
     # the engine's rollback of rotating caches: every reference's own loop is the reference for
     # either mode (the output must equal plain decode in both), so no runner refuses it
     "rotating",
-    "temperature", "top_p", "top_k", "eos_ids", "stop_sequences", "processors",  # OPTIONS
+    "temperature", "top_p", "top_k", "min_p", "eos_ids", "stop_sequences", "processors",  # OPTIONS
     "kv_bits", "kv_group_size", "quantized_kv_start",  # OPTIONS["kv_cache"]
     "grammar",  # OPTIONS["grammar"]
     "reasoning_end",  # OPTIONS["reasoning_end"]

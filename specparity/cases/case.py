@@ -64,6 +64,8 @@ class Case:
     min_tokens: int = 0
     # "stream": one RNG stream per request (mlx-lm); "position": a key per (seed, output position).
     rng: str = "stream"
+    # min-p (mlx-lm make_sampler): tokens below min_p x the top token's probability are dropped; 0 = off.
+    min_p: float = 0.0
 
     @property
     def on_zoo(self) -> bool:
@@ -85,6 +87,8 @@ class Case:
                 base += f"p{self.top_p:g}"
             if self.top_k:
                 base += f"k{self.top_k}"
+            if self.min_p:
+                base += f"m{self.min_p:g}"
         if self.eos_ids is not None:
             base += "/eos" + "-".join(str(t) for t in self.eos_ids)
         if self.stop_sequences:

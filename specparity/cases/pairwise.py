@@ -1,19 +1,21 @@
 """Pairwise sampling cases: every two stages of the sampling pipeline combined at least once.
 
-The stages (``engine/pipeline.py``): temperature, top-p, top-k (the draw), each logits
+The stages (``engine/pipeline.py``): temperature, top-p, top-k, min-p (the draw), each logits
 processor (repetition, presence, frequency penalty, logit bias), min_tokens and the grammar
 mask; and the lane (plain decode or speculation). A bug in how two stages compose — top-p
-applied before the logits processors, a bias after the grammar mask — is invisible to a case
-that sets one of them, and to spec-vs-plain (both lanes share the pipeline); only a case
-setting both, compared with a reference that composes them itself, sees it. The full product
-of ten two-level stages is 1,024 cases; a strength-2 covering array (every pair of levels of
-every two stages in some case) holds them in a handful (:func:`covering_array`).
+applied before the logits processors, min-p taken on the temperature-scaled logits, a bias
+after the grammar mask — is invisible to a case that sets one of them, and to spec-vs-plain
+(both lanes share the pipeline); only a case setting both, compared with a reference that
+composes them itself, sees it. The full product of eleven two-level stages is 2,048 cases; a
+strength-2 covering array (every pair of levels of every two stages in some case) holds them
+in a handful (:func:`covering_array`: 8 reference rows, 8 pipeline rows).
 
 Two arrays, by what can judge them:
 
 - :func:`reference_cases` — the stages mlx-lm 0.32.2 composes itself (``generate_step`` /
-  ``speculative_generate_step``: ``make_logits_processors`` then ``make_sampler``'s top-p,
-  top-k and temperature): compared with the ``mlx_lm`` runner round for round. Spec rows
+  ``speculative_generate_step``: ``make_logits_processors``, then ``make_sampler``'s top-p,
+  min-p and top-k on the log-probabilities, in that order, and temperature only in the
+  categorical draw): compared with the ``mlx_lm`` runner round for round. Spec rows
   with a history-dependent penalty start the history where mlx-lm's speculative loop does
   (``+hlast``, known entry ``mlx-lm-spec-processor-history-omits-prompt``).
 - :func:`pipeline_cases` — those stages plus min_tokens and a grammar, which mlx-lm has no
@@ -23,7 +25,7 @@ Two arrays, by what can judge them:
 
 Both are part of the default run (``specparity.jobs.run.zoo_cases``) and of the default
 tests (``conformance/test_sampling_pairwise.py``, which also plants top-p before the
-processors and sees the reference cases catch it). Reference for the method: pairwise
+processors, and min-p after the temperature, and sees the reference cases catch each). Reference for the method: pairwise
 (strength-2) combinatorial testing, the greedy AETG construction (Cohen et al., 1997).
 """
 
@@ -41,13 +43,15 @@ MAX_TOKENS = 32
 PROMPTS = ("nat-00", "rnd-00")
 
 # Two levels a stage: off, then a setting that moves the draw on the tiny zoo (a top-p that
-# cuts the nucleus, a bias large enough to bring a token into it, a penalty that rewards
+# cuts the nucleus, a min-p of 0.2 that changed the output of all 7 rows of the array before
+# it (0.1: 6 of 7), a bias large enough to bring a token into it, a penalty that rewards
 # repetition over a short context so a wrong composition flips picks).
 STAGES: dict[str, tuple[Any, Any]] = {
     "lane": ("plain", "spec"),
     "temperature": (0.6, 1.0),
     "top_p": (0.0, 0.8),
     "top_k": (0, 8),
+    "min_p": (0.0, 0.2),
     "repetition": ("", "rp1.3c16"),
     "presence": ("", "pp-0.8c8"),
     "frequency": ("", "fp-0.5c8"),
@@ -133,6 +137,7 @@ def row_case(row: dict[str, Any], i: int, *, rng: str = "stream") -> Case:
     spec = row.get("lane", "spec") == "spec"
     return Case(target, drafter if spec else None, prompt, GAMMA if spec else 0, MAX_TOKENS,
                 temperature=row["temperature"], seed=100 + i, top_p=row["top_p"], top_k=row["top_k"],
+                min_p=row["min_p"],
                 processors=_processors(row) if rng == "stream" else _processors({**row, "lane": "plain"}),
                 # position-keyed rows compare spec with plain decode: the whole-prompt history
                 min_tokens=row.get("min_tokens", 0), rng=rng, **extra)

@@ -10,6 +10,7 @@ one-pair suite; ``run --suite FILE`` reads TOML (``tomllib``)::
     max_tokens = 32
     prompts_file = "prompts.jsonl"     # relative to the suite file; or zoo_prompts = 8 (zoo pairs)
     sampling = [{temperature = 0.0}, {temperature = 0.8, top_p = 0.9, seed = 1}]
+    # min_p = 0.1 in a sampling table: tokens below 0.1 x the top token's probability dropped
     # logits processors per sampling table (engine.sampler.ProcessorParams tag form), e.g.
     # {temperature = 0.0, processors = "rp1.3c64+lb5=1.5+hlast"}; min_tokens = 8 (EOS suppressed
     # before 8 generated tokens), rng = "position" (a key per (seed, output position):
@@ -57,7 +58,7 @@ _SUITE_KEYS = {"gammas", "max_tokens", "prompts_file", "zoo_prompts", "sampling"
                "stop_ids", "stop_strings", "truncate", "chat_template", "kv_bits", "kv_group_size",
                "quantized_kv_start", "rotating", "grammar", "reasoning_end"}
 _PAIR_KEYS = _SUITE_KEYS | {"target", "drafter", "source", "sources"}
-_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "seed", "processors", "min_tokens", "rng"}
+_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "seed", "processors", "min_tokens", "rng"}
 
 
 class SuiteError(ValueError):
@@ -73,6 +74,7 @@ class Sampling:
     processors: str = ""  # engine.sampler.ProcessorParams.tag() form; '' = none
     min_tokens: int = 0  # engine.pipeline stage 2
     rng: str = "stream"  # "stream" (mlx-lm) | "position" (engine.pipeline)
+    min_p: float = 0.0  # mlx-lm make_sampler's min-p; 0 = off
 
 
 @dataclass
@@ -144,15 +146,16 @@ def _sampling(v: Any, where: str) -> tuple[Sampling, ...]:
         w = f"{where}[{i}]"
         if not isinstance(s, dict) or set(s) - _SAMPLING_KEYS:
             raise SuiteError(f"{w}: expected a table with keys among {sorted(_SAMPLING_KEYS)}, got {s!r}")
-        # the bounds of --temps, --top-p, --top-k and --seed
+        # the bounds of --temps, --top-p, --top-k, --min-p and --seed
         t = _check(args.nonneg_float, s.get("temperature", 0.0), f"{w}.temperature")
         p = _check(args.probability, s.get("top_p", 0.0), f"{w}.top_p")
         k = _check(args.nonneg_int, s.get("top_k", 0), f"{w}.top_k")
+        mp = _check(args.min_p, s.get("min_p", 0.0), f"{w}.min_p")
         seed = _check(args.seed, s.get("seed", 0), f"{w}.seed")
         mt = _check(args.nonneg_int, s.get("min_tokens", 0), f"{w}.min_tokens")
         rng = _check(args.rng_mode, s.get("rng", "stream"), f"{w}.rng")
         out.append(Sampling(float(t), float(p), int(k), int(seed), _processors(s.get("processors", ""), w),
-                            int(mt), str(rng)))
+                            int(mt), str(rng), float(mp)))
     return tuple(out)
 
 
@@ -332,7 +335,7 @@ def pair_cases(spec: PairSpec) -> list[Case]:
     sources = _sources(spec)
     for s in spec.sampling:
         smp = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
-               "processors": s.processors, "min_tokens": s.min_tokens, "rng": s.rng}
+               "processors": s.processors, "min_tokens": s.min_tokens, "rng": s.rng, "min_p": s.min_p}
         if not sources:
             for pid, ids in prompts:
                 cases.append(Case(tlabel, None, pid, 0, **common, **smp, prompt_tokens=ids))

@@ -76,6 +76,14 @@ def probability(text: str) -> float:
     return v
 
 
+def min_p(text: str) -> float:
+    """A finite float in [0, 1) (min-p: 0 is off; 1 would keep only the most likely token)."""
+    v = finite_float(text)
+    if not 0.0 <= v < 1.0:
+        raise _err(f"must be >= 0 and < 1, got {text!r}")
+    return v
+
+
 INT_LIMIT = 2**31 - 1
 """Counts, sizes and ids above this are refused (seeds have their own, larger bound)."""
 
@@ -281,7 +289,7 @@ def source(text: str) -> str:
 
 
 _INT_PARSERS = ("positive_int", "nonneg_int", "seed", "max_tokens", "gamma", "kv_bits", "kv_group_size")
-_FLOAT_PARSERS = ("finite_float", "nonneg_float", "probability")
+_FLOAT_PARSERS = ("finite_float", "nonneg_float", "probability", "min_p")
 _INT_LIST_PARSERS = ("positive_int_list", "token_id_list", "gamma_list")
 _OBJECT_PARSERS = ("conventions_block",)
 

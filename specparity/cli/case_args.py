@@ -92,6 +92,8 @@ def case_from_args(args: argparse.Namespace) -> Any:
         kw["min_tokens"] = int(args.min_tokens)
     if getattr(args, "rng", "stream") != "stream":
         kw["rng"] = str(args.rng)
+    if getattr(args, "min_p", 0.0):
+        kw["min_p"] = float(args.min_p)
     if getattr(args, "reasoning_end", None):
         if not getattr(args, "grammar", None):
             raise ValueError("--reasoning-end needs --grammar (the marker ends the free part of a "

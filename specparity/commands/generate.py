@@ -57,6 +57,8 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--temp", type=a.nonneg_float, default=0.0)
     g.add_argument("--top-p", type=a.probability, default=0.0)
     g.add_argument("--top-k", type=a.nonneg_int, default=0)
+    g.add_argument("--min-p", type=a.min_p, default=0.0,
+                   help="drop tokens below this fraction of the top token's probability (default 0: off)")
     g.add_argument("--seed", type=a.seed, default=0)
     g.add_argument("--prefill", choices=("tail-split", "full"), default=None,
                    help="default: the source's own convention (tail-split for two-model/ngram)")

@@ -8,9 +8,9 @@ Three ways to say what runs:
   --prompts-file FILE`` (a zoo target name works too);
 - a TOML suite: ``--suite FILE`` (``specparity/cases/suite.py`` documents the keys).
 
-``--gammas``, ``--max-tokens``, ``--temps``/``--top-p``/``--top-k``/``--seed``,
+``--gammas``, ``--max-tokens``, ``--temps``/``--top-p``/``--top-k``/``--min-p``/``--seed``,
 ``--eos-ids`` and ``--truncate`` apply to the first two; a suite sets its own
-(giving them with ``--suite`` is refused, as are ``--top-p``/``--top-k``/``--seed``
+(giving them with ``--suite`` is refused, as are ``--top-p``/``--top-k``/``--min-p``/``--seed``
 without a temperature > 0: a flag is honoured or refused, never ignored).
 Names (``--targets``, ``--drafters``, ``--runners``, ``--source``) must be known.
 More than ``--max-cases`` cases (default 10,000) are refused before anything runs. Cases run in this process, on a process pool
@@ -70,6 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--temps", type=_floats, default=None, help="temperatures (default 0)")
     s.add_argument("--top-p", type=a.probability, default=None)
     s.add_argument("--top-k", type=a.nonneg_int, default=None)
+    s.add_argument("--min-p", type=a.min_p, default=None,
+                   help="drop tokens below this fraction of the top token's probability (default 0: off)")
     s.add_argument("--seed", type=a.seed, default=None)
     s.add_argument("--min-tokens", type=a.nonneg_int, default=None,
                    help="EOS ids are not drawn before this many tokens were generated (counted per "
@@ -112,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_argument(p)
 
 
-_SETTINGS = ("temps", "top_p", "top_k", "seed", "min_tokens", "rng", "eos_ids", "truncate", "gammas",
+_SETTINGS = ("temps", "top_p", "top_k", "min_p", "seed", "min_tokens", "rng", "eos_ids", "truncate", "gammas",
              "max_tokens", "prompts", "chat_template", "grammar", "reasoning_end")
 
 
@@ -121,16 +123,17 @@ def _given(args: argparse.Namespace, *names: str) -> list[str]:
 
 
 def _sampling(args: argparse.Namespace) -> tuple:
-    """``--temps`` x (``--top-p``, ``--top-k``, ``--seed``); those three need a temperature > 0."""
+    """``--temps`` x (``--top-p``, ``--top-k``, ``--min-p``, ``--seed``); those four need a temperature > 0."""
     from specparity.cases.suite import Sampling
 
     temps = args.temps or (0.0,)
-    knobs = _given(args, "top_p", "top_k", "seed")
+    knobs = _given(args, "top_p", "top_k", "min_p", "seed")
     if knobs and not any(temps):
         raise ValueError(f"{', '.join(knobs)}: only sampled cases use it: add --temps with a "
                          "temperature > 0 (e.g. --temps 0,0.8)")
     return tuple(Sampling(t, args.top_p or 0.0, args.top_k or 0, args.seed or 0,
-                          min_tokens=args.min_tokens or 0, rng=args.rng or "stream") for t in temps)
+                          min_tokens=args.min_tokens or 0, rng=args.rng or "stream", min_p=args.min_p or 0.0)
+                 for t in temps)
 
 
 def cases_from_args(args: argparse.Namespace) -> list:
@@ -161,8 +164,14 @@ def cases_from_args(args: argparse.Namespace) -> list:
         if args.chat_template:
             raise ValueError("--chat-template renders text prompts: give --target and --prompts-file "
                              "(the zoo's prompts are token ids)")
+        # the whole matrix with no sampling flag (the default run): the matrix's own sampling
+        # (None), so it keeps the cases zoo_cases adds only then, the sampler side-state and the
+        # pairwise sampling cases (before, the explicit default left them out of `specparity run`)
+        default = args.targets is None and args.drafters is None and not _given(
+            args, "temps", "top_p", "top_k", "min_p", "seed", "min_tokens", "rng")
         return zoo_cases(targets=args.targets, drafters=args.drafters, gammas=gammas,
-                         n_prompts=args.prompts or 8, max_tokens=max_tokens, sampling=sampling,
+                         n_prompts=args.prompts or 8, max_tokens=max_tokens,
+                         sampling=None if default else sampling,
                          eos_ids=args.eos_ids, truncate=bool(args.truncate), max_cases=args.max_cases,
                          cache=fields, grammar=args.grammar, reasoning_end=args.reasoning_end or "")
     if args.targets or args.drafters:

@@ -223,6 +223,8 @@ def case_from_header(header: dict[str, Any], trace_path: Path, root: Path) -> Ca
         extra["min_tokens"] = sampler.min_tokens
     if sampler.rng != "stream":
         extra["rng"] = sampler.rng
+    if sampler.min_p:  # re-run with the min-p the trace recorded (before: dropped, re-run at 0)
+        extra["min_p"] = sampler.min_p
     if p.get("kv_bits") is not None:  # quantized KV (specparity.runners.kv_params)
         extra.update(kv_bits=int(p["kv_bits"]), kv_group_size=int(p.get("kv_group_size", 64)),
                      quantized_kv_start=int(p.get("quantized_kv_start", 5000)))
@@ -377,7 +379,7 @@ def header_problems(header: dict[str, Any]) -> list[tuple[str, str]]:
     if p.get("rng") is not None:
         checks.append(("params.rng", args.rng_mode, p["rng"]))
     if p.get("min_p") is not None:
-        checks.append(("params.min_p", args.probability, p["min_p"]))
+        checks.append(("params.min_p", args.min_p, p["min_p"]))
     if p.get("confidence_threshold") is not None:
         checks.append(("params.confidence_threshold", args.finite_float, p["confidence_threshold"]))
     if p.get("mtp_conventions") is not None:

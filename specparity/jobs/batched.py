@@ -55,7 +55,7 @@ class BatchCase:
 
 
 # The ``Case`` fields a batched row takes from the batched design rather than from the run's case
-# (every other field -- EOS ids, stop sequences, top-p/top-k, processors, min_tokens, quantized KV,
+# (every other field -- EOS ids, stop sequences, top-p/top-k/min-p, processors, min_tokens, quantized KV,
 # rotating, grammar -- is the run's: ``tests/test_case_lanes.py`` holds every field to this).
 ROW_SET_BY_DESIGN: dict[str, str] = {
     "drafter": "the batched pair's drafter (twin, or ngram for the model-free rows)",

@@ -224,7 +224,8 @@ def zoo_cases(
     prompt_ids = pick_prompts([p.id for p in zoo.prompts()], n_prompts)[:MATRIX_PROMPTS]
     native_cases = [Case(t, d, p, g, max_tokens, source="native-mtp", eos_ids=eos_ids,
                          temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed,
-                         processors=smp.processors, min_tokens=smp.min_tokens, rng=smp.rng, **(cache or {}))
+                         processors=smp.processors, min_tokens=smp.min_tokens, rng=smp.rng, min_p=smp.min_p,
+                         **(cache or {}))
                     for (t, d) in native for smp in common["sampling"] for g in gammas for p in prompt_ids]
     gcases = grammar_cases(targets=targets, drafters=drafters, gammas=tuple(gammas), max_tokens=max_tokens,
                            sampling=common["sampling"], eos_ids=eos_ids, grammar=grammar, cache=cache,
@@ -293,7 +294,7 @@ def grammar_cases(
     grammars = (grammar,) if grammar else ("json-small", "regex-sentence")
     return [Case(t, d, p, g, max_tokens, temperature=smp.temperature, top_p=smp.top_p,
                  top_k=smp.top_k, seed=smp.seed, processors=smp.processors, min_tokens=smp.min_tokens,
-                 rng=smp.rng, eos_ids=eos_ids,
+                 rng=smp.rng, min_p=smp.min_p, eos_ids=eos_ids,
                  prompt_tokens=G.prompt_ids(p), grammar=gr, **(cache or {}),
                  **({"reasoning_end": reasoning_end} if reasoning_end else {}))
             for (t, d, p) in G.PAIRS

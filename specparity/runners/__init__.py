@@ -245,7 +245,7 @@ def sampler_params(case: Case) -> Any:
     every header's sampling keys (:func:`_base_params` via ``engine.pipeline.header_params``)."""
     from engine.sampler import SamplerParams
 
-    return SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k,
+    return SamplerParams(temperature=case.temperature, top_p=case.top_p, top_k=case.top_k, min_p=case.min_p,
                          processors=processor_params(case), min_tokens=case.min_tokens, rng=case.rng)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from specparity.cases.golden_cases import default_cases
 from specparity.runners.registry import CaseRun, GoldenSet, Runner, sources
 
-OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors", "kv_cache",
+OPTIONS = ("sampling", "top_p", "top_k", "min_p", "eos_ids", "stop_sequences", "logits_processors", "kv_cache",
            "grammar", "reasoning_end", "min_tokens", "rng_position")
 
 

@@ -1,7 +1,7 @@
 """Runner declaration: ``mlx_lm``, mlx-lm 0.32.2's own decode loops (``oracles/mlx_lm.py``).
 
 ``generate_step`` (plain) and ``speculative_generate_step`` (a draft model only):
-sampling, top-p/top-k, EOS ids, stop sequences, logits processors and quantized KV
+sampling, top-p/top-k/min-p, EOS ids, stop sequences, logits processors and quantized KV
 (``kv_bits``, ``kv_group_size``, ``quantized_kv_start``).
 """
 
@@ -32,6 +32,7 @@ def run(x: CaseRun) -> list[dict[str, Any]]:
             temperature=case.temperature,
             top_p=case.top_p,
             top_k=case.top_k,
+            min_p=case.min_p,
             seed=case.seed,
             eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
             stop_sequences=[list(s) for s in case.stop_sequences],
@@ -69,7 +70,7 @@ RUNNER = Runner(
     name="mlx_lm",
     kind="reference",
     package="mlx-lm",
-    sources=sources(("sampling", "top_p", "top_k", "eos_ids", "stop_sequences", "logits_processors",
+    sources=sources(("sampling", "top_p", "top_k", "min_p", "eos_ids", "stop_sequences", "logits_processors",
                      "kv_cache"), "plain", "two-model"),
     run=run,
     available=oracle_availability("mlx_lm"),

@@ -21,7 +21,7 @@ from typing import Any
 
 from specparity.runners.registry import CaseRun, Runner, oracle_availability, sources
 
-PLAIN_OPTIONS = ("sampling", "top_p", "top_k", "eos_ids", "grammar")
+PLAIN_OPTIONS = ("sampling", "top_p", "top_k", "min_p", "eos_ids", "grammar")
 # Greedy only under speculation: mlx-lm samples every verify row (d + 1 draws a round) and masks
 # the drafter too, the engine walks k + 1 rows with a free drafter, so a sampled run draws
 # differently by design and only greedy output is comparable.
@@ -66,7 +66,7 @@ def _run(processor: str) -> Any:
                 grammar_kind=g.kind, grammar_text=g.text, vocab_size=int(vocab), processor=processor,
                 draft=x.draft.model if x.draft is not None else None,
                 gamma=case.gamma, max_tokens=case.max_tokens, temperature=case.temperature,
-                top_p=case.top_p, top_k=case.top_k, seed=case.seed,
+                top_p=case.top_p, top_k=case.top_k, min_p=case.min_p, seed=case.seed,
                 eos_ids=list(case.eos_ids) if case.eos_ids is not None else None,
                 **_marker(case, x.target.tokenizer, processor),
             )

@@ -63,6 +63,7 @@ OPTIONS: dict[str, Callable[[Any], bool]] = {
     "sampling": lambda c: c.temperature > 0,
     "top_p": lambda c: c.top_p > 0,
     "top_k": lambda c: c.top_k > 0,
+    "min_p": lambda c: getattr(c, "min_p", 0.0) > 0,
     "eos_ids": lambda c: c.eos_ids is not None,
     "stop_sequences": lambda c: bool(c.stop_sequences),
     "logits_processors": lambda c: bool(c.processors),
