@@ -40,11 +40,6 @@ PATHS_ALLOWED: dict[tuple[str, str], str] = {
     ("engine/batched_check.py", "tests/v1/e2e/spec_decode/test_stochastic_batch_invariance.py"): "vLLM's file",
     ("subjects/dflash_mlx.py", "engine/events.py"): "dflash-mlx's own module (dflash_mlx/engine/events.py)",
     ("docs/goldens.md", "traces/golden/.regen-journal.json"): "written by a regen while it runs, never committed",
-    # specparity/runners/** is digested into every golden (specparity/goldens/manifest.py HARNESS_MODULES):
-    # fix with the next full regeneration (the file is tests/test_vlm_batched_row.py).
-    ("specparity/runners/mlx_vlm_batched.py", "conformance/test_vlm_batched.py"): "runners/** is golden-digested",
-    ("specparity/runners/servers.py", "subjects/served.py"):
-        "runners/** is golden-digested: the checks moved to the package subjects/served/ (fix with the next full regen)",
     # docs/runners.md "Adding a runner" is being rewritten by the 'served' helper (its example file).
     ("docs/runners.md", "specparity/runners/my_server.py"): "the example file a reader creates",
 }

@@ -23,16 +23,7 @@ from tests.import_graph import ROOT, Import, cycles, graph, imports, modules, pr
 CYCLES_ALLOWED: dict[tuple[str, ...], str] = {}
 
 # (importer, module, name): private imports being removed right now, or that cannot change.
-PRIVATE_ALLOWED: dict[tuple[str, str, str | None], str] = {
-    # specparity/runners/** is digested into every golden (specparity/goldens/manifest.py
-    # HARNESS_MODULES = ("specparity.runners", ...): harness_sha256): renaming these stales every
-    # committed golden, some of which only regenerate in other tox environments. Rename them
-    # (mlx_lm_grammar.run_with_processor / grammar_sources) together with a full regeneration.
-    ("specparity.runners.xgrammar_mlxlm", "specparity.runners.mlx_lm_grammar", "_run"):
-        "runners/** is golden-digested: rename with the next full golden regeneration",
-    ("specparity.runners.xgrammar_mlxlm", "specparity.runners.mlx_lm_grammar", "_sources"):
-        "runners/** is golden-digested: rename with the next full golden regeneration",
-}
+PRIVATE_ALLOWED: dict[tuple[str, str, str | None], str] = {}
 
 
 def _own_package_edges_dropped(imps: list[Import]) -> list[Import]:

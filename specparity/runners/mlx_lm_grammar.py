@@ -28,7 +28,9 @@ PLAIN_OPTIONS = ("sampling", "top_p", "top_k", "min_p", "eos_ids", "grammar")
 SPEC_OPTIONS = ("eos_ids", "grammar")
 
 
-def _sources(*extra: str) -> dict[str, frozenset[str]]:
+def grammar_sources(*extra: str) -> dict[str, frozenset[str]]:
+    """The options a grammar runner of mlx-lm's loops takes per source (plain, two-model), plus ``extra``
+    (shared with ``xgrammar_mlxlm``, the same loops with xgrammar's processor)."""
     return {**sources((*PLAIN_OPTIONS, *extra), "plain"), **sources((*SPEC_OPTIONS, *extra), "two-model")}
 
 
@@ -48,7 +50,8 @@ def _marker(case: Any, tokenizer: Any, processor: str) -> dict[str, Any]:
     return {"reasoning_end": [int(t) for t in getattr(ids, "ids", ids)]}
 
 
-def _run(processor: str) -> Any:
+def grammar_run(processor: str) -> Any:
+    """The ``run`` of the grammar runner whose processor shape is ``processor`` (:data:`NAMES`)."""
     def run(x: CaseRun) -> list[dict[str, Any]]:
         from oracles import mlx_lm_grammar as oracle
         from traces.reference import ReferenceRefused
@@ -82,8 +85,8 @@ RUNNERS = (
         name="mlx_lm_grammar",
         kind="reference",
         package="mlx-lm",
-        sources=_sources("reasoning_end"),  # the history-pure processor's reasoning phase
-        run=_run("pure"),
+        sources=grammar_sources("reasoning_end"),  # the history-pure processor's reasoning phase
+        run=grammar_run("pure"),
         available=oracle_availability("mlx_lm_grammar"),
         install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33, llguidance)",
         rank=11,
@@ -93,8 +96,8 @@ RUNNERS = (
         name="mlx_lm_grammar_stateful",
         kind="reference",
         package="mlx-lm",
-        sources=_sources(),
-        run=_run("stateful"),
+        sources=grammar_sources(),
+        run=grammar_run("stateful"),
         available=oracle_availability("mlx_lm_grammar_stateful"),
         install_hint="pip install 'specparity[oracles]'  (mlx-lm>=0.32,<0.33, llguidance)",
         rank=12,

@@ -18,6 +18,7 @@ RUNNER = Runner(
     install_hint="tox -e vlm  (pip install 'specparity[vlm]': mlx-vlm==0.7.10, own environment)",
     elsewhere="mlx-vlm's batched MTP/DFlash loops (BatchGenerator) graded for B-invariance and against the "
               "engine's serial runs by `python -m specparity.grading.vlm_batched` (tox -e vlm), the scoreboard's "
-              "batched-loops table; conformance/test_vlm_batched.py",
+              "batched-loops table; conformance/test_batched_references.py (live) and "
+              "tests/test_vlm_batched_row.py (the row)",
     rank=33,
 )

@@ -2,7 +2,7 @@
 
 A runner is anything that produces a trace or is graded: our ``engine``, each
 reference of ``oracles/`` (``kind="reference"``), each third-party engine of
-``subjects/`` (``kind="subject"``) and each HTTP server of ``specparity/grading/http_servers.py``
+``subjects/`` (``kind="subject"``) and each HTTP server row of ``subjects/server_rows.py``
 (``kind="server"``). One :class:`Runner` declares its name (one spelling:
 :data:`NAME_RULES`), kind, package (the trace header's ``runner`` block),
 availability and install hint (written once: :meth:`Runner.availability` adds it

@@ -2,10 +2,11 @@
 
 A server is graded black-box over its OpenAI-compatible API by ``specparity grade
 --serve NAME --model PATH [--draft PATH]`` (started on 127.0.0.1, stopped after) or
-``--server URL``, with and without speculation, on the checks of ``subjects/served.py``;
-it exposes no rounds, so it is not run per case. How each server is started (its argv,
-its tox environment) is its ``ServedEngine`` row in ``specparity/grading/http_servers.py``; this
-module turns every row into a runner of kind ``server``.
+``--server URL``, with and without speculation, on the checks of ``subjects/served/``
+(each declared once, ``subjects/served/declare.py``); it exposes no rounds, so it is not run
+per case. How each server is started (its argv, its tox environment) is its ``ServedEngine``
+row in ``subjects/server_rows.py`` (started and graded by ``specparity/grading/http_servers.py``);
+this module turns every row into a runner of kind ``server``.
 """
 
 from __future__ import annotations

@@ -13,15 +13,15 @@ runs (known entry ``xgrammar-mlxlm-spec-processor-resets``). No mask digests.
 
 from __future__ import annotations
 
-from specparity.runners.mlx_lm_grammar import _run, _sources
+from specparity.runners.mlx_lm_grammar import grammar_run, grammar_sources
 from specparity.runners.registry import Runner, oracle_availability
 
 RUNNER = Runner(
     name="xgrammar_mlxlm",
     kind="reference",
     package="xgrammar",
-    sources=_sources(),
-    run=_run("xgrammar"),
+    sources=grammar_sources(),
+    run=grammar_run("xgrammar"),
     available=oracle_availability("xgrammar_mlxlm"),
     install_hint="tox -e grammar-xgrammar  (pip install torch xgrammar 'specparity[oracles]')",
     rank=13,
