@@ -181,3 +181,34 @@ def test_plain_arm_divergence_is_reported_and_fails_the_session() -> None:
     text = render(v)
     assert "| plain | 0/1 |" in text and "- x/multi-turn: plain arm: request 2 (follow-up): plain step 1" in text
     assert summary(v)["identical"] == 1  # the spec arm's own count (the first line) is unchanged
+
+
+# Every field of a session group (specparity.jobs.sessions._group_key: the case's fields but the prompt)
+# changed to another value: the group's label (its trace folder) must change with it, or two groups
+# would write into one folder and read as one row. A new Case field fails here until it has a value.
+OTHER_VALUE = {
+    "target": "gemma3", "drafter": "self", "gamma": 2, "max_tokens": 12, "temperature": 0.9, "seed": 8,
+    "eos_ids": (5,), "stop_sequences": ((7, 8),), "source": "ngram", "top_p": 0.8, "top_k": 8,
+    "target_path": "/elsewhere/llama", "draft_path": "/elsewhere/twin", "processors": "rp1.3c16",
+    "kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 12, "rotating": "exact", "grammar": "json-small",
+    "reasoning_end": "</think>", "min_tokens": 3, "rng": "position", "min_p": 0.2,
+}
+
+
+def test_every_group_field_shows_in_the_sessions_label() -> None:
+    from dataclasses import fields, replace
+
+    from specparity.cases.case import Case
+    from specparity.jobs.sessions import _group_key, _label
+
+    base = Case("llama", "twin", "a", 3, 6, temperature=0.7, seed=1, kv_bits=4, quantized_kv_start=8,
+                target_path="/models/llama", draft_path="/models/twin")
+    grouped = {f.name for f in fields(Case)} - {"prompt_id", "prompt_tokens"}
+    assert grouped == set(OTHER_VALUE), f"give these fields another value here: {sorted(grouped ^ set(OTHER_VALUE))}"
+    same = []
+    for name, value in OTHER_VALUE.items():
+        other = replace(base, **{name: value})
+        assert _group_key(other) != _group_key(base), name
+        if _label(other) == _label(base):
+            same.append(name)
+    assert not same, f"fields two session groups may differ in that their label (trace folder) leaves out: {same}"

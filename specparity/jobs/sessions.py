@@ -453,16 +453,42 @@ def _group_key(c: Case) -> tuple[Any, ...]:
 
 
 def _label(c: Case) -> str:
+    """A group's label, and its trace folder's name (``/`` -> ``__``): readable, and different for any
+    two groups (:func:`_group_key`: every field but the prompt shows in it — the case id's tail for
+    top-p/top-k/min-p, EOS ids, stop sequences, processors, min_tokens, rng and grammar, and a short
+    digest of the full model paths for a user's models, whose folder names alone may repeat), so two
+    groups never write into one folder (tests/test_sessions_cli.py enumerates the fields)."""
     t = Path(c.target_path).name if c.target_path else c.target
     d = (Path(c.draft_path).name if c.draft_path else c.drafter) if c.drafter else "plain"
     s = f"{t}/{d}/{c.source}/g{c.gamma}/n{c.max_tokens}"
     if c.temperature:
         s += f"/t{c.temperature:g}-s{c.seed}"
+        s += (f"p{c.top_p:g}" if c.top_p else "") + (f"k{c.top_k}" if c.top_k else "") + \
+            (f"m{c.min_p:g}" if c.min_p else "")
     if c.kv_bits:
-        s += f"/kv{c.kv_bits}@{c.quantized_kv_start}"
+        s += f"/kv{c.kv_bits}@{c.quantized_kv_start}" + (f"g{c.kv_group_size}" if c.kv_group_size else "")
     if c.rotating != "guard":
         s += f"/rot-{c.rotating}"
+    s += _id_tail(c)
+    import hashlib
+
+    if c.reasoning_end and not c.grammar:  # (the case id names a marker only beside its grammar)
+        s += f"/re-{hashlib.sha256(c.reasoning_end.encode()).hexdigest()[:8]}"
+    if c.target_path or c.draft_path:
+        who = f"{c.target}\0{c.target_path}\0{c.drafter}\0{c.draft_path}"
+        s += "/" + hashlib.sha256(who.encode()).hexdigest()[:8]
     return s
+
+
+def _id_tail(c: Case) -> str:
+    """The parts of ``c``'s case id after its budget that :func:`_label` does not spell itself (EOS ids,
+    stop sequences, processors, min_tokens, rng, grammar and its reasoning marker)."""
+    bare = replace(c, temperature=0.0, kv_bits=None, kv_group_size=None, quantized_kv_start=None,
+                   rotating="guard")
+    head = (f"{bare.target}/plain/{bare.prompt_id}/n{bare.max_tokens}" if bare.drafter is None else
+            f"{bare.target}/{bare.drafter}/{bare.prompt_id}/g{bare.gamma}/n{bare.max_tokens}")
+    cid = bare.case_id
+    return cid[len(head):] if cid.startswith(head) else "/" + cid
 
 
 def _trace_writer(trace_dir: Path, case: Case, name: str) -> Callable[..., None]:
