@@ -54,13 +54,6 @@ CLI = "import sys; from specparity.cli import main; sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture(scope="session")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tests.foreign import build
-
-    return build(tmp_path_factory.mktemp("served-models"), ("phi3",))["phi3"]
-
-
-@pytest.fixture(scope="session")
 def tmpl(pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """phi3-tiny with a chat template that renders ``tools`` (a word when tools are offered), + its twin."""
     import shutil
@@ -76,13 +69,6 @@ def tmpl(pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> t
 @pytest.fixture(scope="session")
 def llama() -> tuple[Path, Path]:
     return resolve_model("llama"), resolve_model("twin", target="llama")
-
-
-@pytest.fixture(scope="session")
-def fakes():
-    procs: dict = {}
-    yield procs
-    Shared.stop_all(procs)
 
 
 def _grade(fakes, target: Path, draft: Path | None, bug: str | None = None, checks=SERVER_CHECKS, wrap=None):

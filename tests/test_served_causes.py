@@ -20,20 +20,6 @@ from subjects.http_client import ServerDown, ServerError
 from tests.fake_server import Shared
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tests.foreign import build
-
-    return build(tmp_path_factory.mktemp("causes-models"), ("phi3",))["phi3"]
-
-
-@pytest.fixture(scope="module")
-def fakes():
-    procs: dict = {}
-    yield procs
-    Shared.stop_all(procs)
-
-
 def test_each_client_failure_has_its_class() -> None:
     assert fc.classify_error(ServerDown("connection refused", "refused")).kind == fc.TRANSPORT
     assert fc.classify_error(ServerError("closed mid-answer")).kind == fc.TRANSPORT

@@ -22,20 +22,6 @@ from subjects.served import CHECKS, Finding, Request, check, check_names, make_p
 from tests.fake_server import Shared
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tests.foreign import build
-
-    return build(tmp_path_factory.mktemp("declared-models"), ("phi3",))["phi3"]
-
-
-@pytest.fixture(scope="module")
-def fakes():
-    procs: dict = {}
-    yield procs
-    Shared.stop_all(procs)
-
-
 @pytest.fixture
 def toy_check() -> Iterator[str]:
     """A toy check declared the documented way: one case per prompt, each a 1-token request."""

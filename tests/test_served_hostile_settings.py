@@ -31,13 +31,6 @@ SECRET_ENV = "env-s3cr3t-Value-91"
 SECRET_ARG = "arg-s3cr3t-Value-72"
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tests.foreign import build
-
-    return build(tmp_path_factory.mktemp("hostile-settings-models"), ("phi3",))["phi3"]
-
-
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", CLI, "grade", *args], capture_output=True, text=True, env=env,

@@ -10,27 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
-
-import pytest
 
 from specparity.grading.http_servers import SERVERS, engine_reference, grade_arms, grade_served
 from tests.fake_server import Shared
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tests.foreign import build
-
-    return build(tmp_path_factory.mktemp("evidence-models"), ("phi3",))["phi3"]
-
-
-@pytest.fixture(scope="module")
-def fakes():
-    procs: dict = {}
-    yield procs
-    Shared.stop_all(procs)
-
 
 CHECKS = ("identity", "speculation")
 
