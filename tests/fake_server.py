@@ -187,6 +187,7 @@ class FakeEngine:
                  prompt_cache_size: int = 16, batch_window: float = 0.05) -> None:
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
+        self.arriving = 0  # connections accepted whose request is not yet counted in flight (:class:`_Server`)
         threading.Thread(target=self._work, daemon=True).start()
         self.path, self.num_draft = model, num_draft
         self.batch_window = batch_window
@@ -226,9 +227,9 @@ class FakeEngine:
                 continue
             batch = item
             t0 = time.monotonic()
-            t_end, t_tick = t0 + self.batch_window, t0 + 0.01
-            while True:  # batching, crudely: the requests in flight now, or arriving within a 10 ms tick
-                wait_for = t_end if len(batch) < self.stats["inflight"] else t_tick
+            t_end, t_tick = t0 + self.batch_window, t0 + 0.002
+            while True:  # batching: the requests in flight or accepted now (or arriving within a 2 ms tick)
+                wait_for = t_end if len(batch) < self.stats["inflight"] + self.arriving else t_tick
                 if time.monotonic() >= wait_for:
                     break
                 try:
@@ -472,6 +473,24 @@ class StreamText:
 def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        counted = False  # this connection's arrival taken off ``engine.arriving`` (:class:`_Server`)
+
+        def _arrived(self) -> None:
+            if not self.counted:
+                self.counted = True
+                engine.arriving -= 1
+
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            if not ok or self.command != "POST":  # only a generation request is counted in flight
+                with engine._lock:
+                    self._arrived()
+            return ok
+
+        def finish(self) -> None:
+            with engine._lock:
+                self._arrived()  # a connection closed before any request
+            super().finish()
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's signature
             pass
@@ -551,6 +570,7 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             with engine._lock:
                 engine.stats["inflight"] += 1
                 engine.stats["max_inflight"] = max(engine.stats["max_inflight"], engine.stats["inflight"])
+                self._arrived()
             try:
                 self._post(chat)
             finally:
@@ -729,9 +749,25 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    """Counts each accepted connection in ``engine.arriving`` until its handler counts its request in
+    flight (or sees it is no generation request): the worker waits for batch-mates the server has
+    accepted but not yet parsed, so requests sent together are batched together without every lone
+    request waiting out a tick."""
+
+    def __init__(self, address: tuple[str, int], engine: FakeEngine, control: bool = False) -> None:
+        self.engine = engine
+        super().__init__(address, make_handler(engine, control))
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.engine._lock:
+            self.engine.arriving += 1
+        super().process_request(request, client_address)
+
+
 def serve(engine: FakeEngine, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """A started server (``.server_address`` has the port); ``shutdown()`` + ``server_close()`` stop it."""
-    httpd = ThreadingHTTPServer((host, port), make_handler(engine))
+    httpd = _Server((host, port), engine)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd
@@ -762,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.bug == "cache-on-anyway":
         print("INFO: prefix cache: enabled (adaptive default)", file=sys.stderr, flush=True)
     engine = FakeEngine(a.model, a.draft_model, a.num_draft_tokens, a.bug, a.prompt_cache_size)
-    httpd = ThreadingHTTPServer((a.host, a.port), make_handler(engine, a.control))
+    httpd = _Server((a.host, a.port), engine, a.control)
     httpd.daemon_threads = True
     print(f"fake server on http://{a.host}:{httpd.server_address[1]} (bug: {a.bug})", file=sys.stderr, flush=True)
     try:
