@@ -322,9 +322,11 @@ def test_a_wrapping_server_with_a_stop_bug_still_fails_the_stop_check(tmpl, fake
     from subjects.server_rows import ChatWrap
     from tests.fake_server import WRAP_SYSTEM
 
+    checks = ("identity", "budget", "finish_reason", "usage", "stop", "logprobs")  # the reference-judged ones
     results, _, _ = _grade(fakes, tmpl[0], None, "wrap-system+stop-trailing-logprob",
-                           wrap=ChatWrap(system=WRAP_SYSTEM))
+                           wrap=ChatWrap(system=WRAP_SYSTEM), checks=checks)
     st = _statuses(results, "plain")
+    assert set(st) == set(checks), st
     assert {c for c, s in st.items() if s == "fail"} == {"stop"}, st
     assert "logprob entries came back" in results["plain"].cells["stop"].detail
     assert {c for c, s in st.items() if s == "cannot-grade"} == set(), st
@@ -619,7 +621,9 @@ def test_cli_serve_writes_named_results_and_scoreboard_and_leaves_nothing_runnin
     assert not _pids_with(str(target))
 
 
-@pytest.mark.parametrize("bug", [pytest.param("hang", marks=pytest.mark.slow), "die"])
+# "hang" (a deadline runs out mid-grade) nightly: by default "die" here, and a deadline running out in
+# test_a_hostile_server_is_graded_within_its_bound and tests/test_http_client.py.
+@pytest.mark.parametrize("bug", [pytest.param("hang", marks=NIGHTLY), "die"])
 def test_a_server_that_stops_answering_is_one_finding_and_the_rest_cannot_be_graded(bug, pair, tmp_path) -> None:
     target, _ = pair
     doc = grade_served(model=str(target), serve="fake", out=tmp_path, timeout=3,
