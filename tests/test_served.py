@@ -436,9 +436,16 @@ def test_a_correct_but_slow_server_passes(pair, fakes) -> None:
 
 
 def test_token_id_requests_fall_back_to_text_only_where_the_ids_round_trip(pair, llama, fakes) -> None:
-    res, _, _ = _grade(fakes, pair[0], None, "no-token-ids", checks=("cache",))
+    res, _, _ = _grade(fakes, pair[0], None, "no-token-ids", checks=("cache", "concurrency", "leak"))
     cell = res["plain"].cells["cache"]
     assert cell.status == "pass" and all("as text: the ids round-trip" in k["label"] for k in cell.cases), cell
+    # its refusal is an HTTP 404 (mlx_lm.server's): not a missing /v1/completions, so no chat-only dialect is
+    # learnt and the text prompts still go through completions (the other checks' too)
+    assert all("/v1/completions" in k["label"] for k in cell.cases), cell.cases
+    assert {c: x.status for c, x in res["plain"].cells.items()} == dict.fromkeys(("cache", "concurrency", "leak"),
+                                                                                   "pass"), res["plain"].cells
+    notes = [n for s in res["plain"].setup["servers"] for n in s.get("dialect", [])]
+    assert not any("no /v1/completions" in n for n in notes), notes
     res, _, _ = _grade(fakes, llama[0], None, "no-token-ids", checks=("cache",))
     cell = res["plain"].cells["cache"]
     assert cell.status != "fail", cell
