@@ -791,6 +791,36 @@ def test_a_model_free_speculator_given_a_draft_model_is_graded_without_one(pair,
     assert not _pids_with(str(target))
 
 
+@pytest.mark.parametrize("two_model_draft, arms", [(None, ["plain"]), (True, ["plain", "spec"])])
+def test_a_console_script_server_gets_a_spec_arm_only_where_its_row_takes_a_draft_model(
+        two_model_draft, arms, pair, tmp_path, monkeypatch) -> None:
+    """`grade --serve vmlx --draft D` (tox -e server-vmlx): vmlx is a console script whose spec arm is started
+    with `--speculative-model D`; its row says so (`two_model_draft`), so both arms are graded. A console-script
+    row that says nothing (vllm-mlx, fusion-mlx, flyto-mlx: no two-model drafter) is graded without
+    speculation and says why. (The rule was `exe is not None`: vmlx's spec arm was silently dropped.)"""
+    import dataclasses
+
+    import subjects.server_rows as rows
+
+    target, twin = pair
+    monkeypatch.delenv("SPECPARITY_SERVER_BIN", raising=False)  # the exe is this interpreter, found on its own
+    monkeypatch.setitem(rows.SERVERS, "fake", dataclasses.replace(rows.SERVERS["fake"], exe=sys.executable,
+                                                                  two_model_draft=two_model_draft))
+    assert rows.SERVERS["fake"].available()
+    doc = grade_served(model=str(target), draft=str(twin), serve="fake", out=tmp_path, timeout=10,
+                       checks=("identity", "speculation"))
+    assert list(doc["modes"]) == arms, doc["modes"].keys()
+    if two_model_draft:
+        spec = doc["modes"]["spec"]
+        assert spec["drafter"] and spec["drafter"] != "model-free", spec
+        assert spec["checks"]["identity"]["status"] == "pass", spec["checks"]["identity"]
+        assert spec["checks"]["speculation"]["status"] == "pass", spec["checks"]["speculation"]
+        assert "takes no two-model draft model" not in (doc.get("note") or ""), doc.get("note")
+    else:
+        assert "takes no two-model draft model" in (doc.get("note") or ""), doc.get("note")
+    assert not _pids_with(str(target))
+
+
 RAPID_PAGE = ('# TYPE rapid_mlx_spec_decode_attempts_total counter\n'  # rapid-mlx 0.16.10, rapid_mlx/routes/metrics.py
               'rapid_mlx_spec_decode_attempts_total{family="phi3-tiny",method="mtp"} 0\n'
               'rapid_mlx_spec_decode_accepts_total{family="phi3-tiny",method="mtp"} 0\n'
