@@ -76,6 +76,16 @@ class ServedEngine:
     # its requests name the model by the path it was started with (a server that loads whatever model a request
     # names, and drops the one it serves for it: mlx-vlm); else "default_model", or the name a refusal teaches
     request_model_is_path: bool = False
+    # its spec arm is started with a two-model draft model (the draft path in its argv); None: a module server
+    # (``exe`` None: mlx_lm.server, the fake) does, a console script does not unless its row says so (vmlx)
+    two_model_draft: bool | None = None
+
+    def takes_draft(self) -> bool:
+        """Whether ``--draft`` starts its spec arm with that draft model (else the spec arm is dropped,
+        or, for ``spec_without_draft``, switched on model-free)."""
+        if self.spec_without_draft:
+            return False
+        return self.exe is None if self.two_model_draft is None else self.two_model_draft
 
     def available(self) -> bool:
         if self.exe is not None:
@@ -209,7 +219,7 @@ SERVERS: dict[str, ServedEngine] = {
                      _cli("vmlx", "serve", plain=["--served-model-name", "default_model"],
                           spec=["--served-model-name", "default_model", "--speculative-model", "{draft}",
                                 "--num-draft-tokens", "3"]),
-                     exe="vmlx", cache_off=("--disable-prefix-cache",),
+                     exe="vmlx", cache_off=("--disable-prefix-cache",), two_model_draft=True,
                      defaults_off=("--no-continuous-batching", "--disable-block-disk-cache"),
                      observe=(("block disk cache", r"(?i)enabling block disk cache"),),
                      note="vmlx serve --no-continuous-batching (its draft model loads only without continuous "

@@ -65,12 +65,22 @@ def observe(client: HttpClient, log_text: str = "", patterns: Sequence[tuple[str
     except (ServerDown, ServerError) as exc:
         o.health = f"no answer: {exc}"
     o.models = [str(i)[:120] for i in model_ids(get_json(client, "/v1/models"))][:8]
+    log_text = server_output(log_text)
     o.spec_off = log_line(log_text, SPEC_OFF)
     for setting, pattern in patterns:
         line = log_line(log_text, re.compile(pattern))
         if line:
             o.not_in_effect[setting] = line
     return o
+
+
+def server_output(log_text: str) -> str:
+    """``log_text`` without the command line the harness writes as a log's first line (``$ argv``): the
+    argv is what was asked, not what the server says (vmlx's spec argv, ``--num-draft-tokens 3
+    --no-continuous-batching --disable-block-disk-cache``, reads as "draft ... disabled")."""
+    if log_text.startswith("$ "):
+        return log_text.split("\n", 1)[1] if "\n" in log_text else ""
+    return log_text
 
 
 def log_line(text: str, pattern: re.Pattern[str]) -> str | None:

@@ -85,8 +85,10 @@ check meant to catch it, and only that check):
   method suffix reads those (speculation passes, never not-engaged);
 - ``no-template`` (a set-up failure: cannot grade): chat requests are refused with
   transformers' "no chat template" error;
-- ``no-token-ids`` (none: a limitation): token-id prompts are refused (HTTP 400), as
-  mlx-lm's server refuses them; the checks fall back to text where the ids round-trip;
+- ``no-token-ids`` (none: a limitation): token-id prompts are refused with HTTP 404 and an error
+  body, as mlx_lm.server 0.32.2 refuses them (every generation error is its 404: "text input must
+  be of type `str`"); the checks fall back to text where the ids round-trip, through
+  ``/v1/completions`` still (the 404 is not a missing route);
 - ``seed-ignored`` (none: a limitation): ``seed`` is ignored (every sampled request draws
   afresh), so seeded sampling cannot be judged: cannot grade, never a finding;
 - ``no-tool-parser`` (none: a limitation): ``tools`` reach the chat template but no tool
@@ -144,6 +146,10 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error",
         "health-counters", "draft-disabled", "no-counters", "cache-on-anyway", "chat-usage-off", "cache-every-tenth",
         "cache-no-logprobs", "stop-cut-out")
+class IdsRefused(ValueError):
+    """The no-token-ids plant's refusal of a token-id prompt (answered HTTP 404, as mlx_lm.server does)."""
+
+
 SERVED_NAME = "fake/served-model"  # the model-name plant's one model name (its /v1/models lists it)
 WRAP_SYSTEM = "You are a helpful assistant."  # wrap-system's system message (fusion-mlx 0.10.24's)
 NO_TEMPLATE = ("Cannot use chat template functions because tokenizer.chat_template is not set and no template "
@@ -275,7 +281,7 @@ class FakeEngine:
         if not chat:
             p = body["prompt"]
             if isinstance(p, list) and self.bug == "no-token-ids":
-                raise ValueError("prompt must be a string")
+                raise IdsRefused("text input must be of type `str` (single example), `list[str]` (batch)")
             if isinstance(p, list):
                 if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in p):
                     raise ValueError("a token-id prompt must be a list of ids within the vocabulary")
@@ -587,6 +593,9 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
                     self._json(400, {"error": {"message": f"model {body.get('model')!r} not found"}})
                     return
                 prompt = engine.prompt(body, chat)
+            except IdsRefused as exc:  # mlx_lm.server's answer to any request its generator refuses
+                self._json(404, {"error": str(exc)})
+                return
             except LookupError as exc:
                 self._json(500, {"error": str(exc)})
                 return

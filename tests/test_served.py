@@ -436,9 +436,16 @@ def test_a_correct_but_slow_server_passes(pair, fakes) -> None:
 
 
 def test_token_id_requests_fall_back_to_text_only_where_the_ids_round_trip(pair, llama, fakes) -> None:
-    res, _, _ = _grade(fakes, pair[0], None, "no-token-ids", checks=("cache",))
+    res, _, _ = _grade(fakes, pair[0], None, "no-token-ids", checks=("cache", "concurrency", "leak"))
     cell = res["plain"].cells["cache"]
     assert cell.status == "pass" and all("as text: the ids round-trip" in k["label"] for k in cell.cases), cell
+    # its refusal is an HTTP 404 (mlx_lm.server's): not a missing /v1/completions, so no chat-only dialect is
+    # learnt and the text prompts still go through completions (the other checks' too)
+    assert all("/v1/completions" in k["label"] for k in cell.cases), cell.cases
+    assert {c: x.status for c, x in res["plain"].cells.items()} == dict.fromkeys(("cache", "concurrency", "leak"),
+                                                                                   "pass"), res["plain"].cells
+    notes = [n for s in res["plain"].setup["servers"] for n in s.get("dialect", [])]
+    assert not any("no /v1/completions" in n for n in notes), notes
     res, _, _ = _grade(fakes, llama[0], None, "no-token-ids", checks=("cache",))
     cell = res["plain"].cells["cache"]
     assert cell.status != "fail", cell
@@ -783,6 +790,36 @@ def test_a_model_free_speculator_given_a_draft_model_is_graded_without_one(pair,
     assert spec["checks"]["reject"]["status"] == "unsupported" and "model-free" in spec["checks"]["reject"]["detail"]
     assert spec["checks"]["speculation"]["status"] == "cannot-grade", spec["checks"]["speculation"]
     assert spec["checks"]["identity"]["status"] == "pass", spec["checks"]["identity"]
+    assert not _pids_with(str(target))
+
+
+@pytest.mark.parametrize("two_model_draft, arms", [(None, ["plain"]), (True, ["plain", "spec"])])
+def test_a_console_script_server_gets_a_spec_arm_only_where_its_row_takes_a_draft_model(
+        two_model_draft, arms, pair, tmp_path, monkeypatch) -> None:
+    """`grade --serve vmlx --draft D` (tox -e server-vmlx): vmlx is a console script whose spec arm is started
+    with `--speculative-model D`; its row says so (`two_model_draft`), so both arms are graded. A console-script
+    row that says nothing (vllm-mlx, fusion-mlx, flyto-mlx: no two-model drafter) is graded without
+    speculation and says why. (The rule was `exe is not None`: vmlx's spec arm was silently dropped.)"""
+    import dataclasses
+
+    import subjects.server_rows as rows
+
+    target, twin = pair
+    monkeypatch.delenv("SPECPARITY_SERVER_BIN", raising=False)  # the exe is this interpreter, found on its own
+    monkeypatch.setitem(rows.SERVERS, "fake", dataclasses.replace(rows.SERVERS["fake"], exe=sys.executable,
+                                                                  two_model_draft=two_model_draft))
+    assert rows.SERVERS["fake"].available()
+    doc = grade_served(model=str(target), draft=str(twin), serve="fake", out=tmp_path, timeout=10,
+                       checks=("identity", "speculation"))
+    assert list(doc["modes"]) == arms, doc["modes"].keys()
+    if two_model_draft:
+        spec = doc["modes"]["spec"]
+        assert spec["drafter"] and spec["drafter"] != "model-free", spec
+        assert spec["checks"]["identity"]["status"] == "pass", spec["checks"]["identity"]
+        assert spec["checks"]["speculation"]["status"] == "pass", spec["checks"]["speculation"]
+        assert "takes no two-model draft model" not in (doc.get("note") or ""), doc.get("note")
+    else:
+        assert "takes no two-model draft model" in (doc.get("note") or ""), doc.get("note")
     assert not _pids_with(str(target))
 
 

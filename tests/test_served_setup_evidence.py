@@ -51,6 +51,25 @@ def test_a_draft_model_the_log_says_is_disabled_is_not_engaged_with_the_line_quo
     assert doc["server_runtime"]["python"] == sys.version.split()[0], doc["server_runtime"]
 
 
+def test_the_command_line_at_the_top_of_the_log_is_not_the_server_saying_speculation_is_off(pair, tmp_path,
+                                                                                         monkeypatch) -> None:
+    """vmlx's spec argv (``--num-draft-tokens 3 --no-continuous-batching --disable-block-disk-cache``), which the
+    harness writes as its log's first line, matches "draft ... disabled": it was quoted as the server's own
+    word that speculation was off (and, on a server with no counters, would have made the arm not-engaged).
+    Only what the server printed is evidence: with no counters the arm is unverified, never not-engaged."""
+    row = dataclasses.replace(SERVERS["fake"], defaults_off=("--num-draft-tokens", "3", "--disable-block-disk-cache"))
+    monkeypatch.setitem(SERVERS, "fake", row)
+    doc = grade_served(model=str(pair[0]), draft=str(pair[1]), serve="fake", out=tmp_path / "out",
+                       checks=CHECKS, env={"SPECPARITY_FAKE_SERVER_BUG": "no-counters"})
+    spec = doc["modes"]["spec"]
+    argvs = [" ".join(s["argv"]) for s in spec["setup"]["servers"]]
+    assert all("--disable-block-disk-cache" in a for a in argvs), argvs  # the argv was as asked
+    assert spec["checks"]["speculation"]["status"] == "cannot-grade", spec["checks"]["speculation"]
+    assert "unverified" in spec["checks"]["speculation"]["detail"], spec["checks"]["speculation"]
+    assert spec["checks"]["identity"]["status"] == "pass", spec["checks"]["identity"]
+    assert not any("speculation_off_in_log" in s["observed"] for s in spec["setup"]["servers"]), spec["setup"]
+
+
 def test_a_setting_asked_off_that_the_log_shows_on_is_recorded_as_not_in_effect(pair, tmp_path,
                                                                                monkeypatch) -> None:
     row = dataclasses.replace(SERVERS["fake"], observe=(("prompt cache", r"prefix cache: enabled"),))

@@ -926,7 +926,7 @@ def grade_served(*, model: str, draft: str | None = None, serve: str | None = No
         assert eng is not None
         if eng.spec_without_draft and not ddir:
             arms.append(("spec", str(mdir)))  # a model-free speculative mode: the draft argument only switches it on
-        elif eng.exe is not None and ddir and not eng.spec_without_draft:
+        elif ddir and not eng.spec_without_draft and not eng.takes_draft():
             arms = [a for a in arms if a[0] != "spec"]  # no two-model drafter in this server
             doc["note"] = f"{eng.name} takes no two-model draft model: graded without speculation"
     if url is not None:

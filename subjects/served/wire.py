@@ -219,7 +219,10 @@ def send(client: HttpClient, req: Request, counters: SpecCounters | None = None)
         except ServerError as exc:
             d.probed = True
             text = str(exc)
-            if no_route(exc.status) and not sent.chat and not d.chat_only:
+            # a 404 to a token-id prompt is no evidence of a missing route: mlx_lm.server answers every request
+            # its generator refuses (a token-id prompt: "text input must be of type `str`") with HTTP 404; the
+            # caller falls back to text (ctx.ask_ids) and a text prompt's 404 teaches the route is missing
+            if no_route(exc.status) and not sent.chat and not sent.by_ids and not d.chat_only:
                 d.chat_only = True
                 d.notes.append(f"no /v1/completions ({text[:80]}): every request sent through "
                                "/v1/chat/completions and graded against the chat prompt")
