@@ -99,6 +99,9 @@ check meant to catch it, and only that check):
   rendered text encoded), chat requests without a system message get it too, token-id prompts are
   refused (fusion-mlx 0.10.24's ``/v1/completions``); it combines with another plant,
   ``wrap-system+stop-label`` (the other one's finding stays);
+- ``legacy-logprobs`` (none: a dialect the harness speaks): ``/v1/completions`` takes OpenAI's legacy
+  integer ``logprobs`` (the number of top entries; ``true`` reads as 1) and ignores ``top_logprobs``,
+  as vmlx 1.6.81's CompletionRequest does: learnt from its one-entry answer, one line in the row;
 - ``chat-only`` (none: a dialect the harness speaks): no ``/v1/completions`` (HTTP 404, mlx-vlm's
   server): every request is graded through chat, against the chat prompt;
 - ``model-name`` (none: a dialect the harness speaks): a model name other than ``SERVED_NAME`` is
@@ -145,7 +148,7 @@ BUGS = ("system-prompt", "stream-drop-byte", "overrun", "finish-label", "stop-la
         "no-token-ids", "seed-ignored", "no-tool-parser", "crash-start", "slow", "hang", "die", "metrics-other-method",
         "metrics-method-named", "wrap-system", "chat-only", "model-name", "empty-error",
         "health-counters", "draft-disabled", "no-counters", "cache-on-anyway", "chat-usage-off", "cache-every-tenth",
-        "cache-no-logprobs", "stop-cut-out")
+        "cache-no-logprobs", "stop-cut-out", "legacy-logprobs")
 class IdsRefused(ValueError):
     """The no-token-ids plant's refusal of a token-id prompt (answered HTTP 404, as mlx_lm.server does)."""
 
@@ -682,6 +685,8 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
             if not stream:
                 lp = None
                 top_n = int(body.get("top_logprobs", -1) or -1)
+                if engine.bug == "legacy-logprobs" and not chat:  # the legacy int field; top_logprobs ignored
+                    top_n = int(body.get("logprobs") or 0) or -1
                 if top_n > 0:
                     lp = {"content": [
                         {"id": t, "token": tok.convert_ids_to_tokens(t), "logprob": g,

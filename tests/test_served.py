@@ -205,6 +205,7 @@ OTHER_PLANTS = {  # set-up failures and limitations (never a finding), a server 
     "wrap-system": "one identity finding, the reference-judged checks cannot-grade; declared: pass",
     # tests/test_served_causes.py: dialects spoken (pass), an error returned as success (its finding's cause)
     "chat-only": "pass (through chat)", "model-name": "pass (the served name)",
+    "legacy-logprobs": "pass (the legacy integer logprobs, learnt from its one-entry answer)",
     "empty-error": "findings classified 'server error returned as success'",
     # tests/test_served_setup_evidence.py: each arm's set-up proven from the server's own evidence
     "health-counters": "speculation pass (from /health)", "draft-disabled": "not-engaged (from the log)",

@@ -55,6 +55,22 @@ def test_a_dialect_is_spoken_one_line_and_never_a_finding(bug, learnt, pair, fak
         assert all("chat/completions" in k["label"] for k in cells["budget"].cases if k["status"] == "pass")
 
 
+def test_legacy_integer_logprobs_are_learnt_from_a_one_entry_answer_never_a_finding(pair, fakes) -> None:
+    """vmlx 1.6.81's /v1/completions takes OpenAI's legacy `logprobs: int` and ignores `top_logprobs`: the
+    harness's `logprobs: true, top_logprobs: 5` came back with one top entry per token ("1 top_logprobs, asked
+    for 5", a false FAIL). Learnt from that answer: the request is sent again with `logprobs: 5` and the row
+    says so in one line."""
+    checks = ("logprobs", "identity", "stream")
+    ref = engine_reference(str(pair[0]))
+    launcher = Shared(fakes, str(pair[0]), None, "legacy-logprobs", deadline=20)
+    results, blame = grade_arms(ref, launcher, [("plain", None)], checks=checks, log=lambda m: None)
+    cells = results["plain"].cells
+    assert {c: x.status for c, x in cells.items()} == dict.fromkeys(checks, "pass"), {
+        c: (x.status, x.detail) for c, x in cells.items()}
+    notes = [n for s in results["plain"].setup["servers"] for n in s.get("dialect", [])]
+    assert len(notes) == 1 and "read as `logprobs: 1`" in notes[0], notes
+
+
 def test_an_error_returned_as_success_is_a_finding_with_its_log_line_never_did_not_start(pair, tmp_path,
                                                                                        monkeypatch) -> None:
     monkeypatch.setenv("SPECPARITY_FAKE_SERVER_BUG", "empty-error")

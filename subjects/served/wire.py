@@ -215,6 +215,8 @@ def send(client: HttpClient, req: Request, counters: SpecCounters | None = None)
         try:
             reply = _send(client, sent, d, counters)
             d.probed = True
+            if _top_read_as_one(sent, reply, d):
+                return _legacy_retry(client, sent, reply, d, counters)
             return reply
         except ServerError as exc:
             d.probed = True
@@ -241,6 +243,32 @@ def send(client: HttpClient, req: Request, counters: SpecCounters | None = None)
                 continue
             raise
     raise ServerError("the server refused every dialect tried for this request")
+
+
+def _top_read_as_one(sent: Request, reply: Reply, d: Dialect) -> bool:
+    """A completions answer with exactly one top entry per token where ``top_logprobs`` > 1 was asked: a
+    server taking OpenAI's legacy integer ``logprobs`` (vmlx 1.6.81's CompletionRequest: ``logprobs: int``,
+    no ``top_logprobs``) reads ``logprobs: true`` as 1 and ignores ``top_logprobs``."""
+    return (not sent.chat and not d.legacy_logprobs and sent.top_logprobs > 1 and bool(reply.logprobs)
+            and all(len(t.top) == 1 for t in reply.logprobs or ()))
+
+
+def _legacy_retry(client: HttpClient, sent: Request, reply: Reply, d: Dialect,
+                  counters: SpecCounters | None) -> Reply:
+    """``sent`` again with the legacy integer ``logprobs``; kept (and learnt, one line) only where that answer
+    has more top entries than the first, else the first answer stands (a server that gives one entry either
+    way is judged on it)."""
+    d.legacy_logprobs = True
+    try:
+        again = _send(client, sent, d, counters)
+    except ServerError:
+        again = None
+    if again is not None and again.logprobs and any(len(t.top) > 1 for t in again.logprobs):
+        d.notes.append(f"legacy completions logprobs (an integer `logprobs`): `logprobs: true` with top_logprobs="
+                       f"{sent.top_logprobs} came back with 1 top entry per token (read as `logprobs: 1`)")
+        return again
+    d.legacy_logprobs = False
+    return reply
 
 
 def _send(client: HttpClient, req: Request, d: Dialect, counters: SpecCounters | None) -> Reply:
