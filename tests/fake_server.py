@@ -482,7 +482,7 @@ class StreamText:
 def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        counted = False  # this connection's arrival taken off ``engine.arriving`` (:class:`_Server`)
+        counted = False  # this connection's arrival taken off ``FakeEngine.arriving`` (:class:`_Server`)
 
         def _arrived(self) -> None:
             if not self.counted:
@@ -764,7 +764,7 @@ def make_handler(engine: FakeEngine, control: bool = False) -> type[BaseHTTPRequ
 
 
 class _Server(ThreadingHTTPServer):
-    """Counts each accepted connection in ``engine.arriving`` until its handler counts its request in
+    """Counts each accepted connection in ``FakeEngine.arriving`` until its handler counts its request in
     flight (or sees it is no generation request): the worker waits for batch-mates the server has
     accepted but not yet parsed, so requests sent together are batched together without every lone
     request waiting out a tick."""
