@@ -104,6 +104,17 @@ def _top_p_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(StepSampler, "process", process)
 
 
+def _diverging_from_mlx_lm() -> list[tuple[Case, Any]]:
+    """The reference cases whose engine trace is not identical to mlx-lm's (under the plant in
+    place), each with its verdict."""
+    out = []
+    for case in reference_cases():
+        verdict = compare_with_reference(run_trace("engine", case), run_trace("mlx_lm", case), "mlx_lm")
+        if verdict.status != "identical":
+            out.append((case, verdict))
+    return out
+
+
 @pytest.mark.oracle
 def test_top_p_before_processors_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: caught by a reference case with top-p and processors, at its first round;
@@ -111,12 +122,9 @@ def test_top_p_before_processors_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     require_oracle("mlx_lm")
     _top_p_first(monkeypatch)
     caught = []
-    for case in reference_cases():
-        eng, ref = run_trace("engine", case), run_trace("mlx_lm", case)
-        verdict = compare_with_reference(eng, ref, "mlx_lm")
-        if verdict.status != "identical":
-            assert case.top_p and case.processors, f"{case.case_id} diverged without both stages"
-            caught.append(case.case_id)
+    for case, _ in _diverging_from_mlx_lm():
+        assert case.top_p and case.processors, f"{case.case_id} diverged without both stages"
+        caught.append(case.case_id)
     assert caught, "top-p before the processors was not caught by any pairwise reference case"
 
 
@@ -161,13 +169,10 @@ def test_min_p_after_temperature_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     require_oracle("mlx_lm")
     _min_p_after_temperature(monkeypatch)
     caught = []
-    for case in reference_cases():
-        eng, ref = run_trace("engine", case), run_trace("mlx_lm", case)
-        verdict = compare_with_reference(eng, ref, "mlx_lm")
-        if verdict.status != "identical":
-            assert case.min_p and case.temperature != 1.0, f"{case.case_id} diverged without min-p at T != 1"
-            text = verdict.format()
-            assert "round" in text or "step" in text, text
-            caught.append(f"{case.case_id}: {text.splitlines()[0]}")
+    for case, verdict in _diverging_from_mlx_lm():
+        assert case.min_p and case.temperature != 1.0, f"{case.case_id} diverged without min-p at T != 1"
+        text = verdict.format()
+        assert "round" in text or "step" in text, text
+        caught.append(f"{case.case_id}: {text.splitlines()[0]}")
     assert caught, "min-p after temperature was not caught by any pairwise reference case"
     print("\n".join(caught))
