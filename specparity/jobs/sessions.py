@@ -47,6 +47,7 @@ asserted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
@@ -470,8 +471,6 @@ def _label(c: Case) -> str:
     if c.rotating != "guard":
         s += f"/rot-{c.rotating}"
     s += _id_tail(c)
-    import hashlib
-
     if c.reasoning_end and not c.grammar:  # (the case id names a marker only beside its grammar)
         s += f"/re-{hashlib.sha256(c.reasoning_end.encode()).hexdigest()[:8]}"
     if c.target_path or c.draft_path:
