@@ -8,7 +8,8 @@ import pytest
 
 from traces.reference import known_entries
 
-pytestmark = pytest.mark.oracle
+# one worker builds the module-scoped fixture (seconds) once: `--dist loadgroup`
+pytestmark = [pytest.mark.oracle, pytest.mark.xdist_group("prompt-cache-reference")]
 
 
 @pytest.fixture(scope="module")

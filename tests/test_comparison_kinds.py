@@ -18,6 +18,9 @@ import pytest
 
 from specparity.jobs.comparison import KINDS, Comparison, kind_of
 
+# one worker builds this module's module-scoped fixture (seconds) once: `--dist loadgroup`
+pytestmark = pytest.mark.xdist_group("comparison-kinds")
+
 DOUBLE = "0.01:0:0.001"
 
 

@@ -24,6 +24,9 @@ import pytest
 import zoo
 from tests.helpers import cli_rc, read_records, write_records
 
+# one worker builds this module's module-scoped fixture (seconds) once: `--dist loadgroup`
+pytestmark = pytest.mark.xdist_group("hostile-own-outputs")
+
 
 def _generate(out: Path, name: str, argv: list[Any]) -> None:
     rc = cli_rc("generate", "-n", "6", "--prompt-ids", "5,6,7,8", "--trace", out / f"{name}.jsonl", *argv)

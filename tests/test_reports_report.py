@@ -12,6 +12,9 @@ from reports import tables
 from reports.report import ReportError, build_report
 from specparity.cli import main
 
+# one worker builds this module's module-scoped fixture (seconds) once: `--dist loadgroup`
+pytestmark = pytest.mark.xdist_group("reports-report")
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

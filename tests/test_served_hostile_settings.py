@@ -24,6 +24,7 @@ import pytest
 
 from specparity.grading.http_servers import remote_bind
 from subjects.http_client import Secrets, hidden_args
+from tests.helpers import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = "import sys; from specparity.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -135,19 +136,20 @@ class _Endless(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("mode, words", [("events", "stream still open after 2 s"),
                                          ("bytes", "stream still open after 2 s (0 events, no 'data: [DONE]')")])
-def test_a_read_without_an_end_ends_within_the_deadline_with_its_cause(mode, words, pair, tmp_path) -> None:
+def test_a_read_without_an_end_ends_within_the_deadline_with_its_cause(mode, words, pair, tmp_path, capsys) -> None:
+    """In process (``tests.helpers.cli``): the grader's own deadline ends the read, not a subprocess timeout."""
     handler = type("H", (_Endless,), {"mode": mode})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         t0 = time.monotonic()
-        p = _cli("--server", f"http://127.0.0.1:{srv.server_address[1]}", "--model", str(pair[0]), "--out",
-                 str(tmp_path / "o"), "--check", "stream", "--server-timeout", "2", timeout=120)
+        rc, _out, err = cli(["grade", "--server", f"http://127.0.0.1:{srv.server_address[1]}", "--model", pair[0],
+                             "--out", tmp_path / "o", "--check", "stream", "--server-timeout", "2"], capsys)
         took = time.monotonic() - t0
     finally:
         srv.shutdown()
         srv.server_close()
-    assert p.returncode == 1, (p.returncode, p.stderr[-2000:])
-    assert words in p.stderr, p.stderr[-2000:]
+    assert rc == 1, (rc, err[-2000:])
+    assert words in err, err[-2000:]
     assert took < 60, took
