@@ -110,8 +110,8 @@ def pytest_runtest_setup(item):  # noqa: ANN001, ANN201
 # ------------------------------------------------------------------ which oracles ran (tox summary)
 # Every pytest run under tox (or with SPECPARITY_RESULTS_DIR set) writes one JSON into
 # $SPECPARITY_RESULTS_DIR, else $TOX_WORK_DIR/results/: its environment, each reference/subject/
-# server runner's availability there (with the reason when missing), and the outcome and skip
-# reason of every `oracle`/`subject`-marked test. `tox -e summary` (last in `tox -m oracles`,
+# server runner's availability there (with the reason when missing), and the outcome and its
+# reason (skip reason, xfail reason, a failure's first line) of every `oracle`/`subject`-marked test. `tox -e summary` (last in `tox -m oracles`,
 # `-m subjects`, `-m servers`) combines them: reports/oracle_runs.py.
 _MARKED = ("oracle", "subject")
 
@@ -145,12 +145,22 @@ def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
         return  # setup/teardown that passed: the call's report says it
     outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
     reason = ""
-    if report.skipped and isinstance(report.longrepr, tuple):
+    if outcome == "xfailed":  # why it was expected to fail: the known entry or the numerics it names
+        reason = _first_line(str(report.wasxfail))
+    elif report.skipped and isinstance(report.longrepr, tuple):
         reason = str(report.longrepr[2]).removeprefix("Skipped: ")
     elif report.failed:
-        reason = f"failed in {report.when}"
+        crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+        message = _first_line(str(getattr(crash, "message", "") or ""))
+        reason = f"failed in {report.when}" + (f": {message}" if message else "")
     _RESULTS.append({"id": report.nodeid, "outcome": outcome, "reason": reason,
                      "markers": [m for m in _MARKED if m in report.keywords]})
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    """A reason's first non-empty line, at most ``limit`` characters (a verdict can run to pages)."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201

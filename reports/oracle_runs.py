@@ -1,16 +1,17 @@
 """One summary of every oracle, subject and server run: which ran, in which tox environment,
-which were skipped and why.
+which were skipped and why, which were expected to fail and why.
 
 The references, third-party engines and servers live in their own tox environments (their pins
 conflict): ``tox -m oracles``, ``tox -m subjects``, ``tox -m servers``. Every pytest run under tox
 writes one JSON result into ``.tox/results/`` (the root ``conftest.py``: the environment, each
 reference/subject/server runner's availability there with the reason when missing, and the
-outcome and skip reason of each ``oracle``/``subject``-marked test). This module combines them::
+outcome and its reason of each ``oracle``/``subject``-marked test: skip reason, xfail reason, a
+failure's first line). This module combines them::
 
     python -m reports.oracle_runs .tox/results [--out .tox/results/summary.md]
 
-(``tox -e summary``, the last environment of each label). Exit 0 when every recorded test passed
-or was skipped, 1 when one failed (the table names it), 2 when the folder holds no results.
+(``tox -e summary``, the last environment of each label). Exit 0 when every recorded test passed,
+was skipped or was expected to fail, 1 when one failed (the table names it), 2 when the folder holds no results.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _counts(tests: list[dict[str, Any]]) -> Counter[str]:
 
 def summarize(docs: list[dict[str, Any]]) -> str:
     """The Markdown summary: per environment the outcomes, per runner where it ran or why not,
-    every failure, and the skip reasons with their counts."""
+    every failure with its first line, the skip reasons and the xfail reasons (per known entry) with
+    their counts."""
     lines = [HEADING, ""]
     lines += ["| environment | pytest args | finished | " + " | ".join(OUTCOMES) + " |",
               "|---|---|---|" + "---|" * len(OUTCOMES)]
@@ -78,12 +80,25 @@ def summarize(docs: list[dict[str, Any]]) -> str:
     failed = [(d["env"], t) for d in docs for t in d["tests"] if t["outcome"] == "failed"]
     lines += ["", f"## Failures ({len(failed)})", ""]
     lines += [f"- {env}: `{t['id']}` ({t.get('reason', '')})" for env, t in failed] or ["none"]
-    skips: Counter[tuple[str, str]] = Counter(
-        (d["env"], t.get("reason", "")) for d in docs for t in d["tests"] if t["outcome"] == "skipped")
-    lines += ["", "## Skipped, and why", "", "| environment | tests | reason |", "|---|---|---|"]
-    for (env, reason), n in sorted(skips.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1])):
-        lines.append(f"| {env} | {n} | {reason.replace('|', '/')} |")
+    lines += _reasons(docs, "skipped", "Skipped, and why", lambda r: r)
+    lines += _reasons(docs, "xfailed", "Expected failures (xfail), and why", _xfail_kind)
     return "\n".join(lines) + "\n"
+
+
+def _xfail_kind(reason: str) -> str:
+    """An xfail reason without its case's details: the part before the first ``": "`` (``known
+    reference behaviour <entry id>``, ``arithmetic flip after the engine's fallback (numerics)``)."""
+    return reason.split(": ", 1)[0] if reason else "(no reason recorded)"
+
+
+def _reasons(docs: list[dict[str, Any]], outcome: str, title: str, key: Any) -> list[str]:
+    """A table of the tests with ``outcome``, counted per environment and ``key(reason)``."""
+    counts: Counter[tuple[str, str]] = Counter(
+        (d["env"], key(t.get("reason", ""))) for d in docs for t in d["tests"] if t["outcome"] == outcome)
+    lines = ["", f"## {title}", "", "| environment | tests | reason |", "|---|---|---|"]
+    for (env, reason), n in sorted(counts.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1])):
+        lines.append(f"| {env} | {n} | {reason.replace('|', '/')} |")
+    return lines if counts else [*lines[:3], "none"]
 
 
 HEADING = "# Oracle, subject and server runs"

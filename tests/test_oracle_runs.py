@@ -31,7 +31,11 @@ def test_summary_says_where_each_oracle_ran_and_why_it_was_skipped(tmp_path: Pat
     why = "mlx-optiq is not installed; install: tox -e optiq"
     _write(tmp_path,
            _doc("oracle", [{"id": "conformance/t.py::a", "outcome": "passed", "reason": ""},
-                           {"id": "conformance/t.py::b", "outcome": "skipped", "reason": f"oracle optiq unavailable: {why}"}],
+                           {"id": "conformance/t.py::b", "outcome": "skipped", "reason": f"oracle optiq unavailable: {why}"},
+                           {"id": "conformance/t.py::c[1]", "outcome": "xfailed",
+                            "reason": "known reference behaviour mlx-lm-x: traces diverge at round 2"},
+                           {"id": "conformance/t.py::c[2]", "outcome": "xfailed",
+                            "reason": "known reference behaviour mlx-lm-x: traces diverge at round 5"}],
                 {"mlx_lm": {"kind": "reference", "available": True, "why": ""},
                  "optiq": {"kind": "reference", "available": False, "why": why}}),
            _doc("optiq", [{"id": "conformance/t.py::b", "outcome": "passed", "reason": ""}],
@@ -46,6 +50,8 @@ def test_summary_says_where_each_oracle_ran_and_why_it_was_skipped(tmp_path: Pat
     assert "| nunspark | subject | **nowhere** |" in text, text
     assert f"| oracle | 1 | oracle optiq unavailable: {why} |" in text, text
     assert "## Failures (0)" in text
+    # expected failures: counted per known entry, not one row per case
+    assert "| oracle | 2 | known reference behaviour mlx-lm-x |" in text, text
     # a rerun replaces its own summary (recognised by its heading), never a user's file
     assert main([str(tmp_path), "--out", str(tmp_path / "summary.md")]) == 0
     capsys.readouterr()
@@ -80,6 +86,8 @@ def test_the_root_conftest_writes_the_results_of_a_run(tmp_path: Path) -> None:
     test = tmp_path / "test_planted.py"
     test.write_text("import pytest\n\n@pytest.mark.oracle\ndef test_ran():\n    pass\n\n"
                     "@pytest.mark.oracle\ndef test_skipped():\n    pytest.skip('oracle planted unavailable: why')\n\n"
+                    "@pytest.mark.oracle\ndef test_known():\n"
+                    "    pytest.xfail('known reference behaviour planted-entry: rounds differ at 3\\nline two')\n\n"
                     "def test_unmarked():\n    pass\n")
     out = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOX_") and k != "SPECPARITY_RESULTS_OWNER"}
@@ -90,9 +98,19 @@ def test_the_root_conftest_writes_the_results_of_a_run(tmp_path: Path) -> None:
     [doc] = load(out)
     assert doc["env"] == "planted-env"
     got = {t["id"].split("::")[-1]: (t["outcome"], t["reason"]) for t in doc["tests"]}
-    assert got == {"test_ran": ("passed", ""), "test_skipped": ("skipped", "oracle planted unavailable: why")}, got
+    assert got == {"test_ran": ("passed", ""), "test_skipped": ("skipped", "oracle planted unavailable: why"),
+                   "test_known": ("xfailed", "known reference behaviour planted-entry: rounds differ at 3")}, got
     assert doc["runners"]["mlx_lm"]["kind"] == "reference"
-    assert "planted-env" in summarize([doc])
+    text = summarize([doc])
+    assert "planted-env" in text and "| planted-env | 1 | known reference behaviour planted-entry |" in text, text
+    # a failing oracle test is recorded with the first line of its failure
+    failing = tmp_path / "test_failing.py"
+    failing.write_text("import pytest\n\n@pytest.mark.oracle\ndef test_bad():\n    assert 1 == 2, 'engine vs planted'\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           str(failing)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    bad = [t for d in load(out) for t in d["tests"] if t["outcome"] == "failed"]
+    assert [t["reason"] for t in bad] == ["failed in call: AssertionError: engine vs planted"], bad
     # a pytest started by a recording run (a test's subprocess) records nothing
     nested = tmp_path / "nested"
     env.update(SPECPARITY_RESULTS_DIR=str(nested), SPECPARITY_RESULTS_OWNER="1234")
