@@ -111,8 +111,9 @@ def pytest_runtest_setup(item):  # noqa: ANN001, ANN201
 # Every pytest run under tox (or with SPECPARITY_RESULTS_DIR set) writes one JSON into
 # $SPECPARITY_RESULTS_DIR, else $TOX_WORK_DIR/results/: its environment, each reference/subject/
 # server runner's availability there (with the reason when missing), and the outcome and its
-# reason (skip reason, xfail reason, a failure's first line) of every `oracle`/`subject`-marked test. `tox -e summary` (last in `tox -m oracles`,
-# `-m subjects`, `-m servers`) combines them: reports/oracle_runs.py.
+# reason (skip reason, xfail reason, a failure's first line) of every `oracle`/`subject`-marked
+# test. `tox -e summary` (last in `tox -m oracles`, `-m subjects`, `-m servers`) combines them:
+# reports/oracle_runs.py.
 _MARKED = ("oracle", "subject")
 
 

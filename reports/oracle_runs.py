@@ -11,7 +11,8 @@ failure's first line). This module combines them::
     python -m reports.oracle_runs .tox/results [--out .tox/results/summary.md]
 
 (``tox -e summary``, the last environment of each label). Exit 0 when every recorded test passed,
-was skipped or was expected to fail, 1 when one failed (the table names it), 2 when the folder holds no results.
+was skipped or was expected to fail, 1 when one failed (the table names it), 2 when the folder
+holds no results.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +93,7 @@ def _xfail_kind(reason: str) -> str:
     return reason.split(": ", 1)[0] if reason else "(no reason recorded)"
 
 
-def _reasons(docs: list[dict[str, Any]], outcome: str, title: str, key: Any) -> list[str]:
+def _reasons(docs: list[dict[str, Any]], outcome: str, title: str, key: Callable[[str], str]) -> list[str]:
     """A table of the tests with ``outcome``, counted per environment and ``key(reason)``."""
     counts: Counter[tuple[str, str]] = Counter(
         (d["env"], key(t.get("reason", ""))) for d in docs for t in d["tests"] if t["outcome"] == outcome)
